@@ -1,0 +1,4 @@
+//! Rebuilds the crate when a migration file changes (refinery embeds them).
+fn main() {
+    println!("cargo:rerun-if-changed=migrations");
+}

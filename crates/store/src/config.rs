@@ -1,0 +1,355 @@
+//! Configuration: the `delegation:` and `database:` sections of
+//! `<HERMES_HOME>/config.yaml`, with hermes's defaults and floors.
+//!
+//! A missing file or section, bad YAML, or a mistyped key never fails: the
+//! affected keys take their defaults and a warning naming the file and key is
+//! recorded in [`LoadedConfig::warnings`] (and logged).
+
+use std::path::{Path, PathBuf};
+
+use serde_yaml_ng::Value;
+
+/// Journal mode of the database.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum JournalMode {
+    /// Write-ahead log (default).
+    #[default]
+    Wal,
+    /// Rollback journal.
+    Delete,
+}
+
+/// Durability of a commit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Synchronous {
+    /// One fsync per commit: a committed write survives power loss (default, as hermes).
+    #[default]
+    Full,
+    /// WAL's faster mode: durable across process crashes; a power loss may roll back
+    /// the last commits but never corrupts.
+    Normal,
+}
+
+/// The `database:` section.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct DatabaseConfig {
+    /// `database.journal_mode`.
+    pub journal_mode: JournalMode,
+    /// `database.synchronous`.
+    pub synchronous: Synchronous,
+}
+
+/// The `delegation:` section, every key with its default (spec §8).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DelegationConfig {
+    /// Child model; empty = inherit the parent's.
+    pub model: String,
+    /// Child provider; empty = inherit.
+    pub provider: String,
+    /// Child base URL; empty = inherit.
+    pub base_url: String,
+    /// Child API key; never logged or stored.
+    pub api_key: String,
+    /// `chat_completions`, `codex_responses`, `anthropic_messages` or empty.
+    pub api_mode: String,
+    /// Reasoning effort; empty = inherit, `"off"` when YAML says `false`.
+    pub reasoning_effort: String,
+    /// Whether children keep the parent's MCP toolsets.
+    pub inherit_mcp_toolsets: bool,
+    /// Iteration budget of a child.
+    pub max_iterations: u32,
+    /// Summary budget in characters; 0 = off.
+    pub max_summary_chars: usize,
+    /// Per-child wall-clock timeout; 0 = none, else at least 30.
+    pub child_timeout_seconds: f64,
+    /// Children run in parallel per batch, and background slots per process.
+    pub max_concurrent_children: usize,
+    /// Maximum delegation depth.
+    pub max_spawn_depth: u32,
+    /// Whether the `orchestrator` role is allowed.
+    pub orchestrator_enabled: bool,
+    /// Whether children auto-approve tool calls.
+    pub subagent_auto_approve: bool,
+    /// Retained units kept addressable (floor 1).
+    pub max_retained: u32,
+    /// Hours a retained child stays addressable (floor 1.0).
+    pub retained_ttl_hours: f64,
+}
+
+impl Default for DelegationConfig {
+    fn default() -> Self {
+        DelegationConfig {
+            model: String::new(),
+            provider: String::new(),
+            base_url: String::new(),
+            api_key: String::new(),
+            api_mode: String::new(),
+            reasoning_effort: String::new(),
+            inherit_mcp_toolsets: true,
+            max_iterations: 50,
+            max_summary_chars: 24_000,
+            child_timeout_seconds: 0.0,
+            max_concurrent_children: 3,
+            max_spawn_depth: 1,
+            orchestrator_enabled: true,
+            subagent_auto_approve: false,
+            max_retained: 10,
+            retained_ttl_hours: 72.0,
+        }
+    }
+}
+
+/// The configuration as loaded, with the warnings loading produced.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct LoadedConfig {
+    /// The `delegation:` section.
+    pub delegation: DelegationConfig,
+    /// The `database:` section.
+    pub database: DatabaseConfig,
+    /// Human-readable warnings (file and key named).
+    pub warnings: Vec<String>,
+}
+
+/// Resolves `HERMES_HOME`: the trimmed env var, else `~/.hermes`.
+pub fn hermes_home() -> PathBuf {
+    let env = std::env::var("HERMES_HOME").unwrap_or_default();
+    let trimmed = env.trim();
+    if !trimmed.is_empty() {
+        return PathBuf::from(trimmed);
+    }
+    let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("."), PathBuf::from);
+    home.join(".hermes")
+}
+
+/// The default profile key: the canonical absolute path of the home, as hermes uses.
+pub fn default_profile_key(home: &Path) -> String {
+    std::fs::canonicalize(home)
+        .unwrap_or_else(|_| std::path::absolute(home).unwrap_or_else(|_| home.to_path_buf()))
+        .to_string_lossy()
+        .into_owned()
+}
+
+impl LoadedConfig {
+    /// Loads `<home>/config.yaml`; never fails.
+    pub fn load(home: &Path) -> LoadedConfig {
+        let path = home.join("config.yaml");
+        match std::fs::read_to_string(&path) {
+            Ok(text) => LoadedConfig::from_yaml(&text, &path),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => LoadedConfig::default(),
+            Err(e) => {
+                let mut c = LoadedConfig::default();
+                c.warn(format!("{}: cannot read ({e}); using defaults", path.display()));
+                c
+            }
+        }
+    }
+
+    /// Parses YAML text; `origin` names the file in warnings.
+    pub fn from_yaml(text: &str, origin: &Path) -> LoadedConfig {
+        let mut c = LoadedConfig::default();
+        let root: Value = match serde_yaml_ng::from_str(text) {
+            Ok(v) => v,
+            Err(e) => {
+                c.warn(format!("{}: malformed YAML ({e}); using defaults", origin.display()));
+                return c;
+            }
+        };
+        if let Some(section) = root.get("delegation") {
+            c.read_delegation(section, origin);
+        }
+        if let Some(section) = root.get("database") {
+            c.read_database(section, origin);
+        }
+        c
+    }
+
+    fn warn(&mut self, msg: String) {
+        log::warn!("{msg}");
+        self.warnings.push(msg);
+    }
+
+    fn read_delegation(&mut self, v: &Value, origin: &Path) {
+        if v.is_null() {
+            return;
+        }
+        if !v.is_mapping() {
+            self.warn(format!(
+                "{}: `delegation` is not a mapping; using defaults",
+                origin.display()
+            ));
+            return;
+        }
+        let mut r = Reader { v, origin, warnings: Vec::new() };
+        let d = &mut self.delegation;
+        r.string("model", &mut d.model);
+        r.string("provider", &mut d.provider);
+        r.string("base_url", &mut d.base_url);
+        r.string("api_key", &mut d.api_key);
+        r.string("api_mode", &mut d.api_mode);
+        if !d.api_mode.is_empty()
+            && !matches!(
+                d.api_mode.as_str(),
+                "chat_completions" | "codex_responses" | "anthropic_messages"
+            )
+        {
+            r.bad("api_mode");
+            d.api_mode.clear();
+        }
+        match v.get("reasoning_effort") {
+            Some(Value::Bool(false)) => d.reasoning_effort = "off".to_owned(),
+            _ => r.string("reasoning_effort", &mut d.reasoning_effort),
+        }
+        r.boolean("inherit_mcp_toolsets", &mut d.inherit_mcp_toolsets);
+        r.uint("max_iterations", &mut d.max_iterations);
+        r.usize("max_summary_chars", &mut d.max_summary_chars);
+        r.float("child_timeout_seconds", &mut d.child_timeout_seconds);
+        if d.child_timeout_seconds < 0.0 {
+            r.bad("child_timeout_seconds");
+            d.child_timeout_seconds = 0.0;
+        } else if d.child_timeout_seconds > 0.0 {
+            d.child_timeout_seconds = d.child_timeout_seconds.max(30.0);
+        }
+        let explicit_children = v.get("max_concurrent_children").is_some();
+        r.usize("max_concurrent_children", &mut d.max_concurrent_children);
+        if !explicit_children {
+            if let Ok(env) = std::env::var("DELEGATION_MAX_CONCURRENT_CHILDREN") {
+                match env.trim().parse::<usize>() {
+                    Ok(n) => d.max_concurrent_children = n,
+                    Err(_) => r.warnings.push(
+                        "DELEGATION_MAX_CONCURRENT_CHILDREN is not an integer; ignored".to_owned(),
+                    ),
+                }
+            }
+        }
+        d.max_concurrent_children = d.max_concurrent_children.max(1);
+        if d.max_concurrent_children > 10 {
+            r.warnings.push(format!(
+                "{}: delegation.max_concurrent_children = {} is above 10",
+                origin.display(),
+                d.max_concurrent_children
+            ));
+        }
+        r.uint("max_spawn_depth", &mut d.max_spawn_depth);
+        d.max_spawn_depth = d.max_spawn_depth.max(1);
+        r.boolean("orchestrator_enabled", &mut d.orchestrator_enabled);
+        r.boolean("subagent_auto_approve", &mut d.subagent_auto_approve);
+        r.uint("max_retained", &mut d.max_retained);
+        d.max_retained = d.max_retained.max(1);
+        r.float("retained_ttl_hours", &mut d.retained_ttl_hours);
+        d.retained_ttl_hours = d.retained_ttl_hours.max(1.0);
+        if v.get("max_async_children").is_some() {
+            r.warnings.push(format!(
+                "{}: delegation.max_async_children is deprecated; use max_concurrent_children",
+                origin.display()
+            ));
+        }
+        let warnings = r.warnings;
+        for w in warnings {
+            self.warn(w);
+        }
+    }
+
+    fn read_database(&mut self, v: &Value, origin: &Path) {
+        let mut warnings = Vec::new();
+        match v.get("journal_mode").map(|m| m.as_str().map(str::to_ascii_lowercase)) {
+            None => {}
+            Some(Some(m)) if m == "wal" => self.database.journal_mode = JournalMode::Wal,
+            Some(Some(m)) if m == "delete" => self.database.journal_mode = JournalMode::Delete,
+            Some(_) => warnings.push(format!(
+                "{}: database.journal_mode must be `wal` or `delete`; using wal",
+                origin.display()
+            )),
+        }
+        match v.get("synchronous").map(|m| m.as_str().map(str::to_ascii_lowercase)) {
+            None => {}
+            Some(Some(m)) if m == "full" => self.database.synchronous = Synchronous::Full,
+            Some(Some(m)) if m == "normal" => self.database.synchronous = Synchronous::Normal,
+            Some(_) => warnings.push(format!(
+                "{}: database.synchronous must be `full` or `normal`; using full",
+                origin.display()
+            )),
+        }
+        for w in warnings {
+            self.warn(w);
+        }
+    }
+}
+
+struct Reader<'a> {
+    v: &'a Value,
+    origin: &'a Path,
+    warnings: Vec<String>,
+}
+
+impl Reader<'_> {
+    fn bad(&mut self, key: &str) {
+        self.warnings.push(format!(
+            "{}: delegation.{key} has the wrong type or value; using its default",
+            self.origin.display()
+        ));
+    }
+
+    fn string(&mut self, key: &str, out: &mut String) {
+        match self.v.get(key) {
+            None | Some(Value::Null) => {}
+            Some(Value::String(s)) => *out = s.trim().to_owned(),
+            Some(Value::Number(n)) => *out = n.to_string(),
+            Some(_) => self.bad(key),
+        }
+    }
+
+    fn boolean(&mut self, key: &str, out: &mut bool) {
+        match self.v.get(key) {
+            None | Some(Value::Null) => {}
+            Some(Value::Bool(b)) => *out = *b,
+            Some(_) => self.bad(key),
+        }
+    }
+
+    fn float(&mut self, key: &str, out: &mut f64) {
+        match self.v.get(key) {
+            None | Some(Value::Null) => {}
+            Some(Value::Number(n)) => match n.as_f64() {
+                Some(f) if f.is_finite() => *out = f,
+                _ => self.bad(key),
+            },
+            Some(_) => self.bad(key),
+        }
+    }
+
+    fn u64(&mut self, key: &str) -> Option<u64> {
+        match self.v.get(key) {
+            None | Some(Value::Null) => None,
+            Some(Value::Number(n)) => {
+                if let Some(u) = n.as_u64() {
+                    Some(u)
+                } else if n.as_i64().is_some() {
+                    // Negative: floored by the caller.
+                    Some(0)
+                } else {
+                    self.bad(key);
+                    None
+                }
+            }
+            Some(_) => {
+                self.bad(key);
+                None
+            }
+        }
+    }
+
+    fn uint(&mut self, key: &str, out: &mut u32) {
+        if let Some(u) = self.u64(key) {
+            *out = u32::try_from(u).unwrap_or(u32::MAX);
+        }
+    }
+
+    fn usize(&mut self, key: &str, out: &mut usize) {
+        if let Some(u) = self.u64(key) {
+            *out = usize::try_from(u).unwrap_or(usize::MAX);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,423 @@
+//! Opening `state.db`: pragmas, the in-place upgrade of hermes files
+//! (reconcile, then refinery), backfill, and the connection pool.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
+
+use crate::clock::{Clock, SystemClock};
+use crate::config::{DelegationConfig, JournalMode, LoadedConfig, Synchronous};
+use crate::error::{Error, Result};
+
+mod embedded {
+    refinery::embed_migrations!("migrations");
+}
+
+/// Highest migration version this binary embeds.
+pub(crate) const SCHEMA_VERSION: i64 = 1;
+
+const SQLITE_MAGIC: &[u8; 16] = b"SQLite format 3\0";
+
+/// How to open a [`crate::Store`].
+#[derive(Clone)]
+pub struct StoreOptions {
+    /// The `delegation:` and `database:` configuration.
+    pub config: LoadedConfig,
+    /// Time source.
+    pub clock: Arc<dyn Clock>,
+    /// The process profile key written to `owner_profile`.
+    pub profile: String,
+    /// Busy timeout for every connection (10 s by default).
+    pub busy_timeout: Duration,
+    /// Open `mode=ro`: no upgrade, no writes.
+    pub read_only: bool,
+}
+
+impl std::fmt::Debug for StoreOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreOptions")
+            .field("profile", &self.profile)
+            .field("busy_timeout", &self.busy_timeout)
+            .field("read_only", &self.read_only)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            config: LoadedConfig::default(),
+            clock: Arc::new(SystemClock),
+            profile: String::new(),
+            busy_timeout: Duration::from_secs(10),
+            read_only: false,
+        }
+    }
+}
+
+impl StoreOptions {
+    /// Options with this clock.
+    #[must_use]
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Options with this profile key.
+    #[must_use]
+    pub fn with_profile(mut self, profile: impl Into<String>) -> Self {
+        self.profile = profile.into();
+        self
+    }
+
+    /// Options with this delegation configuration.
+    #[must_use]
+    pub fn with_delegation(mut self, d: DelegationConfig) -> Self {
+        self.config.delegation = d;
+        self
+    }
+}
+
+/// A small pool: `Connection` is `Send` but not `Sync`, so each operation
+/// takes one connection and gives it back; the mutex guards only the pool.
+pub(crate) struct Pool {
+    path: PathBuf,
+    read_only: bool,
+    busy_timeout: Duration,
+    synchronous: Synchronous,
+    idle: Mutex<Vec<Connection>>,
+}
+
+impl Pool {
+    fn connect(&self) -> Result<Connection> {
+        let flags = if self.read_only {
+            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX
+        } else {
+            OpenFlags::SQLITE_OPEN_READ_WRITE
+                | OpenFlags::SQLITE_OPEN_CREATE
+                | OpenFlags::SQLITE_OPEN_NO_MUTEX
+        };
+        let conn = Connection::open_with_flags(&self.path, flags)?;
+        set_connection_pragmas(&conn, self.busy_timeout, self.synchronous, self.read_only)?;
+        Ok(conn)
+    }
+
+    /// Runs `f` on a pooled connection.
+    pub(crate) fn with<T>(&self, f: impl FnOnce(&mut Connection) -> Result<T>) -> Result<T> {
+        let taken = self.idle.lock().unwrap_or_else(PoisonError::into_inner).pop();
+        let mut conn = match taken {
+            Some(c) => c,
+            None => self.connect()?,
+        };
+        let out = f(&mut conn);
+        // A connection left inside a transaction (it should never be) is dropped.
+        if conn.is_autocommit() {
+            let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+            if idle.len() < 8 {
+                idle.push(conn);
+            }
+        }
+        out
+    }
+
+    /// Runs `f` inside one `BEGIN IMMEDIATE` transaction.
+    pub(crate) fn write<T>(
+        &self,
+        f: impl FnOnce(&rusqlite::Transaction<'_>) -> Result<T>,
+    ) -> Result<T> {
+        self.with(|conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let out = f(&tx)?;
+            tx.commit()?;
+            Ok(out)
+        })
+    }
+
+    /// Runs `f` inside one deferred (read) transaction.
+    pub(crate) fn read<T>(
+        &self,
+        f: impl FnOnce(&rusqlite::Transaction<'_>) -> Result<T>,
+    ) -> Result<T> {
+        self.with(|conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Deferred)?;
+            let out = f(&tx)?;
+            tx.finish()?;
+            Ok(out)
+        })
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+fn set_connection_pragmas(
+    conn: &Connection,
+    busy: Duration,
+    sync: Synchronous,
+    read_only: bool,
+) -> Result<()> {
+    conn.busy_timeout(busy)?;
+    conn.pragma_update(None, "foreign_keys", true)?;
+    if !read_only {
+        let level = match sync {
+            Synchronous::Full => "FULL",
+            Synchronous::Normal => "NORMAL",
+        };
+        conn.pragma_update(None, "synchronous", level)?;
+    }
+    Ok(())
+}
+
+/// Refuses files that are not SQLite databases without touching them.
+fn check_header(path: &Path) -> Result<()> {
+    use std::io::Read;
+    let mut file = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(source) => return Err(Error::Io { path: path.to_path_buf(), source }),
+    };
+    let len = file.metadata().map_err(|source| Error::Io { path: path.to_path_buf(), source })?;
+    if len.len() == 0 {
+        return Ok(());
+    }
+    let mut head = [0u8; 16];
+    let complete = len.len() >= 100 && file.read_exact(&mut head).is_ok();
+    if !complete || &head != SQLITE_MAGIC {
+        return Err(Error::NotADatabase { path: path.to_path_buf() });
+    }
+    Ok(())
+}
+
+fn table_exists(conn: &Connection, name: &str) -> Result<bool> {
+    Ok(conn
+        .query_row("SELECT 1 FROM sqlite_master WHERE type='table' AND name=?1", [name], |_| Ok(()))
+        .optional()?
+        .is_some())
+}
+
+fn check_not_newer(conn: &Connection) -> Result<()> {
+    if !table_exists(conn, "refinery_schema_history")? {
+        return Ok(());
+    }
+    let found: Option<i64> =
+        conn.query_row("SELECT MAX(version) FROM refinery_schema_history", [], |r| r.get(0))?;
+    match found {
+        Some(v) if v > SCHEMA_VERSION => {
+            Err(Error::SchemaTooNew { found: v, supported: SCHEMA_VERSION })
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Columns the reconcile step adds to existing hermes tables, with hermes's
+/// declarations (spec §2.6 step 2).
+const RECONCILE: &[(&str, &[(&str, &str)])] = &[
+    (
+        "async_delegations",
+        &[
+            ("origin_session", "TEXT"),
+            ("origin_ui_session_id", "TEXT NOT NULL DEFAULT ''"),
+            ("parent_session_id", "TEXT"),
+            ("state", "TEXT"),
+            ("dispatched_at", "REAL"),
+            ("completed_at", "REAL"),
+            ("updated_at", "REAL"),
+            ("event_json", "TEXT"),
+            ("result_json", "TEXT"),
+            ("delivery_state", "TEXT NOT NULL DEFAULT 'pending'"),
+            ("delivery_attempts", "INTEGER NOT NULL DEFAULT 0"),
+            ("delivered_at", "REAL"),
+            ("owner_pid", "INTEGER"),
+            ("owner_started_at", "INTEGER"),
+            ("task_json", "TEXT"),
+            ("delivery_claim", "TEXT"),
+            ("delivery_claimed_at", "REAL"),
+            ("origin_session_id", "TEXT"),
+            ("child_session_id", "TEXT"),
+            ("children_json", "TEXT"),
+            ("retained", "INTEGER"),
+            ("retained_at", "REAL"),
+            ("tombstoned_at", "REAL"),
+            ("owner_profile", "TEXT"),
+            ("usage_json", "TEXT"),
+        ],
+    ),
+    (
+        "delegation_child_usage",
+        &[
+            ("parent_session_id", "TEXT"),
+            ("parent_turn_id", "TEXT NOT NULL DEFAULT ''"),
+            ("child_session_id", "TEXT NOT NULL DEFAULT ''"),
+            ("usage_json", "TEXT"),
+            ("aggregate_json", "TEXT"),
+            ("created_at", "REAL"),
+        ],
+    ),
+    (
+        "sessions",
+        &[
+            ("source", "TEXT"),
+            ("model", "TEXT"),
+            ("model_config", "TEXT"),
+            ("parent_session_id", "TEXT"),
+            ("started_at", "REAL"),
+            ("ended_at", "REAL"),
+            ("end_reason", "TEXT"),
+            ("message_count", "INTEGER DEFAULT 0"),
+            ("tool_call_count", "INTEGER DEFAULT 0"),
+            ("profile_name", "TEXT"),
+            ("estimated_cost_usd", "REAL"),
+            ("cost_status", "TEXT"),
+            ("cost_source", "TEXT"),
+        ],
+    ),
+    (
+        "messages",
+        &[
+            ("session_id", "TEXT"),
+            ("role", "TEXT"),
+            ("content", "TEXT"),
+            ("timestamp", "REAL"),
+            ("active", "INTEGER NOT NULL DEFAULT 1"),
+            ("tool_call_id", "TEXT"),
+            ("tool_calls", "TEXT"),
+            ("tool_name", "TEXT"),
+            ("token_count", "INTEGER"),
+            ("finish_reason", "TEXT"),
+        ],
+    ),
+];
+
+pub(crate) fn column_names(conn: &Connection, table: &str) -> Result<Vec<String>> {
+    let mut stmt = conn.prepare("SELECT name FROM pragma_table_info(?1)")?;
+    let names = stmt.query_map([table], |r| r.get::<_, String>(0))?;
+    Ok(names.collect::<rusqlite::Result<Vec<_>>>()?)
+}
+
+fn reconcile(conn: &mut Connection) -> Result<()> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    for (table, columns) in RECONCILE {
+        if !table_exists(&tx, table)? {
+            continue;
+        }
+        let present = column_names(&tx, table)?;
+        for (name, decl) in *columns {
+            if !present.iter().any(|p| p.eq_ignore_ascii_case(name)) {
+                // Identifiers come from the constant table above, never from input.
+                tx.execute_batch(&format!("ALTER TABLE \"{table}\" ADD COLUMN \"{name}\" {decl}"))?;
+            }
+        }
+    }
+    tx.commit()?;
+    Ok(())
+}
+
+fn migrate(conn: &mut Connection) -> Result<()> {
+    embedded::migrations::runner().set_grouped(true).run(conn)?;
+    Ok(())
+}
+
+fn is_retryable(e: &Error) -> bool {
+    match e {
+        Error::Busy(_) | Error::Conflict(_) => true,
+        Error::Migration(m) => {
+            let text = m.to_string();
+            text.contains("locked") || text.contains("busy") || text.contains("UNIQUE")
+        }
+        _ => false,
+    }
+}
+
+/// Opens (creating and upgrading when writable) the database at `path`.
+pub(crate) fn open_pool(path: &Path, opts: &StoreOptions) -> Result<Pool> {
+    check_header(path)?;
+    if !opts.read_only {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)
+                .map_err(|source| Error::Io { path: dir.to_path_buf(), source })?;
+        }
+    }
+    let pool = Pool {
+        path: path.to_path_buf(),
+        read_only: opts.read_only,
+        busy_timeout: opts.busy_timeout,
+        synchronous: opts.config.database.synchronous,
+        idle: Mutex::new(Vec::new()),
+    };
+    let mut conn = pool.connect()?;
+    // Read-only probes first: a corrupt or newer file is refused untouched.
+    conn.query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get::<_, i64>(0))?;
+    check_not_newer(&conn)?;
+    if opts.read_only {
+        pool.idle.lock().unwrap_or_else(PoisonError::into_inner).push(conn);
+        return Ok(pool);
+    }
+    set_journal_mode(&conn, opts.config.database.journal_mode)?;
+    let mut attempt = 0;
+    loop {
+        let step = reconcile(&mut conn).and_then(|()| migrate(&mut conn));
+        match step {
+            Ok(()) => break,
+            Err(e) if attempt < 3 && is_retryable(&e) => {
+                attempt += 1;
+                std::thread::sleep(Duration::from_millis(20 * attempt));
+                check_not_newer(&conn)?;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    {
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        crate::registry::backfill(&tx, true)?;
+        tx.commit()?;
+    }
+    pool.idle.lock().unwrap_or_else(PoisonError::into_inner).push(conn);
+    Ok(pool)
+}
+
+fn set_journal_mode(conn: &Connection, wanted: JournalMode) -> Result<()> {
+    let current: String = conn.query_row("PRAGMA journal_mode", [], |r| r.get(0))?;
+    let current = current.to_ascii_lowercase();
+    if current == "wal" || current == "memory" {
+        // Never downgrade a WAL file: other processes may rely on it.
+        return Ok(());
+    }
+    let target = match wanted {
+        JournalMode::Wal => "WAL",
+        JournalMode::Delete => "DELETE",
+    };
+    let got: rusqlite::Result<String> =
+        conn.pragma_update_and_check(None, "journal_mode", target, |r| r.get(0));
+    match got {
+        Ok(mode) if mode.eq_ignore_ascii_case(target) => Ok(()),
+        Ok(mode) => {
+            log::warn!("journal_mode {target} unavailable (got {mode}); continuing");
+            Ok(())
+        }
+        Err(e) => {
+            log::warn!("journal_mode {target} failed ({e}); falling back to DELETE");
+            conn.pragma_update(None, "journal_mode", "DELETE")?;
+            Ok(())
+        }
+    }
+}
+
+/// Secure random lowercase hex of `bytes` bytes.
+pub(crate) fn random_hex(bytes: usize) -> Result<String> {
+    let mut buf = vec![0u8; bytes];
+    getrandom::fill(&mut buf).map_err(|e| Error::Random(e.to_string()))?;
+    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// The `sqlite_master` rows of the schema, for snapshots and checks.
+pub(crate) fn schema_sql(conn: &Connection) -> Result<Vec<(String, String, String)>> {
+    let mut stmt = conn.prepare(
+        "SELECT type, name, COALESCE(sql, '') FROM sqlite_master \
+         WHERE name NOT LIKE 'sqlite_%' ORDER BY type, name",
+    )?;
+    let rows = stmt.query_map(params![], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+    Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+}

@@ -1,0 +1,1 @@
+//! The usage ledger on `delegation_child_usage` (spec §7).

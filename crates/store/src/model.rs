@@ -1,0 +1,438 @@
+//! Plain record types that cross the store's boundary, and the
+//! corruption-tolerant readers of hermes's JSON columns (spec §2.7).
+
+use serde::ser::SerializeMap;
+use serde::{Serialize, Serializer};
+use serde_json::{Map, Value};
+
+/// Longest goal kept in a manifest, in Unicode scalars.
+pub const GOAL_MAX_CHARS: usize = 200;
+
+/// One child of a unit as recorded in the manifest (`children_json` entry).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ChildManifest {
+    /// `sa-<index>-<8hex>`.
+    pub subagent_id: String,
+    /// The child's own session id.
+    pub session_id: String,
+    /// Model the child ran with.
+    pub model: Option<String>,
+    /// Provider the child ran with.
+    pub provider: Option<String>,
+    /// Provider base URL.
+    pub base_url: Option<String>,
+    /// API mode.
+    pub api_mode: Option<String>,
+    /// Toolsets the child was given.
+    pub toolsets: Option<Vec<String>>,
+    /// `leaf` or `orchestrator`.
+    pub role: Option<String>,
+    /// The goal, at most [`GOAL_MAX_CHARS`] scalars.
+    pub goal: Option<String>,
+}
+
+/// Cuts `s` to at most `max` Unicode scalars.
+pub fn truncate_chars(s: &str, max: usize) -> String {
+    match s.char_indices().nth(max) {
+        Some((at, _)) => s[..at].to_owned(),
+        None => s.to_owned(),
+    }
+}
+
+fn opt_str(obj: &Map<String, Value>, key: &str) -> Option<String> {
+    match obj.get(key) {
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(Value::Number(n)) => Some(n.to_string()),
+        _ => None,
+    }
+}
+
+impl ChildManifest {
+    /// Reads one manifest object; `None` when `v` is not an object.
+    pub fn from_json(v: &Value) -> Option<ChildManifest> {
+        let obj = v.as_object()?;
+        let toolsets = obj.get("toolsets").and_then(Value::as_array).map(|a| {
+            a.iter().filter_map(Value::as_str).map(str::to_owned).collect::<Vec<_>>()
+        });
+        Some(ChildManifest {
+            subagent_id: opt_str(obj, "subagent_id").unwrap_or_default(),
+            session_id: opt_str(obj, "session_id").unwrap_or_default(),
+            model: opt_str(obj, "model"),
+            provider: opt_str(obj, "provider"),
+            base_url: opt_str(obj, "base_url"),
+            api_mode: opt_str(obj, "api_mode"),
+            toolsets,
+            role: opt_str(obj, "role"),
+            goal: opt_str(obj, "goal").map(|g| truncate_chars(&g, GOAL_MAX_CHARS)),
+        })
+    }
+
+    /// The hermes-format object (never carries credentials).
+    pub fn to_json(&self) -> Value {
+        let mut m = Map::new();
+        m.insert("subagent_id".into(), Value::String(self.subagent_id.clone()));
+        m.insert("session_id".into(), Value::String(self.session_id.clone()));
+        m.insert("model".into(), self.model.clone().map_or(Value::Null, Value::String));
+        m.insert(
+            "goal".into(),
+            self.goal
+                .as_deref()
+                .map_or(Value::Null, |g| Value::String(truncate_chars(g, GOAL_MAX_CHARS))),
+        );
+        for (key, val) in [
+            ("provider", &self.provider),
+            ("base_url", &self.base_url),
+            ("api_mode", &self.api_mode),
+            ("role", &self.role),
+        ] {
+            if let Some(v) = val {
+                m.insert(key.into(), Value::String(v.clone()));
+            }
+        }
+        if let Some(t) = &self.toolsets {
+            m.insert("toolsets".into(), Value::from(t.clone()));
+        }
+        Value::Object(m)
+    }
+}
+
+/// Parses `children_json` the way spec §2.7 says: NULL, malformed or
+/// non-array → empty; non-objects skipped; an empty list with a unit
+/// `child_session_id` synthesizes one child.
+pub fn parse_children_json(
+    children_json: Option<&str>,
+    child_session_id: Option<&str>,
+) -> Vec<ChildManifest> {
+    let parsed: Vec<ChildManifest> = children_json
+        .and_then(|s| serde_json::from_str::<Value>(s).ok())
+        .and_then(|v| match v {
+            Value::Array(items) => Some(items.iter().filter_map(ChildManifest::from_json).collect()),
+            _ => None,
+        })
+        .unwrap_or_default();
+    if parsed.is_empty() {
+        if let Some(sid) = child_session_id.map(str::trim).filter(|s| !s.is_empty()) {
+            return vec![ChildManifest { session_id: sid.to_owned(), ..ChildManifest::default() }];
+        }
+    }
+    parsed
+}
+
+/// Serializes a manifest list as hermes's `children_json`.
+pub fn children_json(children: &[ChildManifest]) -> String {
+    Value::Array(children.iter().map(ChildManifest::to_json).collect()).to_string()
+}
+
+/// Parses optional JSON text; malformed = absent.
+pub fn parse_json_opt(text: Option<&str>) -> Option<Value> {
+    text.and_then(|s| serde_json::from_str(s).ok())
+}
+
+/// Why a child was de-registered from follow-ups.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TombstoneReason {
+    /// An operator or tool tombstoned it.
+    Manual,
+    /// Its TTL ran out.
+    Ttl,
+    /// Its unit fell beyond `max_retained`.
+    Cap,
+    /// Another writer (hermes) tombstoned the unit without a reason.
+    External,
+    /// An operator-supplied reason.
+    Other(String),
+}
+
+impl TombstoneReason {
+    /// The stored text.
+    pub fn as_str(&self) -> &str {
+        match self {
+            TombstoneReason::Manual => "manual",
+            TombstoneReason::Ttl => "ttl",
+            TombstoneReason::Cap => "cap",
+            TombstoneReason::External => "external",
+            TombstoneReason::Other(s) => s,
+        }
+    }
+
+    /// Reads the stored text (NULL or blank reads as `external`).
+    pub fn parse(s: Option<&str>) -> TombstoneReason {
+        match s.map(str::trim) {
+            Some("manual") => TombstoneReason::Manual,
+            Some("ttl") => TombstoneReason::Ttl,
+            Some("cap") => TombstoneReason::Cap,
+            None | Some("" | "external") => TombstoneReason::External,
+            Some(other) => TombstoneReason::Other(other.to_owned()),
+        }
+    }
+}
+
+/// One retained child: the registry's entry.
+///
+/// Serializes to exactly the spec's keys: `delegation_id`,
+/// `parent_session_id`, `owner_profile`, `state`, `retained_at`,
+/// `completed_at`, `child_id`, `child_session_id`, `model`, `goal`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RetainedChild {
+    /// The unit's id.
+    pub delegation_id: String,
+    /// The spawner's session id (`''` if none).
+    pub parent_session_id: String,
+    /// The unit's profile (`''` for NULL).
+    pub owner_profile: String,
+    /// The unit's state.
+    pub state: String,
+    /// The child's retention time.
+    pub retained_at: Option<f64>,
+    /// The unit's completion time.
+    pub completed_at: Option<f64>,
+    /// The child's index in its unit.
+    pub child_index: u32,
+    /// The subagent id (`''` if unknown).
+    pub subagent_id: String,
+    /// The child's session id (`''` if none).
+    pub child_session_id: String,
+    /// The full manifest entry.
+    pub manifest: ChildManifest,
+}
+
+impl RetainedChild {
+    /// `subagent_id`, else `session_id`, else `''`.
+    pub fn child_id(&self) -> &str {
+        if !self.subagent_id.is_empty() { &self.subagent_id } else { &self.child_session_id }
+    }
+
+    /// The serialized entry as a JSON value.
+    pub fn to_json(&self) -> Value {
+        serde_json::to_value(self).unwrap_or(Value::Null)
+    }
+}
+
+impl Serialize for RetainedChild {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(Some(10))?;
+        m.serialize_entry("delegation_id", &self.delegation_id)?;
+        m.serialize_entry("parent_session_id", &self.parent_session_id)?;
+        m.serialize_entry("owner_profile", &self.owner_profile)?;
+        m.serialize_entry("state", &self.state)?;
+        m.serialize_entry("retained_at", &self.retained_at)?;
+        m.serialize_entry("completed_at", &self.completed_at)?;
+        m.serialize_entry("child_id", self.child_id())?;
+        m.serialize_entry("child_session_id", &self.child_session_id)?;
+        m.serialize_entry("model", &self.manifest.model)?;
+        m.serialize_entry("goal", &self.manifest.goal)?;
+        m.end()
+    }
+}
+
+/// Why a known child cannot be addressed (first match of spec §3.1).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Unaddressable {
+    /// Tombstoned (or due to be: `ttl`/`cap` before the prune writes it).
+    Tombstoned {
+        /// When.
+        at: f64,
+        /// Why.
+        reason: TombstoneReason,
+    },
+    /// Its unit was never retained.
+    NeverRetained,
+}
+
+/// The unscoped answer of [`crate::Registry::lookup`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Lookup {
+    /// The child may be addressed (subject to authority).
+    Addressable(RetainedChild),
+    /// The child is known but not addressable.
+    NotAddressable(RetainedChild, Unaddressable),
+    /// No such id.
+    Unknown,
+}
+
+/// Counts of one prune.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub struct PruneCount {
+    /// Units newly tombstoned (hermes's count).
+    pub units: usize,
+    /// Children newly tombstoned.
+    pub children: usize,
+}
+
+/// A child session to create with a unit.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct NewSession {
+    /// Session id.
+    pub id: String,
+    /// `cli`, `delegate`, …
+    pub source: String,
+    /// Model name.
+    pub model: Option<String>,
+    /// JSON object of lineage markers, or `None`.
+    pub model_config: Option<Value>,
+    /// Parent session id.
+    pub parent_session_id: Option<String>,
+    /// Profile name.
+    pub profile_name: Option<String>,
+    /// Creation time; `None` = now.
+    pub started_at: Option<f64>,
+}
+
+/// A new `running` unit with its manifest and child sessions (one transaction).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct UnitDraft {
+    /// Routing key of the origin (`''` if none).
+    pub origin_session: String,
+    /// UI session id of the origin.
+    pub origin_ui_session_id: String,
+    /// Origin session id.
+    pub origin_session_id: String,
+    /// The spawner.
+    pub parent_session_id: Option<String>,
+    /// The owning process id.
+    pub owner_pid: Option<i64>,
+    /// The owner's start-time fingerprint.
+    pub owner_started_at: Option<i64>,
+    /// Goal(s), context, toolsets, role, model, `is_batch`, mode.
+    pub task: Value,
+    /// Profile key.
+    pub owner_profile: String,
+    /// The manifest, by child index.
+    pub children: Vec<ChildManifest>,
+    /// Child sessions to create.
+    pub child_sessions: Vec<NewSession>,
+}
+
+/// What a completion records (spec §3.2 `persist_completion`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Completion {
+    /// The unit.
+    pub delegation_id: String,
+    /// Unit status; `completed` retains.
+    pub status: String,
+    /// The event delivered to the parent.
+    pub event: Value,
+    /// The result object.
+    pub result: Value,
+    /// Usage built from real results.
+    pub usage: Option<Value>,
+    /// Background units stay `pending` for delivery; sync ones are `delivered`.
+    pub background: bool,
+}
+
+/// A claimed completion hand-off (spec §3.7).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeliveryClaim {
+    /// The unit.
+    pub delegation_id: String,
+    /// The lease token.
+    pub token: String,
+    /// 1-based attempt number.
+    pub attempt: u32,
+    /// The stored event.
+    pub event: Value,
+}
+
+/// Which rows [`crate::Registry::claim_delivery`] may take.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct DeliveryFilter {
+    /// Only units of this origin routing key.
+    pub origin_session: Option<String>,
+    /// Only units of this spawner.
+    pub parent_session_id: Option<String>,
+}
+
+/// Result of a resume-claim attempt (spec §3.9).
+#[derive(Debug, Clone, PartialEq)]
+pub enum ResumeClaim {
+    /// The claim is ours.
+    Claimed {
+        /// Lease token.
+        token: String,
+    },
+    /// Someone else holds it.
+    Busy {
+        /// When they claimed it.
+        claimed_at: f64,
+        /// When their lease expires.
+        expires_at: f64,
+    },
+    /// The child is tombstoned or unknown.
+    Unavailable,
+}
+
+/// Outcome of restart recovery (spec §3.8).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct RecoveryReport {
+    /// Units marked `unknown`.
+    pub abandoned: usize,
+    /// Addressable children after rehydration.
+    pub addressable: usize,
+    /// The classification error, if step 1 failed.
+    pub error: Option<String>,
+}
+
+/// One stored session row.
+#[derive(Debug, Clone, PartialEq, Default, Serialize)]
+pub struct SessionRow {
+    /// Id.
+    pub id: String,
+    /// Source.
+    pub source: String,
+    /// Model.
+    pub model: Option<String>,
+    /// Raw `model_config` text.
+    pub model_config: Option<String>,
+    /// Parent id.
+    pub parent_session_id: Option<String>,
+    /// Start time.
+    pub started_at: f64,
+    /// End time.
+    pub ended_at: Option<f64>,
+    /// End reason.
+    pub end_reason: Option<String>,
+    /// Profile.
+    pub profile_name: Option<String>,
+    /// Own estimated cost.
+    pub estimated_cost_usd: Option<f64>,
+    /// Cost status.
+    pub cost_status: Option<String>,
+    /// Cost source.
+    pub cost_source: Option<String>,
+    /// hermes's `system_prompt` column, when the file has one.
+    pub system_prompt: Option<String>,
+}
+
+/// One transcript message.
+#[derive(Debug, Clone, PartialEq, Default, Serialize)]
+pub struct Message {
+    /// Row id (0 before insert).
+    pub id: i64,
+    /// `system`, `user`, `assistant`, `tool`.
+    pub role: String,
+    /// Content (structured content keeps hermes's NUL+`json:` prefix).
+    pub content: Option<String>,
+    /// Time.
+    pub timestamp: f64,
+    /// Tool call id.
+    pub tool_call_id: Option<String>,
+    /// Tool calls JSON.
+    pub tool_calls: Option<String>,
+    /// Tool name.
+    pub tool_name: Option<String>,
+    /// Token count.
+    pub token_count: Option<i64>,
+    /// Finish reason.
+    pub finish_reason: Option<String>,
+}
+
+/// A session's cost fields.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct SessionCost {
+    /// `estimated_cost_usd`.
+    pub estimated_cost_usd: Option<f64>,
+    /// `cost_status`.
+    pub cost_status: Option<String>,
+    /// `cost_source`.
+    pub cost_source: Option<String>,
+}

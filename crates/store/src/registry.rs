@@ -1,0 +1,751 @@
+//! The retained-subagent registry (spec §3): units, their per-child rows,
+//! retention, tombstones, pruning and lookups.
+//!
+//! Reads evaluate the addressability predicate of spec §3.1 through indexes
+//! and never write; every write is one `BEGIN IMMEDIATE` transaction that
+//! starts with the incremental backfill of hermes-retained units.
+
+use rusqlite::{OptionalExtension, Row, Transaction, params};
+use serde_json::Value;
+
+use crate::error::{Error, Result};
+use crate::model::{
+    ChildManifest, Completion, Lookup, PruneCount, RetainedChild, TombstoneReason, Unaddressable,
+    UnitDraft, children_json, parse_children_json,
+};
+use crate::recovery::OwnerProbe;
+use crate::{DeliveryClaim, DeliveryFilter, RecoveryReport, ResumeClaim, Store};
+
+/// Lease of a resume or delivery claim, in seconds.
+pub const LEASE_SECS: f64 = 300.0;
+
+/// The registry seam: everything the delegate layer and the CLI do with units.
+///
+/// Every method is one transaction. Lookups are unscoped; the lineage crate
+/// adds the owner scope on top.
+#[cfg_attr(any(test, feature = "mocks"), mockall::automock)]
+pub trait Registry: Send + Sync {
+    /// Writes a new `running` unit with its manifest and child sessions; returns its id.
+    fn insert_unit(&self, draft: &UnitDraft) -> Result<String>;
+    /// Records a unit's children manifest; `false` if the unit is missing.
+    fn record_dispatched_children(&self, id: &str, children: &[ChildManifest]) -> Result<bool>;
+    /// Retains a unit (never a tombstoned one) and prunes; `false` if nothing changed.
+    fn retain_completed_delegation(&self, id: &str, usage: Option<&Value>) -> Result<bool>;
+    /// Records a terminal result; retains iff the status is exactly `completed`.
+    fn persist_completion(&self, completion: &Completion) -> Result<bool>;
+    /// Every addressable child, newest unit first, then by child index.
+    fn list_retained_children(&self) -> Result<Vec<RetainedChild>>;
+    /// The addressable child for a subagent, session or delegation id.
+    fn find_retained_child(&self, id: &str) -> Result<Option<RetainedChild>>;
+    /// The unscoped status of an id.
+    fn lookup(&self, id: &str) -> Result<Lookup>;
+    /// Tombstones the live child (or a delegation's live children); `false` if none changed.
+    fn tombstone_retained_child(&self, id: &str, reason: &TombstoneReason) -> Result<bool>;
+    /// TTL and cap pruning; explicit limits are floored at 1 and 0.
+    fn prune_retained_children(
+        &self,
+        max_retained: Option<u32>,
+        ttl_hours: Option<f64>,
+    ) -> Result<PruneCount>;
+    /// Prunes with the configured limits and counts addressable children.
+    fn rehydrate_retained_children(&self) -> Result<usize>;
+    /// Restart recovery (spec §3.8).
+    fn recover_abandoned_delegations(&self, probe: &dyn OwnerProbe) -> RecoveryReport;
+    /// Claims the oldest deliverable completion.
+    fn claim_delivery(&self, filter: &DeliveryFilter) -> Result<Option<DeliveryClaim>>;
+    /// Acknowledges a claimed delivery; `false` if the lease was lost.
+    fn ack_delivery(&self, id: &str, token: &str) -> Result<bool>;
+    /// Takes the single-use resume claim of one child.
+    fn claim_resume(&self, id: &str, child_index: u32) -> Result<ResumeClaim>;
+    /// Renews a held resume claim; `false` if it is no longer ours.
+    fn renew_resume(&self, id: &str, child_index: u32, token: &str) -> Result<bool>;
+    /// Releases a held resume claim; `false` if it is no longer ours.
+    fn release_resume(&self, id: &str, child_index: u32, token: &str) -> Result<bool>;
+    /// After a follow-up: refresh `retained_at` (never un-tombstoning), store the
+    /// unit's new `usage_json` if given, and release the claim — one transaction.
+    fn finish_follow_up(
+        &self,
+        id: &str,
+        child_index: u32,
+        token: &str,
+        usage: Option<&Value>,
+    ) -> Result<bool>;
+    /// The unit's `usage_json` (malformed = `None`).
+    fn unit_usage(&self, id: &str) -> Result<Option<Value>>;
+    /// Deletes old non-retained history (spec §3.6); returns the rows deleted.
+    fn prune_history(&self) -> Result<usize>;
+}
+
+const CHILD_COLS: &str = "c.delegation_id, c.child_index, c.subagent_id, c.child_session_id, \
+     c.manifest_json, c.retained_at, c.tombstoned_at, c.tombstone_reason, \
+     u.parent_session_id, u.owner_profile, u.state, u.completed_at, u.retained, \
+     u.retained_at, u.tombstoned_at";
+
+/// A child row joined with its unit.
+struct ChildRow {
+    entry: RetainedChild,
+    child_tombstoned_at: Option<f64>,
+    child_tombstone_reason: Option<String>,
+    unit_retained: bool,
+    unit_retained_at: Option<f64>,
+    unit_tombstoned_at: Option<f64>,
+}
+
+fn read_child_row(r: &Row<'_>) -> rusqlite::Result<ChildRow> {
+    let manifest_json: Option<String> = r.get(4)?;
+    let manifest = manifest_json
+        .as_deref()
+        .and_then(|s| serde_json::from_str::<Value>(s).ok())
+        .and_then(|v| ChildManifest::from_json(&v))
+        .unwrap_or_default();
+    let index: i64 = r.get(1)?;
+    let retained: Option<i64> = r.get(12)?;
+    Ok(ChildRow {
+        entry: RetainedChild {
+            delegation_id: r.get(0)?,
+            child_index: u32::try_from(index).unwrap_or(u32::MAX),
+            subagent_id: r.get::<_, Option<String>>(2)?.unwrap_or_default(),
+            child_session_id: r.get::<_, Option<String>>(3)?.unwrap_or_default(),
+            retained_at: r.get(5)?,
+            parent_session_id: r.get::<_, Option<String>>(8)?.unwrap_or_default(),
+            owner_profile: r.get::<_, Option<String>>(9)?.unwrap_or_default(),
+            state: r.get::<_, Option<String>>(10)?.unwrap_or_default(),
+            completed_at: r.get(11)?,
+            manifest,
+        },
+        child_tombstoned_at: r.get(6)?,
+        child_tombstone_reason: r.get(7)?,
+        unit_retained: retained == Some(1),
+        unit_retained_at: r.get(13)?,
+        unit_tombstoned_at: r.get(14)?,
+    })
+}
+
+/// Limits in force for one evaluation.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limits {
+    pub(crate) now: f64,
+    pub(crate) max_retained: u32,
+    pub(crate) ttl_hours: f64,
+}
+
+impl Limits {
+    fn cutoff(self) -> f64 {
+        self.now - self.ttl_hours * 3600.0
+    }
+}
+
+/// Backfills child rows of `retained=1` units that have none (spec §2.6 step 4).
+/// `all` also covers tombstoned units (done at open); writes cover live ones.
+pub(crate) fn backfill(tx: &Transaction<'_>, all: bool) -> Result<usize> {
+    let sql = if all {
+        "SELECT delegation_id, children_json, child_session_id, retained_at, tombstoned_at \
+         FROM async_delegations u WHERE retained = 1 AND NOT EXISTS \
+         (SELECT 1 FROM retinue_children c WHERE c.delegation_id = u.delegation_id)"
+    } else {
+        "SELECT delegation_id, children_json, child_session_id, retained_at, tombstoned_at \
+         FROM async_delegations u WHERE retained = 1 AND tombstoned_at IS NULL AND NOT EXISTS \
+         (SELECT 1 FROM retinue_children c WHERE c.delegation_id = u.delegation_id)"
+    };
+    let units: Vec<(String, Option<String>, Option<String>, Option<f64>, Option<f64>)> = {
+        let mut stmt = tx.prepare_cached(sql)?;
+        let rows = stmt.query_map([], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+        })?;
+        rows.collect::<rusqlite::Result<_>>()?
+    };
+    let mut inserted = 0;
+    let mut insert = tx.prepare_cached(
+        "INSERT OR IGNORE INTO retinue_children (delegation_id, child_index, subagent_id, \
+         child_session_id, model, provider, goal, manifest_json, retained_at, tombstoned_at, \
+         tombstone_reason) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+    )?;
+    for (id, cj, csid, retained_at, tombstoned_at) in units {
+        let children = parse_children_json(cj.as_deref(), csid.as_deref());
+        for (i, child) in children.iter().enumerate() {
+            inserted += insert.execute(params![
+                id,
+                i64::try_from(i).unwrap_or(i64::MAX),
+                child.subagent_id,
+                child.session_id,
+                child.model,
+                child.provider,
+                child.goal,
+                child.to_json().to_string(),
+                retained_at,
+                tombstoned_at,
+                tombstoned_at.map(|_| TombstoneReason::External.as_str()),
+            ])?;
+        }
+    }
+    Ok(inserted)
+}
+
+/// Number of live units ranked strictly above a unit, capped at `max`.
+fn rank_of(
+    tx: &Transaction<'_>,
+    id: &str,
+    retained_at: Option<f64>,
+    lim: Limits,
+) -> Result<u32> {
+    let mut stmt = tx.prepare_cached(
+        "SELECT count(*) FROM (SELECT 1 FROM async_delegations u \
+         WHERE u.retained = 1 AND u.tombstoned_at IS NULL \
+           AND (u.retained_at > ?1 OR (u.retained_at IS ?1 AND u.delegation_id > ?2) \
+                OR (?1 IS NULL AND u.retained_at IS NOT NULL)) \
+           AND EXISTS (SELECT 1 FROM retinue_children c WHERE c.delegation_id = u.delegation_id \
+                       AND c.tombstoned_at IS NULL AND c.retained_at >= ?3) \
+         LIMIT ?4)",
+    )?;
+    let n: i64 =
+        stmt.query_row(params![retained_at, id, lim.cutoff(), lim.max_retained], |r| r.get(0))?;
+    Ok(u32::try_from(n).unwrap_or(u32::MAX))
+}
+
+/// Spec §3.1 status of one child row.
+fn status_of(tx: &Transaction<'_>, row: &ChildRow, lim: Limits) -> Result<Option<Unaddressable>> {
+    if let Some(at) = row.child_tombstoned_at {
+        let reason = TombstoneReason::parse(row.child_tombstone_reason.as_deref());
+        return Ok(Some(Unaddressable::Tombstoned { at, reason }));
+    }
+    if let Some(at) = row.unit_tombstoned_at {
+        return Ok(Some(Unaddressable::Tombstoned { at, reason: TombstoneReason::External }));
+    }
+    let Some(retained_at) = row.entry.retained_at.filter(|_| row.unit_retained) else {
+        return Ok(Some(Unaddressable::NeverRetained));
+    };
+    if retained_at < lim.cutoff() {
+        let at = retained_at + lim.ttl_hours * 3600.0;
+        return Ok(Some(Unaddressable::Tombstoned { at, reason: TombstoneReason::Ttl }));
+    }
+    if rank_of(tx, &row.entry.delegation_id, row.unit_retained_at, lim)? >= lim.max_retained {
+        return Ok(Some(Unaddressable::Tombstoned { at: lim.now, reason: TombstoneReason::Cap }));
+    }
+    Ok(None)
+}
+
+fn candidates(tx: &Transaction<'_>, id: &str) -> Result<Vec<(u8, ChildRow)>> {
+    let mut out = Vec::new();
+    for (kind, column) in
+        [(0u8, "c.subagent_id"), (1, "c.child_session_id"), (2, "c.delegation_id")]
+    {
+        let sql = format!(
+            "SELECT {CHILD_COLS} FROM retinue_children c \
+             JOIN async_delegations u ON u.delegation_id = c.delegation_id WHERE {column} = ?1"
+        );
+        let mut stmt = tx.prepare_cached(&sql)?;
+        let rows = stmt.query_map([id], read_child_row)?;
+        for row in rows {
+            out.push((kind, row?));
+        }
+    }
+    Ok(out)
+}
+
+pub(crate) fn lookup_in(tx: &Transaction<'_>, id: &str, lim: Limits) -> Result<Lookup> {
+    let id = id.trim();
+    if id.is_empty() {
+        return Ok(Lookup::Unknown);
+    }
+    let mut scored = Vec::new();
+    for (kind, row) in candidates(tx, id)? {
+        let status = status_of(tx, &row, lim)?;
+        scored.push((status, kind, row));
+    }
+    scored.sort_by(|a, b| {
+        let addr = a.0.is_some().cmp(&b.0.is_some());
+        addr.then(a.1.cmp(&b.1))
+            .then(
+                b.2.unit_retained_at
+                    .unwrap_or(f64::NEG_INFINITY)
+                    .total_cmp(&a.2.unit_retained_at.unwrap_or(f64::NEG_INFINITY)),
+            )
+            .then(b.2.entry.delegation_id.cmp(&a.2.entry.delegation_id))
+            .then(a.2.entry.child_index.cmp(&b.2.entry.child_index))
+    });
+    Ok(match scored.into_iter().next() {
+        None => Lookup::Unknown,
+        Some((None, _, row)) => Lookup::Addressable(row.entry),
+        Some((Some(status), _, row)) => Lookup::NotAddressable(row.entry, status),
+    })
+}
+
+pub(crate) fn list_in(tx: &Transaction<'_>, lim: Limits) -> Result<Vec<RetainedChild>> {
+    let sql = format!(
+        "WITH top AS (SELECT u.delegation_id AS id, u.retained_at AS rat FROM async_delegations u \
+           WHERE u.retained = 1 AND u.tombstoned_at IS NULL AND EXISTS (SELECT 1 FROM \
+             retinue_children c WHERE c.delegation_id = u.delegation_id \
+             AND c.tombstoned_at IS NULL AND c.retained_at >= ?1) \
+           ORDER BY u.retained_at DESC, u.delegation_id DESC LIMIT ?2) \
+         SELECT {CHILD_COLS} FROM top \
+           JOIN retinue_children c ON c.delegation_id = top.id \
+           JOIN async_delegations u ON u.delegation_id = top.id \
+         WHERE c.tombstoned_at IS NULL AND c.retained_at >= ?1 \
+         ORDER BY top.rat DESC, top.id DESC, c.child_index"
+    );
+    let mut stmt = tx.prepare_cached(&sql)?;
+    let rows = stmt.query_map(params![lim.cutoff(), lim.max_retained], read_child_row)?;
+    Ok(rows.map(|r| r.map(|c| c.entry)).collect::<rusqlite::Result<_>>()?)
+}
+
+/// TTL then cap pruning inside the caller's transaction (spec §3.5).
+pub(crate) fn prune_in(tx: &Transaction<'_>, lim: Limits) -> Result<PruneCount> {
+    let t = lim.now;
+    backfill(tx, false)?;
+    let mut count = PruneCount::default();
+    count.children += tx
+        .prepare_cached(
+            "UPDATE retinue_children SET tombstoned_at = ?1, tombstone_reason = 'ttl' \
+             WHERE delegation_id IN (SELECT delegation_id FROM async_delegations \
+                                     WHERE retained = 1 AND tombstoned_at IS NULL) \
+               AND tombstoned_at IS NULL AND (retained_at IS NULL OR retained_at < ?2)",
+        )?
+        .execute(params![t, lim.cutoff()])?;
+    count.units += tx
+        .prepare_cached(
+            "UPDATE async_delegations SET tombstoned_at = ?1, updated_at = ?1 \
+             WHERE retained = 1 AND tombstoned_at IS NULL AND NOT EXISTS (SELECT 1 FROM \
+               retinue_children c WHERE c.delegation_id = async_delegations.delegation_id \
+               AND c.tombstoned_at IS NULL)",
+        )?
+        .execute([t])?;
+    let over_cap: Vec<String> = {
+        let mut stmt = tx.prepare_cached(
+            "SELECT delegation_id FROM async_delegations WHERE retained = 1 \
+             AND tombstoned_at IS NULL ORDER BY retained_at DESC, delegation_id DESC \
+             LIMIT -1 OFFSET ?1",
+        )?;
+        let rows = stmt.query_map([lim.max_retained], |r| r.get(0))?;
+        rows.collect::<rusqlite::Result<_>>()?
+    };
+    if !over_cap.is_empty() {
+        let mut children = tx.prepare_cached(
+            "UPDATE retinue_children SET tombstoned_at = ?1, tombstone_reason = 'cap' \
+             WHERE delegation_id = ?2 AND tombstoned_at IS NULL",
+        )?;
+        let mut unit = tx.prepare_cached(
+            "UPDATE async_delegations SET tombstoned_at = ?1, updated_at = ?1 \
+             WHERE delegation_id = ?2 AND tombstoned_at IS NULL",
+        )?;
+        for id in &over_cap {
+            count.children += children.execute(params![t, id])?;
+            count.units += unit.execute(params![t, id])?;
+        }
+    }
+    Ok(count)
+}
+
+fn retain_in(tx: &Transaction<'_>, id: &str, usage: Option<&Value>, lim: Limits) -> Result<bool> {
+    let now = lim.now;
+    let changed = match usage {
+        Some(u) => tx
+            .prepare_cached(
+                "UPDATE async_delegations SET retained = 1, retained_at = ?1, updated_at = ?1, \
+                 usage_json = ?2 WHERE delegation_id = ?3 AND tombstoned_at IS NULL",
+            )?
+            .execute(params![now, u.to_string(), id])?,
+        None => tx
+            .prepare_cached(
+                "UPDATE async_delegations SET retained = 1, retained_at = ?1, updated_at = ?1 \
+                 WHERE delegation_id = ?2 AND tombstoned_at IS NULL",
+            )?
+            .execute(params![now, id])?,
+    };
+    if changed == 0 {
+        return Ok(false);
+    }
+    backfill(tx, false)?;
+    tx.prepare_cached(
+        "UPDATE retinue_children SET retained_at = ?1 WHERE delegation_id = ?2 \
+         AND tombstoned_at IS NULL",
+    )?
+    .execute(params![now, id])?;
+    prune_in(tx, lim)?;
+    Ok(true)
+}
+
+fn upsert_children(tx: &Transaction<'_>, id: &str, children: &[ChildManifest]) -> Result<()> {
+    let mut stmt = tx.prepare_cached(
+        "INSERT INTO retinue_children (delegation_id, child_index, subagent_id, \
+         child_session_id, model, provider, goal, manifest_json) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) \
+         ON CONFLICT(delegation_id, child_index) DO UPDATE SET subagent_id = excluded.subagent_id, \
+           child_session_id = excluded.child_session_id, model = excluded.model, \
+           provider = excluded.provider, goal = excluded.goal, \
+           manifest_json = excluded.manifest_json",
+    )?;
+    for (i, child) in children.iter().enumerate() {
+        stmt.execute(params![
+            id,
+            i64::try_from(i).unwrap_or(i64::MAX),
+            child.subagent_id,
+            child.session_id,
+            child.model,
+            child.provider,
+            child.goal.as_deref().map(|g| crate::model::truncate_chars(g, 200)),
+            child.to_json().to_string(),
+        ])?;
+    }
+    Ok(())
+}
+
+fn lone_child_session(children: &[ChildManifest]) -> Option<String> {
+    match children {
+        [only] => Some(only.session_id.clone()),
+        _ => None,
+    }
+}
+
+impl Store {
+    pub(crate) fn limits(&self) -> Limits {
+        let d = &self.config.delegation;
+        Limits {
+            now: self.clock.now(),
+            max_retained: d.max_retained.max(1),
+            ttl_hours: d.retained_ttl_hours.max(0.0),
+        }
+    }
+
+    fn insert_unit_in(&self, tx: &Transaction<'_>, draft: &UnitDraft, id: &str) -> Result<()> {
+        let now = self.clock.now();
+        let is_batch = draft.children.len() != 1;
+        tx.prepare_cached(
+            "INSERT INTO async_delegations (delegation_id, origin_session, origin_ui_session_id, \
+             parent_session_id, state, dispatched_at, updated_at, delivery_state, \
+             delivery_attempts, owner_pid, owner_started_at, task_json, origin_session_id, \
+             child_session_id, children_json, owner_profile) \
+             VALUES (?1, ?2, ?3, ?4, 'running', ?5, ?5, 'pending', 0, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+        )?
+        .execute(params![
+            id,
+            draft.origin_session,
+            draft.origin_ui_session_id,
+            draft.parent_session_id,
+            now,
+            draft.owner_pid,
+            draft.owner_started_at,
+            draft.task.to_string(),
+            draft.origin_session_id,
+            if is_batch { None } else { lone_child_session(&draft.children) },
+            children_json(&draft.children),
+            draft.owner_profile,
+        ])?;
+        upsert_children(tx, id, &draft.children)?;
+        for session in &draft.child_sessions {
+            crate::sessions::insert_session(tx, session, now)?;
+        }
+        Ok(())
+    }
+}
+
+impl Registry for Store {
+    fn insert_unit(&self, draft: &UnitDraft) -> Result<String> {
+        for _ in 0..8 {
+            let id = format!("deleg_{}", crate::db::random_hex(4)?);
+            let res = self.pool.write(|tx| {
+                let exists: bool = tx
+                    .prepare_cached("SELECT 1 FROM async_delegations WHERE delegation_id = ?1")?
+                    .exists([&id])?;
+                if exists {
+                    return Ok(false);
+                }
+                self.insert_unit_in(tx, draft, &id)?;
+                Ok(true)
+            })?;
+            if res {
+                return Ok(id);
+            }
+        }
+        Err(Error::Invalid("could not allocate a unique delegation id".to_owned()))
+    }
+
+    fn record_dispatched_children(&self, id: &str, children: &[ChildManifest]) -> Result<bool> {
+        if id.trim().is_empty() {
+            return Ok(false);
+        }
+        let now = self.clock.now();
+        let profile = self.profile.clone();
+        self.pool.write(|tx| {
+            backfill(tx, false)?;
+            let is_batch = children.len() > 1;
+            let lone = if is_batch {
+                None
+            } else {
+                Some(lone_child_session(children).unwrap_or_default())
+            };
+            let changed = tx
+                .prepare_cached(
+                    "UPDATE async_delegations SET children_json = ?1, child_session_id = ?2, \
+                     owner_profile = ?3, updated_at = ?4 WHERE delegation_id = ?5",
+                )?
+                .execute(params![children_json(children), lone, profile, now, id])?;
+            if changed == 0 {
+                return Ok(false);
+            }
+            upsert_children(tx, id, children)?;
+            Ok(true)
+        })
+    }
+
+    fn retain_completed_delegation(&self, id: &str, usage: Option<&Value>) -> Result<bool> {
+        let lim = self.limits();
+        self.pool.write(|tx| {
+            backfill(tx, false)?;
+            retain_in(tx, id, usage, lim)
+        })
+    }
+
+    fn persist_completion(&self, c: &Completion) -> Result<bool> {
+        let lim = self.limits();
+        let now = lim.now;
+        let status = if c.status.trim().is_empty() { "completed" } else { c.status.as_str() };
+        self.pool.write(|tx| {
+            backfill(tx, false)?;
+            let (delivery, delivered_at) =
+                if c.background { ("pending", None) } else { ("delivered", Some(now)) };
+            let changed = tx
+                .prepare_cached(
+                    "UPDATE async_delegations SET state = ?1, completed_at = ?2, updated_at = ?2, \
+                     event_json = ?3, result_json = ?4, usage_json = COALESCE(?5, usage_json), \
+                     delivery_state = ?6, delivered_at = ?7 WHERE delegation_id = ?8",
+                )?
+                .execute(params![
+                    status,
+                    now,
+                    c.event.to_string(),
+                    c.result.to_string(),
+                    c.usage.as_ref().map(Value::to_string),
+                    delivery,
+                    delivered_at,
+                    c.delegation_id,
+                ])?;
+            if changed == 0 {
+                return Ok(false);
+            }
+            if status == "completed" {
+                retain_in(tx, &c.delegation_id, None, lim)?;
+            }
+            Ok(true)
+        })
+    }
+
+    fn list_retained_children(&self) -> Result<Vec<RetainedChild>> {
+        let lim = self.limits();
+        self.pool.read(|tx| list_in(tx, lim))
+    }
+
+    fn find_retained_child(&self, id: &str) -> Result<Option<RetainedChild>> {
+        Ok(match self.lookup(id)? {
+            Lookup::Addressable(entry) => Some(entry),
+            _ => None,
+        })
+    }
+
+    fn lookup(&self, id: &str) -> Result<Lookup> {
+        let lim = self.limits();
+        self.pool.read(|tx| lookup_in(tx, id, lim))
+    }
+
+    fn tombstone_retained_child(&self, id: &str, reason: &TombstoneReason) -> Result<bool> {
+        let id = id.trim();
+        if id.is_empty() {
+            return Ok(false);
+        }
+        let lim = self.limits();
+        let t = lim.now;
+        self.pool.write(|tx| {
+            backfill(tx, false)?;
+            let live = "c.tombstoned_at IS NULL AND c.retained_at >= ?2 AND u.retained = 1 \
+                        AND u.tombstoned_at IS NULL";
+            let mut targets: Vec<(String, i64)> = Vec::new();
+            for column in ["c.subagent_id", "c.child_session_id", "c.delegation_id"] {
+                let sql = format!(
+                    "SELECT c.delegation_id, c.child_index FROM retinue_children c \
+                     JOIN async_delegations u ON u.delegation_id = c.delegation_id \
+                     WHERE {column} = ?1 AND {live}"
+                );
+                let mut stmt = tx.prepare_cached(&sql)?;
+                let rows = stmt.query_map(params![id, lim.cutoff()], |r| Ok((r.get(0)?, r.get(1)?)))?;
+                targets = rows.collect::<rusqlite::Result<_>>()?;
+                if !targets.is_empty() {
+                    break;
+                }
+            }
+            let mut changed = 0;
+            let mut units: Vec<String> = Vec::new();
+            for (unit, index) in &targets {
+                changed += tx
+                    .prepare_cached(
+                        "UPDATE retinue_children SET tombstoned_at = ?1, tombstone_reason = ?2 \
+                         WHERE delegation_id = ?3 AND child_index = ?4 AND tombstoned_at IS NULL",
+                    )?
+                    .execute(params![t, reason.as_str(), unit, index])?;
+                if !units.contains(unit) {
+                    units.push(unit.clone());
+                }
+            }
+            for unit in &units {
+                let any_live: bool = tx
+                    .prepare_cached(
+                        "SELECT 1 FROM retinue_children WHERE delegation_id = ?1 \
+                         AND tombstoned_at IS NULL AND retained_at >= ?2",
+                    )?
+                    .exists(params![unit, lim.cutoff()])?;
+                if !any_live {
+                    tx.prepare_cached(
+                        "UPDATE retinue_children SET tombstoned_at = ?1, tombstone_reason = 'ttl' \
+                         WHERE delegation_id = ?2 AND tombstoned_at IS NULL",
+                    )?
+                    .execute(params![t, unit])?;
+                    tx.prepare_cached(
+                        "UPDATE async_delegations SET tombstoned_at = ?1, updated_at = ?1 \
+                         WHERE delegation_id = ?2 AND tombstoned_at IS NULL",
+                    )?
+                    .execute(params![t, unit])?;
+                }
+            }
+            Ok(changed > 0)
+        })
+    }
+
+    fn prune_retained_children(
+        &self,
+        max_retained: Option<u32>,
+        ttl_hours: Option<f64>,
+    ) -> Result<PruneCount> {
+        let mut lim = self.limits();
+        if let Some(m) = max_retained {
+            lim.max_retained = m.max(1);
+        }
+        if let Some(h) = ttl_hours {
+            if !h.is_finite() {
+                return Err(Error::Invalid(format!("ttl_hours must be finite, got {h}")));
+            }
+            lim.ttl_hours = h.max(0.0);
+        }
+        self.pool.write(|tx| prune_in(tx, lim))
+    }
+
+    fn rehydrate_retained_children(&self) -> Result<usize> {
+        let lim = self.limits();
+        let n = self.pool.write(|tx| {
+            prune_in(tx, lim)?;
+            Ok(list_in(tx, lim)?.len())
+        })?;
+        log::info!("rehydrated {n} addressable retained children");
+        Ok(n)
+    }
+
+    fn recover_abandoned_delegations(&self, probe: &dyn OwnerProbe) -> RecoveryReport {
+        crate::recovery::recover(self, probe)
+    }
+
+    fn claim_delivery(&self, filter: &DeliveryFilter) -> Result<Option<DeliveryClaim>> {
+        crate::delivery::claim(self, filter)
+    }
+
+    fn ack_delivery(&self, id: &str, token: &str) -> Result<bool> {
+        crate::delivery::ack(self, id, token)
+    }
+
+    fn claim_resume(&self, id: &str, child_index: u32) -> Result<ResumeClaim> {
+        let now = self.clock.now();
+        self.pool.write(|tx| {
+            let row: Option<(Option<f64>, Option<f64>, Option<String>, Option<f64>)> = tx
+                .prepare_cached(
+                    "SELECT c.tombstoned_at, u.tombstoned_at, c.resume_claim, c.resume_claimed_at \
+                     FROM retinue_children c JOIN async_delegations u \
+                       ON u.delegation_id = c.delegation_id \
+                     WHERE c.delegation_id = ?1 AND c.child_index = ?2",
+                )?
+                .query_row(params![id, child_index], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+                })
+                .optional()?;
+            let Some((child_tomb, unit_tomb, claim, claimed_at)) = row else {
+                return Ok(ResumeClaim::Unavailable);
+            };
+            if child_tomb.is_some() || unit_tomb.is_some() {
+                return Ok(ResumeClaim::Unavailable);
+            }
+            if claim.is_some() {
+                let at = claimed_at.unwrap_or(f64::NEG_INFINITY);
+                if at + LEASE_SECS > now {
+                    return Ok(ResumeClaim::Busy { claimed_at: at, expires_at: at + LEASE_SECS });
+                }
+            }
+            let token = crate::db::random_hex(16)?;
+            tx.prepare_cached(
+                "UPDATE retinue_children SET resume_claim = ?1, resume_claimed_at = ?2 \
+                 WHERE delegation_id = ?3 AND child_index = ?4",
+            )?
+            .execute(params![token, now, id, child_index])?;
+            Ok(ResumeClaim::Claimed { token })
+        })
+    }
+
+    fn renew_resume(&self, id: &str, child_index: u32, token: &str) -> Result<bool> {
+        let now = self.clock.now();
+        self.pool.write(|tx| {
+            let n = tx
+                .prepare_cached(
+                    "UPDATE retinue_children SET resume_claimed_at = ?1 WHERE delegation_id = ?2 \
+                     AND child_index = ?3 AND resume_claim = ?4",
+                )?
+                .execute(params![now, id, child_index, token])?;
+            Ok(n > 0)
+        })
+    }
+
+    fn release_resume(&self, id: &str, child_index: u32, token: &str) -> Result<bool> {
+        self.pool.write(|tx| release_in(tx, id, child_index, token))
+    }
+
+    fn finish_follow_up(
+        &self,
+        id: &str,
+        child_index: u32,
+        token: &str,
+        usage: Option<&Value>,
+    ) -> Result<bool> {
+        let now = self.clock.now();
+        self.pool.write(|tx| {
+            tx.prepare_cached(
+                "UPDATE retinue_children SET retained_at = ?1 WHERE delegation_id = ?2 \
+                 AND child_index = ?3 AND tombstoned_at IS NULL",
+            )?
+            .execute(params![now, id, child_index])?;
+            tx.prepare_cached(
+                "UPDATE async_delegations SET retained_at = ?1, updated_at = ?1, \
+                 usage_json = COALESCE(?2, usage_json) \
+                 WHERE delegation_id = ?3 AND tombstoned_at IS NULL AND retained = 1",
+            )?
+            .execute(params![now, usage.map(Value::to_string), id])?;
+            release_in(tx, id, child_index, token)
+        })
+    }
+
+    fn unit_usage(&self, id: &str) -> Result<Option<Value>> {
+        self.pool.read(|tx| {
+            let raw: Option<Option<String>> = tx
+                .prepare_cached("SELECT usage_json FROM async_delegations WHERE delegation_id = ?1")?
+                .query_row([id], |r| r.get(0))
+                .optional()?;
+            Ok(crate::model::parse_json_opt(raw.flatten().as_deref()))
+        })
+    }
+
+    fn prune_history(&self) -> Result<usize> {
+        crate::history::prune(self)
+    }
+}
+
+fn release_in(tx: &Transaction<'_>, id: &str, child_index: u32, token: &str) -> Result<bool> {
+    let n = tx
+        .prepare_cached(
+            "UPDATE retinue_children SET resume_claim = NULL, resume_claimed_at = NULL \
+             WHERE delegation_id = ?1 AND child_index = ?2 AND resume_claim = ?3",
+        )?
+        .execute(params![id, child_index, token])?;
+    Ok(n > 0)
+}

@@ -1,0 +1,286 @@
+//! Sessions and transcripts (hermes's `sessions` and `messages` tables), and
+//! the session-graph seam the lineage rules read.
+
+use rusqlite::{OptionalExtension, Row, Transaction, params};
+use serde_json::Value;
+
+use crate::Store;
+use crate::error::{Error, Result};
+use crate::model::{Message, NewSession, SessionRow};
+
+/// Most hops a compression-tip walk takes.
+pub const MAX_HOPS: usize = 100;
+
+/// Read access to the session graph: what lineage authority needs, nothing more.
+#[cfg_attr(any(test, feature = "mocks"), mockall::automock)]
+pub trait SessionGraph: Send + Sync {
+    /// One session row.
+    fn session(&self, id: &str) -> Result<Option<SessionRow>>;
+    /// The sessions whose parent is `parent`, oldest first.
+    fn child_sessions(&self, parent: &str) -> Result<Vec<SessionRow>>;
+}
+
+/// Sessions and transcripts: child sessions go only through this seam, so
+/// resume works with any runtime.
+#[cfg_attr(any(test, feature = "mocks"), mockall::automock)]
+pub trait SessionStore: SessionGraph {
+    /// Creates a session.
+    fn create_session(&self, session: &NewSession) -> Result<()>;
+    /// Appends a message; returns its row id.
+    fn append_message(&self, session_id: &str, message: &Message) -> Result<i64>;
+    /// Ends a session; the first reason wins. `false` if already ended or missing.
+    fn end_session(&self, id: &str, reason: &str) -> Result<bool>;
+    /// Clears a session's end so it can take another turn.
+    fn reopen_session(&self, id: &str) -> Result<bool>;
+    /// The active transcript in insertion order.
+    fn conversation(&self, id: &str) -> Result<Vec<Message>>;
+    /// The session a resume should continue: the deepest compression
+    /// continuation of `id` that has messages, else `id` (spec §6.3 step 5).
+    fn compression_tip(&self, id: &str) -> Result<String>;
+}
+
+pub(crate) fn insert_session(tx: &Transaction<'_>, s: &NewSession, now: f64) -> Result<()> {
+    if s.id.trim().is_empty() {
+        return Err(Error::Invalid("session id must not be empty".to_owned()));
+    }
+    let model_config = match &s.model_config {
+        None | Some(Value::Null) => None,
+        Some(v @ Value::Object(_)) => Some(v.to_string()),
+        Some(_) => return Err(Error::Invalid("model_config must be a JSON object".to_owned())),
+    };
+    // A parent that is not (yet) a row is not linked: the foreign key would refuse it.
+    let parent = match s.parent_session_id.as_deref().map(str::trim).filter(|p| !p.is_empty()) {
+        Some(p) => {
+            let exists =
+                tx.prepare_cached("SELECT 1 FROM sessions WHERE id = ?1")?.exists([p])?;
+            if !exists {
+                log::warn!("session {}: parent {p} has no row; stored unlinked", s.id);
+            }
+            exists.then(|| p.to_owned())
+        }
+        None => None,
+    };
+    tx.prepare_cached(
+        "INSERT INTO sessions (id, source, model, model_config, parent_session_id, started_at, \
+         profile_name) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+    )?
+    .execute(params![
+        s.id,
+        s.source,
+        s.model,
+        model_config,
+        parent,
+        s.started_at.unwrap_or(now),
+        s.profile_name
+    ])?;
+    Ok(())
+}
+
+fn session_cols(has_system_prompt: bool) -> &'static str {
+    if has_system_prompt {
+        "id, source, model, model_config, parent_session_id, started_at, ended_at, end_reason, \
+         profile_name, estimated_cost_usd, cost_status, cost_source, system_prompt"
+    } else {
+        "id, source, model, model_config, parent_session_id, started_at, ended_at, end_reason, \
+         profile_name, estimated_cost_usd, cost_status, cost_source, NULL"
+    }
+}
+
+fn read_session(r: &Row<'_>) -> rusqlite::Result<SessionRow> {
+    Ok(SessionRow {
+        id: r.get(0)?,
+        source: r.get::<_, Option<String>>(1)?.unwrap_or_default(),
+        model: r.get(2)?,
+        model_config: r.get(3)?,
+        parent_session_id: r.get(4)?,
+        started_at: r.get::<_, Option<f64>>(5)?.unwrap_or(0.0),
+        ended_at: r.get(6)?,
+        end_reason: r.get(7)?,
+        profile_name: r.get(8)?,
+        estimated_cost_usd: r.get(9)?,
+        cost_status: r.get(10)?,
+        cost_source: r.get(11)?,
+        system_prompt: r.get(12)?,
+    })
+}
+
+pub(crate) fn session_in(
+    tx: &Transaction<'_>,
+    has_system_prompt: bool,
+    id: &str,
+) -> Result<Option<SessionRow>> {
+    let sql = format!("SELECT {} FROM sessions WHERE id = ?1", session_cols(has_system_prompt));
+    Ok(tx.prepare_cached(&sql)?.query_row([id], read_session).optional()?)
+}
+
+pub(crate) fn children_in(
+    tx: &Transaction<'_>,
+    has_system_prompt: bool,
+    parent: &str,
+) -> Result<Vec<SessionRow>> {
+    let sql = format!(
+        "SELECT {} FROM sessions WHERE parent_session_id = ?1 ORDER BY started_at, id",
+        session_cols(has_system_prompt)
+    );
+    let mut stmt = tx.prepare_cached(&sql)?;
+    let rows = stmt.query_map([parent], read_session)?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+/// Whether a `model_config` text carries a lineage marker key (or is unreadable).
+fn has_marker(model_config: Option<&str>) -> bool {
+    match model_config.map(str::trim).filter(|s| !s.is_empty()) {
+        None => false,
+        Some(text) => match serde_json::from_str::<Value>(text) {
+            Ok(Value::Object(m)) => {
+                m.contains_key("_branched_from") || m.contains_key("_delegate_from")
+            }
+            _ => true,
+        },
+    }
+}
+
+impl SessionGraph for Store {
+    fn session(&self, id: &str) -> Result<Option<SessionRow>> {
+        let sp = self.has_system_prompt;
+        self.pool.read(|tx| session_in(tx, sp, id))
+    }
+
+    fn child_sessions(&self, parent: &str) -> Result<Vec<SessionRow>> {
+        let sp = self.has_system_prompt;
+        self.pool.read(|tx| children_in(tx, sp, parent))
+    }
+}
+
+impl SessionStore for Store {
+    fn create_session(&self, session: &NewSession) -> Result<()> {
+        let now = self.clock.now();
+        self.pool.write(|tx| insert_session(tx, session, now))
+    }
+
+    fn append_message(&self, session_id: &str, m: &Message) -> Result<i64> {
+        let now = self.clock.now();
+        self.pool.write(|tx| {
+            let exists =
+                tx.prepare_cached("SELECT 1 FROM sessions WHERE id = ?1")?.exists([session_id])?;
+            if !exists {
+                return Err(Error::NotFound { what: "session", id: session_id.to_owned() });
+            }
+            tx.prepare_cached(
+                "INSERT INTO messages (session_id, role, content, timestamp, active, tool_call_id, \
+                 tool_calls, tool_name, token_count, finish_reason) \
+                 VALUES (?1, ?2, ?3, ?4, 1, ?5, ?6, ?7, ?8, ?9)",
+            )?
+            .execute(params![
+                session_id,
+                m.role,
+                m.content,
+                if m.timestamp > 0.0 { m.timestamp } else { now },
+                m.tool_call_id,
+                m.tool_calls,
+                m.tool_name,
+                m.token_count,
+                m.finish_reason
+            ])?;
+            let id = tx.last_insert_rowid();
+            tx.prepare_cached(
+                "UPDATE sessions SET message_count = COALESCE(message_count, 0) + 1 WHERE id = ?1",
+            )?
+            .execute([session_id])?;
+            Ok(id)
+        })
+    }
+
+    fn end_session(&self, id: &str, reason: &str) -> Result<bool> {
+        let now = self.clock.now();
+        self.pool.write(|tx| {
+            let n = tx
+                .prepare_cached(
+                    "UPDATE sessions SET ended_at = ?1, end_reason = ?2 \
+                     WHERE id = ?3 AND ended_at IS NULL",
+                )?
+                .execute(params![now, reason, id])?;
+            Ok(n > 0)
+        })
+    }
+
+    fn reopen_session(&self, id: &str) -> Result<bool> {
+        self.pool.write(|tx| {
+            let n = tx
+                .prepare_cached(
+                    "UPDATE sessions SET ended_at = NULL, end_reason = NULL WHERE id = ?1",
+                )?
+                .execute([id])?;
+            Ok(n > 0)
+        })
+    }
+
+    fn conversation(&self, id: &str) -> Result<Vec<Message>> {
+        self.pool.read(|tx| {
+            let mut stmt = tx.prepare_cached(
+                "SELECT id, role, content, timestamp, tool_call_id, tool_calls, tool_name, \
+                 token_count, finish_reason FROM messages \
+                 WHERE session_id = ?1 AND COALESCE(active, 1) = 1 ORDER BY id",
+            )?;
+            let rows = stmt.query_map([id], |r| {
+                Ok(Message {
+                    id: r.get(0)?,
+                    role: r.get::<_, Option<String>>(1)?.unwrap_or_default(),
+                    content: r.get(2)?,
+                    timestamp: r.get::<_, Option<f64>>(3)?.unwrap_or(0.0),
+                    tool_call_id: r.get(4)?,
+                    tool_calls: r.get(5)?,
+                    tool_name: r.get(6)?,
+                    token_count: r.get(7)?,
+                    finish_reason: r.get(8)?,
+                })
+            })?;
+            Ok(rows.collect::<rusqlite::Result<_>>()?)
+        })
+    }
+
+    fn compression_tip(&self, id: &str) -> Result<String> {
+        let sp = self.has_system_prompt;
+        self.pool.read(|tx| {
+            let mut has_messages = tx.prepare_cached(
+                "SELECT 1 FROM messages WHERE session_id = ?1 AND COALESCE(active, 1) = 1",
+            )?;
+            let mut best = id.to_owned();
+            let mut current = match session_in(tx, sp, id)? {
+                Some(row) => row,
+                None => return Ok(best),
+            };
+            let mut visited = vec![current.id.clone()];
+            for _ in 0..MAX_HOPS {
+                if current.end_reason.as_deref() != Some("compression") {
+                    break;
+                }
+                let next = children_in(tx, sp, &current.id)?
+                    .into_iter()
+                    .filter(|c| {
+                        !has_marker(c.model_config.as_deref())
+                            && !c.source.trim().eq_ignore_ascii_case("tool")
+                            && !visited.contains(&c.id)
+                    })
+                    .max_by(|a, b| {
+                        let rank = |s: &SessionRow| match (s.ended_at, s.end_reason.as_deref()) {
+                            (Some(_), Some("compression")) => 2,
+                            (None, _) => 1,
+                            _ => 0,
+                        };
+                        rank(a)
+                            .cmp(&rank(b))
+                            .then(a.started_at.total_cmp(&b.started_at))
+                            .then(a.id.cmp(&b.id))
+                    });
+                let Some(next) = next else { break };
+                visited.push(next.id.clone());
+                if has_messages.exists([&next.id])? {
+                    best.clone_from(&next.id);
+                }
+                current = next;
+            }
+            Ok(best)
+        })
+    }
+}
