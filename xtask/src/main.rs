@@ -1,1 +1,115 @@
-fn main(){}
+//! `cargo xtask`: everything CI does, runnable locally.
+//!
+//! `cargo xtask ci` runs fmt --check, clippy (all targets, `-D warnings`),
+//! the test suite (nextest when installed, else `cargo test`, then doctests),
+//! rustdoc with warnings denied, and `tidy`.
+
+mod tidy;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+const HELP: &str = "\
+cargo xtask <task>
+
+tasks:
+  ci      fmt, lint, test, doc and tidy, fail-fast (what CI runs)
+  fmt     cargo fmt --all -- --check
+  lint    cargo clippy --workspace --all-targets --all-features -- -D warnings
+  test    the whole test suite (nextest where installed, else cargo test) and doctests
+  doc     cargo doc --workspace --no-deps with warnings denied
+  tidy    source hygiene and crate-boundary checks
+  bench   the registry benchmark (pass --quick for a smoke run, --json FILE to save figures)
+";
+
+fn root() -> PathBuf {
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    manifest.parent().map_or(manifest.clone(), Path::to_path_buf)
+}
+
+fn run(cmd: &mut Command) -> Result<(), String> {
+    eprintln!("$ {cmd:?}");
+    let status = cmd.current_dir(root()).status().map_err(|e| format!("cannot run {cmd:?}: {e}"))?;
+    if status.success() { Ok(()) } else { Err(format!("{cmd:?} failed with {status}")) }
+}
+
+fn cargo() -> Command {
+    Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned()))
+}
+
+fn fmt() -> Result<(), String> {
+    run(cargo().args(["fmt", "--all", "--", "--check"]))
+}
+
+fn lint() -> Result<(), String> {
+    run(cargo().args([
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--all-features",
+        "--locked",
+        "--",
+        "-D",
+        "warnings",
+    ]))
+}
+
+fn has_nextest() -> bool {
+    cargo()
+        .args(["nextest", "--version"])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
+}
+
+fn test() -> Result<(), String> {
+    if has_nextest() {
+        run(cargo()
+            .args(["nextest", "run", "--workspace", "--all-features", "--locked", "--no-fail-fast"])
+            .env("INSTA_UPDATE", "no"))?;
+        run(cargo().args(["test", "--doc", "--workspace", "--all-features", "--locked"]))
+    } else {
+        run(cargo()
+            .args(["test", "--workspace", "--all-features", "--locked", "--no-fail-fast"])
+            .env("INSTA_UPDATE", "no"))
+    }
+}
+
+fn doc() -> Result<(), String> {
+    run(cargo()
+        .args(["doc", "--workspace", "--no-deps", "--all-features", "--locked"])
+        .env("RUSTDOCFLAGS", "-D warnings"))
+}
+
+fn bench(args: &[String]) -> Result<(), String> {
+    let mut cmd = cargo();
+    cmd.args(["run", "--release", "--locked", "-p", "retinue-bench", "--"]).args(args);
+    run(&mut cmd)
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args.first().map(String::as_str) {
+        Some("ci") => fmt().and_then(|()| lint()).and_then(|()| test()).and_then(|()| doc()).and_then(
+            |()| tidy::run(&root()),
+        ),
+        Some("fmt") => fmt(),
+        Some("lint") => lint(),
+        Some("test") => test(),
+        Some("doc") => doc(),
+        Some("tidy") => tidy::run(&root()),
+        Some("bench") => bench(&args[1..]),
+        None | Some("-h" | "--help" | "help") => {
+            eprint!("{HELP}");
+            Ok(())
+        }
+        Some(other) => Err(format!("unknown task `{other}`\n\n{HELP}")),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

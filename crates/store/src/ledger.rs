@@ -1,1 +1,348 @@
 //! The usage ledger on `delegation_child_usage` (spec §7).
+//!
+//! This module only persists: it knows no usage rules. The `retinue-usage`
+//! crate folds usage JSON into [`UsageTotals`] and hands the store the delta
+//! to add; the store keeps those deltas in `retinue_usage_totals` in the same
+//! `BEGIN IMMEDIATE` transaction as the ledger row and its idempotency key.
+//!
+//! Maintained totals cover the parent's ledger rows up to `covered_id`. Rows
+//! above it (written by another program, such as hermes) are returned raw by
+//! [`UsageLedger::usage_totals_snapshot`] for the caller to fold at read time,
+//! and may be folded in by a later [`UsageLedger::record_usage`] through a
+//! [`TotalsCatchUp`]. Reads never write.
+
+use rusqlite::{OptionalExtension, Transaction, params};
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::Store;
+use crate::error::Result;
+use crate::model::{SessionCost, parse_json_opt};
+
+/// The three ledger totals, as floats (hermes's API shape).
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize)]
+pub struct UsageTotals {
+    /// Sum of `usage.cost_usd`.
+    pub cost_usd: f64,
+    /// Sum of `usage.tokens.input`.
+    pub input_tokens: f64,
+    /// Sum of `usage.tokens.output`.
+    pub output_tokens: f64,
+}
+
+impl UsageTotals {
+    /// The field-wise sum of `self` and `other`.
+    #[must_use]
+    pub fn plus(self, other: UsageTotals) -> UsageTotals {
+        UsageTotals {
+            cost_usd: self.cost_usd + other.cost_usd,
+            input_tokens: self.input_tokens + other.input_tokens,
+            output_tokens: self.output_tokens + other.output_tokens,
+        }
+    }
+}
+
+/// One ledger row to write.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct AttributionDraft {
+    /// The paying parent session; empty = nothing is written.
+    pub parent_session_id: String,
+    /// The parent's turn (`''` if none).
+    pub parent_turn_id: String,
+    /// The child session (`''` if none).
+    pub child_session_id: String,
+    /// The child's usage object (stored as `usage_json`).
+    pub usage: Value,
+    /// Optional aggregate snapshot (stored as `aggregate_json`; `None` = NULL).
+    pub aggregate: Option<Value>,
+    /// Idempotency key: a key already recorded writes nothing.
+    pub key: Option<String>,
+}
+
+/// A stored ledger row, as hermes's `load_child_usage_attributions` returns it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct UsageAttribution {
+    /// Ledger row id (insertion order); not part of the hermes record.
+    #[serde(skip)]
+    pub id: i64,
+    /// The paying parent session.
+    pub parent_session_id: String,
+    /// The parent's turn (`''` if none).
+    pub parent_turn_id: String,
+    /// The child session (`''` if none).
+    pub child_session_id: String,
+    /// The usage object; malformed stored JSON reads as `{}`.
+    pub usage: Value,
+    /// The aggregate snapshot; NULL or malformed reads as `None`.
+    pub aggregate: Option<Value>,
+    /// Creation time, epoch seconds.
+    pub created_at: f64,
+}
+
+/// A ledger row not yet folded into the maintained totals.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PendingUsage {
+    /// Ledger row id.
+    pub id: i64,
+    /// The raw `usage_json` text, unparsed.
+    pub usage_json: String,
+}
+
+/// A parent's maintained totals plus the rows they do not cover yet.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct TotalsSnapshot {
+    /// Totals of the parent's rows with `id <= covered_id`.
+    pub maintained: UsageTotals,
+    /// Highest ledger id folded into `maintained` (0 = none).
+    pub covered_id: i64,
+    /// The parent's rows with `id > covered_id`, oldest first.
+    pub pending: Vec<PendingUsage>,
+}
+
+/// Folds pending rows into the maintained totals, compare-and-swap style:
+/// applied only if the totals still cover exactly `from_covered_id` and
+/// `to_id` is the parent's newest row before the one being recorded.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct TotalsCatchUp {
+    /// The `covered_id` the delta was computed from.
+    pub from_covered_id: i64,
+    /// The newest pending row id the delta covers.
+    pub to_id: i64,
+    /// The fold of the pending rows `(from_covered_id, to_id]`.
+    pub delta: UsageTotals,
+}
+
+/// What a recorded row does to the maintained totals.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct TotalsUpdate {
+    /// The caller's fold of the new row's usage.
+    pub delta: UsageTotals,
+    /// Pending rows to fold in first, if they still match.
+    pub catch_up: Option<TotalsCatchUp>,
+}
+
+/// The persistence seam of the usage ledger. Plain data in and out; no
+/// usage rules (the `retinue-usage` crate folds JSON into totals).
+#[cfg_attr(any(test, feature = "mocks"), mockall::automock)]
+pub trait UsageLedger: Send + Sync {
+    /// Writes one ledger row, its key and the maintained totals in one
+    /// transaction. `totals.delta` is the caller's fold of `draft.usage`; it
+    /// is added to the totals only when no earlier row of the parent is
+    /// unfolded (after applying `totals.catch_up`, if it still matches).
+    ///
+    /// Returns `false` and writes nothing for an empty parent or a key
+    /// already recorded.
+    fn record_usage(&self, draft: &AttributionDraft, totals: &TotalsUpdate) -> Result<bool>;
+
+    /// The exact parent's rows, oldest first; an empty id → `[]`.
+    fn usage_attributions(&self, parent: &str) -> Result<Vec<UsageAttribution>>;
+
+    /// The parent's maintained totals and its unfolded rows; unknown or empty
+    /// parent → zeros and no rows.
+    fn usage_totals_snapshot(&self, parent: &str) -> Result<TotalsSnapshot>;
+
+    /// A session's cost fields; `None` if the session does not exist.
+    fn session_cost(&self, session: &str) -> Result<Option<SessionCost>>;
+
+    /// Writes a session's cost fields; `None` fields are left unchanged.
+    /// Returns `false` if the session does not exist.
+    fn write_session_cost(&self, session: &str, cost: &SessionCost) -> Result<bool>;
+}
+
+fn totals_row(tx: &Transaction<'_>, parent: &str) -> Result<Option<(UsageTotals, i64)>> {
+    Ok(tx
+        .prepare_cached(
+            "SELECT cost_usd, input_tokens, output_tokens, covered_id \
+             FROM retinue_usage_totals WHERE parent_session_id = ?1",
+        )?
+        .query_row([parent], |r| {
+            Ok((
+                UsageTotals {
+                    cost_usd: r.get(0)?,
+                    input_tokens: r.get(1)?,
+                    output_tokens: r.get(2)?,
+                },
+                r.get::<_, i64>(3)?,
+            ))
+        })
+        .optional()?)
+}
+
+fn add_totals(
+    tx: &Transaction<'_>,
+    parent: &str,
+    delta: &UsageTotals,
+    covered_id: i64,
+) -> Result<()> {
+    tx.prepare_cached(
+        "INSERT INTO retinue_usage_totals \
+         (parent_session_id, cost_usd, input_tokens, output_tokens, covered_id) \
+         VALUES (?1, ?2, ?3, ?4, ?5) \
+         ON CONFLICT(parent_session_id) DO UPDATE SET \
+         cost_usd = cost_usd + excluded.cost_usd, \
+         input_tokens = input_tokens + excluded.input_tokens, \
+         output_tokens = output_tokens + excluded.output_tokens, \
+         covered_id = excluded.covered_id",
+    )?
+    .execute(params![
+        parent,
+        delta.cost_usd,
+        delta.input_tokens,
+        delta.output_tokens,
+        covered_id
+    ])?;
+    Ok(())
+}
+
+fn record_in(
+    tx: &Transaction<'_>,
+    draft: &AttributionDraft,
+    totals: &TotalsUpdate,
+    now: f64,
+) -> Result<bool> {
+    let parent = draft.parent_session_id.as_str();
+    if let Some(key) = &draft.key {
+        let fresh = tx
+            .prepare_cached(
+                "INSERT OR IGNORE INTO retinue_usage_keys (attribution_key, usage_id, created_at) \
+                 VALUES (?1, 0, ?2)",
+            )?
+            .execute(params![key, now])?;
+        if fresh == 0 {
+            return Ok(false);
+        }
+    }
+    let prev_max: i64 = tx
+        .prepare_cached(
+            "SELECT COALESCE(MAX(id), 0) FROM delegation_child_usage WHERE parent_session_id = ?1",
+        )?
+        .query_row([parent], |r| r.get(0))?;
+    let mut covered = totals_row(tx, parent)?.map_or(0, |(_, c)| c);
+    if let Some(c) = &totals.catch_up {
+        if c.from_covered_id == covered && c.to_id == prev_max && c.to_id > covered {
+            add_totals(tx, parent, &c.delta, c.to_id)?;
+            covered = c.to_id;
+        }
+    }
+    tx.prepare_cached(
+        "INSERT INTO delegation_child_usage \
+         (parent_session_id, parent_turn_id, child_session_id, usage_json, aggregate_json, created_at) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+    )?
+    .execute(params![
+        parent,
+        draft.parent_turn_id,
+        draft.child_session_id,
+        draft.usage.to_string(),
+        draft.aggregate.as_ref().map(Value::to_string),
+        now
+    ])?;
+    let id = tx.last_insert_rowid();
+    if let Some(key) = &draft.key {
+        tx.prepare_cached(
+            "UPDATE retinue_usage_keys SET usage_id = ?1 WHERE attribution_key = ?2",
+        )?
+        .execute(params![id, key])?;
+    }
+    if covered == prev_max {
+        add_totals(tx, parent, &totals.delta, id)?;
+    }
+    Ok(true)
+}
+
+impl UsageLedger for Store {
+    fn record_usage(&self, draft: &AttributionDraft, totals: &TotalsUpdate) -> Result<bool> {
+        if draft.parent_session_id.is_empty() {
+            return Ok(false);
+        }
+        let now = self.clock.now();
+        self.pool.write(|tx| record_in(tx, draft, totals, now))
+    }
+
+    fn usage_attributions(&self, parent: &str) -> Result<Vec<UsageAttribution>> {
+        if parent.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.pool.read(|tx| {
+            let mut stmt = tx.prepare_cached(
+                "SELECT id, parent_session_id, parent_turn_id, child_session_id, usage_json, \
+                 aggregate_json, created_at FROM delegation_child_usage \
+                 WHERE parent_session_id = ?1 ORDER BY id",
+            )?;
+            let rows = stmt.query_map([parent], |r| {
+                let usage: Option<String> = r.get(4)?;
+                let aggregate: Option<String> = r.get(5)?;
+                Ok(UsageAttribution {
+                    id: r.get(0)?,
+                    parent_session_id: r.get(1)?,
+                    parent_turn_id: r.get::<_, Option<String>>(2)?.unwrap_or_default(),
+                    child_session_id: r.get::<_, Option<String>>(3)?.unwrap_or_default(),
+                    usage: parse_json_opt(usage.as_deref())
+                        .unwrap_or_else(|| Value::Object(serde_json::Map::new())),
+                    aggregate: parse_json_opt(aggregate.as_deref()).filter(|v| !v.is_null()),
+                    created_at: r.get::<_, Option<f64>>(6)?.unwrap_or_default(),
+                })
+            })?;
+            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+        })
+    }
+
+    fn usage_totals_snapshot(&self, parent: &str) -> Result<TotalsSnapshot> {
+        if parent.is_empty() {
+            return Ok(TotalsSnapshot::default());
+        }
+        self.pool.read(|tx| {
+            let (maintained, covered_id) = totals_row(tx, parent)?.unwrap_or_default();
+            let mut stmt = tx.prepare_cached(
+                "SELECT id, usage_json FROM delegation_child_usage \
+                 WHERE parent_session_id = ?1 AND id > ?2 ORDER BY id",
+            )?;
+            let pending = stmt
+                .query_map(params![parent, covered_id], |r| {
+                    Ok(PendingUsage {
+                        id: r.get(0)?,
+                        usage_json: r.get::<_, Option<String>>(1)?.unwrap_or_default(),
+                    })
+                })?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            Ok(TotalsSnapshot { maintained, covered_id, pending })
+        })
+    }
+
+    fn session_cost(&self, session: &str) -> Result<Option<SessionCost>> {
+        self.pool.read(|tx| {
+            Ok(tx
+                .prepare_cached(
+                    "SELECT estimated_cost_usd, cost_status, cost_source FROM sessions WHERE id = ?1",
+                )?
+                .query_row([session], |r| {
+                    Ok(SessionCost {
+                        estimated_cost_usd: r.get(0)?,
+                        cost_status: r.get(1)?,
+                        cost_source: r.get(2)?,
+                    })
+                })
+                .optional()?)
+        })
+    }
+
+    fn write_session_cost(&self, session: &str, cost: &SessionCost) -> Result<bool> {
+        self.pool.write(|tx| {
+            let n = tx
+                .prepare_cached(
+                    "UPDATE sessions SET \
+                     estimated_cost_usd = COALESCE(?1, estimated_cost_usd), \
+                     cost_status = COALESCE(?2, cost_status), \
+                     cost_source = COALESCE(?3, cost_source) \
+                     WHERE id = ?4",
+                )?
+                .execute(params![
+                    cost.estimated_cost_usd,
+                    cost.cost_status,
+                    cost.cost_source,
+                    session
+                ])?;
+            Ok(n > 0)
+        })
+    }
+}

@@ -76,8 +76,13 @@ pub trait Registry: Send + Sync {
     fn prune_history(&self) -> Result<usize>;
 }
 
+/// A child's TTL clock: its own `retained_at`, else (rows recorded before another
+/// writer retained the unit) the unit's.
+const CHILD_RETAINED_AT: &str = "COALESCE(c.retained_at, CASE WHEN u.retained = 1 THEN u.retained_at END)";
+
 const CHILD_COLS: &str = "c.delegation_id, c.child_index, c.subagent_id, c.child_session_id, \
-     c.manifest_json, c.retained_at, c.tombstoned_at, c.tombstone_reason, \
+     c.manifest_json, COALESCE(c.retained_at, CASE WHEN u.retained = 1 THEN u.retained_at END), \
+     c.tombstoned_at, c.tombstone_reason, \
      u.parent_session_id, u.owner_profile, u.state, u.completed_at, u.retained, \
      u.retained_at, u.tombstoned_at";
 
@@ -154,6 +159,14 @@ pub(crate) fn backfill(tx: &Transaction<'_>, all: bool) -> Result<usize> {
         })?;
         rows.collect::<rusqlite::Result<_>>()?
     };
+    tx.prepare_cached(
+        "UPDATE retinue_children SET retained_at = (SELECT u.retained_at FROM async_delegations u \
+           WHERE u.delegation_id = retinue_children.delegation_id) \
+         WHERE delegation_id IN (SELECT delegation_id FROM async_delegations \
+                                 WHERE retained = 1 AND tombstoned_at IS NULL) \
+           AND retained_at IS NULL AND tombstoned_at IS NULL",
+    )?
+    .execute([])?;
     let mut inserted = 0;
     let mut insert = tx.prepare_cached(
         "INSERT OR IGNORE INTO retinue_children (delegation_id, child_index, subagent_id, \
@@ -194,7 +207,8 @@ fn rank_of(
            AND (u.retained_at > ?1 OR (u.retained_at IS ?1 AND u.delegation_id > ?2) \
                 OR (?1 IS NULL AND u.retained_at IS NOT NULL)) \
            AND EXISTS (SELECT 1 FROM retinue_children c WHERE c.delegation_id = u.delegation_id \
-                       AND c.tombstoned_at IS NULL AND c.retained_at >= ?3) \
+                       AND c.tombstoned_at IS NULL \
+                       AND COALESCE(c.retained_at, u.retained_at) >= ?3) \
          LIMIT ?4)",
     )?;
     let n: i64 =
@@ -275,12 +289,12 @@ pub(crate) fn list_in(tx: &Transaction<'_>, lim: Limits) -> Result<Vec<RetainedC
         "WITH top AS (SELECT u.delegation_id AS id, u.retained_at AS rat FROM async_delegations u \
            WHERE u.retained = 1 AND u.tombstoned_at IS NULL AND EXISTS (SELECT 1 FROM \
              retinue_children c WHERE c.delegation_id = u.delegation_id \
-             AND c.tombstoned_at IS NULL AND c.retained_at >= ?1) \
+             AND c.tombstoned_at IS NULL AND COALESCE(c.retained_at, u.retained_at) >= ?1) \
            ORDER BY u.retained_at DESC, u.delegation_id DESC LIMIT ?2) \
          SELECT {CHILD_COLS} FROM top \
            JOIN retinue_children c ON c.delegation_id = top.id \
            JOIN async_delegations u ON u.delegation_id = top.id \
-         WHERE c.tombstoned_at IS NULL AND c.retained_at >= ?1 \
+         WHERE c.tombstoned_at IS NULL AND {CHILD_RETAINED_AT} >= ?1 \
          ORDER BY top.rat DESC, top.id DESC, c.child_index"
     );
     let mut stmt = tx.prepare_cached(&sql)?;
@@ -556,7 +570,7 @@ impl Registry for Store {
         self.pool.write(|tx| {
             backfill(tx, false)?;
             let live = "c.tombstoned_at IS NULL AND c.retained_at >= ?2 AND u.retained = 1 \
-                        AND u.tombstoned_at IS NULL";
+                        AND u.tombstoned_at IS NULL"; // backfill above filled NULL retained_at
             let mut targets: Vec<(String, i64)> = Vec::new();
             for column in ["c.subagent_id", "c.child_session_id", "c.delegation_id"] {
                 let sql = format!(

@@ -1,0 +1,10 @@
+//! Integration tests of the store against real SQLite files.
+
+mod it {
+    pub(crate) mod fixture;
+    mod legacy;
+    mod registry;
+    mod schema;
+    mod sessions;
+    mod workflow;
+}

@@ -1,0 +1,100 @@
+//! Shared fixture: a temp home, a manual clock and hermes-style raw inserts.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use retinue_store::{
+    ChildManifest, DelegationConfig, ManualClock, Registry, Store, StoreOptions,
+};
+use serde_json::json;
+
+pub(crate) const T0: f64 = 1_800_000_000.0;
+
+pub(crate) struct Fx {
+    pub(crate) dir: tempfile::TempDir,
+    pub(crate) clock: Arc<ManualClock>,
+    pub(crate) store: Store,
+}
+
+impl Fx {
+    pub(crate) fn new() -> Fx {
+        Fx::with_config(DelegationConfig::default())
+    }
+
+    pub(crate) fn with_config(d: DelegationConfig) -> Fx {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let clock = Arc::new(ManualClock::new(T0));
+        let store = open(&dir.path().join("state.db"), &clock, d);
+        Fx { dir, clock, store }
+    }
+
+    pub(crate) fn db(&self) -> PathBuf {
+        self.dir.path().join("state.db")
+    }
+
+    pub(crate) fn reopen(&self) -> Store {
+        open(&self.db(), &self.clock, self.store.config().delegation.clone())
+    }
+
+    pub(crate) fn raw(&self) -> rusqlite::Connection {
+        rusqlite::Connection::open(self.db()).expect("raw open")
+    }
+
+    /// hermes's `_insert_delegation`: a running unit written with raw SQL.
+    pub(crate) fn insert_delegation(&self, id: &str, parent: &str, state: &str) {
+        let now = self.clock_now();
+        self.raw()
+            .execute(
+                "INSERT OR REPLACE INTO async_delegations (delegation_id, origin_session, \
+                 origin_ui_session_id, parent_session_id, state, dispatched_at, updated_at, \
+                 delivery_state, delivery_attempts, origin_session_id) \
+                 VALUES (?1, '', '', ?2, ?3, ?4, ?4, 'pending', 0, '')",
+                rusqlite::params![id, parent, state, now],
+            )
+            .expect("insert delegation");
+    }
+
+    pub(crate) fn clock_now(&self) -> f64 {
+        use retinue_store::Clock;
+        self.clock.now()
+    }
+
+    /// The seed's `_dispatch_and_retain`.
+    pub(crate) fn dispatch_and_retain(&self, id: &str, parent: &str, children: &[ChildManifest]) {
+        self.insert_delegation(id, parent, "running");
+        assert!(self.store.record_dispatched_children(id, children).expect("record"));
+        assert!(
+            self.store
+                .retain_completed_delegation(id, Some(&json!({"cost_usd": 0.5})))
+                .expect("retain")
+        );
+    }
+
+    pub(crate) fn seed_unit(&self) -> &'static str {
+        self.dispatch_and_retain("deleg_test0001", "parent-1", &[seed_child()]);
+        "deleg_test0001"
+    }
+}
+
+pub(crate) fn open(path: &std::path::Path, clock: &Arc<ManualClock>, d: DelegationConfig) -> Store {
+    let opts = StoreOptions::default().with_clock(clock.clone()).with_delegation(d);
+    Store::open(path, opts).expect("open store")
+}
+
+pub(crate) fn seed_child() -> ChildManifest {
+    child("sa-0-abc12345", "child-sess-1", Some("test/model"), Some("do the thing"))
+}
+
+pub(crate) fn child(sa: &str, sid: &str, model: Option<&str>, goal: Option<&str>) -> ChildManifest {
+    ChildManifest {
+        subagent_id: sa.to_owned(),
+        session_id: sid.to_owned(),
+        model: model.map(str::to_owned),
+        goal: goal.map(str::to_owned),
+        ..ChildManifest::default()
+    }
+}
+
+pub(crate) fn ids(store: &Store) -> Vec<String> {
+    store.list_retained_children().expect("list").into_iter().map(|e| e.child_id().to_owned()).collect()
+}

@@ -1,0 +1,191 @@
+//! In-place upgrade of hermes-created files (no refinery history).
+
+use std::sync::Arc;
+
+use retinue_store::{
+    DelegationConfig, Lookup, ManualClock, Registry, TombstoneReason, Unaddressable,
+};
+
+use super::fixture::{T0, open};
+
+const LEGACY_13: &str = "CREATE TABLE async_delegations (
+    delegation_id TEXT PRIMARY KEY,
+    origin_session TEXT NOT NULL,
+    origin_ui_session_id TEXT NOT NULL DEFAULT '',
+    parent_session_id TEXT,
+    state TEXT NOT NULL,
+    dispatched_at REAL NOT NULL,
+    completed_at REAL,
+    updated_at REAL NOT NULL,
+    event_json TEXT,
+    result_json TEXT,
+    delivery_state TEXT NOT NULL DEFAULT 'pending',
+    delivery_attempts INTEGER NOT NULL DEFAULT 0,
+    delivered_at REAL
+)";
+
+fn legacy_file(extra_sql: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("state.db");
+    let raw = rusqlite::Connection::open(&path).expect("open");
+    raw.execute_batch(LEGACY_13).expect("ddl");
+    for i in 0..3 {
+        raw.execute(
+            "INSERT INTO async_delegations (delegation_id, origin_session, parent_session_id, \
+             state, dispatched_at, completed_at, updated_at, event_json, delivery_state) \
+             VALUES (?1, 'origin', 'p', 'completed', ?2, ?2, ?2, '{\"x\":1}', 'delivered')",
+            rusqlite::params![format!("deleg_legacy{i:02}"), T0 - 10.0],
+        )
+        .expect("row");
+    }
+    raw.execute_batch(extra_sql).expect("extra");
+    (dir, path)
+}
+
+fn count(path: &std::path::Path, sql: &str) -> i64 {
+    rusqlite::Connection::open(path).expect("open").query_row(sql, [], |r| r.get(0)).expect("q")
+}
+
+#[test]
+fn schema_upgrade_is_backwards_compatible() {
+    let (_dir, path) = legacy_file("");
+    let clock = Arc::new(ManualClock::new(T0));
+    let store = open(&path, &clock, DelegationConfig::default());
+    let raw = rusqlite::Connection::open(&path).expect("open");
+    let cols: Vec<String> = raw
+        .prepare("SELECT name FROM pragma_table_info('async_delegations')")
+        .expect("p")
+        .query_map([], |r| r.get(0))
+        .expect("q")
+        .map(|r| r.expect("row"))
+        .collect();
+    assert!(cols.contains(&"retained".to_owned()) && cols.contains(&"children_json".to_owned()));
+    assert_eq!(cols.len(), 26);
+    assert_eq!(count(&path, "SELECT count(*) FROM async_delegations"), 3);
+    assert_eq!(
+        count(&path, "SELECT count(*) FROM async_delegations WHERE event_json = '{\"x\":1}'"),
+        3
+    );
+    // Upgraded origin_session_id is nullable (hermes's ALTER has no constraint); NULL kept.
+    assert_eq!(
+        count(&path, "SELECT count(*) FROM async_delegations WHERE origin_session_id IS NULL"),
+        3
+    );
+    // Legacy rows are never retained or listed.
+    assert!(store.list_retained_children().expect("list").is_empty());
+    assert_eq!(store.lookup("deleg_legacy00").expect("lookup"), Lookup::Unknown);
+    // Reopening is a no-op.
+    let dump = store.schema_dump().expect("dump");
+    let again = open(&path, &clock, DelegationConfig::default());
+    assert_eq!(again.schema_dump().expect("dump"), dump);
+    assert_eq!(count(&path, "SELECT count(*) FROM async_delegations"), 3);
+}
+
+#[test]
+fn full_hermes_table_with_retained_batch_is_backfilled() {
+    let hermes_alter = "
+        ALTER TABLE async_delegations ADD COLUMN owner_pid INTEGER;
+        ALTER TABLE async_delegations ADD COLUMN owner_started_at INTEGER;
+        ALTER TABLE async_delegations ADD COLUMN task_json TEXT;
+        ALTER TABLE async_delegations ADD COLUMN delivery_claim TEXT;
+        ALTER TABLE async_delegations ADD COLUMN delivery_claimed_at REAL;
+        ALTER TABLE async_delegations ADD COLUMN origin_session_id TEXT;
+        ALTER TABLE async_delegations ADD COLUMN child_session_id TEXT;
+        ALTER TABLE async_delegations ADD COLUMN children_json TEXT;
+        ALTER TABLE async_delegations ADD COLUMN retained INTEGER;
+        ALTER TABLE async_delegations ADD COLUMN retained_at REAL;
+        ALTER TABLE async_delegations ADD COLUMN tombstoned_at REAL;
+        ALTER TABLE async_delegations ADD COLUMN owner_profile TEXT;
+        ALTER TABLE async_delegations ADD COLUMN usage_json TEXT;
+        CREATE TABLE delegation_child_usage (id INTEGER PRIMARY KEY AUTOINCREMENT,
+            parent_session_id TEXT NOT NULL, parent_turn_id TEXT NOT NULL DEFAULT '',
+            child_session_id TEXT NOT NULL DEFAULT '', usage_json TEXT NOT NULL,
+            aggregate_json TEXT, created_at REAL NOT NULL);
+    ";
+    let (_dir, path) = legacy_file(hermes_alter);
+    let raw = rusqlite::Connection::open(&path).expect("open");
+    let children = r#"[{"subagent_id":"sa-0-aaaa0000","session_id":"hs-0","model":"m","goal":"g0"},
+        {"subagent_id":"sa-1-bbbb1111","session_id":"hs-1","model":"m","goal":"g1"},
+        {"subagent_id":"sa-2-cccc2222","session_id":"hs-2","model":"m","goal":"g2"}]"#;
+    raw.execute(
+        "INSERT INTO async_delegations (delegation_id, origin_session, parent_session_id, state, \
+         dispatched_at, completed_at, updated_at, children_json, retained, retained_at, owner_profile) \
+         VALUES ('deleg_hermes01', '', 'A', 'completed', ?1, ?1, ?1, ?2, 1, ?1, '')",
+        rusqlite::params![T0 - 60.0, children],
+    )
+    .expect("hermes retained");
+    raw.execute(
+        "INSERT INTO async_delegations (delegation_id, origin_session, parent_session_id, state, \
+         dispatched_at, completed_at, updated_at, child_session_id, retained, retained_at, tombstoned_at) \
+         VALUES ('deleg_hermes02', '', 'A', 'completed', ?1, ?1, ?1, 'hs-solo', 1, ?1, ?1)",
+        rusqlite::params![T0 - 30.0],
+    )
+    .expect("hermes tombstoned");
+    drop(raw);
+    let clock = Arc::new(ManualClock::new(T0));
+    let store = open(&path, &clock, DelegationConfig::default());
+    let listed: Vec<String> =
+        store.list_retained_children().expect("list").iter().map(|e| e.child_id().to_owned()).collect();
+    assert_eq!(listed, vec!["sa-0-aaaa0000", "sa-1-bbbb1111", "sa-2-cccc2222"]);
+    assert!(store.find_retained_child("hs-1").expect("find").is_some());
+    // A hermes unit tombstone reads as reason `external`, with its time.
+    match store.lookup("hs-solo").expect("lookup") {
+        Lookup::NotAddressable(entry, Unaddressable::Tombstoned { at, reason }) => {
+            assert_eq!(entry.child_session_id, "hs-solo");
+            assert!((at - (T0 - 30.0)).abs() < 1e-6);
+            assert_eq!(reason, TombstoneReason::External);
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    assert_eq!(count(&path, "SELECT count(*) FROM async_delegations"), 5);
+}
+
+#[test]
+fn all_columns_present_without_refinery_history() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("state.db");
+    let clock = Arc::new(ManualClock::new(T0));
+    {
+        let store = open(&path, &clock, DelegationConfig::default());
+        drop(store);
+    }
+    let raw = rusqlite::Connection::open(&path).expect("open");
+    raw.execute_batch("DROP TABLE refinery_schema_history").expect("drop history");
+    raw.execute(
+        "INSERT INTO sessions (id, source, started_at) VALUES ('s1', 'cli', 1.0)",
+        [],
+    )
+    .expect("row");
+    drop(raw);
+    let store = open(&path, &clock, DelegationConfig::default());
+    assert_eq!(count(&path, "SELECT count(*) FROM sessions"), 1);
+    assert_eq!(count(&path, "SELECT count(*) FROM refinery_schema_history"), 1);
+    drop(store);
+}
+
+#[test]
+fn hermes_sessions_and_messages_gain_missing_columns() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("state.db");
+    let raw = rusqlite::Connection::open(&path).expect("open");
+    raw.execute_batch(
+        "CREATE TABLE sessions (id TEXT PRIMARY KEY, source TEXT NOT NULL, started_at REAL NOT NULL,
+            system_prompt TEXT, title TEXT);
+         CREATE TABLE messages (id INTEGER PRIMARY KEY AUTOINCREMENT, session_id TEXT NOT NULL,
+            role TEXT NOT NULL, content TEXT, timestamp REAL NOT NULL);
+         INSERT INTO sessions VALUES ('s1', 'cli', 1.0, 'be terse', 't');
+         INSERT INTO messages (session_id, role, content, timestamp) VALUES ('s1', 'user', 'hi', 2.0);",
+    )
+    .expect("ddl");
+    drop(raw);
+    let clock = Arc::new(ManualClock::new(T0));
+    let store = open(&path, &clock, DelegationConfig::default());
+    use retinue_store::{SessionGraph, SessionStore};
+    let s = store.session("s1").expect("read").expect("row");
+    assert_eq!(s.system_prompt.as_deref(), Some("be terse"));
+    let conv = store.conversation("s1").expect("conv");
+    assert_eq!(conv.len(), 1);
+    assert_eq!(conv[0].content.as_deref(), Some("hi"));
+    // hermes's own extra column is kept.
+    assert_eq!(count(&path, "SELECT count(*) FROM sessions WHERE title = 't'"), 1);
+}

@@ -1,0 +1,306 @@
+//! The retained registry: the seed's tests and the spec's further cases.
+
+use retinue_store::{
+    Completion, DelegationConfig, Lookup, PruneCount, Registry, TombstoneReason, Unaddressable,
+};
+use serde_json::json;
+
+use super::fixture::{Fx, T0, child, ids, seed_child};
+
+#[test]
+fn retain_and_list_children() {
+    let fx = Fx::new();
+    fx.seed_unit();
+    let entries = fx.store.list_retained_children().expect("list");
+    assert_eq!(entries.len(), 1);
+    let e = &entries[0];
+    assert_eq!(e.child_id(), "sa-0-abc12345");
+    assert_eq!(e.child_session_id, "child-sess-1");
+    assert_eq!(e.manifest.model.as_deref(), Some("test/model"));
+    assert_eq!(e.delegation_id, "deleg_test0001");
+    insta::assert_json_snapshot!("list_entries", entries, {
+        "[].retained_at" => "[ts]", "[].completed_at" => "[ts]"
+    });
+}
+
+#[test]
+fn find_retained_child_by_any_id() {
+    let fx = Fx::new();
+    fx.seed_unit();
+    for key in ["sa-0-abc12345", "child-sess-1", "deleg_test0001", "  child-sess-1\n"] {
+        let found = fx.store.find_retained_child(key).expect("find");
+        assert_eq!(found.map(|e| e.child_session_id), Some("child-sess-1".to_owned()), "{key}");
+    }
+    for miss in ["nope", "", "   ", "SA-0-ABC12345", "' OR 1=1 --", "sa-0-abc1234%"] {
+        assert!(fx.store.find_retained_child(miss).expect("find").is_none(), "{miss}");
+    }
+}
+
+#[test]
+fn tombstone_removes_addressability_only() {
+    let fx = Fx::new();
+    fx.seed_unit();
+    assert!(fx.store.tombstone_retained_child("sa-0-abc12345", &TombstoneReason::Manual).expect("t"));
+    assert!(fx.store.find_retained_child("sa-0-abc12345").expect("find").is_none());
+    assert!(!fx.store.tombstone_retained_child("sa-0-abc12345", &TombstoneReason::Manual).expect("t"));
+    let (tomb, cj): (Option<f64>, Option<String>) = fx
+        .raw()
+        .query_row(
+            "SELECT tombstoned_at, children_json FROM async_delegations \
+             WHERE delegation_id='deleg_test0001'",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .expect("row");
+    assert!(tomb.is_some());
+    assert!(cj.unwrap_or_default().contains("child-sess-1"));
+    match fx.store.lookup("child-sess-1").expect("lookup") {
+        Lookup::NotAddressable(_, Unaddressable::Tombstoned { at, reason }) => {
+            assert_eq!(reason, TombstoneReason::Manual);
+            assert!((at - T0).abs() < 1e-6);
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+#[test]
+fn ttl_prune_tombstones_expired_rows() {
+    let fx = Fx::new();
+    fx.seed_unit();
+    fx.clock.advance(100.0 * 3600.0);
+    // Hidden before any prune writes it down.
+    assert!(fx.store.list_retained_children().expect("list").is_empty());
+    let pruned = fx.store.prune_retained_children(None, Some(72.0)).expect("prune");
+    assert_eq!(pruned, PruneCount { units: 1, children: 1 });
+    assert!(fx.store.list_retained_children().expect("list").is_empty());
+    match fx.store.lookup("sa-0-abc12345").expect("lookup") {
+        Lookup::NotAddressable(_, Unaddressable::Tombstoned { reason, .. }) => {
+            assert_eq!(reason, TombstoneReason::Ttl);
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+#[test]
+fn cap_prune_keeps_newest() {
+    let fx = Fx::new();
+    for i in 0..4 {
+        fx.dispatch_and_retain(
+            &format!("deleg_cap{i:05}"),
+            "parent-1",
+            &[child(&format!("sa-{i}"), &format!("cs-{i}"), None, None)],
+        );
+        fx.clock.advance(1.0);
+    }
+    let count = fx.store.prune_retained_children(Some(2), Some(9999.0)).expect("prune");
+    assert_eq!(count, PruneCount { units: 2, children: 2 });
+    let remaining: std::collections::BTreeSet<String> =
+        fx.store.list_retained_children().expect("list").into_iter().map(|e| e.delegation_id).collect();
+    assert_eq!(remaining, ["deleg_cap00002", "deleg_cap00003"].map(str::to_owned).into());
+}
+
+#[test]
+fn over_cap_children_are_hidden_before_prune() {
+    let fx = Fx::with_config(DelegationConfig { max_retained: 1, ..DelegationConfig::default() });
+    fx.insert_delegation("deleg_a", "p", "running");
+    fx.insert_delegation("deleg_b", "p", "running");
+    fx.store.record_dispatched_children("deleg_a", &[child("sa-a", "cs-a", None, None)]).expect("r");
+    fx.store.record_dispatched_children("deleg_b", &[child("sa-b", "cs-b", None, None)]).expect("r");
+    // Raw retain (as hermes would, without pruning): both retained.
+    fx.raw()
+        .execute_batch(&format!(
+            "UPDATE async_delegations SET retained=1, retained_at={T0} WHERE delegation_id='deleg_a';
+             UPDATE async_delegations SET retained=1, retained_at={} WHERE delegation_id='deleg_b';",
+            T0 + 1.0
+        ))
+        .expect("raw retain");
+    assert_eq!(ids(&fx.store), vec!["sa-b"]);
+    match fx.store.lookup("sa-a").expect("lookup") {
+        Lookup::NotAddressable(_, Unaddressable::Tombstoned { reason, .. }) => {
+            assert_eq!(reason, TombstoneReason::Cap);
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+#[test]
+fn completion_persist_retains_only_success() {
+    let fx = Fx::new();
+    fx.insert_delegation("deleg_ok000001", "parent-1", "running");
+    fx.insert_delegation("deleg_err00001", "parent-1", "running");
+    fx.store.record_dispatched_children("deleg_ok000001", &[child("sa-ok", "cs-ok", None, None)]).expect("r");
+    fx.store.record_dispatched_children("deleg_err00001", &[child("sa-err", "cs-err", None, None)]).expect("r");
+    for (id, status) in [("deleg_ok000001", "completed"), ("deleg_err00001", "error")] {
+        let done = fx
+            .store
+            .persist_completion(&Completion {
+                delegation_id: id.to_owned(),
+                status: status.to_owned(),
+                event: json!({"delegation_id": id, "status": status}),
+                result: json!({"status": status, "summary": null}),
+                usage: Some(json!({"cost_usd": 0.1})),
+                background: false,
+            })
+            .expect("persist");
+        assert!(done);
+    }
+    let listed: Vec<String> =
+        fx.store.list_retained_children().expect("list").into_iter().map(|e| e.delegation_id).collect();
+    assert_eq!(listed, vec!["deleg_ok000001"]);
+    assert_eq!(fx.store.unit_usage("deleg_err00001").expect("usage"), Some(json!({"cost_usd": 0.1})));
+    assert_eq!(fx.store.lookup("sa-err").expect("lookup").clone(), {
+        let Lookup::NotAddressable(e, _) = fx.store.lookup("sa-err").expect("l") else {
+            panic!("expected known")
+        };
+        Lookup::NotAddressable(e, Unaddressable::NeverRetained)
+    });
+}
+
+#[test]
+fn per_child_tombstone_in_a_batch() {
+    let fx = Fx::new();
+    let kids = [child("sa-0", "cs-0", None, None), child("sa-1", "cs-1", None, None), child("sa-2", "cs-2", None, None)];
+    fx.dispatch_and_retain("deleg_batch001", "parent-1", &kids);
+    assert!(fx.store.tombstone_retained_child("cs-1", &TombstoneReason::Manual).expect("t"));
+    assert_eq!(ids(&fx.store), vec!["sa-0", "sa-2"]);
+    let unit_tomb = |fx: &Fx| -> Option<f64> {
+        fx.raw()
+            .query_row("SELECT tombstoned_at FROM async_delegations WHERE delegation_id='deleg_batch001'", [], |r| r.get(0))
+            .expect("row")
+    };
+    assert!(unit_tomb(&fx).is_none());
+    assert!(fx.store.tombstone_retained_child("sa-0", &TombstoneReason::Manual).expect("t"));
+    assert!(unit_tomb(&fx).is_none());
+    assert!(fx.store.tombstone_retained_child("sa-2", &TombstoneReason::Manual).expect("t"));
+    assert!(unit_tomb(&fx).is_some(), "last child tombstones the unit");
+
+    let fx = Fx::new();
+    fx.dispatch_and_retain("deleg_batch002", "parent-1", &kids);
+    assert!(fx.store.tombstone_retained_child("deleg_batch002", &TombstoneReason::Manual).expect("t"));
+    assert!(ids(&fx.store).is_empty());
+    assert!(!fx.store.tombstone_retained_child("deleg_batch002", &TombstoneReason::Manual).expect("t"));
+}
+
+#[test]
+fn corrupt_children_json_yields_no_children_and_no_panic() {
+    for (n, (cj, csid, expected)) in [
+        ("not json", None, 0usize),
+        ("{bad", None, 0),
+        ("{}", None, 0),
+        ("[1,null,\"x\"]", None, 0),
+        ("[]", Some("cs-synth"), 1),
+        ("[1, {\"subagent_id\": \"sa-ok\"}]", None, 1),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let fx = Fx::new();
+        let id = format!("deleg_corrupt{n}");
+        fx.insert_delegation(&id, "p", "completed");
+        fx.raw()
+            .execute(
+                "UPDATE async_delegations SET children_json=?1, child_session_id=?2, retained=1, \
+                 retained_at=?3, usage_json='{oops' WHERE delegation_id=?4",
+                rusqlite::params![cj, csid, T0, id],
+            )
+            .expect("raw");
+        let listed = fx.store.list_retained_children().expect("list before backfill");
+        assert!(listed.is_empty(), "no child rows until a write backfills");
+        fx.store.prune_retained_children(None, None).expect("prune backfills");
+        assert_eq!(fx.store.list_retained_children().expect("list").len(), expected, "{cj}");
+        assert_eq!(fx.store.unit_usage(&id).expect("usage"), None);
+        if let Some(sid) = csid {
+            assert!(fx.store.find_retained_child(sid).expect("find").is_some());
+        }
+    }
+}
+
+#[test]
+fn tombstoned_unit_is_never_re_retained() {
+    let fx = Fx::new();
+    fx.seed_unit();
+    fx.store.tombstone_retained_child("deleg_test0001", &TombstoneReason::Manual).expect("t");
+    assert!(!fx.store.retain_completed_delegation("deleg_test0001", None).expect("retain"));
+    assert!(fx.store.list_retained_children().expect("list").is_empty());
+    assert!(!fx.store.retain_completed_delegation("deleg_missing", None).expect("retain"));
+    assert!(!fx.store.record_dispatched_children("", &[seed_child()]).expect("record"));
+    assert!(!fx.store.record_dispatched_children("deleg_missing", &[seed_child()]).expect("record"));
+}
+
+#[test]
+fn newest_unit_wins_for_a_shared_session_id() {
+    let fx = Fx::new();
+    fx.dispatch_and_retain("deleg_old", "p", &[child("sa-old", "shared", None, None)]);
+    fx.clock.advance(5.0);
+    fx.dispatch_and_retain("deleg_new", "p", &[child("sa-new", "shared", None, None)]);
+    let found = fx.store.find_retained_child("shared").expect("find").expect("some");
+    assert_eq!(found.delegation_id, "deleg_new");
+    // subagent match beats a session match.
+    fx.dispatch_and_retain("deleg_x", "p", &[child("shared-sa", "cs-x", None, None)]);
+    fx.dispatch_and_retain("deleg_y", "p", &[child("sa-y", "shared-sa", None, None)]);
+    let found = fx.store.find_retained_child("shared-sa").expect("find").expect("some");
+    assert_eq!(found.delegation_id, "deleg_x");
+}
+
+#[test]
+fn lookup_query_plans_use_indexes() {
+    let fx = Fx::new();
+    fx.seed_unit();
+    let raw = fx.raw();
+    for (sql, index) in [
+        ("SELECT * FROM retinue_children c WHERE c.subagent_id = 'x'", "retinue_idx_children_subagent"),
+        ("SELECT * FROM retinue_children c WHERE c.child_session_id = 'x'", "retinue_idx_children_session"),
+        (
+            "SELECT delegation_id FROM async_delegations WHERE retained = 1 AND tombstoned_at IS NULL",
+            "retinue_idx_async_retained",
+        ),
+    ] {
+        let plan: Vec<String> = raw
+            .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+            .expect("p")
+            .query_map([], |r| r.get::<_, String>(3))
+            .expect("q")
+            .map(|r| r.expect("row"))
+            .collect();
+        assert!(plan.iter().any(|p| p.contains(index)), "{sql}: {plan:?}");
+    }
+}
+
+mod invariant {
+    use proptest::prelude::*;
+    use retinue_store::{DelegationConfig, Registry};
+
+    use super::super::fixture::{Fx, child};
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(24))]
+        /// Spec §3.1: the addressable set before `prune(t)` equals the live set after it.
+        #[test]
+        fn addressable_before_prune_equals_after(
+            units in proptest::collection::vec((0u32..200, 1usize..4, proptest::option::of(0usize..3)), 1..12),
+            max in 1u32..5,
+            advance_h in 0u32..150,
+        ) {
+            let fx = Fx::with_config(DelegationConfig { max_retained: 100, retained_ttl_hours: 72.0, ..DelegationConfig::default() });
+            for (i, (age_h, n, tomb)) in units.iter().enumerate() {
+                let id = format!("deleg_p{i:03}");
+                let kids: Vec<_> = (0..*n).map(|k| child(&format!("sa-{i}-{k}"), &format!("cs-{i}-{k}"), None, None)).collect();
+                fx.dispatch_and_retain(&id, "p", &kids);
+                fx.raw().execute("UPDATE retinue_children SET retained_at = retained_at - ?1 WHERE delegation_id = ?2",
+                    rusqlite::params![f64::from(*age_h) * 3600.0, id]).expect("age");
+                fx.raw().execute("UPDATE async_delegations SET retained_at = retained_at - ?1 WHERE delegation_id = ?2",
+                    rusqlite::params![f64::from(*age_h) * 3600.0, id]).expect("age");
+                if let Some(k) = tomb.filter(|k| k < n) {
+                    fx.store.tombstone_retained_child(&format!("sa-{i}-{k}"), &retinue_store::TombstoneReason::Manual).expect("t");
+                }
+            }
+            fx.clock.advance(f64::from(advance_h) * 3600.0);
+            let store = fx.store.config().delegation.clone();
+            let store = super::super::fixture::open(&fx.db(), &fx.clock, DelegationConfig { max_retained: max, ..store });
+            let before = store.list_retained_children().expect("list");
+            store.prune_retained_children(None, None).expect("prune");
+            let after = store.list_retained_children().expect("list");
+            prop_assert_eq!(before, after);
+        }
+    }
+}

@@ -1,0 +1,206 @@
+//! Tidy checks: source hygiene and the crate boundary table of ARCHITECTURE.md.
+//! Also compiled as a `#[test]`, so `cargo test` enforces them.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+/// Workspace crates each crate may depend on (normal dependencies).
+const ALLOWED: &[(&str, &[&str])] = &[
+    ("retinue-store", &[]),
+    ("retinue-testkit", &["retinue-store"]),
+    ("retinue-lineage", &["retinue-store"]),
+    ("retinue-usage", &["retinue-store"]),
+    ("retinue-delegate", &["retinue-store", "retinue-lineage", "retinue-usage"]),
+    ("retinue-cli", &["retinue-store", "retinue-lineage", "retinue-usage", "retinue-delegate"]),
+    ("retinue-bench", &["retinue-store", "retinue-lineage", "retinue-usage"]),
+    ("xtask", &[]),
+];
+
+/// Crates allowed to depend on SQL libraries: only `store`, plus test support.
+const SQL_CRATES: &[&str] = &["retinue-store", "retinue-testkit", "retinue-bench"];
+
+/// Runs every check; the error lists every violation.
+pub(crate) fn run(root: &Path) -> Result<(), String> {
+    let mut problems = Vec::new();
+    check_sources(root, &mut problems);
+    check_manifests(root, &mut problems);
+    check_graph(root, &mut problems);
+    if problems.is_empty() {
+        eprintln!("tidy: ok");
+        Ok(())
+    } else {
+        Err(format!("tidy found {} problem(s):\n  {}", problems.len(), problems.join("\n  ")))
+    }
+}
+
+fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let name = entry.file_name();
+        if name == "target" || name == ".git" {
+            continue;
+        }
+        if path.is_dir() {
+            walk(&path, out);
+        } else {
+            out.push(path);
+        }
+    }
+}
+
+fn is_test_path(path: &Path) -> bool {
+    path.components().any(|c| c.as_os_str() == "tests" || c.as_os_str() == "benches")
+        || path.file_name().is_some_and(|n| n == "tests.rs")
+}
+
+/// Library code of a file: everything before its first `#[cfg(test)]`.
+fn library_part(text: &str) -> &str {
+    text.find("#[cfg(test)]").map_or(text, |at| &text[..at])
+}
+
+fn check_sources(root: &Path, problems: &mut Vec<String>) {
+    let mut files = Vec::new();
+    walk(&root.join("crates"), &mut files);
+    walk(&root.join("xtask"), &mut files);
+    for path in &files {
+        let rel = path.strip_prefix(root).unwrap_or(path).display().to_string();
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        if name.ends_with(".snap.new") || name.ends_with(".pending-snap") {
+            problems.push(format!("{rel}: stray insta file"));
+            continue;
+        }
+        if path.extension().is_none_or(|e| e != "rs") {
+            continue;
+        }
+        let Ok(text) = fs::read_to_string(path) else {
+            problems.push(format!("{rel}: unreadable"));
+            continue;
+        };
+        if !text.starts_with("//!") && path.components().any(|c| c.as_os_str() == "src") {
+            problems.push(format!("{rel}: does not start with a `//!` doc comment"));
+        }
+        for (i, line) in text.lines().enumerate() {
+            if line.ends_with(' ') || line.ends_with('\t') {
+                problems.push(format!("{rel}:{}: trailing whitespace", i + 1));
+            }
+        }
+        if is_test_path(path) || rel.starts_with("xtask") {
+            continue;
+        }
+        let lib = library_part(&text);
+        for (i, line) in lib.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or("");
+            for banned in ["todo!(", "unimplemented!(", "dbg!(", ".unwrap()"] {
+                if code.contains(banned) {
+                    problems.push(format!("{rel}:{}: `{banned}` in library code", i + 1));
+                }
+            }
+        }
+    }
+}
+
+fn check_manifests(root: &Path, problems: &mut Vec<String>) {
+    let Ok(entries) = fs::read_dir(root.join("crates")) else {
+        problems.push("crates/: unreadable".to_owned());
+        return;
+    };
+    let mut manifests: Vec<PathBuf> = entries.flatten().map(|e| e.path().join("Cargo.toml")).collect();
+    manifests.push(root.join("xtask/Cargo.toml"));
+    for manifest in manifests {
+        let rel = manifest.strip_prefix(root).unwrap_or(&manifest).display().to_string();
+        let Ok(text) = fs::read_to_string(&manifest) else {
+            problems.push(format!("{rel}: missing"));
+            continue;
+        };
+        if !text.contains("[lints]") || !text.contains("workspace = true") {
+            problems.push(format!("{rel}: must inherit `[lints] workspace = true`"));
+        }
+        let mut section = String::new();
+        for line in text.lines() {
+            let line = line.trim();
+            if line.starts_with('[') {
+                section = line.to_owned();
+                continue;
+            }
+            let deps = section.contains("dependencies");
+            if deps && (line.contains("path =") || line.contains("version =")) {
+                problems.push(format!("{rel}: `{line}`: use `workspace = true`"));
+            }
+            if section == "[dependencies]"
+                && line.starts_with("mockall")
+                && !line.contains("optional = true")
+            {
+                problems.push(format!("{rel}: mockall must be optional or a dev-dependency"));
+            }
+        }
+    }
+}
+
+fn check_graph(root: &Path, problems: &mut Vec<String>) {
+    let output = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned()))
+        .args(["metadata", "--format-version", "1", "--no-deps", "--offline"])
+        .current_dir(root)
+        .output();
+    let meta: Value = match output {
+        Ok(o) if o.status.success() => match serde_json::from_slice(&o.stdout) {
+            Ok(v) => v,
+            Err(e) => {
+                problems.push(format!("cargo metadata: unreadable output: {e}"));
+                return;
+            }
+        },
+        Ok(o) => {
+            problems.push(format!("cargo metadata failed: {}", String::from_utf8_lossy(&o.stderr)));
+            return;
+        }
+        Err(e) => {
+            problems.push(format!("cargo metadata: {e}"));
+            return;
+        }
+    };
+    let packages = meta["packages"].as_array().cloned().unwrap_or_default();
+    for pkg in &packages {
+        let name = pkg["name"].as_str().unwrap_or_default();
+        let Some((_, allowed)) = ALLOWED.iter().find(|(n, _)| *n == name) else {
+            problems.push(format!("{name}: not in the crate boundary table (xtask/src/tidy.rs)"));
+            continue;
+        };
+        for dep in pkg["dependencies"].as_array().into_iter().flatten() {
+            let dep_name = dep["name"].as_str().unwrap_or_default();
+            let normal = dep["kind"].is_null();
+            if dep_name.starts_with("retinue-") && normal && !allowed.contains(&dep_name) {
+                problems.push(format!("{name} may not depend on {dep_name}"));
+            }
+            if dep_name == "retinue-testkit" && normal {
+                problems.push(format!("{name}: retinue-testkit may only be a dev-dependency"));
+            }
+            if (dep_name == "rusqlite" || dep_name == "refinery")
+                && normal
+                && !SQL_CRATES.contains(&name)
+            {
+                problems.push(format!("{name}: only retinue-store may depend on {dep_name}"));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn tidy() {
+        let root = super::super::root();
+        if let Err(e) = super::run(&root) {
+            panic!("{e}");
+        }
+    }
+
+    #[test]
+    fn library_part_stops_at_cfg_test() {
+        assert_eq!(super::library_part("a\n#[cfg(test)]\nb"), "a\n");
+        assert_eq!(super::library_part("a"), "a");
+    }
+}
