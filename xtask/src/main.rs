@@ -29,7 +29,8 @@ fn root() -> PathBuf {
 
 fn run(cmd: &mut Command) -> Result<(), String> {
     eprintln!("$ {cmd:?}");
-    let status = cmd.current_dir(root()).status().map_err(|e| format!("cannot run {cmd:?}: {e}"))?;
+    let status =
+        cmd.current_dir(root()).status().map_err(|e| format!("cannot run {cmd:?}: {e}"))?;
     if status.success() { Ok(()) } else { Err(format!("{cmd:?} failed with {status}")) }
 }
 
@@ -55,11 +56,7 @@ fn lint() -> Result<(), String> {
 }
 
 fn has_nextest() -> bool {
-    cargo()
-        .args(["nextest", "--version"])
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false)
+    cargo().args(["nextest", "--version"]).output().map(|o| o.status.success()).unwrap_or(false)
 }
 
 fn test() -> Result<(), String> {
@@ -90,9 +87,11 @@ fn bench(args: &[String]) -> Result<(), String> {
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
-        Some("ci") => fmt().and_then(|()| lint()).and_then(|()| test()).and_then(|()| doc()).and_then(
-            |()| tidy::run(&root()),
-        ),
+        Some("ci") => fmt()
+            .and_then(|()| lint())
+            .and_then(|()| test())
+            .and_then(|()| doc())
+            .and_then(|()| tidy::run(&root())),
         Some("fmt") => fmt(),
         Some("lint") => lint(),
         Some("test") => test(),

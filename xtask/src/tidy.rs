@@ -108,7 +108,8 @@ fn check_manifests(root: &Path, problems: &mut Vec<String>) {
         problems.push("crates/: unreadable".to_owned());
         return;
     };
-    let mut manifests: Vec<PathBuf> = entries.flatten().map(|e| e.path().join("Cargo.toml")).collect();
+    let mut manifests: Vec<PathBuf> =
+        entries.flatten().map(|e| e.path().join("Cargo.toml")).collect();
     manifests.push(root.join("xtask/Cargo.toml"));
     for manifest in manifests {
         let rel = manifest.strip_prefix(root).unwrap_or(&manifest).display().to_string();

@@ -211,14 +211,12 @@ impl LoadedConfig {
         }
         let explicit_children = v.get("max_concurrent_children").is_some();
         r.usize("max_concurrent_children", &mut d.max_concurrent_children);
-        if !explicit_children {
-            if let Ok(env) = std::env::var("DELEGATION_MAX_CONCURRENT_CHILDREN") {
-                match env.trim().parse::<usize>() {
-                    Ok(n) => d.max_concurrent_children = n,
-                    Err(_) => r.warnings.push(
-                        "DELEGATION_MAX_CONCURRENT_CHILDREN is not an integer; ignored".to_owned(),
-                    ),
-                }
+        if !explicit_children && let Ok(env) = std::env::var("DELEGATION_MAX_CONCURRENT_CHILDREN") {
+            match env.trim().parse::<usize>() {
+                Ok(n) => d.max_concurrent_children = n,
+                Err(_) => r.warnings.push(
+                    "DELEGATION_MAX_CONCURRENT_CHILDREN is not an integer; ignored".to_owned(),
+                ),
             }
         }
         d.max_concurrent_children = d.max_concurrent_children.max(1);

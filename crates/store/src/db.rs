@@ -334,11 +334,11 @@ fn is_retryable(e: &Error) -> bool {
 /// Opens (creating and upgrading when writable) the database at `path`.
 pub(crate) fn open_pool(path: &Path, opts: &StoreOptions) -> Result<Pool> {
     check_header(path)?;
-    if !opts.read_only {
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir)
-                .map_err(|source| Error::Io { path: dir.to_path_buf(), source })?;
-        }
+    if !opts.read_only
+        && let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
+    {
+        std::fs::create_dir_all(dir)
+            .map_err(|source| Error::Io { path: dir.to_path_buf(), source })?;
     }
     let pool = Pool {
         path: path.to_path_buf(),

@@ -218,11 +218,13 @@ fn record_in(
         )?
         .query_row([parent], |r| r.get(0))?;
     let mut covered = totals_row(tx, parent)?.map_or(0, |(_, c)| c);
-    if let Some(c) = &totals.catch_up {
-        if c.from_covered_id == covered && c.to_id == prev_max && c.to_id > covered {
-            add_totals(tx, parent, &c.delta, c.to_id)?;
-            covered = c.to_id;
-        }
+    if let Some(c) = &totals.catch_up
+        && c.from_covered_id == covered
+        && c.to_id == prev_max
+        && c.to_id > covered
+    {
+        add_totals(tx, parent, &c.delta, c.to_id)?;
+        covered = c.to_id;
     }
     tx.prepare_cached(
         "INSERT INTO delegation_child_usage \

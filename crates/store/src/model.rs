@@ -51,9 +51,10 @@ impl ChildManifest {
     /// Reads one manifest object; `None` when `v` is not an object.
     pub fn from_json(v: &Value) -> Option<ChildManifest> {
         let obj = v.as_object()?;
-        let toolsets = obj.get("toolsets").and_then(Value::as_array).map(|a| {
-            a.iter().filter_map(Value::as_str).map(str::to_owned).collect::<Vec<_>>()
-        });
+        let toolsets = obj
+            .get("toolsets")
+            .and_then(Value::as_array)
+            .map(|a| a.iter().filter_map(Value::as_str).map(str::to_owned).collect::<Vec<_>>());
         Some(ChildManifest {
             subagent_id: opt_str(obj, "subagent_id").unwrap_or_default(),
             session_id: opt_str(obj, "session_id").unwrap_or_default(),
@@ -106,14 +107,16 @@ pub fn parse_children_json(
     let parsed: Vec<ChildManifest> = children_json
         .and_then(|s| serde_json::from_str::<Value>(s).ok())
         .and_then(|v| match v {
-            Value::Array(items) => Some(items.iter().filter_map(ChildManifest::from_json).collect()),
+            Value::Array(items) => {
+                Some(items.iter().filter_map(ChildManifest::from_json).collect())
+            }
             _ => None,
         })
         .unwrap_or_default();
-    if parsed.is_empty() {
-        if let Some(sid) = child_session_id.map(str::trim).filter(|s| !s.is_empty()) {
-            return vec![ChildManifest { session_id: sid.to_owned(), ..ChildManifest::default() }];
-        }
+    if parsed.is_empty()
+        && let Some(sid) = child_session_id.map(str::trim).filter(|s| !s.is_empty())
+    {
+        return vec![ChildManifest { session_id: sid.to_owned(), ..ChildManifest::default() }];
     }
     parsed
 }

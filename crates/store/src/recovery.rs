@@ -83,7 +83,10 @@ fn classify(store: &Store, probe: &dyn OwnerProbe) -> Result<usize> {
                 for (i, key) in
                     [(3, "origin_session"), (4, "origin_ui_session_id"), (5, "origin_session_id")]
                 {
-                    ev.insert(key.into(), json!(r.get::<_, Option<String>>(i)?.unwrap_or_default()));
+                    ev.insert(
+                        key.into(),
+                        json!(r.get::<_, Option<String>>(i)?.unwrap_or_default()),
+                    );
                 }
                 ev.insert("parent_session_id".into(), json!(r.get::<_, Option<String>>(6)?));
                 let task = crate::model::parse_json_opt(r.get::<_, Option<String>>(7)?.as_deref());

@@ -30,7 +30,8 @@ pub trait Registry: Send + Sync {
     /// Records a unit's children manifest; `false` if the unit is missing.
     fn record_dispatched_children(&self, id: &str, children: &[ChildManifest]) -> Result<bool>;
     /// Retains a unit (never a tombstoned one) and prunes; `false` if nothing changed.
-    fn retain_completed_delegation(&self, id: &str, usage: Option<&Value>) -> Result<bool>;
+    #[allow(clippy::needless_lifetimes)] // mockall needs the named lifetime
+    fn retain_completed_delegation<'a>(&self, id: &str, usage: Option<&'a Value>) -> Result<bool>;
     /// Records a terminal result; retains iff the status is exactly `completed`.
     fn persist_completion(&self, completion: &Completion) -> Result<bool>;
     /// Every addressable child, newest unit first, then by child index.
@@ -63,12 +64,13 @@ pub trait Registry: Send + Sync {
     fn release_resume(&self, id: &str, child_index: u32, token: &str) -> Result<bool>;
     /// After a follow-up: refresh `retained_at` (never un-tombstoning), store the
     /// unit's new `usage_json` if given, and release the claim — one transaction.
-    fn finish_follow_up(
+    #[allow(clippy::needless_lifetimes)]
+    fn finish_follow_up<'a>(
         &self,
         id: &str,
         child_index: u32,
         token: &str,
-        usage: Option<&Value>,
+        usage: Option<&'a Value>,
     ) -> Result<bool>;
     /// The unit's `usage_json` (malformed = `None`).
     fn unit_usage(&self, id: &str) -> Result<Option<Value>>;
@@ -78,7 +80,8 @@ pub trait Registry: Send + Sync {
 
 /// A child's TTL clock: its own `retained_at`, else (rows recorded before another
 /// writer retained the unit) the unit's.
-const CHILD_RETAINED_AT: &str = "COALESCE(c.retained_at, CASE WHEN u.retained = 1 THEN u.retained_at END)";
+const CHILD_RETAINED_AT: &str =
+    "COALESCE(c.retained_at, CASE WHEN u.retained = 1 THEN u.retained_at END)";
 
 const CHILD_COLS: &str = "c.delegation_id, c.child_index, c.subagent_id, c.child_session_id, \
      c.manifest_json, COALESCE(c.retained_at, CASE WHEN u.retained = 1 THEN u.retained_at END), \
@@ -152,11 +155,11 @@ pub(crate) fn backfill(tx: &Transaction<'_>, all: bool) -> Result<usize> {
          FROM async_delegations u WHERE retained = 1 AND tombstoned_at IS NULL AND NOT EXISTS \
          (SELECT 1 FROM retinue_children c WHERE c.delegation_id = u.delegation_id)"
     };
-    let units: Vec<(String, Option<String>, Option<String>, Option<f64>, Option<f64>)> = {
+    type UnitRow = (String, Option<String>, Option<String>, Option<f64>, Option<f64>);
+    let units: Vec<UnitRow> = {
         let mut stmt = tx.prepare_cached(sql)?;
-        let rows = stmt.query_map([], |r| {
-            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
-        })?;
+        let rows =
+            stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)))?;
         rows.collect::<rusqlite::Result<_>>()?
     };
     tx.prepare_cached(
@@ -195,12 +198,7 @@ pub(crate) fn backfill(tx: &Transaction<'_>, all: bool) -> Result<usize> {
 }
 
 /// Number of live units ranked strictly above a unit, capped at `max`.
-fn rank_of(
-    tx: &Transaction<'_>,
-    id: &str,
-    retained_at: Option<f64>,
-    lim: Limits,
-) -> Result<u32> {
+fn rank_of(tx: &Transaction<'_>, id: &str, retained_at: Option<f64>, lim: Limits) -> Result<u32> {
     let mut stmt = tx.prepare_cached(
         "SELECT count(*) FROM (SELECT 1 FROM async_delegations u \
          WHERE u.retained = 1 AND u.tombstoned_at IS NULL \
@@ -501,7 +499,8 @@ impl Registry for Store {
         })
     }
 
-    fn retain_completed_delegation(&self, id: &str, usage: Option<&Value>) -> Result<bool> {
+    #[allow(clippy::needless_lifetimes)]
+    fn retain_completed_delegation<'a>(&self, id: &str, usage: Option<&'a Value>) -> Result<bool> {
         let lim = self.limits();
         self.pool.write(|tx| {
             backfill(tx, false)?;
@@ -579,7 +578,8 @@ impl Registry for Store {
                      WHERE {column} = ?1 AND {live}"
                 );
                 let mut stmt = tx.prepare_cached(&sql)?;
-                let rows = stmt.query_map(params![id, lim.cutoff()], |r| Ok((r.get(0)?, r.get(1)?)))?;
+                let rows =
+                    stmt.query_map(params![id, lim.cutoff()], |r| Ok((r.get(0)?, r.get(1)?)))?;
                 targets = rows.collect::<rusqlite::Result<_>>()?;
                 if !targets.is_empty() {
                     break;
@@ -665,7 +665,8 @@ impl Registry for Store {
     fn claim_resume(&self, id: &str, child_index: u32) -> Result<ResumeClaim> {
         let now = self.clock.now();
         self.pool.write(|tx| {
-            let row: Option<(Option<f64>, Option<f64>, Option<String>, Option<f64>)> = tx
+            type ClaimRow = (Option<f64>, Option<f64>, Option<String>, Option<f64>);
+            let row: Option<ClaimRow> = tx
                 .prepare_cached(
                     "SELECT c.tombstoned_at, u.tombstoned_at, c.resume_claim, c.resume_claimed_at \
                      FROM retinue_children c JOIN async_delegations u \
@@ -715,12 +716,13 @@ impl Registry for Store {
         self.pool.write(|tx| release_in(tx, id, child_index, token))
     }
 
-    fn finish_follow_up(
+    #[allow(clippy::needless_lifetimes)]
+    fn finish_follow_up<'a>(
         &self,
         id: &str,
         child_index: u32,
         token: &str,
-        usage: Option<&Value>,
+        usage: Option<&'a Value>,
     ) -> Result<bool> {
         let now = self.clock.now();
         self.pool.write(|tx| {
@@ -742,7 +744,9 @@ impl Registry for Store {
     fn unit_usage(&self, id: &str) -> Result<Option<Value>> {
         self.pool.read(|tx| {
             let raw: Option<Option<String>> = tx
-                .prepare_cached("SELECT usage_json FROM async_delegations WHERE delegation_id = ?1")?
+                .prepare_cached(
+                    "SELECT usage_json FROM async_delegations WHERE delegation_id = ?1",
+                )?
                 .query_row([id], |r| r.get(0))
                 .optional()?;
             Ok(crate::model::parse_json_opt(raw.flatten().as_deref()))

@@ -22,7 +22,6 @@ pub trait SessionGraph: Send + Sync {
 
 /// Sessions and transcripts: child sessions go only through this seam, so
 /// resume works with any runtime.
-#[cfg_attr(any(test, feature = "mocks"), mockall::automock)]
 pub trait SessionStore: SessionGraph {
     /// Creates a session.
     fn create_session(&self, session: &NewSession) -> Result<()>;
@@ -39,6 +38,24 @@ pub trait SessionStore: SessionGraph {
     fn compression_tip(&self, id: &str) -> Result<String>;
 }
 
+#[cfg(any(test, feature = "mocks"))]
+mockall::mock! {
+    /// A mock [`SessionStore`] (and [`SessionGraph`]).
+    pub SessionStore {}
+    impl SessionGraph for SessionStore {
+        fn session(&self, id: &str) -> Result<Option<SessionRow>>;
+        fn child_sessions(&self, parent: &str) -> Result<Vec<SessionRow>>;
+    }
+    impl SessionStore for SessionStore {
+        fn create_session(&self, session: &NewSession) -> Result<()>;
+        fn append_message(&self, session_id: &str, message: &Message) -> Result<i64>;
+        fn end_session(&self, id: &str, reason: &str) -> Result<bool>;
+        fn reopen_session(&self, id: &str) -> Result<bool>;
+        fn conversation(&self, id: &str) -> Result<Vec<Message>>;
+        fn compression_tip(&self, id: &str) -> Result<String>;
+    }
+}
+
 pub(crate) fn insert_session(tx: &Transaction<'_>, s: &NewSession, now: f64) -> Result<()> {
     if s.id.trim().is_empty() {
         return Err(Error::Invalid("session id must not be empty".to_owned()));
@@ -51,8 +68,7 @@ pub(crate) fn insert_session(tx: &Transaction<'_>, s: &NewSession, now: f64) -> 
     // A parent that is not (yet) a row is not linked: the foreign key would refuse it.
     let parent = match s.parent_session_id.as_deref().map(str::trim).filter(|p| !p.is_empty()) {
         Some(p) => {
-            let exists =
-                tx.prepare_cached("SELECT 1 FROM sessions WHERE id = ?1")?.exists([p])?;
+            let exists = tx.prepare_cached("SELECT 1 FROM sessions WHERE id = ?1")?.exists([p])?;
             if !exists {
                 log::warn!("session {}: parent {p} has no row; stored unlinked", s.id);
             }

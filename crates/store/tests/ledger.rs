@@ -13,7 +13,8 @@ use tempfile::TempDir;
 
 fn open(dir: &Path) -> Store {
     let clock = Arc::new(ManualClock::new(1_000.0));
-    Store::open(dir.join("state.db"), StoreOptions::default().with_clock(clock)).unwrap()
+    Store::open(dir.join("state.db"), StoreOptions::default().with_clock(clock))
+        .expect("open state.db")
 }
 
 fn draft(parent: &str, child: &str, usage: Value, key: Option<&str>) -> AttributionDraft {
@@ -35,19 +36,19 @@ fn delta(cost: f64, input: f64, output: f64) -> TotalsUpdate {
 
 /// Inserts a row the way hermes does (no key, no maintained totals).
 fn hermes_row(dir: &Path, parent: &str, usage: &str, aggregate: Option<&str>) {
-    let conn = rusqlite::Connection::open(dir.join("state.db")).unwrap();
+    let conn = rusqlite::Connection::open(dir.join("state.db")).expect("open raw");
     conn.execute(
         "INSERT INTO delegation_child_usage \
          (parent_session_id, parent_turn_id, child_session_id, usage_json, aggregate_json, created_at) \
          VALUES (?1, '', 'hermes-child', ?2, ?3, 2000.0)",
         rusqlite::params![parent, usage, aggregate],
     )
-    .unwrap();
+    .expect("insert raw row");
 }
 
 fn count_rows(dir: &Path, table: &str) -> i64 {
-    let conn = rusqlite::Connection::open(dir.join("state.db")).unwrap();
-    conn.query_row(&format!("SELECT COUNT(*) FROM {table}"), [], |r| r.get(0)).unwrap()
+    let conn = rusqlite::Connection::open(dir.join("state.db")).expect("open raw");
+    conn.query_row(&format!("SELECT COUNT(*) FROM {table}"), [], |r| r.get(0)).expect("count")
 }
 
 #[test]

@@ -3,9 +3,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use retinue_store::{
-    ChildManifest, DelegationConfig, ManualClock, Registry, Store, StoreOptions,
-};
+use retinue_store::{ChildManifest, DelegationConfig, ManualClock, Registry, Store, StoreOptions};
 use serde_json::json;
 
 pub(crate) const T0: f64 = 1_800_000_000.0;
@@ -96,5 +94,10 @@ pub(crate) fn child(sa: &str, sid: &str, model: Option<&str>, goal: Option<&str>
 }
 
 pub(crate) fn ids(store: &Store) -> Vec<String> {
-    store.list_retained_children().expect("list").into_iter().map(|e| e.child_id().to_owned()).collect()
+    store
+        .list_retained_children()
+        .expect("list")
+        .into_iter()
+        .map(|e| e.child_id().to_owned())
+        .collect()
 }

@@ -124,8 +124,12 @@ fn full_hermes_table_with_retained_batch_is_backfilled() {
     drop(raw);
     let clock = Arc::new(ManualClock::new(T0));
     let store = open(&path, &clock, DelegationConfig::default());
-    let listed: Vec<String> =
-        store.list_retained_children().expect("list").iter().map(|e| e.child_id().to_owned()).collect();
+    let listed: Vec<String> = store
+        .list_retained_children()
+        .expect("list")
+        .iter()
+        .map(|e| e.child_id().to_owned())
+        .collect();
     assert_eq!(listed, vec!["sa-0-aaaa0000", "sa-1-bbbb1111", "sa-2-cccc2222"]);
     assert!(store.find_retained_child("hs-1").expect("find").is_some());
     // A hermes unit tombstone reads as reason `external`, with its time.
@@ -151,11 +155,8 @@ fn all_columns_present_without_refinery_history() {
     }
     let raw = rusqlite::Connection::open(&path).expect("open");
     raw.execute_batch("DROP TABLE refinery_schema_history").expect("drop history");
-    raw.execute(
-        "INSERT INTO sessions (id, source, started_at) VALUES ('s1', 'cli', 1.0)",
-        [],
-    )
-    .expect("row");
+    raw.execute("INSERT INTO sessions (id, source, started_at) VALUES ('s1', 'cli', 1.0)", [])
+        .expect("row");
     drop(raw);
     let store = open(&path, &clock, DelegationConfig::default());
     assert_eq!(count(&path, "SELECT count(*) FROM sessions"), 1);

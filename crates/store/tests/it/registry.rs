@@ -40,9 +40,13 @@ fn find_retained_child_by_any_id() {
 fn tombstone_removes_addressability_only() {
     let fx = Fx::new();
     fx.seed_unit();
-    assert!(fx.store.tombstone_retained_child("sa-0-abc12345", &TombstoneReason::Manual).expect("t"));
+    assert!(
+        fx.store.tombstone_retained_child("sa-0-abc12345", &TombstoneReason::Manual).expect("t")
+    );
     assert!(fx.store.find_retained_child("sa-0-abc12345").expect("find").is_none());
-    assert!(!fx.store.tombstone_retained_child("sa-0-abc12345", &TombstoneReason::Manual).expect("t"));
+    assert!(
+        !fx.store.tombstone_retained_child("sa-0-abc12345", &TombstoneReason::Manual).expect("t")
+    );
     let (tomb, cj): (Option<f64>, Option<String>) = fx
         .raw()
         .query_row(
@@ -94,8 +98,13 @@ fn cap_prune_keeps_newest() {
     }
     let count = fx.store.prune_retained_children(Some(2), Some(9999.0)).expect("prune");
     assert_eq!(count, PruneCount { units: 2, children: 2 });
-    let remaining: std::collections::BTreeSet<String> =
-        fx.store.list_retained_children().expect("list").into_iter().map(|e| e.delegation_id).collect();
+    let remaining: std::collections::BTreeSet<String> = fx
+        .store
+        .list_retained_children()
+        .expect("list")
+        .into_iter()
+        .map(|e| e.delegation_id)
+        .collect();
     assert_eq!(remaining, ["deleg_cap00002", "deleg_cap00003"].map(str::to_owned).into());
 }
 
@@ -104,8 +113,12 @@ fn over_cap_children_are_hidden_before_prune() {
     let fx = Fx::with_config(DelegationConfig { max_retained: 1, ..DelegationConfig::default() });
     fx.insert_delegation("deleg_a", "p", "running");
     fx.insert_delegation("deleg_b", "p", "running");
-    fx.store.record_dispatched_children("deleg_a", &[child("sa-a", "cs-a", None, None)]).expect("r");
-    fx.store.record_dispatched_children("deleg_b", &[child("sa-b", "cs-b", None, None)]).expect("r");
+    fx.store
+        .record_dispatched_children("deleg_a", &[child("sa-a", "cs-a", None, None)])
+        .expect("r");
+    fx.store
+        .record_dispatched_children("deleg_b", &[child("sa-b", "cs-b", None, None)])
+        .expect("r");
     // Raw retain (as hermes would, without pruning): both retained.
     fx.raw()
         .execute_batch(&format!(
@@ -128,8 +141,12 @@ fn completion_persist_retains_only_success() {
     let fx = Fx::new();
     fx.insert_delegation("deleg_ok000001", "parent-1", "running");
     fx.insert_delegation("deleg_err00001", "parent-1", "running");
-    fx.store.record_dispatched_children("deleg_ok000001", &[child("sa-ok", "cs-ok", None, None)]).expect("r");
-    fx.store.record_dispatched_children("deleg_err00001", &[child("sa-err", "cs-err", None, None)]).expect("r");
+    fx.store
+        .record_dispatched_children("deleg_ok000001", &[child("sa-ok", "cs-ok", None, None)])
+        .expect("r");
+    fx.store
+        .record_dispatched_children("deleg_err00001", &[child("sa-err", "cs-err", None, None)])
+        .expect("r");
     for (id, status) in [("deleg_ok000001", "completed"), ("deleg_err00001", "error")] {
         let done = fx
             .store
@@ -144,10 +161,18 @@ fn completion_persist_retains_only_success() {
             .expect("persist");
         assert!(done);
     }
-    let listed: Vec<String> =
-        fx.store.list_retained_children().expect("list").into_iter().map(|e| e.delegation_id).collect();
+    let listed: Vec<String> = fx
+        .store
+        .list_retained_children()
+        .expect("list")
+        .into_iter()
+        .map(|e| e.delegation_id)
+        .collect();
     assert_eq!(listed, vec!["deleg_ok000001"]);
-    assert_eq!(fx.store.unit_usage("deleg_err00001").expect("usage"), Some(json!({"cost_usd": 0.1})));
+    assert_eq!(
+        fx.store.unit_usage("deleg_err00001").expect("usage"),
+        Some(json!({"cost_usd": 0.1}))
+    );
     assert_eq!(fx.store.lookup("sa-err").expect("lookup").clone(), {
         let Lookup::NotAddressable(e, _) = fx.store.lookup("sa-err").expect("l") else {
             panic!("expected known")
@@ -159,13 +184,21 @@ fn completion_persist_retains_only_success() {
 #[test]
 fn per_child_tombstone_in_a_batch() {
     let fx = Fx::new();
-    let kids = [child("sa-0", "cs-0", None, None), child("sa-1", "cs-1", None, None), child("sa-2", "cs-2", None, None)];
+    let kids = [
+        child("sa-0", "cs-0", None, None),
+        child("sa-1", "cs-1", None, None),
+        child("sa-2", "cs-2", None, None),
+    ];
     fx.dispatch_and_retain("deleg_batch001", "parent-1", &kids);
     assert!(fx.store.tombstone_retained_child("cs-1", &TombstoneReason::Manual).expect("t"));
     assert_eq!(ids(&fx.store), vec!["sa-0", "sa-2"]);
     let unit_tomb = |fx: &Fx| -> Option<f64> {
         fx.raw()
-            .query_row("SELECT tombstoned_at FROM async_delegations WHERE delegation_id='deleg_batch001'", [], |r| r.get(0))
+            .query_row(
+                "SELECT tombstoned_at FROM async_delegations WHERE delegation_id='deleg_batch001'",
+                [],
+                |r| r.get(0),
+            )
             .expect("row")
     };
     assert!(unit_tomb(&fx).is_none());
@@ -176,9 +209,13 @@ fn per_child_tombstone_in_a_batch() {
 
     let fx = Fx::new();
     fx.dispatch_and_retain("deleg_batch002", "parent-1", &kids);
-    assert!(fx.store.tombstone_retained_child("deleg_batch002", &TombstoneReason::Manual).expect("t"));
+    assert!(
+        fx.store.tombstone_retained_child("deleg_batch002", &TombstoneReason::Manual).expect("t")
+    );
     assert!(ids(&fx.store).is_empty());
-    assert!(!fx.store.tombstone_retained_child("deleg_batch002", &TombstoneReason::Manual).expect("t"));
+    assert!(
+        !fx.store.tombstone_retained_child("deleg_batch002", &TombstoneReason::Manual).expect("t")
+    );
 }
 
 #[test]
@@ -224,7 +261,9 @@ fn tombstoned_unit_is_never_re_retained() {
     assert!(fx.store.list_retained_children().expect("list").is_empty());
     assert!(!fx.store.retain_completed_delegation("deleg_missing", None).expect("retain"));
     assert!(!fx.store.record_dispatched_children("", &[seed_child()]).expect("record"));
-    assert!(!fx.store.record_dispatched_children("deleg_missing", &[seed_child()]).expect("record"));
+    assert!(
+        !fx.store.record_dispatched_children("deleg_missing", &[seed_child()]).expect("record")
+    );
 }
 
 #[test]
@@ -248,8 +287,14 @@ fn lookup_query_plans_use_indexes() {
     fx.seed_unit();
     let raw = fx.raw();
     for (sql, index) in [
-        ("SELECT * FROM retinue_children c WHERE c.subagent_id = 'x'", "retinue_idx_children_subagent"),
-        ("SELECT * FROM retinue_children c WHERE c.child_session_id = 'x'", "retinue_idx_children_session"),
+        (
+            "SELECT * FROM retinue_children c WHERE c.subagent_id = 'x'",
+            "retinue_idx_children_subagent",
+        ),
+        (
+            "SELECT * FROM retinue_children c WHERE c.child_session_id = 'x'",
+            "retinue_idx_children_session",
+        ),
         (
             "SELECT delegation_id FROM async_delegations WHERE retained = 1 AND tombstoned_at IS NULL",
             "retinue_idx_async_retained",

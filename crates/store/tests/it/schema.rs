@@ -65,8 +65,8 @@ fn opening_twice_is_a_no_op() {
 fn non_sqlite_file_is_refused_and_left_byte_identical() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("state.db");
-    let junk = b"this is not a database, just some text that is long enough to look like one\n"
-        .repeat(4);
+    let junk =
+        b"this is not a database, just some text that is long enough to look like one\n".repeat(4);
     std::fs::write(&path, &junk).expect("write");
     let err = Store::open(&path, StoreOptions::default()).expect_err("must refuse");
     assert!(matches!(err, Error::NotADatabase { .. }), "{err:?}");

@@ -25,7 +25,10 @@ fn end_reason_first_wins_and_reopen_clears_it() {
     fx.store.create_session(&session("A", "cli", None)).expect("create");
     assert!(fx.store.end_session("A", "compression").expect("end"));
     assert!(!fx.store.end_session("A", "user_exit").expect("end"));
-    assert_eq!(fx.store.session("A").expect("s").expect("row").end_reason.as_deref(), Some("compression"));
+    assert_eq!(
+        fx.store.session("A").expect("s").expect("row").end_reason.as_deref(),
+        Some("compression")
+    );
     assert!(fx.store.reopen_session("A").expect("reopen"));
     assert_eq!(fx.store.session("A").expect("s").expect("row").end_reason, None);
     assert!(fx.store.session("nope").expect("s").is_none());
@@ -35,12 +38,19 @@ fn end_reason_first_wins_and_reopen_clears_it() {
 fn transcript_keeps_insertion_order_and_skips_inactive_rows() {
     let fx = Fx::new();
     fx.store.create_session(&session("c", "delegate", None)).expect("create");
-    for (role, text) in [("system", "sys"), ("user", "goal"), ("assistant", "answer\u{0}json:{}"), ("user", "more")] {
+    for (role, text) in
+        [("system", "sys"), ("user", "goal"), ("assistant", "answer\u{0}json:{}"), ("user", "more")]
+    {
         say(&fx.store, "c", role, text);
     }
-    fx.raw().execute("UPDATE messages SET active = 0 WHERE content = 'more'", []).expect("deactivate");
+    fx.raw()
+        .execute("UPDATE messages SET active = 0 WHERE content = 'more'", [])
+        .expect("deactivate");
     let conv = fx.store.conversation("c").expect("conv");
-    assert_eq!(conv.iter().map(|m| m.role.as_str()).collect::<Vec<_>>(), ["system", "user", "assistant"]);
+    assert_eq!(
+        conv.iter().map(|m| m.role.as_str()).collect::<Vec<_>>(),
+        ["system", "user", "assistant"]
+    );
     assert_eq!(conv[2].content.as_deref(), Some("answer\u{0}json:{}"));
     let err = fx.store.append_message("ghost", &Message::default()).expect_err("missing");
     assert!(err.to_string().contains("ghost"));

@@ -35,7 +35,10 @@ fn delivery_is_claimed_once_and_re_claimable_after_the_lease() {
     let fx = Fx::new();
     fx.insert_delegation("deleg_bg1", "p", "running");
     let filter = DeliveryFilter::default();
-    assert!(fx.store.claim_delivery(&filter).expect("claim").is_none(), "running is not deliverable");
+    assert!(
+        fx.store.claim_delivery(&filter).expect("claim").is_none(),
+        "running is not deliverable"
+    );
     complete(&fx, "deleg_bg1", "completed", true);
     let first = fx.store.claim_delivery(&filter).expect("claim").expect("one");
     assert_eq!(first.attempt, 1);
@@ -66,7 +69,11 @@ fn ninth_claim_drops_the_delivery() {
     assert!(fx.store.claim_delivery(&DeliveryFilter::default()).expect("claim").is_none());
     let state: String = fx
         .raw()
-        .query_row("SELECT delivery_state FROM async_delegations WHERE delegation_id='deleg_bg2'", [], |r| r.get(0))
+        .query_row(
+            "SELECT delivery_state FROM async_delegations WHERE delegation_id='deleg_bg2'",
+            [],
+            |r| r.get(0),
+        )
         .expect("row");
     assert_eq!(state, "dropped");
 }
@@ -76,7 +83,8 @@ fn delivery_filter_scopes_by_parent() {
     let fx = Fx::new();
     fx.insert_delegation("deleg_p1", "p1", "running");
     complete(&fx, "deleg_p1", "completed", true);
-    let other = DeliveryFilter { parent_session_id: Some("p2".into()), ..DeliveryFilter::default() };
+    let other =
+        DeliveryFilter { parent_session_id: Some("p2".into()), ..DeliveryFilter::default() };
     assert!(fx.store.claim_delivery(&other).expect("claim").is_none());
     let mine = DeliveryFilter { parent_session_id: Some("p1".into()), ..DeliveryFilter::default() };
     assert!(fx.store.claim_delivery(&mine).expect("claim").is_some());
@@ -86,7 +94,8 @@ fn delivery_filter_scopes_by_parent() {
 fn resume_claim_is_single_use_and_leased() {
     let fx = Fx::new();
     fx.seed_unit();
-    let ResumeClaim::Claimed { token } = fx.store.claim_resume("deleg_test0001", 0).expect("claim") else {
+    let ResumeClaim::Claimed { token } = fx.store.claim_resume("deleg_test0001", 0).expect("claim")
+    else {
         panic!("expected a claim")
     };
     match fx.store.claim_resume("deleg_test0001", 0).expect("claim") {
@@ -99,14 +108,21 @@ fn resume_claim_is_single_use_and_leased() {
     fx.clock.advance(100.0);
     assert!(fx.store.renew_resume("deleg_test0001", 0, &token).expect("renew"));
     fx.clock.advance(250.0);
-    assert!(matches!(fx.store.claim_resume("deleg_test0001", 0).expect("c"), ResumeClaim::Busy { .. }));
+    assert!(matches!(
+        fx.store.claim_resume("deleg_test0001", 0).expect("c"),
+        ResumeClaim::Busy { .. }
+    ));
     assert!(!fx.store.release_resume("deleg_test0001", 0, "not-the-token").expect("release"));
     assert!(fx.store.release_resume("deleg_test0001", 0, &token).expect("release"));
-    let ResumeClaim::Claimed { token: t2 } = fx.store.claim_resume("deleg_test0001", 0).expect("c") else {
+    let ResumeClaim::Claimed { token: t2 } = fx.store.claim_resume("deleg_test0001", 0).expect("c")
+    else {
         panic!("released claim is free")
     };
     fx.clock.advance(300.0);
-    assert!(matches!(fx.store.claim_resume("deleg_test0001", 0).expect("c"), ResumeClaim::Claimed { .. }));
+    assert!(matches!(
+        fx.store.claim_resume("deleg_test0001", 0).expect("c"),
+        ResumeClaim::Claimed { .. }
+    ));
     assert!(!fx.store.renew_resume("deleg_test0001", 0, &t2).expect("renew"), "lease was lost");
     assert_eq!(fx.store.claim_resume("deleg_missing", 0).expect("c"), ResumeClaim::Unavailable);
     fx.store.tombstone_retained_child("sa-0-abc12345", &TombstoneReason::Manual).expect("t");
@@ -122,7 +138,11 @@ fn follow_up_refresh_keeps_the_child_past_its_original_ttl() {
     let ResumeClaim::Claimed { token } = fx.store.claim_resume("deleg_h", 0).expect("claim") else {
         panic!("claim")
     };
-    assert!(fx.store.finish_follow_up("deleg_h", 0, &token, Some(&json!({"cost_usd": 1.0}))).expect("finish"));
+    assert!(
+        fx.store
+            .finish_follow_up("deleg_h", 0, &token, Some(&json!({"cost_usd": 1.0})))
+            .expect("finish")
+    );
     fx.clock.advance(30.0 * 3600.0);
     let pruned = fx.store.prune_retained_children(None, None).expect("prune");
     assert_eq!(pruned.children, 1);
@@ -139,7 +159,10 @@ fn recover_abandoned_delegations_rehydrates_retained() {
     assert_eq!(report.error, None);
     assert_eq!(report.addressable, 1);
     let entries = store.list_retained_children().expect("list");
-    assert_eq!(entries.iter().map(|e| e.child_session_id.as_str()).collect::<Vec<_>>(), ["child-sess-1"]);
+    assert_eq!(
+        entries.iter().map(|e| e.child_session_id.as_str()).collect::<Vec<_>>(),
+        ["child-sess-1"]
+    );
     // Retained rows keep their state even though they were `running` with no owner.
     assert_eq!(entries[0].state, "running");
 }
@@ -148,7 +171,12 @@ fn recover_abandoned_delegations_rehydrates_retained() {
 fn dead_owners_become_unknown_and_retained_rows_are_untouched() {
     let fx = Fx::new();
     fx.seed_unit(); // retained, state running, owner NULL
-    for (id, pid, fp) in [("deleg_dead", Some(999_999_i64), None), ("deleg_nopid", None, None), ("deleg_alive", Some(42), Some(7_i64)), ("deleg_reused", Some(43), Some(8))] {
+    for (id, pid, fp) in [
+        ("deleg_dead", Some(999_999_i64), None),
+        ("deleg_nopid", None, None),
+        ("deleg_alive", Some(42), Some(7_i64)),
+        ("deleg_reused", Some(43), Some(8)),
+    ] {
         fx.insert_delegation(id, "p", "running");
         fx.raw()
             .execute("UPDATE async_delegations SET owner_pid=?1, owner_started_at=?2, task_json='{\"goal\":\"g\"}' WHERE delegation_id=?3",
@@ -165,7 +193,11 @@ fn dead_owners_become_unknown_and_retained_rows_are_untouched() {
     assert_eq!(report.addressable, 1);
     let state = |id: &str| -> (String, Option<String>) {
         fx.raw()
-            .query_row("SELECT state, event_json FROM async_delegations WHERE delegation_id=?1", [id], |r| Ok((r.get(0)?, r.get(1)?)))
+            .query_row(
+                "SELECT state, event_json FROM async_delegations WHERE delegation_id=?1",
+                [id],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
             .expect("row")
     };
     assert_eq!(state("deleg_alive").0, "running");
@@ -176,10 +208,15 @@ fn dead_owners_become_unknown_and_retained_rows_are_untouched() {
     assert_eq!(event["status"], "unknown");
     assert_eq!(event["type"], "async_delegation");
     assert_eq!(event["goal"], "g");
-    assert_eq!(event["error"], "Delegation owner exited before recording a terminal result; outcome unknown.");
+    assert_eq!(
+        event["error"],
+        "Delegation owner exited before recording a terminal result; outcome unknown."
+    );
     assert_eq!(state("deleg_reused").0, "unknown");
     // The synthetic completion is deliverable.
-    assert!(fx.store.claim_delivery(&retinue_store::DeliveryFilter::default()).expect("c").is_some());
+    assert!(
+        fx.store.claim_delivery(&retinue_store::DeliveryFilter::default()).expect("c").is_some()
+    );
 }
 
 #[test]
@@ -187,7 +224,9 @@ fn recovery_without_a_probe_classifies_nothing_but_rehydrates() {
     let fx = Fx::new();
     fx.seed_unit();
     fx.insert_delegation("deleg_x", "p", "running");
-    fx.raw().execute("UPDATE async_delegations SET owner_pid=5 WHERE delegation_id='deleg_x'", []).expect("u");
+    fx.raw()
+        .execute("UPDATE async_delegations SET owner_pid=5 WHERE delegation_id='deleg_x'", [])
+        .expect("u");
     let probe = Probe(|_| None);
     fx.clock.advance(100.0 * 3600.0);
     let report = fx.store.recover_abandoned_delegations(&probe);
@@ -195,7 +234,11 @@ fn recovery_without_a_probe_classifies_nothing_but_rehydrates() {
     assert_eq!(report.addressable, 0, "rehydration pruned the expired child");
     let tomb: Option<f64> = fx
         .raw()
-        .query_row("SELECT tombstoned_at FROM async_delegations WHERE delegation_id='deleg_test0001'", [], |r| r.get(0))
+        .query_row(
+            "SELECT tombstoned_at FROM async_delegations WHERE delegation_id='deleg_test0001'",
+            [],
+            |r| r.get(0),
+        )
         .expect("row");
     assert!(tomb.is_some());
 }
@@ -214,7 +257,11 @@ fn this_process_is_alive_to_the_proc_probe() {
 fn history_pruner_never_deletes_retained_or_running_rows() {
     let fx = Fx::new();
     for i in 0..5 {
-        fx.dispatch_and_retain(&format!("deleg_keep{i}"), "p", &[child(&format!("sa-k{i}"), &format!("cs-k{i}"), None, None)]);
+        fx.dispatch_and_retain(
+            &format!("deleg_keep{i}"),
+            "p",
+            &[child(&format!("sa-k{i}"), &format!("cs-k{i}"), None, None)],
+        );
     }
     fx.store.tombstone_retained_child("sa-k0", &TombstoneReason::Manual).expect("t");
     for i in 0..3 {
@@ -236,7 +283,15 @@ fn history_pruner_never_deletes_retained_or_running_rows() {
     assert_eq!(deleted, 110, "100 old delivered rows, then 10 terminal rows beyond 50");
     let count = |sql: &str| -> i64 { fx.raw().query_row(sql, [], |r| r.get(0)).expect("q") };
     assert_eq!(count("SELECT count(*) FROM async_delegations WHERE retained = 1"), 5);
-    assert_eq!(count("SELECT count(*) FROM async_delegations WHERE state = 'running' AND retained IS NULL"), 3);
-    assert_eq!(count("SELECT count(*) FROM async_delegations WHERE retained IS NULL AND state = 'failed'"), 50);
+    assert_eq!(
+        count(
+            "SELECT count(*) FROM async_delegations WHERE state = 'running' AND retained IS NULL"
+        ),
+        3
+    );
+    assert_eq!(
+        count("SELECT count(*) FROM async_delegations WHERE retained IS NULL AND state = 'failed'"),
+        50
+    );
     assert_eq!(ids(&fx.store).len(), 4);
 }

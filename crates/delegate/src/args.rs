@@ -1,0 +1,154 @@
+//! Parsing `delegate_task` arguments into a request, in hermes's check order.
+
+use serde_json::Value;
+
+use crate::texts;
+
+/// One task of a spawn.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct TaskSpec {
+    /// The goal (non-blank).
+    pub goal: String,
+    /// Extra context.
+    pub context: Option<String>,
+    /// Per-task role.
+    pub role: Option<String>,
+}
+
+/// A follow-up request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FollowUp {
+    /// The addressed id, as given.
+    pub target: String,
+    /// The message: trimmed goal, plus `\n\nContext: <context>`.
+    pub text: String,
+}
+
+fn non_blank(v: Option<&Value>) -> Option<String> {
+    v.and_then(Value::as_str).map(str::trim).filter(|s| !s.is_empty()).map(str::to_owned)
+}
+
+/// Reads the `follow_up` part: `None` when absent or null.
+pub fn parse_follow_up(args: &Value) -> Option<Result<FollowUp, String>> {
+    let raw = args.get("follow_up").filter(|v| !v.is_null())?;
+    let Some(target) = raw.as_str() else {
+        return Some(Err(texts::FOLLOW_UP_NOT_STRING.to_owned()));
+    };
+    if target.trim().is_empty() {
+        return Some(Err(texts::FOLLOW_UP_BLANK.to_owned()));
+    }
+    let Some(goal) = non_blank(args.get("goal")) else {
+        return Some(Err(texts::FOLLOW_UP_NO_GOAL.to_owned()));
+    };
+    let text = match non_blank(args.get("context")) {
+        Some(ctx) => format!("{goal}\n\nContext: {ctx}"),
+        None => goal,
+    };
+    Some(Ok(FollowUp { target: target.to_owned(), text }))
+}
+
+/// Reads the tasks of a spawn; `max` is `max_concurrent_children`.
+pub fn parse_tasks(args: &Value, max: usize) -> Result<Vec<TaskSpec>, String> {
+    let tasks = match args.get("tasks") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => match serde_json::from_str::<Value>(s) {
+            Ok(Value::Array(items)) => Some(items),
+            _ => return Err(texts::TASKS_NOT_ARRAY.to_owned()),
+        },
+        Some(Value::Array(items)) => Some(items.clone()),
+        Some(_) => return Err(texts::TASKS_NOT_ARRAY.to_owned()),
+    };
+    let specs = match tasks {
+        Some(items) if !items.is_empty() => {
+            let mut specs = Vec::with_capacity(items.len());
+            for (i, item) in items.iter().enumerate() {
+                let Some(obj) = item.as_object() else {
+                    return Err(texts::task_not_object(i));
+                };
+                let Some(goal) = non_blank(obj.get("goal")) else {
+                    return Err(texts::task_missing_goal(i));
+                };
+                specs.push(TaskSpec {
+                    goal,
+                    context: non_blank(obj.get("context")),
+                    role: non_blank(obj.get("role")),
+                });
+            }
+            specs
+        }
+        _ => match non_blank(args.get("goal")) {
+            Some(goal) => {
+                vec![TaskSpec { goal, context: non_blank(args.get("context")), role: None }]
+            }
+            None => return Err(texts::NO_GOAL_OR_TASKS.to_owned()),
+        },
+    };
+    if specs.len() > max {
+        return Err(texts::too_many_tasks(specs.len(), max));
+    }
+    Ok(specs)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn follow_up_validation_order() {
+        assert_eq!(parse_follow_up(&json!({"goal": "x"})), None);
+        assert_eq!(parse_follow_up(&json!({"follow_up": null})), None);
+        let err = |v: Value| parse_follow_up(&v).and_then(Result::err);
+        assert_eq!(
+            err(json!({"follow_up": 3, "goal": "x"})).as_deref(),
+            Some(texts::FOLLOW_UP_NOT_STRING)
+        );
+        assert_eq!(
+            err(json!({"follow_up": "", "goal": "x"})).as_deref(),
+            Some(texts::FOLLOW_UP_BLANK)
+        );
+        assert_eq!(
+            err(json!({"follow_up": " \t", "goal": "x"})).as_deref(),
+            Some(texts::FOLLOW_UP_BLANK)
+        );
+        assert_eq!(
+            err(json!({"follow_up": "sa", "context": "c"})).as_deref(),
+            Some(texts::FOLLOW_UP_NO_GOAL)
+        );
+        assert_eq!(
+            err(json!({"follow_up": "sa", "goal": "  "})).as_deref(),
+            Some(texts::FOLLOW_UP_NO_GOAL)
+        );
+        let ok = parse_follow_up(&json!({"follow_up": "sa", "goal": " hi ", "context": "c"}));
+        assert_eq!(ok, Some(Ok(FollowUp { target: "sa".into(), text: "hi\n\nContext: c".into() })));
+    }
+
+    #[test]
+    fn task_validation() {
+        assert_eq!(parse_tasks(&json!({}), 3), Err(texts::NO_GOAL_OR_TASKS.to_owned()));
+        assert_eq!(
+            parse_tasks(&json!({"tasks": "nope"}), 3),
+            Err(texts::TASKS_NOT_ARRAY.to_owned())
+        );
+        assert_eq!(parse_tasks(&json!({"tasks": 5}), 3), Err(texts::TASKS_NOT_ARRAY.to_owned()));
+        assert_eq!(parse_tasks(&json!({"tasks": [1]}), 3), Err(texts::task_not_object(0)));
+        assert_eq!(
+            parse_tasks(&json!({"tasks": [{"goal": "a"}, {"context": "c"}]}), 3),
+            Err(texts::task_missing_goal(1))
+        );
+        assert_eq!(
+            parse_tasks(&json!({"tasks": [{"goal": "a"}, {"goal": "b"}]}), 1),
+            Err("Too many tasks: 2 exceeds delegation.max_concurrent_children (1).".to_owned())
+        );
+        let t = parse_tasks(&json!({"tasks": "[{\"goal\": \"a\", \"role\": \"leaf\"}]"}), 3)
+            .expect("ok");
+        assert_eq!(t[0].goal, "a");
+        assert_eq!(t[0].role.as_deref(), Some("leaf"));
+        let single = parse_tasks(&json!({"goal": "g", "context": "c"}), 3).expect("ok");
+        assert_eq!(
+            single,
+            vec![TaskSpec { goal: "g".into(), context: Some("c".into()), role: None }]
+        );
+    }
+}

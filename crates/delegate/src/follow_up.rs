@@ -1,0 +1,207 @@
+//! The follow-up flow (spec §6.3): steer a running child, or resume a
+//! retained one on its own transcript. Budget-exempt.
+
+use std::sync::Arc;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use retinue_lineage::Resolution;
+use retinue_store::{Message, ResumeClaim, RetainedChild};
+use serde_json::{Value, json};
+
+use crate::args::FollowUp;
+use crate::results::ChildResult;
+use crate::runtime::{ChildSpec, RunInput};
+use crate::spawn::{execute, finalize, runs_of};
+use crate::{Inner, ParentContext, error, texts};
+
+/// Claim renewal period while a resume runs.
+const RENEW_EVERY: Duration = Duration::from_secs(100);
+
+fn requester(parent: &ParentContext) -> Option<&str> {
+    parent.session_id.as_deref().map(str::trim).filter(|s| !s.is_empty())
+}
+
+/// Step 1: steer a running child the caller may address.
+fn try_steer(inner: &Inner, fu: &FollowUp, parent: &ParentContext) -> Option<Value> {
+    let target = fu.target.trim();
+    let live = inner.live.find(target)?;
+    if !live.accepting_steer {
+        return None;
+    }
+    let owner = live.owner_session_id.as_deref().filter(|o| !o.trim().is_empty())?;
+    let entry = RetainedChild {
+        delegation_id: String::new(),
+        parent_session_id: owner.to_owned(),
+        owner_profile: live.owner_profile.clone(),
+        state: "running".to_owned(),
+        retained_at: None,
+        completed_at: None,
+        child_index: 0,
+        subagent_id: live.handle.subagent_id.clone(),
+        child_session_id: live.handle.session_id.clone(),
+        manifest: retinue_store::ChildManifest::default(),
+    };
+    if inner.parts.authority.check_follow_up_authority(&entry, requester(parent)).is_err() {
+        return Some(error(texts::not_addressable(&fu.target)));
+    }
+    if !inner.parts.runtime.steer(&live.handle, &fu.text) {
+        return None;
+    }
+    Some(json!({
+        "status": "queued",
+        "mode": "follow_up",
+        "child_id": target,
+        "receipt": texts::STEER_RECEIPT,
+    }))
+}
+
+pub(crate) fn run(inner: &Arc<Inner>, fu: &FollowUp, parent: &ParentContext) -> Value {
+    if let Some(out) = try_steer(inner, fu, parent) {
+        return out;
+    }
+    let parts = &inner.parts;
+    let entry = match parts.authority.resolve_for(requester(parent), fu.target.trim()) {
+        Resolution::Addressable(entry) => entry,
+        Resolution::NotAddressable => return error(texts::not_addressable(&fu.target)),
+        Resolution::SelfTarget => {
+            return error(retinue_lineage::Denial::SelfFollowUp.message());
+        }
+        Resolution::Tombstoned { entry, at, reason } => {
+            return error(texts::tombstoned(
+                &fu.target,
+                at,
+                reason.as_str(),
+                &entry.child_session_id,
+            ));
+        }
+    };
+    if entry.child_session_id.trim().is_empty() {
+        return error(texts::NO_CHILD_SESSION);
+    }
+    let token = match parts.registry.claim_resume(&entry.delegation_id, entry.child_index) {
+        Ok(ResumeClaim::Claimed { token }) => token,
+        Ok(ResumeClaim::Busy { claimed_at, expires_at }) => {
+            return error(texts::busy(&fu.target, claimed_at, expires_at));
+        }
+        Ok(ResumeClaim::Unavailable) => return error(texts::not_addressable(&fu.target)),
+        Err(e) => {
+            log::warn!("resume claim failed: {e}");
+            return error(texts::not_addressable(&fu.target));
+        }
+    };
+    let out = resume(inner, fu, parent, &entry, &token);
+    if out.get("error").is_some()
+        && let Err(e) =
+            parts.registry.release_resume(&entry.delegation_id, entry.child_index, &token)
+    {
+        log::warn!("could not release the resume claim of {}: {e}", entry.delegation_id);
+    }
+    out
+}
+
+fn resume(
+    inner: &Arc<Inner>,
+    fu: &FollowUp,
+    parent: &ParentContext,
+    entry: &RetainedChild,
+    token: &str,
+) -> Value {
+    let parts = &inner.parts;
+    let started = Instant::now();
+    let tip = match parts.sessions.compression_tip(&entry.child_session_id) {
+        Ok(t) => t,
+        Err(e) => return error(texts::transcript_error(&entry.child_session_id, &e.to_string())),
+    };
+    let transcript = match parts.sessions.conversation(&tip) {
+        Ok(t) => t,
+        Err(e) => return error(texts::transcript_error(&tip, &e.to_string())),
+    };
+    let mut system_prompt = None;
+    let history: Vec<Message> = transcript
+        .into_iter()
+        .filter(|m| {
+            if m.role == "system" {
+                if system_prompt.is_none() {
+                    system_prompt.clone_from(&m.content);
+                }
+                false
+            } else {
+                true
+            }
+        })
+        .collect();
+    if history.is_empty() {
+        return error(texts::transcript_empty(&tip));
+    }
+    if system_prompt.is_none() {
+        system_prompt = parts.sessions.session(&tip).ok().flatten().and_then(|s| s.system_prompt);
+    }
+    let m = &entry.manifest;
+    let config = &parts.config;
+    let pick = |v: &Option<String>, fallback: &str| {
+        v.clone()
+            .filter(|s| !s.is_empty())
+            .or_else(|| Some(fallback.to_owned()).filter(|s| !s.is_empty()))
+    };
+    let spec = ChildSpec {
+        subagent_id: entry.subagent_id.clone(),
+        session_id: entry.child_session_id.clone(),
+        task_index: usize::try_from(entry.child_index).unwrap_or(0),
+        goal: fu.text.clone(),
+        context: None,
+        role: "leaf".to_owned(),
+        model: pick(&m.model, &config.model),
+        provider: pick(&m.provider, &config.provider),
+        base_url: pick(&m.base_url, &config.base_url),
+        api_mode: pick(&m.api_mode, &config.api_mode),
+        toolsets: m.toolsets.clone().unwrap_or_default(),
+        max_iterations: config.max_iterations,
+        resume_session_id: Some(tip.clone()),
+    };
+    if let Err(e) = parts.sessions.reopen_session(&tip) {
+        return error(texts::transcript_error(&tip, &e.to_string()));
+    }
+    let user =
+        Message { role: "user".to_owned(), content: Some(fu.text.clone()), ..Message::default() };
+    if let Err(e) = parts.sessions.append_message(&tip, &user) {
+        return error(texts::transcript_error(&tip, &e.to_string()));
+    }
+    let input = RunInput { user_message: fu.text.clone(), history, system_prompt };
+    // Renew the claim while the child runs.
+    let (stop_tx, stop_rx) = mpsc::channel::<()>();
+    let registry = Arc::clone(&parts.registry);
+    let (id, index, tok) = (entry.delegation_id.clone(), entry.child_index, token.to_owned());
+    let renewer = std::thread::spawn(move || {
+        while let Err(mpsc::RecvTimeoutError::Timeout) = stop_rx.recv_timeout(RENEW_EVERY) {
+            if !matches!(registry.renew_resume(&id, index, &tok), Ok(true)) {
+                log::warn!("resume claim of {id}:{index} could not be renewed");
+            }
+        }
+    });
+    let result: ChildResult = execute(inner, &spec, input, false, parent.session_id.clone());
+    drop(stop_tx);
+    let _ = renewer.join();
+    let results = [result];
+    finalize(inner, parent, &entry.delegation_id, token, &results);
+    let existing = parts.registry.unit_usage(&entry.delegation_id).ok().flatten();
+    let usage = retinue_usage::merge_unit_usage(existing.as_ref(), &runs_of(&results));
+    if let Err(e) = parts.registry.finish_follow_up(
+        &entry.delegation_id,
+        entry.child_index,
+        token,
+        Some(&usage),
+    ) {
+        log::warn!("could not refresh {} after a follow-up: {e}", entry.delegation_id);
+        let _ = parts.registry.release_resume(&entry.delegation_id, entry.child_index, token);
+    }
+    json!({
+        "mode": "follow_up",
+        "child_id": entry.child_id(),
+        "child_session_id": tip,
+        "delegation_id": entry.delegation_id,
+        "results": [results[0].to_json()],
+        "total_duration_seconds": (started.elapsed().as_secs_f64() * 100.0).round() / 100.0,
+        "note": texts::RESUME_NOTE,
+    })
+}

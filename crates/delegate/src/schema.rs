@@ -1,0 +1,48 @@
+//! The `delegate_task` tool schema (spec §6.1), with live limits in its texts.
+
+use retinue_store::DelegationConfig;
+use serde_json::{Value, json};
+
+/// The tool's JSON schema.
+pub fn delegate_task_schema(config: &DelegationConfig) -> Value {
+    let follow_up = format!(
+        "Pass a subagent_id or child session id from an earlier result, with `goal` as the \
+         message. A running child is steered (queued); a completed retained child resumes with \
+         it as its next turn and returns a new summary. No depth or concurrency budget is used, \
+         and tasks/role/background are ignored. Retained children stay addressable for {} hours \
+         (the {} most recent delegations).",
+        config.retained_ttl_hours, config.max_retained
+    );
+    json!({
+        "name": "delegate_task",
+        "description": format!(
+            "Delegate work to subagents that run on their own sessions. Up to {} tasks run in \
+             parallel; nesting is limited to depth {}.",
+            config.max_concurrent_children, config.max_spawn_depth
+        ),
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "goal": {"type": "string", "description": "The task for a single subagent (or the follow-up message)."},
+                "context": {"type": "string", "description": "Background the subagent needs."},
+                "tasks": {
+                    "type": "array",
+                    "description": "A batch of tasks run in parallel.",
+                    "items": {
+                        "type": "object",
+                        "properties": {
+                            "goal": {"type": "string"},
+                            "context": {"type": "string"},
+                            "role": {"type": "string", "enum": ["leaf", "orchestrator"]}
+                        },
+                        "required": ["goal"]
+                    }
+                },
+                "role": {"type": "string", "enum": ["leaf", "orchestrator"], "description": "leaf (default) or orchestrator (may delegate further)."},
+                "background": {"type": "boolean", "description": "Return at once; results are delivered when the children finish."},
+                "follow_up": {"type": "string", "description": follow_up}
+            },
+            "required": []
+        }
+    })
+}

@@ -1,0 +1,201 @@
+//! A deterministic child runtime and a recording completion sink, for tests,
+//! the CLI's `delegate` command and its demo (no network).
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use retinue_store::Message;
+use serde_json::Value;
+
+use crate::runtime::{
+    ChildHandle, ChildOutcome, ChildRuntime, ChildSpec, CompletionSink, RunInput, TranscriptSink,
+};
+
+/// What the scripted runtime does for goals containing a pattern.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Script {
+    /// The reply; `None` = an empty response.
+    pub reply: Option<String>,
+    /// Prompt tokens reported.
+    pub input_tokens: u64,
+    /// Completion tokens reported.
+    pub output_tokens: u64,
+    /// Cost reported.
+    pub cost_usd: f64,
+    /// Wall-clock delay before replying.
+    pub delay: Duration,
+    /// Fail with this error.
+    pub fail: Option<String>,
+    /// Whether steering is accepted.
+    pub accept_steer: bool,
+}
+
+/// One recorded call to the scripted runtime.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScriptedRun {
+    /// The spec it was built with.
+    pub spec: ChildSpec,
+    /// The run input.
+    pub input: RunInput,
+}
+
+/// A deterministic [`ChildRuntime`]: replies `"<reply>"` or `"Done: <goal>"`.
+#[derive(Debug, Default)]
+pub struct ScriptedRuntime {
+    scripts: Vec<(String, Script)>,
+    default: Script,
+    specs: Mutex<HashMap<String, ChildSpec>>,
+    runs: Mutex<Vec<ScriptedRun>>,
+    steers: Mutex<Vec<(String, String)>>,
+}
+
+impl ScriptedRuntime {
+    /// Replies `Done: <goal>`, 100/20 tokens, 0.01 USD, one API call.
+    pub fn new() -> Self {
+        ScriptedRuntime {
+            default: Script {
+                reply: None,
+                input_tokens: 100,
+                output_tokens: 20,
+                cost_usd: 0.01,
+                accept_steer: true,
+                ..Script::default()
+            },
+            ..ScriptedRuntime::default()
+        }
+    }
+
+    /// Uses `script` for goals (or follow-up messages) containing `pattern`.
+    #[must_use]
+    pub fn with_script(mut self, pattern: &str, script: Script) -> Self {
+        self.scripts.push((pattern.to_owned(), script));
+        self
+    }
+
+    /// The runs so far.
+    pub fn runs(&self) -> Vec<ScriptedRun> {
+        self.runs.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// The steers accepted so far, as (subagent id, message).
+    pub fn steers(&self) -> Vec<(String, String)> {
+        self.steers.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    fn script_for(&self, text: &str) -> &Script {
+        self.scripts
+            .iter()
+            .find(|(p, _)| text.contains(p.as_str()))
+            .map_or(&self.default, |(_, s)| s)
+    }
+}
+
+impl ChildRuntime for ScriptedRuntime {
+    fn build(&self, spec: &ChildSpec) -> Result<ChildHandle, String> {
+        if let Some(err) = &self.script_for(&spec.goal).fail
+            && err.starts_with("build:")
+        {
+            return Err(err.clone());
+        }
+        let session_id = spec.resume_session_id.clone().unwrap_or_else(|| spec.session_id.clone());
+        self.specs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(spec.subagent_id.clone(), spec.clone());
+        Ok(ChildHandle { subagent_id: spec.subagent_id.clone(), session_id })
+    }
+
+    fn run(
+        &self,
+        child: &ChildHandle,
+        input: &RunInput,
+        sink: &dyn TranscriptSink,
+    ) -> ChildOutcome {
+        let spec = self
+            .specs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&child.subagent_id)
+            .cloned()
+            .unwrap_or_default();
+        self.runs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(ScriptedRun { spec: spec.clone(), input: input.clone() });
+        let script = self.script_for(&input.user_message).clone();
+        if !script.delay.is_zero() {
+            std::thread::sleep(script.delay);
+        }
+        if let Some(err) = script.fail {
+            return ChildOutcome {
+                exit_reason: "error".to_owned(),
+                api_calls: 1,
+                error: Some(err),
+                ..ChildOutcome::default()
+            };
+        }
+        let reply = script.reply.unwrap_or_else(|| {
+            format!("Done: {}", input.user_message.lines().next().unwrap_or_default())
+        });
+        let message = Message {
+            role: "assistant".to_owned(),
+            content: Some(reply.clone()),
+            finish_reason: Some("stop".to_owned()),
+            ..Message::default()
+        };
+        if let Err(e) = sink.append(&message) {
+            return ChildOutcome {
+                exit_reason: "error".to_owned(),
+                error: Some(format!("transcript write failed: {e}")),
+                ..ChildOutcome::default()
+            };
+        }
+        ChildOutcome {
+            final_response: Some(reply),
+            exit_reason: "completed".to_owned(),
+            api_calls: 1,
+            input_tokens: script.input_tokens,
+            output_tokens: script.output_tokens,
+            cost_usd: script.cost_usd,
+            error: None,
+            interrupted: false,
+        }
+    }
+
+    fn steer(&self, child: &ChildHandle, message: &str) -> bool {
+        if !self.script_for(message).accept_steer {
+            return false;
+        }
+        self.steers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push((child.subagent_id.clone(), message.to_owned()));
+        true
+    }
+}
+
+/// A [`CompletionSink`] that records events and ignores repeats of a `delegation_id`.
+#[derive(Debug, Default)]
+pub struct RecordingSink {
+    seen: Mutex<BTreeSet<String>>,
+    events: Mutex<Vec<Value>>,
+}
+
+impl RecordingSink {
+    /// The accepted events, in order.
+    pub fn events(&self) -> Vec<Value> {
+        self.events.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+}
+
+impl CompletionSink for RecordingSink {
+    fn deliver(&self, event: &Value) -> bool {
+        let id = event.get("delegation_id").and_then(Value::as_str).unwrap_or_default().to_owned();
+        let fresh = self.seen.lock().unwrap_or_else(PoisonError::into_inner).insert(id);
+        if fresh {
+            self.events.lock().unwrap_or_else(PoisonError::into_inner).push(event.clone());
+        }
+        true
+    }
+}

@@ -1,0 +1,97 @@
+//! The tool's contractual wire texts (spec §6.2–6.5).
+
+/// No parent context.
+pub const NO_PARENT: &str = "delegate_task requires a parent agent context.";
+/// `follow_up` not a string.
+pub const FOLLOW_UP_NOT_STRING: &str =
+    "follow_up must be a string (a subagent_id, child session_id or delegation_id).";
+/// Blank `follow_up`.
+pub const FOLLOW_UP_BLANK: &str = "follow_up must name a subagent; got an empty value.";
+/// Follow-up without a goal.
+pub const FOLLOW_UP_NO_GOAL: &str =
+    "follow_up requires 'goal' (the message to deliver to the child).";
+/// Spawning paused.
+pub const PAUSED: &str = "Delegation spawning is paused; clear the pause before retrying.";
+/// `tasks` not an array.
+pub const TASKS_NOT_ARRAY: &str = "tasks must be a JSON array of task objects.";
+/// Neither goal nor tasks.
+pub const NO_GOAL_OR_TASKS: &str = "Provide either 'goal' (single task) or 'tasks' (batch).";
+/// Unit could not be written.
+pub const PERSIST_FAILED: &str = "Failed to persist delegation; no child was started.";
+/// Background slots full.
+pub const CAPACITY_FULL: &str = "Background capacity is full; ran synchronously.";
+/// Parent cannot receive detached results.
+pub const NO_DETACHED: &str = "This parent cannot receive detached results; ran synchronously.";
+/// Retained record without a child session.
+pub const NO_CHILD_SESSION: &str =
+    "Retained record has no child session id; cannot resume the child's transcript.";
+/// Steer receipt.
+pub const STEER_RECEIPT: &str = "Message queued for the running subagent; it folds in at the child's next iteration boundary (the current tool call is never cut).";
+/// Resume note.
+pub const RESUME_NOTE: &str = "Follow-up ran as the retained child's next user turn on its own persisted session (budget-exempt: no spawn depth or concurrency consumed).";
+/// Background note.
+pub const BACKGROUND_NOTE: &str = "Children run in the background; their results are delivered to this session when they finish. Address a child later with follow_up=<subagent_id>.";
+
+/// Depth limit reached.
+pub fn depth_limit(depth: u32, max: u32) -> String {
+    format!(
+        "Delegation depth limit reached (depth={depth}, max_spawn_depth={max}). Raise delegation.max_spawn_depth to allow deeper nesting."
+    )
+}
+
+/// Task `i` not an object with a goal.
+pub fn task_not_object(i: usize) -> String {
+    format!("Task {i} must be an object with a 'goal'.")
+}
+
+/// Task `i` without a goal.
+pub fn task_missing_goal(i: usize) -> String {
+    format!("Task {i} is missing a 'goal'.")
+}
+
+/// Too many tasks.
+pub fn too_many_tasks(n: usize, max: usize) -> String {
+    format!("Too many tasks: {n} exceeds delegation.max_concurrent_children ({max}).")
+}
+
+/// The trimmed target, at most 128 characters.
+pub fn shown_id(id: &str) -> String {
+    retinue_store::truncate_chars(id.trim(), 128)
+}
+
+/// Missing and foreign targets: byte-identical.
+pub fn not_addressable(id: &str) -> String {
+    format!(
+        "follow_up target '{}' is not a running subagent or a retained completed child that this session lineage may message. Address a subagent_id, child session_id or delegation_id returned in this conversation or its compression continuations.",
+        shown_id(id)
+    )
+}
+
+/// An authorised caller addressing a tombstoned child.
+pub fn tombstoned(id: &str, at: f64, reason: &str, session: &str) -> String {
+    format!(
+        "follow_up target '{}' was tombstoned at {} (reason: {reason}) and can no longer receive follow-ups. Its transcript is kept (session {session}).",
+        shown_id(id),
+        retinue_store::iso8601(at)
+    )
+}
+
+/// Another follow-up holds the resume claim.
+pub fn busy(id: &str, claimed_at: f64, expires_at: f64) -> String {
+    format!(
+        "follow_up target '{}' is busy: another follow-up is already resuming this child (claimed {}, lease until {}). Retry when it finishes.",
+        shown_id(id),
+        retinue_store::iso8601(claimed_at),
+        retinue_store::iso8601(expires_at)
+    )
+}
+
+/// Transcript could not be read.
+pub fn transcript_error(sid: &str, error: &str) -> String {
+    format!("Could not load the retained child's transcript ({sid}): {error}")
+}
+
+/// Transcript is empty.
+pub fn transcript_empty(sid: &str) -> String {
+    format!("Retained child transcript ({sid}) is empty; nothing to resume.")
+}

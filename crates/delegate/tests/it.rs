@@ -1,0 +1,560 @@
+//! Integration tests of `delegate_task` against a real store and the scripted runtime.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use retinue_delegate::scripted::{RecordingSink, Script, ScriptedRuntime};
+use retinue_delegate::{ChildHandle, Delegator, DelegatorParts, LiveChild, ParentContext};
+use retinue_lineage::Authority;
+use retinue_store::{
+    ChildManifest, DelegationConfig, DeliveryFilter, ManualClock, Message, NewSession, Registry,
+    SessionGraph, SessionStore, Store, StoreOptions, TombstoneReason, UnitDraft,
+};
+use serde_json::{Value, json};
+
+const T0: f64 = 1_800_000_000.0;
+
+struct Fx {
+    dir: tempfile::TempDir,
+    clock: Arc<ManualClock>,
+    store: Arc<Store>,
+    runtime: Arc<ScriptedRuntime>,
+    sink: Arc<RecordingSink>,
+    tool: Delegator,
+}
+
+fn tool_over(
+    store: &Arc<Store>,
+    runtime: &Arc<ScriptedRuntime>,
+    sink: &Arc<RecordingSink>,
+    clock: &Arc<ManualClock>,
+    config: DelegationConfig,
+) -> Delegator {
+    Delegator::new(DelegatorParts {
+        registry: store.clone(),
+        sessions: store.clone(),
+        ledger: store.clone(),
+        authority: Arc::new(Authority::new(store.clone(), store.clone(), "")),
+        runtime: runtime.clone(),
+        completions: Some(sink.clone()),
+        clock: clock.clone(),
+        config,
+        profile: String::new(),
+    })
+}
+
+impl Fx {
+    fn new() -> Fx {
+        Fx::with(DelegationConfig::default(), ScriptedRuntime::new())
+    }
+
+    fn with(config: DelegationConfig, runtime: ScriptedRuntime) -> Fx {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let clock = Arc::new(ManualClock::new(T0));
+        let opts =
+            StoreOptions::default().with_clock(clock.clone()).with_delegation(config.clone());
+        let store = Arc::new(Store::open(dir.path().join("state.db"), opts).expect("open"));
+        let runtime = Arc::new(runtime);
+        let sink = Arc::new(RecordingSink::default());
+        let tool = tool_over(&store, &runtime, &sink, &clock, config);
+        Fx { dir, clock, store, runtime, sink, tool }
+    }
+
+    fn session(&self, id: &str, source: &str, parent: Option<&str>, config: Option<Value>) {
+        self.store
+            .create_session(&NewSession {
+                id: id.into(),
+                source: source.into(),
+                parent_session_id: parent.map(str::to_owned),
+                model_config: config,
+                ..NewSession::default()
+            })
+            .expect("session");
+    }
+
+    fn say(&self, sid: &str, role: &str, text: &str) {
+        self.store
+            .append_message(
+                sid,
+                &Message { role: role.into(), content: Some(text.into()), ..Message::default() },
+            )
+            .expect("append");
+    }
+
+    /// The seed's `_dispatch_and_retain` for parent `A`.
+    fn dispatch_and_retain(&self, parent: &str) -> String {
+        let id = self
+            .store
+            .insert_unit(&UnitDraft {
+                parent_session_id: Some(parent.into()),
+                children: vec![ChildManifest {
+                    subagent_id: "sa-0-abc12345".into(),
+                    session_id: "child-sess-1".into(),
+                    model: Some("test/model".into()),
+                    goal: Some("do the thing".into()),
+                    ..ChildManifest::default()
+                }],
+                ..UnitDraft::default()
+            })
+            .expect("unit");
+        assert!(
+            self.store
+                .retain_completed_delegation(&id, Some(&json!({"cost_usd": 0.5})))
+                .expect("retain")
+        );
+        id
+    }
+
+    /// A: root; child-sess-1: its delegate child with a two-turn transcript; retained unit.
+    fn resumable(&self) -> String {
+        self.session("A", "cli", None, None);
+        self.session("child-sess-1", "delegate", Some("A"), Some(json!({"_delegate_from": "A"})));
+        self.say("child-sess-1", "system", "you are a subagent");
+        self.say("child-sess-1", "user", "original goal");
+        self.say("child-sess-1", "assistant", "original answer");
+        self.dispatch_and_retain("A")
+    }
+
+    fn call(&self, args: Value, parent: &ParentContext) -> Value {
+        self.tool.delegate_task(&args, Some(parent))
+    }
+}
+
+fn parent(id: &str) -> ParentContext {
+    ParentContext { session_id: Some(id.into()), ..ParentContext::default() }
+}
+
+fn err(v: &Value) -> &str {
+    v.get("error").and_then(Value::as_str).unwrap_or_else(|| panic!("expected an error, got {v}"))
+}
+
+fn register_live(fx: &Fx, sa: &str, session: &str, owner: Option<&str>) {
+    fx.tool.register_live(LiveChild {
+        handle: ChildHandle { subagent_id: sa.into(), session_id: session.into() },
+        owner_session_id: owner.map(str::to_owned),
+        owner_profile: String::new(),
+        accepting_steer: true,
+    });
+}
+
+#[test]
+fn no_parent_context_is_an_error() {
+    let fx = Fx::new();
+    let out = fx.tool.delegate_task(&json!({"goal": "x"}), None);
+    assert_eq!(err(&out), "delegate_task requires a parent agent context.");
+}
+
+#[test]
+fn follow_up_steers_running_child() {
+    let fx = Fx::new();
+    fx.session("A", "cli", None, None);
+    register_live(&fx, "sa-live-1", "live-child-sess", Some("A"));
+    let out =
+        fx.call(json!({"goal": "please also check X", "follow_up": "sa-live-1"}), &parent("A"));
+    assert_eq!(out["status"], "queued");
+    assert_eq!(out["child_id"], "sa-live-1");
+    assert_eq!(fx.runtime.steers().len(), 1);
+    let out2 = fx.call(json!({"goal": "more", "follow_up": "live-child-sess"}), &parent("A"));
+    assert_eq!(out2["status"], "queued");
+    assert_eq!(out2["child_id"], "live-child-sess");
+    assert_eq!(
+        fx.runtime.steers(),
+        vec![
+            ("sa-live-1".to_owned(), "please also check X".to_owned()),
+            ("sa-live-1".to_owned(), "more".to_owned())
+        ]
+    );
+    insta::assert_json_snapshot!("steer_result", out);
+}
+
+#[test]
+fn follow_up_is_budget_exempt() {
+    let fx = Fx::new();
+    fx.session("A", "cli", None, None);
+    register_live(&fx, "sa-deep-1", "deep-sess", Some("A"));
+    let deep = ParentContext { depth: 99, ..parent("A") };
+    assert_eq!(
+        fx.call(json!({"goal": "msg", "follow_up": "sa-deep-1"}), &deep)["status"],
+        "queued"
+    );
+    fx.tool.set_spawn_paused(true);
+    assert_eq!(
+        fx.call(json!({"goal": "msg2", "follow_up": "sa-deep-1"}), &deep)["status"],
+        "queued"
+    );
+    assert_eq!(
+        err(&fx.call(json!({"goal": "spawn"}), &parent("A"))),
+        "Delegation spawning is paused; clear the pause before retrying."
+    );
+    fx.tool.set_spawn_paused(false);
+    assert_eq!(
+        err(&fx.call(json!({"goal": "spawn"}), &deep)),
+        "Delegation depth limit reached (depth=99, max_spawn_depth=1). Raise delegation.max_spawn_depth to allow deeper nesting."
+    );
+}
+
+#[test]
+fn follow_up_unknown_target_errors() {
+    let fx = Fx::new();
+    let out = fx.call(json!({"goal": "hi", "follow_up": "sa-ghost"}), &parent("A"));
+    assert!(err(&out).contains("not a running subagent"));
+    assert!(err(&out).contains("'sa-ghost'"));
+}
+
+#[test]
+fn follow_up_requires_goal() {
+    let fx = Fx::new();
+    assert_eq!(
+        err(&fx.call(json!({"follow_up": "sa-anything"}), &parent("A"))),
+        "follow_up requires 'goal' (the message to deliver to the child)."
+    );
+    assert_eq!(
+        err(&fx.call(json!({"follow_up": "sa", "context": "only"}), &parent("A"))),
+        "follow_up requires 'goal' (the message to deliver to the child)."
+    );
+    assert_eq!(
+        err(&fx.call(json!({"follow_up": "  ", "goal": "g"}), &parent("A"))),
+        "follow_up must name a subagent; got an empty value."
+    );
+    assert_eq!(
+        err(&fx.call(json!({"follow_up": 7, "goal": "g"}), &parent("A"))),
+        "follow_up must be a string (a subagent_id, child session_id or delegation_id)."
+    );
+}
+
+#[test]
+fn follow_up_tombstoned_child_errors() {
+    let fx = Fx::new();
+    fx.resumable();
+    assert!(
+        fx.store.tombstone_retained_child("sa-0-abc12345", &TombstoneReason::Manual).expect("t")
+    );
+    let out = fx.call(json!({"goal": "hi", "follow_up": "sa-0-abc12345"}), &parent("A"));
+    assert_eq!(
+        err(&out),
+        "follow_up target 'sa-0-abc12345' was tombstoned at 2027-01-15T08:00:00Z (reason: manual) and can no longer receive follow-ups. Its transcript is kept (session child-sess-1)."
+    );
+    // A foreigner learns nothing of the tombstone.
+    fx.session("stranger", "cli", None, None);
+    let foreign = fx.call(json!({"goal": "hi", "follow_up": "sa-0-abc12345"}), &parent("stranger"));
+    let missing =
+        fx.call(json!({"goal": "hi", "follow_up": "sa-0-abc12345"}), &parent("A-missing"));
+    assert_eq!(foreign, missing);
+    assert!(err(&foreign).contains("not a running subagent"));
+}
+
+#[test]
+fn ttl_expiry_is_told_to_the_owner() {
+    let fx = Fx::new();
+    fx.resumable();
+    fx.clock.advance(73.0 * 3600.0);
+    let out = fx.call(json!({"goal": "hi", "follow_up": "child-sess-1"}), &parent("A"));
+    assert!(err(&out).contains("(reason: ttl)"), "{out}");
+}
+
+#[test]
+fn follow_up_resumes_completed_child() {
+    let fx = Fx::with(
+        DelegationConfig::default(),
+        ScriptedRuntime::new().with_script(
+            "one more thing",
+            Script {
+                reply: Some("follow-up answer".into()),
+                input_tokens: 7,
+                output_tokens: 3,
+                cost_usd: 0.25,
+                ..Script::default()
+            },
+        ),
+    );
+    let id = fx.resumable();
+    fx.clock.advance(3600.0);
+    let out =
+        fx.call(json!({"goal": "one more thing", "follow_up": "sa-0-abc12345"}), &parent("A"));
+    assert_eq!(out["mode"], "follow_up", "{out}");
+    assert_eq!(out["results"][0]["summary"], "follow-up answer");
+    assert_eq!(out["delegation_id"], id.as_str());
+    let runs = fx.runtime.runs();
+    assert_eq!(runs.len(), 1);
+    assert_eq!(runs[0].spec.resume_session_id.as_deref(), Some("child-sess-1"));
+    assert_eq!(runs[0].spec.model.as_deref(), Some("test/model"));
+    assert_eq!(runs[0].spec.role, "leaf");
+    assert_eq!(
+        runs[0].input.history.iter().map(|m| m.role.as_str()).collect::<Vec<_>>(),
+        ["user", "assistant"]
+    );
+    assert_eq!(runs[0].input.system_prompt.as_deref(), Some("you are a subagent"));
+    assert!(runs[0].input.user_message.starts_with("one more thing"));
+    // The transcript grew on the same session; the session is ended again.
+    let conv = fx.store.conversation("child-sess-1").expect("conv");
+    assert_eq!(
+        conv.iter().map(|m| m.role.as_str()).collect::<Vec<_>>(),
+        ["system", "user", "assistant", "user", "assistant"]
+    );
+    assert_eq!(
+        fx.store.session("child-sess-1").expect("s").expect("row").end_reason.as_deref(),
+        Some("completed")
+    );
+    // retained_at refreshed, usage added, ledger billed to A, claim released.
+    let entry = fx.store.find_retained_child("sa-0-abc12345").expect("find").expect("entry");
+    assert_eq!(entry.retained_at, Some(T0 + 3600.0));
+    let usage = fx.store.unit_usage(&id).expect("usage").expect("some");
+    assert!((usage["cost_usd"].as_f64().expect("cost") - 0.75).abs() < 1e-9, "{usage}");
+    let totals = retinue_usage::load_child_usage_totals(&*fx.store, "A").expect("totals");
+    assert!((totals.cost_usd - 0.25).abs() < 1e-9);
+    assert!(matches!(
+        fx.store.claim_resume(&id, 0).expect("claim"),
+        retinue_store::ResumeClaim::Claimed { .. }
+    ));
+    insta::assert_json_snapshot!("resume_result", out, {".delegation_id" => "[id]", ".total_duration_seconds" => "[t]", ".results[].duration_seconds" => "[t]"});
+}
+
+#[test]
+fn follow_up_foreign_lineage_rejected() {
+    let fx = Fx::new();
+    fx.resumable();
+    fx.session("stranger", "cli", None, None);
+    let out = fx.call(json!({"goal": "hi", "follow_up": "sa-0-abc12345"}), &parent("stranger"));
+    assert!(err(&out).contains("lineage"));
+    assert!(err(&out).contains("not a running subagent"));
+    assert!(fx.runtime.runs().is_empty());
+    // Byte-identical to a missing id of the same spelling.
+    let missing_fx = Fx::new();
+    let missing =
+        missing_fx.call(json!({"goal": "hi", "follow_up": "sa-0-abc12345"}), &parent("stranger"));
+    assert_eq!(out, missing);
+    // The child itself is refused with "itself".
+    let own = fx.call(json!({"goal": "hi", "follow_up": "sa-0-abc12345"}), &parent("child-sess-1"));
+    assert!(err(&own).contains("itself"));
+}
+
+#[test]
+fn compression_continuation_may_resume_a_branch_may_not() {
+    let fx = Fx::new();
+    fx.resumable();
+    fx.store.end_session("A", "compression").expect("end");
+    fx.session("B", "cli", Some("A"), None);
+    fx.session("BR", "cli", Some("A"), Some(json!({"_branched_from": "A"})));
+    let denied = fx.call(json!({"goal": "hi", "follow_up": "child-sess-1"}), &parent("BR"));
+    assert!(err(&denied).contains("not a running subagent"));
+    let ok = fx.call(json!({"goal": "hi", "follow_up": "child-sess-1"}), &parent("B"));
+    assert_eq!(ok["mode"], "follow_up", "{ok}");
+}
+
+#[test]
+fn foreign_running_child_is_never_steered() {
+    let fx = Fx::new();
+    fx.session("A", "cli", None, None);
+    fx.session("stranger", "cli", None, None);
+    register_live(&fx, "sa-live-2", "live-2", Some("A"));
+    register_live(&fx, "sa-orphan", "live-3", None);
+    let out = fx.call(json!({"goal": "hijack", "follow_up": "sa-live-2"}), &parent("stranger"));
+    let missing =
+        fx.call(json!({"goal": "hijack", "follow_up": "sa-live-2x"}), &parent("stranger"));
+    assert!(err(&out).contains("not a running subagent"));
+    assert_eq!(err(&out).replace("sa-live-2'", "X'"), err(&missing).replace("sa-live-2x'", "X'"));
+    let orphan = fx.call(json!({"goal": "hi", "follow_up": "sa-orphan"}), &parent("A"));
+    assert!(err(&orphan).contains("not a running subagent"));
+    assert!(fx.runtime.steers().is_empty());
+}
+
+#[test]
+fn two_concurrent_follow_ups_exactly_one_runs() {
+    let fx = Fx::with(
+        DelegationConfig::default(),
+        ScriptedRuntime::new().with_script(
+            "slow",
+            Script {
+                reply: Some("slow done".into()),
+                delay: Duration::from_millis(400),
+                ..Script::default()
+            },
+        ),
+    );
+    fx.resumable();
+    let tool = fx.tool.clone();
+    let first = std::thread::spawn(move || {
+        tool.delegate_task(
+            &json!({"goal": "slow one", "follow_up": "sa-0-abc12345"}),
+            Some(&parent("A")),
+        )
+    });
+    std::thread::sleep(Duration::from_millis(150));
+    let second = fx.call(json!({"goal": "fast one", "follow_up": "sa-0-abc12345"}), &parent("A"));
+    let first = first.join().expect("join");
+    assert_eq!(first["mode"], "follow_up", "{first}");
+    assert!(
+        err(&second).contains("is busy: another follow-up is already resuming this child"),
+        "{second}"
+    );
+    assert_eq!(fx.runtime.runs().len(), 1);
+    // Free again afterwards.
+    let third = fx.call(json!({"goal": "fast one", "follow_up": "sa-0-abc12345"}), &parent("A"));
+    assert_eq!(third["mode"], "follow_up");
+}
+
+#[test]
+fn sync_delegation_is_retained_and_resumable() {
+    let fx = Fx::new();
+    fx.session("P", "cli", None, None);
+    let out = fx.call(json!({"goal": "write the report", "context": "Q3"}), &parent("P"));
+    let results = out["results"].as_array().expect("results");
+    assert_eq!(results.len(), 1);
+    assert_eq!(results[0]["status"], "completed", "{out}");
+    assert_eq!(results[0]["summary"], "Done: write the report");
+    let sa = results[0]["subagent_id"].as_str().expect("sa").to_owned();
+    let sid = results[0]["child_session_id"].as_str().expect("sid").to_owned();
+    assert!(sa.starts_with("sa-0-") && sa.len() == 13);
+    let listed = fx.store.list_retained_children().expect("list");
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].child_id(), sa);
+    // The child session is a delegate child of P with its opening turns.
+    let row = fx.store.session(&sid).expect("s").expect("row");
+    assert_eq!(row.source, "delegate");
+    assert_eq!(row.parent_session_id.as_deref(), Some("P"));
+    assert_eq!(
+        fx.store.conversation(&sid).expect("c").iter().map(|m| m.role.as_str()).collect::<Vec<_>>(),
+        ["system", "user", "assistant"]
+    );
+    // Billed once to P.
+    let recs = retinue_usage::load_child_usage_attributions(&*fx.store, "P").expect("recs");
+    assert_eq!(recs.len(), 1);
+    let again = fx.call(json!({"goal": "and the appendix", "follow_up": sa}), &parent("P"));
+    assert_eq!(again["mode"], "follow_up", "{again}");
+    assert_eq!(fx.store.conversation(&sid).expect("c").len(), 5);
+    insta::assert_json_snapshot!("sync_result", out, {
+        ".delegation_id" => "[id]", ".total_duration_seconds" => "[t]",
+        ".results[].duration_seconds" => "[t]", ".results[].subagent_id" => "[sa]",
+        ".results[].child_session_id" => "[sid]"
+    });
+}
+
+#[test]
+fn batch_with_one_failed_child_and_a_failed_unit() {
+    let fx = Fx::with(
+        DelegationConfig::default(),
+        ScriptedRuntime::new().with_script(
+            "explode",
+            Script { fail: Some("model refused".into()), ..Script::default() },
+        ),
+    );
+    fx.session("P", "cli", None, None);
+    let out = fx.call(
+        json!({"tasks": [{"goal": "fine"}, {"goal": "explode now"}, {"goal": "also fine"}]}),
+        &parent("P"),
+    );
+    let statuses: Vec<&str> = out["results"]
+        .as_array()
+        .expect("r")
+        .iter()
+        .map(|r| r["status"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(statuses, ["completed", "error", "completed"]);
+    assert_eq!(out["results"][1]["error"], "model refused");
+    assert_eq!(
+        fx.store.list_retained_children().expect("list").len(),
+        3,
+        "batches are retained whole"
+    );
+    let failed = fx.call(json!({"goal": "explode again"}), &parent("P"));
+    assert_eq!(failed["results"][0]["status"], "error");
+    assert_eq!(
+        fx.store.list_retained_children().expect("list").len(),
+        3,
+        "a failed unit is not retained"
+    );
+    let too_many = fx.call(
+        json!({"tasks": [{"goal": "a"}, {"goal": "b"}, {"goal": "c"}, {"goal": "d"}]}),
+        &parent("P"),
+    );
+    assert_eq!(err(&too_many), "Too many tasks: 4 exceeds delegation.max_concurrent_children (3).");
+}
+
+#[test]
+fn a_child_that_times_out() {
+    let config = DelegationConfig { child_timeout_seconds: 0.2, ..DelegationConfig::default() };
+    let fx = Fx::with(
+        config,
+        ScriptedRuntime::new().with_script(
+            "hang",
+            Script {
+                reply: Some("late".into()),
+                delay: Duration::from_secs(2),
+                ..Script::default()
+            },
+        ),
+    );
+    fx.session("P", "cli", None, None);
+    let out = fx.call(json!({"goal": "hang around"}), &parent("P"));
+    assert_eq!(out["results"][0]["status"], "timeout", "{out}");
+    assert_eq!(out["results"][0]["exit_reason"], "timeout");
+    assert!(fx.store.list_retained_children().expect("list").is_empty());
+}
+
+#[test]
+fn background_completion_is_delivered_exactly_once() {
+    let fx = Fx::new();
+    fx.session("P", "cli", None, None);
+    let bg = ParentContext { can_receive_detached: true, ..parent("P") };
+    let out = fx.call(json!({"goal": "in the background", "background": true}), &bg);
+    assert_eq!(out["status"], "dispatched", "{out}");
+    assert_eq!(out["mode"], "background");
+    assert_eq!(out["count"], 1);
+    assert_eq!(out["children"][0]["goal"], "in the background");
+    fx.tool.wait_background();
+    let events = fx.sink.events();
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0]["delegation_id"], out["delegation_id"]);
+    assert_eq!(events[0]["status"], "completed");
+    // A competing consumer finds nothing left to claim.
+    assert!(fx.store.claim_delivery(&DeliveryFilter::default()).expect("claim").is_none());
+    assert_eq!(fx.store.list_retained_children().expect("list").len(), 1);
+    // A parent that cannot receive detached results runs synchronously, with a note.
+    let sync = fx.call(json!({"goal": "no detach", "background": true}), &parent("P"));
+    assert_eq!(sync["results"][0]["status"], "completed");
+    assert_eq!(sync["note"], "This parent cannot receive detached results; ran synchronously.");
+    insta::assert_json_snapshot!("background_result", out, {".delegation_id" => "[id]", ".children[].subagent_id" => "[sa]", ".children[].session_id" => "[sid]"});
+}
+
+#[test]
+fn follow_up_after_restart_resumes_with_full_transcript() {
+    let fx = Fx::new();
+    fx.resumable();
+    let path = fx.dir.path().join("state.db");
+    let clock = fx.clock.clone();
+    drop(fx.tool);
+    drop(fx.store);
+    let opts = StoreOptions::default().with_clock(clock.clone());
+    let store = Arc::new(Store::open(&path, opts).expect("reopen"));
+    let report = store.recover_abandoned_delegations(&retinue_store::ProcProbe);
+    assert_eq!(report.addressable, 1);
+    let runtime = Arc::new(ScriptedRuntime::new());
+    let tool = tool_over(
+        &store,
+        &runtime,
+        &Arc::new(RecordingSink::default()),
+        &clock,
+        DelegationConfig::default(),
+    );
+    let out = tool.delegate_task(
+        &json!({"goal": "after restart", "follow_up": "child-sess-1"}),
+        Some(&parent("A")),
+    );
+    assert_eq!(out["mode"], "follow_up", "{out}");
+    assert_eq!(runtime.runs()[0].input.history.len(), 2);
+}
+
+#[test]
+fn delegate_schema_exposes_follow_up() {
+    let fx = Fx::new();
+    let schema = fx.tool.schema();
+    assert_eq!(schema["parameters"]["properties"]["follow_up"]["type"], "string");
+    assert_eq!(schema["parameters"]["required"], json!([]));
+    insta::assert_json_snapshot!("delegate_task_schema", schema);
+}
+
+#[test]
+fn config_defaults_include_retention_knobs() {
+    let c = DelegationConfig::default();
+    assert_eq!((c.max_retained, c.retained_ttl_hours), (10, 72.0));
+}

@@ -1,0 +1,130 @@
+//! Follow-up authority (spec §5.1) and its denials (spec §5.3).
+
+use std::collections::HashMap;
+
+use retinue_store::{RetainedChild, SessionGraph};
+
+use crate::root::{RootError, root};
+
+/// Why the lineage check denied (for logs only; never in tool output).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LineageCause {
+    /// The requester is none or blank.
+    NoRequester,
+    /// The spawner (`parent_session_id`) has no root.
+    OwnerRoot(RootError),
+    /// The requester has no root.
+    RequesterRoot(RootError),
+    /// Both have roots, and they differ.
+    DifferentRoots,
+}
+
+/// A refused follow-up. [`Denial::message`] (and `Display`) give the
+/// contractual texts of spec §5.3.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Denial {
+    /// The entry belongs to another profile.
+    #[error("follow_up rejected: retained subagent belongs to profile '{owner}', not '{current}'.")]
+    Profile {
+        /// The entry's `owner_profile`.
+        owner: String,
+        /// The current process profile.
+        current: String,
+    },
+    /// The requester is the child's own session.
+    #[error("follow_up rejected: a subagent cannot follow up on itself.")]
+    SelfFollowUp,
+    /// The requester is not of the spawner's session lineage.
+    #[error(
+        "follow_up rejected: only the session lineage that spawned this subagent may message it \
+         (compression-rotation continuations included; branches, siblings, and foreign sessions \
+         are not owners)."
+    )]
+    Lineage {
+        /// Why (logs only).
+        cause: LineageCause,
+    },
+}
+
+impl Denial {
+    /// The fixed text of spec §5.3 (the cause never appears in it).
+    pub fn message(&self) -> String {
+        self.to_string()
+    }
+}
+
+/// Roots computed during one call, so a listing walks each lineage once.
+/// Never kept across calls.
+#[derive(Default)]
+pub(crate) struct RootMemo {
+    roots: HashMap<String, Result<String, RootError>>,
+}
+
+impl RootMemo {
+    pub(crate) fn root(&mut self, graph: &dyn SessionGraph, id: &str) -> Result<String, RootError> {
+        self.roots.entry(id.trim().to_owned()).or_insert_with(|| root(graph, id)).clone()
+    }
+}
+
+/// The profile check (spec §5.1 step 1): denied iff both profiles are
+/// non-empty and differ.
+pub fn check_profile(entry: &RetainedChild, current_profile: &str) -> Result<(), Denial> {
+    let owner = entry.owner_profile.as_str();
+    if !owner.is_empty() && !current_profile.is_empty() && owner != current_profile {
+        return Err(Denial::Profile {
+            owner: owner.to_owned(),
+            current: current_profile.to_owned(),
+        });
+    }
+    Ok(())
+}
+
+/// Whether `requester` (trimmed, non-empty) is the entry's own non-empty
+/// child session (spec §5.1 step 2).
+pub fn is_self(entry: &RetainedChild, requester: Option<&str>) -> bool {
+    let requester = requester.map(str::trim).unwrap_or_default();
+    !requester.is_empty()
+        && !entry.child_session_id.is_empty()
+        && requester == entry.child_session_id
+}
+
+/// May `requester` address `entry`? Spec §5.1, first failure wins:
+/// profile, then self, then lineage (both roots exist and are equal).
+/// Roots are computed now, from `graph`; a storage error denies.
+pub fn check_follow_up_authority(
+    graph: &dyn SessionGraph,
+    entry: &RetainedChild,
+    requester: Option<&str>,
+    current_profile: &str,
+) -> Result<(), Denial> {
+    check_with(graph, entry, requester, current_profile, &mut RootMemo::default())
+}
+
+pub(crate) fn check_with(
+    graph: &dyn SessionGraph,
+    entry: &RetainedChild,
+    requester: Option<&str>,
+    current_profile: &str,
+    memo: &mut RootMemo,
+) -> Result<(), Denial> {
+    check_profile(entry, current_profile)?;
+    if is_self(entry, requester) {
+        return Err(Denial::SelfFollowUp);
+    }
+    let deny = |cause| Err(Denial::Lineage { cause });
+    let Some(requester) = requester.map(str::trim).filter(|r| !r.is_empty()) else {
+        return deny(LineageCause::NoRequester);
+    };
+    let owner_root = match memo.root(graph, &entry.parent_session_id) {
+        Ok(r) => r,
+        Err(e) => return deny(LineageCause::OwnerRoot(e)),
+    };
+    let requester_root = match memo.root(graph, requester) {
+        Ok(r) => r,
+        Err(e) => return deny(LineageCause::RequesterRoot(e)),
+    };
+    if owner_root != requester_root {
+        return deny(LineageCause::DifferentRoots);
+    }
+    Ok(())
+}

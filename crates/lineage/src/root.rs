@@ -1,0 +1,157 @@
+//! The lineage root (spec §5.2): the per-hop check and the walk back
+//! through proven compression continuations.
+
+use std::collections::HashSet;
+
+use retinue_store::{SessionGraph, SessionRow};
+use serde_json::Value;
+
+/// Most sessions a walk checks; a start 99 links below its root resolves,
+/// 100 links do not (as hermes).
+pub const MAX_WALK_SESSIONS: usize = 100;
+
+/// Why a session has no lineage root. Any error means "no root": the
+/// authority check fails closed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RootError {
+    /// The session id is empty or blank.
+    #[error("no session id")]
+    NoSession,
+    /// The walk came back to a session it had already visited.
+    #[error("the parent chain has a cycle")]
+    Cycle,
+    /// The start session (or a session reached by the walk) has no row.
+    #[error("session has no row")]
+    MissingSession,
+    /// `source` is `delegate`, `subagent` or `tool`.
+    #[error("session source is delegate, subagent or tool")]
+    ForbiddenSource,
+    /// `model_config` cannot be parsed or is not a JSON object.
+    #[error("model_config is unparsable or not a JSON object")]
+    BadModelConfig,
+    /// `model_config` has the key `_branched_from`.
+    #[error("session is a branch (_branched_from)")]
+    Branch,
+    /// `model_config` has the key `_delegate_from`.
+    #[error("session is a delegate child (_delegate_from)")]
+    DelegateChild,
+    /// The parent named by a session has no row.
+    #[error("parent session has no row")]
+    MissingParent,
+    /// The parent has not ended.
+    #[error("parent session has not ended")]
+    ParentNotEnded,
+    /// The parent ended for a reason other than exactly `compression`.
+    #[error("parent session did not end with compression")]
+    ParentNotCompression,
+    /// The parent's eligible children are not exactly this session.
+    #[error("parent session has no single compression continuation")]
+    AmbiguousContinuation,
+    /// 100 sessions were checked without reaching a root.
+    #[error("no root within {MAX_WALK_SESSIONS} sessions")]
+    HopLimit,
+    /// The session graph could not be read.
+    #[error("session graph unreadable: {0}")]
+    Storage(String),
+}
+
+impl From<retinue_store::Error> for RootError {
+    fn from(e: retinue_store::Error) -> Self {
+        RootError::Storage(e.to_string())
+    }
+}
+
+/// The per-hop check of spec §5.2 on raw column values.
+///
+/// Fails when `lowercase(trim(source))` is `delegate`, `subagent` or `tool`
+/// ([`RootError::ForbiddenSource`]); when `model_config` (NULL or blank =
+/// `{}`) cannot be parsed or is not an object ([`RootError::BadModelConfig`]);
+/// when it has the key `_branched_from` ([`RootError::Branch`]) or
+/// `_delegate_from` ([`RootError::DelegateChild`]) — key presence counts,
+/// even with a null value.
+pub fn check_hop(source: &str, model_config: Option<&str>) -> Result<(), RootError> {
+    let source = source.trim().to_lowercase();
+    if matches!(source.as_str(), "delegate" | "subagent" | "tool") {
+        return Err(RootError::ForbiddenSource);
+    }
+    let Some(text) = model_config.map(str::trim).filter(|t| !t.is_empty()) else {
+        return Ok(());
+    };
+    let Ok(Value::Object(map)) = serde_json::from_str::<Value>(text) else {
+        return Err(RootError::BadModelConfig);
+    };
+    if map.contains_key("_branched_from") {
+        return Err(RootError::Branch);
+    }
+    if map.contains_key("_delegate_from") {
+        return Err(RootError::DelegateChild);
+    }
+    Ok(())
+}
+
+/// [`check_hop`] on a session row.
+pub fn check_row(row: &SessionRow) -> Result<(), RootError> {
+    check_hop(&row.source, row.model_config.as_deref())
+}
+
+/// The lineage root of `session_id` (spec §5.2): walks parents back through
+/// proven compression continuations only, failing closed on every doubt.
+/// Computed from the graph on every call; never cached.
+pub fn root(graph: &dyn SessionGraph, session_id: &str) -> Result<String, RootError> {
+    let mut chain = lineage_chain(graph, session_id)?;
+    chain.pop().ok_or(RootError::NoSession)
+}
+
+/// The sessions the root walk visits: `session_id` (trimmed) first, its
+/// lineage root last. Same rules and errors as [`root`].
+pub fn lineage_chain(graph: &dyn SessionGraph, session_id: &str) -> Result<Vec<String>, RootError> {
+    let start = session_id.trim();
+    if start.is_empty() {
+        return Err(RootError::NoSession);
+    }
+    let mut current = start.to_owned();
+    let mut visited: HashSet<String> = HashSet::new();
+    let mut chain = Vec::new();
+    loop {
+        // Step 2: a session seen before closes a cycle.
+        if !visited.insert(current.clone()) {
+            return Err(RootError::Cycle);
+        }
+        // Step 3: the row exists and passes the per-hop check.
+        let row = graph.session(&current)?.ok_or(RootError::MissingSession)?;
+        check_row(&row)?;
+        chain.push(current);
+        // Step 4: no parent → this is the root.
+        let parent_id = match row.parent_session_id.as_deref() {
+            Some(p) if !p.trim().is_empty() => p.to_owned(),
+            _ => return Ok(chain),
+        };
+        // Step 5: the parent ended with exactly `compression`.
+        let parent = graph.session(&parent_id)?.ok_or(RootError::MissingParent)?;
+        if parent.ended_at.is_none() {
+            return Err(RootError::ParentNotEnded);
+        }
+        if parent.end_reason.as_deref() != Some("compression") {
+            return Err(RootError::ParentNotCompression);
+        }
+        // Step 6: the parent's eligible children are exactly {current}.
+        let mut eligible = graph
+            .child_sessions(&parent_id)?
+            .into_iter()
+            .filter(|c| check_row(c).is_ok())
+            .take(2)
+            .map(|c| c.id);
+        let only = match (eligible.next(), eligible.next()) {
+            (Some(only), None) => Some(only),
+            _ => None,
+        };
+        if only.as_deref() != Some(row.id.as_str()) {
+            return Err(RootError::AmbiguousContinuation);
+        }
+        // Step 7: the hop limit.
+        if chain.len() >= MAX_WALK_SESSIONS {
+            return Err(RootError::HopLimit);
+        }
+        current = parent_id;
+    }
+}
