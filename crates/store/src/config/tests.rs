@@ -1,3 +1,5 @@
+//! Unit tests of configuration loading.
+
 use super::*;
 
 fn load(text: &str) -> LoadedConfig {
