@@ -16,11 +16,14 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("retinue-delegate", &["retinue-store", "retinue-lineage", "retinue-usage"]),
     ("retinue-cli", &["retinue-store", "retinue-lineage", "retinue-usage", "retinue-delegate"]),
     ("retinue-bench", &["retinue-store", "retinue-lineage", "retinue-usage"]),
+    ("retinue-torture", &["retinue-store", "retinue-lineage", "retinue-usage", "retinue-delegate"]),
+    ("retinue-interop", &["retinue-store", "retinue-lineage", "retinue-usage"]),
     ("xtask", &[]),
 ];
 
 /// Crates allowed to depend on SQL libraries: only `store`, plus test support.
-const SQL_CRATES: &[&str] = &["retinue-store", "retinue-testkit", "retinue-bench"];
+const SQL_CRATES: &[&str] =
+    &["retinue-store", "retinue-testkit", "retinue-bench", "retinue-torture", "retinue-interop"];
 
 /// Runs every check; the error lists every violation.
 pub(crate) fn run(root: &Path) -> Result<(), String> {
