@@ -558,3 +558,105 @@ fn config_defaults_include_retention_knobs() {
     let c = DelegationConfig::default();
     assert_eq!((c.max_retained, c.retained_ttl_hours), (10, 72.0));
 }
+
+/// Failure injection at the trait seams, with mockall (`--features mocks`, as CI runs).
+#[cfg(feature = "mocks")]
+mod seams {
+    use std::sync::Arc;
+
+    use retinue_delegate::{Delegator, DelegatorParts, MockChildRuntime, ParentContext};
+    use retinue_lineage::{MockLineageAuthority, Resolution};
+    use retinue_store::{
+        DelegationConfig, Error, Lookup, ManualClock, MockRegistry, MockSessionStore,
+        MockUsageLedger,
+    };
+    use serde_json::json;
+
+    fn tool(registry: MockRegistry, authority: MockLineageAuthority, runtime: MockChildRuntime) -> Delegator {
+        Delegator::new(DelegatorParts {
+            registry: Arc::new(registry),
+            sessions: Arc::new(MockSessionStore::new()),
+            ledger: Arc::new(MockUsageLedger::new()),
+            authority: Arc::new(authority),
+            runtime: Arc::new(runtime),
+            completions: None,
+            clock: Arc::new(ManualClock::new(0.0)),
+            config: DelegationConfig::default(),
+            profile: String::new(),
+        })
+    }
+
+    fn parent() -> ParentContext {
+        ParentContext { session_id: Some("P".into()), ..ParentContext::default() }
+    }
+
+    #[test]
+    fn unit_write_failure_starts_no_child() {
+        let mut registry = MockRegistry::new();
+        registry.expect_insert_unit().times(1).returning(|_| Err(Error::Invalid("disk on fire".into())));
+        let mut runtime = MockChildRuntime::new();
+        runtime.expect_build().never();
+        runtime.expect_run().never();
+        let out = tool(registry, MockLineageAuthority::new(), runtime)
+            .delegate_task(&json!({"goal": "anything"}), Some(&parent()));
+        assert_eq!(out, json!({"error": "Failed to persist delegation; no child was started."}));
+    }
+
+    #[test]
+    fn validation_errors_touch_nothing() {
+        let mut registry = MockRegistry::new();
+        registry.expect_insert_unit().never();
+        let mut runtime = MockChildRuntime::new();
+        runtime.expect_build().never();
+        let t = tool(registry, MockLineageAuthority::new(), runtime);
+        for args in [json!({}), json!({"tasks": "x"}), json!({"tasks": [{"goal": " "}]}), json!("not an object")] {
+            let out = t.delegate_task(&args, Some(&parent()));
+            assert!(out.get("error").is_some(), "{out}");
+        }
+        insta::assert_json_snapshot!("error_result", t.delegate_task(&json!({}), Some(&parent())));
+    }
+
+    #[test]
+    fn denied_follow_up_never_claims_or_builds() {
+        let mut registry = MockRegistry::new();
+        registry.expect_claim_resume().never();
+        registry.expect_lookup().never().returning(|_| Ok(Lookup::Unknown));
+        let mut authority = MockLineageAuthority::new();
+        authority.expect_resolve_for().times(1).returning(|_, _| Resolution::NotAddressable);
+        let mut runtime = MockChildRuntime::new();
+        runtime.expect_build().never();
+        runtime.expect_steer().never();
+        let out = tool(registry, authority, runtime)
+            .delegate_task(&json!({"goal": "hi", "follow_up": "sa-x"}), Some(&parent()));
+        assert!(out["error"].as_str().unwrap_or_default().starts_with("follow_up target 'sa-x' is not a running subagent"));
+    }
+
+    #[test]
+    fn storage_error_on_claim_fails_closed() {
+        let mut registry = MockRegistry::new();
+        registry
+            .expect_claim_resume()
+            .times(1)
+            .returning(|_, _| Err(Error::Invalid("locked".into())));
+        let mut authority = MockLineageAuthority::new();
+        authority.expect_resolve_for().returning(|_, _| {
+            Resolution::Addressable(retinue_store::RetainedChild {
+                delegation_id: "deleg_1".into(),
+                parent_session_id: "P".into(),
+                owner_profile: String::new(),
+                state: "completed".into(),
+                retained_at: Some(1.0),
+                completed_at: Some(1.0),
+                child_index: 0,
+                subagent_id: "sa-0-x".into(),
+                child_session_id: "cs".into(),
+                manifest: retinue_store::ChildManifest::default(),
+            })
+        });
+        let mut runtime = MockChildRuntime::new();
+        runtime.expect_build().never();
+        let out = tool(registry, authority, runtime)
+            .delegate_task(&json!({"goal": "hi", "follow_up": "sa-0-x"}), Some(&parent()));
+        assert!(out["error"].as_str().unwrap_or_default().contains("not a running subagent"));
+    }
+}
