@@ -1,7 +1,7 @@
 //! The lineage root (spec §5.2): the per-hop check and the walk back
 //! through proven compression continuations.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use retinue_store::{SessionGraph, SessionRow};
 use serde_json::Value;
@@ -109,6 +109,53 @@ pub fn lineage_chain(graph: &dyn SessionGraph, session_id: &str) -> Result<Vec<S
     if start.is_empty() {
         return Err(RootError::NoSession);
     }
+    // One round trip when the graph can prefetch; the walk is the same.
+    match graph.neighbourhood(start, MAX_WALK_SESSIONS + 1)? {
+        Some(rows) => walk(&Snapshot::new(rows), start),
+        None => walk(graph, start),
+    }
+}
+
+/// An in-memory copy of the rows a walk may read (from
+/// [`SessionGraph::neighbourhood`]); rows it lacks read as missing, exactly
+/// as the store would answer for them.
+struct Snapshot {
+    rows: HashMap<String, SessionRow>,
+    children: HashMap<String, Vec<String>>,
+}
+
+impl Snapshot {
+    fn new(list: Vec<SessionRow>) -> Snapshot {
+        let mut rows = HashMap::with_capacity(list.len());
+        let mut children: HashMap<String, Vec<String>> = HashMap::new();
+        for row in list {
+            if rows.contains_key(&row.id) {
+                continue;
+            }
+            if let Some(parent) = &row.parent_session_id {
+                children.entry(parent.clone()).or_default().push(row.id.clone());
+            }
+            rows.insert(row.id.clone(), row);
+        }
+        Snapshot { rows, children }
+    }
+}
+
+impl SessionGraph for Snapshot {
+    fn session(&self, id: &str) -> retinue_store::Result<Option<SessionRow>> {
+        Ok(self.rows.get(id).cloned())
+    }
+
+    fn child_sessions(&self, parent: &str) -> retinue_store::Result<Vec<SessionRow>> {
+        Ok(self
+            .children
+            .get(parent)
+            .map(|ids| ids.iter().filter_map(|id| self.rows.get(id).cloned()).collect())
+            .unwrap_or_default())
+    }
+}
+
+fn walk(graph: &dyn SessionGraph, start: &str) -> Result<Vec<String>, RootError> {
     let mut current = start.to_owned();
     let mut visited: HashSet<String> = HashSet::new();
     let mut chain = Vec::new();

@@ -6,9 +6,9 @@ use std::sync::Arc;
 use proptest::prelude::*;
 use retinue_store::{Error, RetainedChild, SessionGraph, SessionRow};
 
-// The store's own `MockSessionGraph` (feature `mocks`) does not compile at the
-// moment (its `MockSessionStore`/`MockRegistry` fail), so the same mock is
-// declared here.
+// A local mock of the two row readers only: `neighbourhood` keeps its default
+// (no prefetch), so these tests exercise the row-by-row walk; the prefetching
+// path is covered against real SQLite in `tests/it.rs`.
 mockall::mock! {
     pub SessionGraph {}
     impl SessionGraph for SessionGraph {

@@ -135,6 +135,11 @@ impl Pool {
         })
     }
 
+    /// Runs a single-statement read `f` (atomic on its own: no explicit transaction).
+    pub(crate) fn query<T>(&self, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
+        self.with(|conn| f(conn))
+    }
+
     /// Runs `f` inside one deferred (read) transaction.
     pub(crate) fn read<T>(
         &self,

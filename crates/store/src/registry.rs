@@ -5,7 +5,7 @@
 //! and never write; every write is one `BEGIN IMMEDIATE` transaction that
 //! starts with the incremental backfill of hermes-retained units.
 
-use rusqlite::{OptionalExtension, Row, Transaction, params};
+use rusqlite::{Connection, OptionalExtension, Row, Transaction, params};
 use serde_json::Value;
 
 use crate::error::{Error, Result};
@@ -100,32 +100,37 @@ struct ChildRow {
 }
 
 fn read_child_row(r: &Row<'_>) -> rusqlite::Result<ChildRow> {
-    let manifest_json: Option<String> = r.get(4)?;
+    read_child_row_at(r, 0)
+}
+
+/// Reads the [`CHILD_COLS`] columns starting at column `o`.
+fn read_child_row_at(r: &Row<'_>, o: usize) -> rusqlite::Result<ChildRow> {
+    let manifest_json: Option<String> = r.get(o + 4)?;
     let manifest = manifest_json
         .as_deref()
         .and_then(|s| serde_json::from_str::<Value>(s).ok())
         .and_then(|v| ChildManifest::from_json(&v))
         .unwrap_or_default();
-    let index: i64 = r.get(1)?;
-    let retained: Option<i64> = r.get(12)?;
+    let index: i64 = r.get(o + 1)?;
+    let retained: Option<i64> = r.get(o + 12)?;
     Ok(ChildRow {
         entry: RetainedChild {
-            delegation_id: r.get(0)?,
+            delegation_id: r.get(o)?,
             child_index: u32::try_from(index).unwrap_or(u32::MAX),
-            subagent_id: r.get::<_, Option<String>>(2)?.unwrap_or_default(),
-            child_session_id: r.get::<_, Option<String>>(3)?.unwrap_or_default(),
-            retained_at: r.get(5)?,
-            parent_session_id: r.get::<_, Option<String>>(8)?.unwrap_or_default(),
-            owner_profile: r.get::<_, Option<String>>(9)?.unwrap_or_default(),
-            state: r.get::<_, Option<String>>(10)?.unwrap_or_default(),
-            completed_at: r.get(11)?,
+            subagent_id: r.get::<_, Option<String>>(o + 2)?.unwrap_or_default(),
+            child_session_id: r.get::<_, Option<String>>(o + 3)?.unwrap_or_default(),
+            retained_at: r.get(o + 5)?,
+            parent_session_id: r.get::<_, Option<String>>(o + 8)?.unwrap_or_default(),
+            owner_profile: r.get::<_, Option<String>>(o + 9)?.unwrap_or_default(),
+            state: r.get::<_, Option<String>>(o + 10)?.unwrap_or_default(),
+            completed_at: r.get(o + 11)?,
             manifest,
         },
-        child_tombstoned_at: r.get(6)?,
-        child_tombstone_reason: r.get(7)?,
+        child_tombstoned_at: r.get(o + 6)?,
+        child_tombstone_reason: r.get(o + 7)?,
         unit_retained: retained == Some(1),
-        unit_retained_at: r.get(13)?,
-        unit_tombstoned_at: r.get(14)?,
+        unit_retained_at: r.get(o + 13)?,
+        unit_tombstoned_at: r.get(o + 14)?,
     })
 }
 
@@ -197,76 +202,81 @@ pub(crate) fn backfill(tx: &Transaction<'_>, all: bool) -> Result<usize> {
     Ok(inserted)
 }
 
-/// Number of live units ranked strictly above a unit, capped at `max`.
-fn rank_of(tx: &Transaction<'_>, id: &str, retained_at: Option<f64>, lim: Limits) -> Result<u32> {
-    let mut stmt = tx.prepare_cached(
-        "SELECT count(*) FROM (SELECT 1 FROM async_delegations u \
-         WHERE u.retained = 1 AND u.tombstoned_at IS NULL \
-           AND (u.retained_at > ?1 OR (u.retained_at IS ?1 AND u.delegation_id > ?2) \
-                OR (?1 IS NULL AND u.retained_at IS NOT NULL)) \
-           AND EXISTS (SELECT 1 FROM retinue_children c WHERE c.delegation_id = u.delegation_id \
-                       AND c.tombstoned_at IS NULL \
-                       AND COALESCE(c.retained_at, u.retained_at) >= ?3) \
-         LIMIT ?4)",
-    )?;
-    let n: i64 =
-        stmt.query_row(params![retained_at, id, lim.cutoff(), lim.max_retained], |r| r.get(0))?;
-    Ok(u32::try_from(n).unwrap_or(u32::MAX))
+/// Every child row matching `id` as a subagent id (kind 0), a child session
+/// id (1) or a delegation id (2), with its unit's cap rank: one statement
+/// over three indexes (atomic, so no explicit transaction is needed).
+fn candidates(conn: &Connection, id: &str, lim: Limits) -> Result<Vec<(u8, ChildRow, u32)>> {
+    const SQL: &str = concat!(
+        "WITH cand(kind, did, idx) AS (",
+        "SELECT 0, delegation_id, child_index FROM retinue_children WHERE subagent_id = ?1 ",
+        "UNION ALL SELECT 1, delegation_id, child_index FROM retinue_children WHERE child_session_id = ?1 ",
+        "UNION ALL SELECT 2, delegation_id, child_index FROM retinue_children WHERE delegation_id = ?1) ",
+        "SELECT cand.kind, c.delegation_id, c.child_index, c.subagent_id, c.child_session_id, ",
+        "c.manifest_json, COALESCE(c.retained_at, CASE WHEN u.retained = 1 THEN u.retained_at END), ",
+        "c.tombstoned_at, c.tombstone_reason, u.parent_session_id, u.owner_profile, u.state, ",
+        "u.completed_at, u.retained, u.retained_at, u.tombstoned_at, ",
+        "(SELECT count(*) FROM (SELECT 1 FROM async_delegations r ",
+        "  WHERE r.retained = 1 AND r.tombstoned_at IS NULL ",
+        "  AND (r.retained_at > u.retained_at OR (r.retained_at IS u.retained_at ",
+        "       AND r.delegation_id > u.delegation_id) ",
+        "       OR (u.retained_at IS NULL AND r.retained_at IS NOT NULL)) ",
+        "  AND EXISTS (SELECT 1 FROM retinue_children rc WHERE rc.delegation_id = r.delegation_id ",
+        "       AND rc.tombstoned_at IS NULL AND COALESCE(rc.retained_at, r.retained_at) >= ?2) ",
+        "  LIMIT ?3)) ",
+        "FROM cand JOIN retinue_children c ON c.delegation_id = cand.did AND c.child_index = cand.idx ",
+        "JOIN async_delegations u ON u.delegation_id = c.delegation_id"
+    );
+    let mut stmt = conn.prepare_cached(SQL)?;
+    let rows = stmt.query_map(params![id, lim.cutoff(), lim.max_retained], |r| {
+        let kind: i64 = r.get(0)?;
+        let row = read_child_row_at(r, 1)?;
+        let rank: i64 = r.get(16)?;
+        Ok((u8::try_from(kind).unwrap_or(u8::MAX), row, u32::try_from(rank).unwrap_or(u32::MAX)))
+    })?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
 }
 
-/// Spec §3.1 status of one child row.
-fn status_of(tx: &Transaction<'_>, row: &ChildRow, lim: Limits) -> Result<Option<Unaddressable>> {
+/// Status without the cap rank: `Some(status)` when not live, `None` when
+/// live (the caller then checks the rank).
+fn live_status(row: &ChildRow, lim: Limits) -> Option<Unaddressable> {
     if let Some(at) = row.child_tombstoned_at {
         let reason = TombstoneReason::parse(row.child_tombstone_reason.as_deref());
-        return Ok(Some(Unaddressable::Tombstoned { at, reason }));
+        return Some(Unaddressable::Tombstoned { at, reason });
     }
     if let Some(at) = row.unit_tombstoned_at {
-        return Ok(Some(Unaddressable::Tombstoned { at, reason: TombstoneReason::External }));
+        return Some(Unaddressable::Tombstoned { at, reason: TombstoneReason::External });
     }
     let Some(retained_at) = row.entry.retained_at.filter(|_| row.unit_retained) else {
-        return Ok(Some(Unaddressable::NeverRetained));
+        return Some(Unaddressable::NeverRetained);
     };
     if retained_at < lim.cutoff() {
         let at = retained_at + lim.ttl_hours * 3600.0;
-        return Ok(Some(Unaddressable::Tombstoned { at, reason: TombstoneReason::Ttl }));
+        return Some(Unaddressable::Tombstoned { at, reason: TombstoneReason::Ttl });
     }
-    if rank_of(tx, &row.entry.delegation_id, row.unit_retained_at, lim)? >= lim.max_retained {
-        return Ok(Some(Unaddressable::Tombstoned { at: lim.now, reason: TombstoneReason::Cap }));
-    }
-    Ok(None)
+    None
 }
 
-fn candidates(tx: &Transaction<'_>, id: &str) -> Result<Vec<(u8, ChildRow)>> {
-    let mut out = Vec::new();
-    for (kind, column) in
-        [(0u8, "c.subagent_id"), (1, "c.child_session_id"), (2, "c.delegation_id")]
-    {
-        let sql = format!(
-            "SELECT {CHILD_COLS} FROM retinue_children c \
-             JOIN async_delegations u ON u.delegation_id = c.delegation_id WHERE {column} = ?1"
-        );
-        let mut stmt = tx.prepare_cached(&sql)?;
-        let rows = stmt.query_map([id], read_child_row)?;
-        for row in rows {
-            out.push((kind, row?));
-        }
-    }
-    Ok(out)
-}
-
-pub(crate) fn lookup_in(tx: &Transaction<'_>, id: &str, lim: Limits) -> Result<Lookup> {
+pub(crate) fn lookup_in(conn: &Connection, id: &str, lim: Limits) -> Result<Lookup> {
     let id = id.trim();
     if id.is_empty() {
         return Ok(Lookup::Unknown);
     }
-    let mut scored = Vec::new();
-    for (kind, row) in candidates(tx, id)? {
-        let status = status_of(tx, &row, lim)?;
-        scored.push((status, kind, row));
-    }
+    let mut scored: Vec<(Option<Unaddressable>, u8, ChildRow)> = candidates(conn, id, lim)?
+        .into_iter()
+        .map(|(kind, row, rank)| {
+            let status = live_status(&row, lim).or_else(|| {
+                (rank >= lim.max_retained).then_some(Unaddressable::Tombstoned {
+                    at: lim.now,
+                    reason: TombstoneReason::Cap,
+                })
+            });
+            (status, kind, row)
+        })
+        .collect();
     scored.sort_by(|a, b| {
-        let addr = a.0.is_some().cmp(&b.0.is_some());
-        addr.then(a.1.cmp(&b.1))
+        a.0.is_some()
+            .cmp(&b.0.is_some())
+            .then(a.1.cmp(&b.1))
             .then(
                 b.2.unit_retained_at
                     .unwrap_or(f64::NEG_INFINITY)
@@ -282,7 +292,7 @@ pub(crate) fn lookup_in(tx: &Transaction<'_>, id: &str, lim: Limits) -> Result<L
     })
 }
 
-pub(crate) fn list_in(tx: &Transaction<'_>, lim: Limits) -> Result<Vec<RetainedChild>> {
+pub(crate) fn list_in(tx: &Connection, lim: Limits) -> Result<Vec<RetainedChild>> {
     let sql = format!(
         "WITH top AS (SELECT u.delegation_id AS id, u.retained_at AS rat FROM async_delegations u \
            WHERE u.retained = 1 AND u.tombstoned_at IS NULL AND EXISTS (SELECT 1 FROM \
@@ -301,9 +311,25 @@ pub(crate) fn list_in(tx: &Transaction<'_>, lim: Limits) -> Result<Vec<RetainedC
 }
 
 /// TTL then cap pruning inside the caller's transaction (spec §3.5).
+/// Whether a prune at `lim` has anything to write (one read statement).
+fn prune_due(conn: &Connection, lim: Limits) -> Result<bool> {
+    const SQL: &str = concat!(
+        "SELECT EXISTS (SELECT 1 FROM async_delegations u WHERE u.retained = 1 ",
+        "  AND u.tombstoned_at IS NULL AND (",
+        "    NOT EXISTS (SELECT 1 FROM retinue_children c WHERE c.delegation_id = u.delegation_id ",
+        "                AND c.tombstoned_at IS NULL) ",
+        "    OR EXISTS (SELECT 1 FROM retinue_children c WHERE c.delegation_id = u.delegation_id ",
+        "               AND c.tombstoned_at IS NULL AND (c.retained_at IS NULL OR c.retained_at < ?1)))) ",
+        "OR (SELECT count(*) FROM (SELECT 1 FROM async_delegations WHERE retained = 1 ",
+        "    AND tombstoned_at IS NULL LIMIT ?2 + 1)) > ?2"
+    );
+    Ok(conn
+        .prepare_cached(SQL)?
+        .query_row(params![lim.cutoff(), lim.max_retained], |r| r.get(0))?)
+}
+
 pub(crate) fn prune_in(tx: &Transaction<'_>, lim: Limits) -> Result<PruneCount> {
     let t = lim.now;
-    backfill(tx, false)?;
     let mut count = PruneCount::default();
     count.children += tx
         .prepare_cached(
@@ -321,29 +347,21 @@ pub(crate) fn prune_in(tx: &Transaction<'_>, lim: Limits) -> Result<PruneCount> 
                AND c.tombstoned_at IS NULL)",
         )?
         .execute([t])?;
-    let over_cap: Vec<String> = {
-        let mut stmt = tx.prepare_cached(
-            "SELECT delegation_id FROM async_delegations WHERE retained = 1 \
-             AND tombstoned_at IS NULL ORDER BY retained_at DESC, delegation_id DESC \
-             LIMIT -1 OFFSET ?1",
-        )?;
-        let rows = stmt.query_map([lim.max_retained], |r| r.get(0))?;
-        rows.collect::<rusqlite::Result<_>>()?
-    };
-    if !over_cap.is_empty() {
-        let mut children = tx.prepare_cached(
+    // Cap: live units ranked at or beyond `max_retained`, set-based.
+    const OVER_CAP: &str = "SELECT delegation_id FROM async_delegations WHERE retained = 1 \
+         AND tombstoned_at IS NULL ORDER BY retained_at DESC, delegation_id DESC LIMIT -1 OFFSET ?2";
+    count.children += tx
+        .prepare_cached(&format!(
             "UPDATE retinue_children SET tombstoned_at = ?1, tombstone_reason = 'cap' \
-             WHERE delegation_id = ?2 AND tombstoned_at IS NULL",
-        )?;
-        let mut unit = tx.prepare_cached(
+             WHERE tombstoned_at IS NULL AND delegation_id IN ({OVER_CAP})"
+        ))?
+        .execute(params![t, lim.max_retained])?;
+    count.units += tx
+        .prepare_cached(&format!(
             "UPDATE async_delegations SET tombstoned_at = ?1, updated_at = ?1 \
-             WHERE delegation_id = ?2 AND tombstoned_at IS NULL",
-        )?;
-        for id in &over_cap {
-            count.children += children.execute(params![t, id])?;
-            count.units += unit.execute(params![t, id])?;
-        }
-    }
+             WHERE delegation_id IN ({OVER_CAP})"
+        ))?
+        .execute(params![t, lim.max_retained])?;
     Ok(count)
 }
 
@@ -502,10 +520,7 @@ impl Registry for Store {
     #[allow(clippy::needless_lifetimes)]
     fn retain_completed_delegation<'a>(&self, id: &str, usage: Option<&'a Value>) -> Result<bool> {
         let lim = self.limits();
-        self.pool.write(|tx| {
-            backfill(tx, false)?;
-            retain_in(tx, id, usage, lim)
-        })
+        self.pool.write(|tx| retain_in(tx, id, usage, lim))
     }
 
     fn persist_completion(&self, c: &Completion) -> Result<bool> {
@@ -544,7 +559,7 @@ impl Registry for Store {
 
     fn list_retained_children(&self) -> Result<Vec<RetainedChild>> {
         let lim = self.limits();
-        self.pool.read(|tx| list_in(tx, lim))
+        self.pool.query(|conn| list_in(conn, lim))
     }
 
     fn find_retained_child(&self, id: &str) -> Result<Option<RetainedChild>> {
@@ -556,7 +571,7 @@ impl Registry for Store {
 
     fn lookup(&self, id: &str) -> Result<Lookup> {
         let lim = self.limits();
-        self.pool.read(|tx| lookup_in(tx, id, lim))
+        self.pool.query(|conn| lookup_in(conn, id, lim))
     }
 
     fn tombstone_retained_child(&self, id: &str, reason: &TombstoneReason) -> Result<bool> {
@@ -568,34 +583,31 @@ impl Registry for Store {
         let t = lim.now;
         self.pool.write(|tx| {
             backfill(tx, false)?;
-            let live = "c.tombstoned_at IS NULL AND c.retained_at >= ?2 AND u.retained = 1 \
-                        AND u.tombstoned_at IS NULL"; // backfill above filled NULL retained_at
-            let mut targets: Vec<(String, i64)> = Vec::new();
-            for column in ["c.subagent_id", "c.child_session_id", "c.delegation_id"] {
+            // Ordered by preference: subagent, then session, then delegation id.
+            let mut units: Vec<String> = Vec::new();
+            let mut changed = 0;
+            for column in ["subagent_id", "child_session_id", "delegation_id"] {
                 let sql = format!(
-                    "SELECT c.delegation_id, c.child_index FROM retinue_children c \
-                     JOIN async_delegations u ON u.delegation_id = c.delegation_id \
-                     WHERE {column} = ?1 AND {live}"
+                    "UPDATE retinue_children SET tombstoned_at = ?1, tombstone_reason = ?2 \
+                     WHERE {column} = ?3 AND tombstoned_at IS NULL AND retained_at >= ?4 \
+                     AND EXISTS (SELECT 1 FROM async_delegations u \
+                       WHERE u.delegation_id = retinue_children.delegation_id \
+                       AND u.retained = 1 AND u.tombstoned_at IS NULL) \
+                     RETURNING delegation_id"
                 );
                 let mut stmt = tx.prepare_cached(&sql)?;
-                let rows =
-                    stmt.query_map(params![id, lim.cutoff()], |r| Ok((r.get(0)?, r.get(1)?)))?;
-                targets = rows.collect::<rusqlite::Result<_>>()?;
-                if !targets.is_empty() {
-                    break;
+                let rows = stmt.query_map(params![t, reason.as_str(), id, lim.cutoff()], |r| {
+                    r.get::<_, String>(0)
+                })?;
+                for unit in rows {
+                    let unit = unit?;
+                    changed += 1;
+                    if !units.contains(&unit) {
+                        units.push(unit);
+                    }
                 }
-            }
-            let mut changed = 0;
-            let mut units: Vec<String> = Vec::new();
-            for (unit, index) in &targets {
-                changed += tx
-                    .prepare_cached(
-                        "UPDATE retinue_children SET tombstoned_at = ?1, tombstone_reason = ?2 \
-                         WHERE delegation_id = ?3 AND child_index = ?4 AND tombstoned_at IS NULL",
-                    )?
-                    .execute(params![t, reason.as_str(), unit, index])?;
-                if !units.contains(unit) {
-                    units.push(unit.clone());
+                if changed > 0 {
+                    break;
                 }
             }
             for unit in &units {
@@ -637,12 +649,20 @@ impl Registry for Store {
             }
             lim.ttl_hours = h.max(0.0);
         }
-        self.pool.write(|tx| prune_in(tx, lim))
+        // Nothing due (the common case): no write transaction at all.
+        if !self.pool.query(|conn| prune_due(conn, lim))? {
+            return Ok(PruneCount::default());
+        }
+        self.pool.write(|tx| {
+            backfill(tx, false)?;
+            prune_in(tx, lim)
+        })
     }
 
     fn rehydrate_retained_children(&self) -> Result<usize> {
         let lim = self.limits();
         let n = self.pool.write(|tx| {
+            backfill(tx, false)?;
             prune_in(tx, lim)?;
             Ok(list_in(tx, lim)?.len())
         })?;

@@ -1,7 +1,7 @@
 //! Sessions and transcripts (hermes's `sessions` and `messages` tables), and
 //! the session-graph seam the lineage rules read.
 
-use rusqlite::{OptionalExtension, Row, Transaction, params};
+use rusqlite::{Connection, OptionalExtension, Row, Transaction, params};
 use serde_json::Value;
 
 use crate::Store;
@@ -18,6 +18,15 @@ pub trait SessionGraph: Send + Sync {
     fn session(&self, id: &str) -> Result<Option<SessionRow>>;
     /// The sessions whose parent is `parent`, oldest first.
     fn child_sessions(&self, parent: &str) -> Result<Vec<SessionRow>>;
+
+    /// Everything a root walk from `id` may read, in one round trip: the
+    /// session, its ancestors (at most `max_hops`, cycle-safe) and every
+    /// child of those ancestors, children oldest first. `None` when the
+    /// implementation cannot prefetch (callers then read row by row).
+    fn neighbourhood(&self, id: &str, max_hops: usize) -> Result<Option<Vec<SessionRow>>> {
+        let _ = (id, max_hops);
+        Ok(None)
+    }
 }
 
 /// Sessions and transcripts: child sessions go only through this seam, so
@@ -45,6 +54,7 @@ mockall::mock! {
     impl SessionGraph for SessionStore {
         fn session(&self, id: &str) -> Result<Option<SessionRow>>;
         fn child_sessions(&self, parent: &str) -> Result<Vec<SessionRow>>;
+        fn neighbourhood(&self, id: &str, max_hops: usize) -> Result<Option<Vec<SessionRow>>>;
     }
     impl SessionStore for SessionStore {
         fn create_session(&self, session: &NewSession) -> Result<()>;
@@ -121,7 +131,7 @@ fn read_session(r: &Row<'_>) -> rusqlite::Result<SessionRow> {
 }
 
 pub(crate) fn session_in(
-    tx: &Transaction<'_>,
+    tx: &Connection,
     has_system_prompt: bool,
     id: &str,
 ) -> Result<Option<SessionRow>> {
@@ -130,7 +140,7 @@ pub(crate) fn session_in(
 }
 
 pub(crate) fn children_in(
-    tx: &Transaction<'_>,
+    tx: &Connection,
     has_system_prompt: bool,
     parent: &str,
 ) -> Result<Vec<SessionRow>> {
@@ -141,6 +151,20 @@ pub(crate) fn children_in(
     let mut stmt = tx.prepare_cached(&sql)?;
     let rows = stmt.query_map([parent], read_session)?;
     Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+/// What a message adds to `sessions.tool_call_count`, counted as hermes
+/// counts it: the length of a `tool_calls` array, 1 for any other value, 0
+/// for none (hermes's insights and prune filters read this column).
+fn tool_call_delta(tool_calls: Option<&str>) -> i64 {
+    match tool_calls.map(str::trim).filter(|t| !t.is_empty()) {
+        None => 0,
+        Some(text) => match serde_json::from_str::<Value>(text) {
+            Ok(Value::Array(calls)) => i64::try_from(calls.len()).unwrap_or(i64::MAX),
+            Ok(Value::Null) => 0,
+            _ => 1,
+        },
+    }
 }
 
 /// Whether a `model_config` text carries a lineage marker key (or is unreadable).
@@ -159,12 +183,33 @@ fn has_marker(model_config: Option<&str>) -> bool {
 impl SessionGraph for Store {
     fn session(&self, id: &str) -> Result<Option<SessionRow>> {
         let sp = self.has_system_prompt;
-        self.pool.read(|tx| session_in(tx, sp, id))
+        self.pool.query(|conn| session_in(conn, sp, id))
     }
 
     fn child_sessions(&self, parent: &str) -> Result<Vec<SessionRow>> {
         let sp = self.has_system_prompt;
-        self.pool.read(|tx| children_in(tx, sp, parent))
+        self.pool.query(|conn| children_in(conn, sp, parent))
+    }
+
+    fn neighbourhood(&self, id: &str, max_hops: usize) -> Result<Option<Vec<SessionRow>>> {
+        let cols = session_cols(self.has_system_prompt);
+        let sql = format!(
+            "WITH RECURSIVE up(id, n) AS ( \
+               SELECT ?1, 0 \
+               UNION SELECT s.parent_session_id, up.n + 1 FROM sessions s JOIN up ON s.id = up.id \
+                 WHERE s.parent_session_id IS NOT NULL AND up.n < ?2) \
+             SELECT {cols} FROM sessions WHERE id IN (SELECT id FROM up) \
+             UNION ALL \
+             SELECT {cols} FROM (SELECT * FROM sessions \
+               WHERE parent_session_id IN (SELECT id FROM up WHERE n > 0) \
+               AND id NOT IN (SELECT id FROM up) ORDER BY started_at, id)"
+        );
+        let hops = i64::try_from(max_hops).unwrap_or(i64::MAX);
+        self.pool.query(|conn| {
+            let mut stmt = conn.prepare_cached(&sql)?;
+            let rows = stmt.query_map(params![id, hops], read_session)?;
+            Ok(Some(rows.collect::<rusqlite::Result<_>>()?))
+        })
     }
 }
 
@@ -200,9 +245,10 @@ impl SessionStore for Store {
             ])?;
             let id = tx.last_insert_rowid();
             tx.prepare_cached(
-                "UPDATE sessions SET message_count = COALESCE(message_count, 0) + 1 WHERE id = ?1",
+                "UPDATE sessions SET message_count = COALESCE(message_count, 0) + 1, \
+                 tool_call_count = COALESCE(tool_call_count, 0) + ?2 WHERE id = ?1",
             )?
-            .execute([session_id])?;
+            .execute(params![session_id, tool_call_delta(m.tool_calls.as_deref())])?;
             Ok(id)
         })
     }
@@ -232,8 +278,8 @@ impl SessionStore for Store {
     }
 
     fn conversation(&self, id: &str) -> Result<Vec<Message>> {
-        self.pool.read(|tx| {
-            let mut stmt = tx.prepare_cached(
+        self.pool.query(|conn| {
+            let mut stmt = conn.prepare_cached(
                 "SELECT id, role, content, timestamp, tool_call_id, tool_calls, tool_name, \
                  token_count, finish_reason FROM messages \
                  WHERE session_id = ?1 AND COALESCE(active, 1) = 1 ORDER BY id",

@@ -349,3 +349,27 @@ mod invariant {
         }
     }
 }
+
+#[test]
+fn reads_and_a_no_op_prune_never_write() {
+    let fx = Fx::new();
+    fx.seed_unit();
+    let raw = fx.raw();
+    let version = |c: &rusqlite::Connection| -> i64 {
+        c.query_row("PRAGMA data_version", [], |r| r.get(0)).expect("data_version")
+    };
+    let before = version(&raw);
+    for _ in 0..3 {
+        fx.store.list_retained_children().expect("list");
+        fx.store.find_retained_child("sa-0-abc12345").expect("find");
+        fx.store.lookup("nope").expect("lookup");
+        assert_eq!(
+            fx.store.prune_retained_children(None, None).expect("prune"),
+            PruneCount::default()
+        );
+    }
+    assert_eq!(version(&raw), before, "another connection committed nothing");
+    fx.clock.advance(73.0 * 3600.0);
+    assert_eq!(fx.store.prune_retained_children(None, None).expect("prune").units, 1);
+    assert_ne!(version(&raw), before, "a due prune writes");
+}

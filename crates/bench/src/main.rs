@@ -1,0 +1,394 @@
+//! `retinue-bench`: measures every registry operation against the limit —
+//! the minimal hand-written prepared SQL returning the same answer on the
+//! same file — at N ∈ {100, 1,000, 10,000, 100,000} retained units.
+//!
+//! `cargo xtask bench [--quick] [--json FILE]`. Prints a table; no
+//! assertion on time anywhere.
+
+mod fixture;
+mod limits;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use retinue_lineage::{Authority, LineageAuthority};
+use retinue_store::{
+    ChildManifest, DelegationConfig, LoadedConfig, ManualClock, NewSession, Registry, Store,
+    StoreOptions, Synchronous, TombstoneReason, UnitDraft,
+};
+use retinue_usage::AttributionDraft;
+use serde_json::{Value, json};
+
+use crate::fixture::{T0, child_session, subagent_id, unit_id};
+
+/// One measured operation.
+#[derive(Debug, Clone)]
+pub(crate) struct Figure {
+    n: usize,
+    op: String,
+    median_us: f64,
+    p90_us: f64,
+    limit_median_us: Option<f64>,
+}
+
+/// Times `f` `iters` times; returns (median, p90) in µs.
+pub(crate) fn time<F: FnMut(usize)>(iters: usize, mut f: F) -> (f64, f64) {
+    let mut samples: Vec<f64> = (0..iters)
+        .map(|i| {
+            let start = Instant::now();
+            f(i);
+            start.elapsed().as_secs_f64() * 1e6
+        })
+        .collect();
+    samples.sort_by(f64::total_cmp);
+    let pick = |q: f64| {
+        samples.get(((samples.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(0.0)
+    };
+    (pick(0.5), pick(0.9))
+}
+
+/// Like [`time`], with an untimed `setup(i)` before each timed call.
+pub(crate) fn time_with_setup<S: FnMut(usize), F: FnMut(usize)>(
+    iters: usize,
+    mut setup: S,
+    mut f: F,
+) -> (f64, f64) {
+    let mut samples: Vec<f64> = (0..iters)
+        .map(|i| {
+            setup(i);
+            let start = Instant::now();
+            f(i);
+            start.elapsed().as_secs_f64() * 1e6
+        })
+        .collect();
+    samples.sort_by(f64::total_cmp);
+    let pick = |q: f64| {
+        samples.get(((samples.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(0.0)
+    };
+    (pick(0.5), pick(0.9))
+}
+
+struct Bench {
+    figures: Vec<Figure>,
+    quick: bool,
+}
+
+impl Bench {
+    fn push(&mut self, n: usize, op: &str, ours: (f64, f64), limit: Option<(f64, f64)>) {
+        let f = Figure {
+            n,
+            op: op.to_owned(),
+            median_us: ours.0,
+            p90_us: ours.1,
+            limit_median_us: limit.map(|l| l.0),
+        };
+        let ratio = f
+            .limit_median_us
+            .filter(|l| *l > 0.0)
+            .map_or(String::from("-"), |l| format!("{:.2}", f.median_us / l));
+        let limit = f.limit_median_us.map_or(String::from("-"), |l| format!("{l:.1}"));
+        println!(
+            "{:>7} {:<44} {:>11.1} {:>11.1} {:>11} {:>7}",
+            n, op, f.median_us, f.p90_us, limit, ratio
+        );
+        self.figures.push(f);
+    }
+
+    fn reads(&self) -> usize {
+        if self.quick { 200 } else { 2_000 }
+    }
+
+    fn writes(&self) -> usize {
+        if self.quick { 20 } else { 200 }
+    }
+}
+
+fn options(clock: &Arc<ManualClock>, sync: Synchronous) -> StoreOptions {
+    let mut config = LoadedConfig::default();
+    config.database.synchronous = sync;
+    config.delegation = DelegationConfig::default();
+    StoreOptions { config, ..StoreOptions::default().with_clock(clock.clone()) }
+}
+
+fn draft(tag: &str, parent: &str) -> UnitDraft {
+    let children: Vec<ChildManifest> = (0..2)
+        .map(|k| ChildManifest {
+            subagent_id: format!("sa-{k}-{tag}"),
+            session_id: format!("cs-{tag}-{k}"),
+            model: Some("bench/model".into()),
+            goal: Some("a benchmark goal".into()),
+            ..ChildManifest::default()
+        })
+        .collect();
+    UnitDraft {
+        origin_session: parent.into(),
+        parent_session_id: Some(parent.into()),
+        task: json!({"goal": "a benchmark goal", "is_batch": true}),
+        child_sessions: children
+            .iter()
+            .map(|c| NewSession {
+                id: c.session_id.clone(),
+                source: "delegate".into(),
+                parent_session_id: Some(parent.into()),
+                model_config: Some(json!({"_delegate_from": parent})),
+                ..NewSession::default()
+            })
+            .collect(),
+        children,
+        ..UnitDraft::default()
+    }
+}
+
+fn rss_peak_kib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    status.lines().find(|l| l.starts_with("VmHWM:"))?.split_whitespace().nth(1)?.parse().ok()
+}
+
+fn reset_rss_peak() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
+fn build(
+    dir: &Path,
+    name: &str,
+    n: usize,
+    all_live: bool,
+) -> Result<PathBuf, Box<dyn std::error::Error>> {
+    let path = dir.join(name);
+    let clock = Arc::new(ManualClock::new(T0));
+    drop(Store::open(&path, options(&clock, Synchronous::Normal))?);
+    fixture::populate(&path, n, 10, all_live)?;
+    Ok(path)
+}
+
+fn run_size(b: &mut Bench, n: usize) -> Result<(), Box<dyn std::error::Error>> {
+    reset_rss_peak();
+    let dir = tempfile::tempdir()?;
+    let started = Instant::now();
+    let path = build(dir.path(), "state.db", n, false)?;
+    eprintln!("built N={n} in {:.1}s", started.elapsed().as_secs_f64());
+    let clock = Arc::new(ManualClock::new(T0 + n as f64 + 10.0));
+    let store = Arc::new(Store::open(&path, options(&clock, Synchronous::Full))?);
+    let lim = limits::Limits::open(&path)?;
+    let (reads, writes) = (b.reads(), b.writes());
+    let newest = n - 1;
+    let cutoff = clock_now(&clock) - 72.0 * 3600.0;
+
+    // Opening an existing DB.
+    let open = time(if b.quick { 10 } else { 50 }, |_| {
+        drop(Store::open(&path, options(&clock, Synchronous::Full)));
+    });
+    b.push(n, "open existing db", open, Some(time(50, |_| lim.open_limit(&path))));
+
+    // Finds.
+    for (op, id) in [
+        ("find by subagent id", subagent_id(newest, 0)),
+        ("find by child session id", child_session(newest, 0)),
+        ("find by delegation id", unit_id(newest)),
+        ("find miss", "sa-9-ffffffff".to_owned()),
+    ] {
+        let ours = time(reads, |_| {
+            let _ = store.find_retained_child(&id);
+        });
+        let column = match op {
+            "find by subagent id" | "find miss" => "subagent_id",
+            "find by child session id" => "child_session_id",
+            _ => "delegation_id",
+        };
+        let limit = time(reads, |_| lim.find(column, &id, cutoff));
+        b.push(n, op, ours, Some(limit));
+    }
+    let list = time(reads, |_| {
+        let _ = store.list_retained_children();
+    });
+    b.push(n, "operator list", list, Some(time(reads, |_| lim.list(cutoff))));
+    let authority = Authority::new(store.clone(), store.clone(), "");
+    let owner = fixture::parent_of(newest);
+    let scoped = time(reads, |_| {
+        let _ = authority.list_for(Some(&owner));
+    });
+    b.push(n, "owner-scoped list", scoped, Some(time(reads, |_| lim.list(cutoff))));
+
+    // Authority at lineage depths (the spawner is L0; requesters walk up).
+    let entry =
+        store.find_retained_child(&subagent_id(newest, 0))?.ok_or("fixture child missing")?;
+    for depth in [1usize, 10, 99, 100] {
+        let mut e = entry.clone();
+        e.parent_session_id = "L0".into();
+        let requester = format!("L{depth}");
+        let ours = time(reads, |_| {
+            let _ = authority.check_follow_up_authority(&e, Some(&requester));
+        });
+        let limit = time(reads, |_| lim.chain(&requester));
+        b.push(n, &format!("authority, depth {depth}"), ours, Some(limit));
+    }
+    let foreign = time(reads, |_| {
+        let _ = authority.check_follow_up_authority(&entry, Some("stranger"));
+    });
+    b.push(
+        n,
+        "authority, foreign requester",
+        foreign,
+        Some(time(reads, |_| lim.chain("stranger"))),
+    );
+
+    // Ledger.
+    for size in fixture::LEDGERS {
+        let parent = format!("ledger-{size}");
+        let ours = time(reads, |_| {
+            let _ = retinue_usage::load_child_usage_totals(&*store, &parent);
+        });
+        b.push(
+            n,
+            &format!("usage totals, {size} rows"),
+            ours,
+            Some(time(reads, |_| lim.totals(&parent))),
+        );
+    }
+
+    // Prune, nothing due.
+    let noop = time(reads.min(500), |_| {
+        let _ = store.prune_retained_children(None, None);
+    });
+    b.push(n, "prune, nothing to do", noop, Some(time(reads.min(500), |_| lim.prune_noop(cutoff))));
+
+    // Writes, at both durability settings.
+    for sync in [Synchronous::Full, Synchronous::Normal] {
+        let label = if sync == Synchronous::Full { "full" } else { "normal" };
+        let s = Store::open(&path, options(&clock, sync))?;
+        let l = limits::Limits::open_with(&path, label)?;
+        let ours = time(writes, |i| {
+            let tag = format!("{label}{i:06}");
+            if let Ok(id) = s.insert_unit(&draft(&tag, "p-1")) {
+                let _ = s.retain_completed_delegation(&id, None);
+            }
+        });
+        let limit = time(writes, |i| l.write_unit(&format!("L{label}{i:06}"), clock_now(&clock)));
+        b.push(n, &format!("write path (dispatch+manifest+retain), {label}"), ours, Some(limit));
+        let record = time(writes, |i| {
+            let d = AttributionDraft {
+                parent_session_id: format!("rec-{label}"),
+                parent_turn_id: String::new(),
+                child_session_id: format!("c{i}"),
+                usage: json!({"cost_usd": 0.01, "tokens": {"input": 1, "output": 1}}),
+                aggregate: None,
+                key: Some(format!("{label}:{i}")),
+            };
+            let _ = retinue_usage::record_child_usage_attribution(&s, &d);
+        });
+        b.push(
+            n,
+            &format!("record attribution, {label}"),
+            record,
+            Some(time(writes, |i| l.record(label, i))),
+        );
+        // Tombstone one child of a fresh live unit (setup untimed).
+        let tomb = time_with_setup(
+            writes,
+            |i| {
+                if let Ok(id) = s.insert_unit(&draft(&format!("t{label}{i:06}"), "p-2")) {
+                    let _ = s.retain_completed_delegation(&id, None);
+                }
+            },
+            |i| {
+                let _ = s.tombstone_retained_child(
+                    &format!("sa-0-t{label}{i:06}"),
+                    &TombstoneReason::Manual,
+                );
+            },
+        );
+        let limit = time_with_setup(
+            writes,
+            |i| l.write_unit(&format!("T{label}{i:06}"), clock_now(&clock)),
+            |i| l.tombstone(&format!("sa-0-T{label}{i:06}"), clock_now(&clock)),
+        );
+        b.push(n, &format!("tombstone one child, {label}"), tomb, Some(limit));
+    }
+
+    // Prune with one TTL-expired unit, and with one over-cap unit.
+    let ttl = time(writes.min(50), |_| {
+        let id = store
+            .insert_unit(&draft(&format!("ttl{}", clock_now(&clock)), "p-3"))
+            .unwrap_or_default();
+        let _ = store.retain_completed_delegation(&id, None);
+        clock.advance(73.0 * 3600.0);
+        let _ = store.prune_retained_children(None, None);
+    });
+    b.push(n, "prune, one TTL-expired unit (incl. its retain)", ttl, None);
+    let cap = time(writes.min(50), |i| {
+        let id = store
+            .insert_unit(&draft(&format!("cap{i}{}", clock_now(&clock)), "p-4"))
+            .unwrap_or_default();
+        let _ = store.retain_completed_delegation(&id, None);
+    });
+    b.push(n, "retain + prune one over-cap unit", cap, None);
+
+    // Collapse N → 10 in one call.
+    let live = build(dir.path(), "live.db", n, true)?;
+    let ls = Store::open(&live, options(&clock, Synchronous::Full))?;
+    let start = Instant::now();
+    let count = ls.prune_retained_children(Some(10), Some(1e9))?;
+    let us = start.elapsed().as_secs_f64() * 1e6;
+    b.push(n, &format!("prune N→10 ({} units)", count.units), (us, us), None);
+    println!(
+        "{n:>7} {:<44} peak RSS {} KiB, DB {} KiB",
+        "memory and size",
+        rss_peak_kib().unwrap_or(0),
+        std::fs::metadata(&path).map(|m| m.len() / 1024).unwrap_or(0)
+    );
+    b.figures.push(Figure {
+        n,
+        op: "peak RSS KiB".into(),
+        median_us: rss_peak_kib().unwrap_or(0) as f64,
+        p90_us: 0.0,
+        limit_median_us: None,
+    });
+    b.figures.push(Figure {
+        n,
+        op: "db size KiB".into(),
+        median_us: std::fs::metadata(&path).map(|m| m.len() / 1024).unwrap_or(0) as f64,
+        p90_us: 0.0,
+        limit_median_us: None,
+    });
+    Ok(())
+}
+
+fn clock_now(clock: &ManualClock) -> f64 {
+    use retinue_store::Clock;
+    clock.now()
+}
+
+fn main() -> std::process::ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    let json_out = args.iter().position(|a| a == "--json").and_then(|i| args.get(i + 1)).cloned();
+    let sizes: Vec<usize> =
+        if quick { vec![100, 1_000] } else { vec![100, 1_000, 10_000, 100_000] };
+    let mut b = Bench { figures: Vec::new(), quick };
+    println!(
+        "{:>7} {:<44} {:>11} {:>11} {:>11} {:>7}",
+        "N", "operation", "median µs", "p90 µs", "limit µs", "ratio"
+    );
+    for n in sizes {
+        if let Err(e) = run_size(&mut b, n) {
+            eprintln!("benchmark at N={n} failed: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    }
+    if let Some(file) = json_out {
+        let figures: Vec<Value> = b
+            .figures
+            .iter()
+            .map(|f| json!({"n": f.n, "op": f.op, "median_us": f.median_us, "p90_us": f.p90_us, "limit_median_us": f.limit_median_us}))
+            .collect();
+        let doc = json!({"quick": quick, "figures": figures});
+        if let Err(e) =
+            std::fs::write(&file, serde_json::to_string_pretty(&doc).unwrap_or_default())
+        {
+            eprintln!("cannot write {file}: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    }
+    std::process::ExitCode::SUCCESS
+}
