@@ -165,6 +165,8 @@ fn set_connection_pragmas(
     read_only: bool,
 ) -> Result<()> {
     conn.busy_timeout(busy)?;
+    // Every statement of the store fits: no re-prepare on the hot paths.
+    conn.set_prepared_statement_cache_capacity(256);
     conn.pragma_update(None, "foreign_keys", true)?;
     if !read_only {
         let level = match sync {
@@ -376,7 +378,10 @@ pub(crate) fn open_pool(path: &Path, opts: &StoreOptions) -> Result<Pool> {
     }
     {
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-        crate::registry::backfill(&tx, true)?;
+        // Live units only: O(live units), not O(history). A unit another writer
+        // both retained and tombstoned before Retinue ever wrote stays unadopted
+        // (it reads as unknown); adopted units report such tombstones as `external`.
+        crate::registry::backfill(&tx, None)?;
         tx.commit()?;
     }
     pool.idle.lock().unwrap_or_else(PoisonError::into_inner).push(conn);

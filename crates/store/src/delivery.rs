@@ -27,7 +27,7 @@ pub(crate) fn claim(store: &Store, filter: &DeliveryFilter) -> Result<Option<Del
                 )?
                 .query_row(
                     params![LEASE_SECS, now, filter.origin_session, filter.parent_session_id],
-                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+                    |r| Ok((r.get(0)?, r.get(1)?, crate::model::json_column(r, 2)?)),
                 )
                 .optional()?;
             let Some((id, attempts, event)) = row else { return Ok(None) };

@@ -272,8 +272,8 @@ impl UsageLedger for Store {
                  WHERE parent_session_id = ?1 ORDER BY id",
             )?;
             let rows = stmt.query_map([parent], |r| {
-                let usage: Option<String> = r.get(4)?;
-                let aggregate: Option<String> = r.get(5)?;
+                let usage = crate::model::json_column(r, 4)?;
+                let aggregate = crate::model::json_column(r, 5)?;
                 Ok(UsageAttribution {
                     id: r.get(0)?,
                     parent_session_id: r.get(1)?,
@@ -303,7 +303,7 @@ impl UsageLedger for Store {
                 .query_map(params![parent, covered_id], |r| {
                     Ok(PendingUsage {
                         id: r.get(0)?,
-                        usage_json: r.get::<_, Option<String>>(1)?.unwrap_or_default(),
+                        usage_json: crate::model::json_column(r, 1)?.unwrap_or_default(),
                     })
                 })?
                 .collect::<rusqlite::Result<Vec<_>>>()?;

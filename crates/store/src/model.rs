@@ -47,7 +47,49 @@ fn opt_str(obj: &Map<String, Value>, key: &str) -> Option<String> {
     }
 }
 
+/// The well-typed shape of a manifest object (the fast path of [`ChildManifest::parse`]).
+#[derive(serde::Deserialize)]
+struct TypedManifest {
+    #[serde(default)]
+    subagent_id: Option<String>,
+    #[serde(default)]
+    session_id: Option<String>,
+    #[serde(default)]
+    model: Option<String>,
+    #[serde(default)]
+    provider: Option<String>,
+    #[serde(default)]
+    base_url: Option<String>,
+    #[serde(default)]
+    api_mode: Option<String>,
+    #[serde(default)]
+    toolsets: Option<Vec<String>>,
+    #[serde(default)]
+    role: Option<String>,
+    #[serde(default)]
+    goal: Option<String>,
+}
+
 impl ChildManifest {
+    /// Reads one stored manifest object; malformed text or a non-object → `None`.
+    /// Well-typed objects take a direct path; anything else the lenient one.
+    pub fn parse(text: &str) -> Option<ChildManifest> {
+        if let Ok(t) = serde_json::from_str::<TypedManifest>(text) {
+            return Some(ChildManifest {
+                subagent_id: t.subagent_id.unwrap_or_default(),
+                session_id: t.session_id.unwrap_or_default(),
+                model: t.model,
+                provider: t.provider,
+                base_url: t.base_url,
+                api_mode: t.api_mode,
+                toolsets: t.toolsets,
+                role: t.role,
+                goal: t.goal.map(|g| truncate_chars(&g, GOAL_MAX_CHARS)),
+            });
+        }
+        serde_json::from_str::<Value>(text).ok().and_then(|v| ChildManifest::from_json(&v))
+    }
+
     /// Reads one manifest object; `None` when `v` is not an object.
     pub fn from_json(v: &Value) -> Option<ChildManifest> {
         let obj = v.as_object()?;
@@ -129,6 +171,20 @@ pub fn children_json(children: &[ChildManifest]) -> String {
 /// Parses optional JSON text; malformed = absent.
 pub fn parse_json_opt(text: Option<&str>) -> Option<Value> {
     text.and_then(|s| serde_json::from_str(s).ok())
+}
+
+/// Reads a JSON text column the way spec §2.7 reads JSON: corruption-tolerant.
+/// NULL, and text or a BLOB that is not UTF-8, read as absent (malformed);
+/// numbers read as their text. Never an error for the value itself, so one
+/// bad row cannot fail a whole read, open or write.
+pub(crate) fn json_column(r: &rusqlite::Row<'_>, idx: usize) -> rusqlite::Result<Option<String>> {
+    use rusqlite::types::ValueRef;
+    Ok(match r.get_ref(idx)? {
+        ValueRef::Null => None,
+        ValueRef::Integer(i) => Some(i.to_string()),
+        ValueRef::Real(f) => Some(f.to_string()),
+        ValueRef::Text(b) | ValueRef::Blob(b) => std::str::from_utf8(b).ok().map(str::to_owned),
+    })
 }
 
 /// Why a child was de-registered from follow-ups.
@@ -438,4 +494,30 @@ pub struct SessionCost {
     pub cost_status: Option<String>,
     /// `cost_source`.
     pub cost_source: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn typed_and_lenient_manifest_parses_agree() {
+        let typed = r#"{"subagent_id":"sa-0-a","session_id":"s","model":"m","toolsets":["web"],"goal":"g"}"#;
+        let m = ChildManifest::parse(typed).expect("typed");
+        assert_eq!(m.toolsets, Some(vec!["web".to_owned()]));
+        assert_eq!(
+            Some(m.clone()),
+            serde_json::from_str::<Value>(typed).ok().and_then(|v| ChildManifest::from_json(&v))
+        );
+        // A number where a string belongs falls back to the lenient reader.
+        let odd = ChildManifest::parse(r#"{"subagent_id": 7, "model": null}"#).expect("lenient");
+        assert_eq!(odd.subagent_id, "7");
+        assert_eq!(ChildManifest::parse("[1]"), None);
+        assert_eq!(ChildManifest::parse("{bad"), None);
+        let long = format!(r#"{{"goal":"{}"}}"#, "é".repeat(300));
+        assert_eq!(
+            ChildManifest::parse(&long).and_then(|m| m.goal).map(|g| g.chars().count()),
+            Some(200)
+        );
+    }
 }

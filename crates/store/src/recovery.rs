@@ -89,7 +89,8 @@ fn classify(store: &Store, probe: &dyn OwnerProbe) -> Result<usize> {
                     );
                 }
                 ev.insert("parent_session_id".into(), json!(r.get::<_, Option<String>>(6)?));
-                let task = crate::model::parse_json_opt(r.get::<_, Option<String>>(7)?.as_deref());
+                let task =
+                    crate::model::parse_json_opt(crate::model::json_column(r, 7)?.as_deref());
                 if let Some(Value::Object(task)) = task {
                     for (k, v) in task {
                         ev.entry(k).or_insert(v);

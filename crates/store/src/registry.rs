@@ -105,12 +105,8 @@ fn read_child_row(r: &Row<'_>) -> rusqlite::Result<ChildRow> {
 
 /// Reads the [`CHILD_COLS`] columns starting at column `o`.
 fn read_child_row_at(r: &Row<'_>, o: usize) -> rusqlite::Result<ChildRow> {
-    let manifest_json: Option<String> = r.get(o + 4)?;
-    let manifest = manifest_json
-        .as_deref()
-        .and_then(|s| serde_json::from_str::<Value>(s).ok())
-        .and_then(|v| ChildManifest::from_json(&v))
-        .unwrap_or_default();
+    let manifest_json = crate::model::json_column(r, o + 4)?;
+    let manifest = manifest_json.as_deref().and_then(ChildManifest::parse).unwrap_or_default();
     let index: i64 = r.get(o + 1)?;
     let retained: Option<i64> = r.get(o + 12)?;
     Ok(ChildRow {
@@ -149,22 +145,26 @@ impl Limits {
 }
 
 /// Backfills child rows of `retained=1` units that have none (spec §2.6 step 4).
-/// `all` also covers tombstoned units (done at open); writes cover live ones.
-pub(crate) fn backfill(tx: &Transaction<'_>, all: bool) -> Result<usize> {
-    let sql = if all {
-        "SELECT delegation_id, children_json, child_session_id, retained_at, tombstoned_at \
-         FROM async_delegations u WHERE retained = 1 AND NOT EXISTS \
-         (SELECT 1 FROM retinue_children c WHERE c.delegation_id = u.delegation_id)"
-    } else {
-        "SELECT delegation_id, children_json, child_session_id, retained_at, tombstoned_at \
+/// Writes cover untombstoned units; `tombstoned_since` (used at open) also
+/// covers units another writer tombstoned at or after that time, so their
+/// tombstone can be reported. Both are index range scans.
+pub(crate) fn backfill(tx: &Transaction<'_>, tombstoned_since: Option<f64>) -> Result<usize> {
+    const SQL: &str = "SELECT delegation_id, children_json, child_session_id, retained_at, tombstoned_at \
          FROM async_delegations u WHERE retained = 1 AND tombstoned_at IS NULL AND NOT EXISTS \
-         (SELECT 1 FROM retinue_children c WHERE c.delegation_id = u.delegation_id)"
-    };
+         (SELECT 1 FROM retinue_children c WHERE c.delegation_id = u.delegation_id) \
+         UNION ALL \
+         SELECT delegation_id, children_json, child_session_id, retained_at, tombstoned_at \
+         FROM async_delegations u WHERE retained = 1 AND tombstoned_at >= ?1 AND NOT EXISTS \
+         (SELECT 1 FROM retinue_children c WHERE c.delegation_id = u.delegation_id)";
     type UnitRow = (String, Option<String>, Option<String>, Option<f64>, Option<f64>);
     let units: Vec<UnitRow> = {
-        let mut stmt = tx.prepare_cached(sql)?;
-        let rows =
-            stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)))?;
+        let mut stmt = tx.prepare_cached(SQL)?;
+        let rows = stmt.query_map([tombstoned_since], |r| {
+            // hermes-written values: unreadable text reads as absent (§2.7).
+            let cj = crate::model::json_column(r, 1)?;
+            let csid = crate::model::json_column(r, 2)?;
+            Ok((r.get(0)?, cj, csid, r.get(3)?, r.get(4)?))
+        })?;
         rows.collect::<rusqlite::Result<_>>()?
     };
     tx.prepare_cached(
@@ -203,37 +203,40 @@ pub(crate) fn backfill(tx: &Transaction<'_>, all: bool) -> Result<usize> {
 }
 
 /// Every child row matching `id` as a subagent id (kind 0), a child session
-/// id (1) or a delegation id (2), with its unit's cap rank: one statement
-/// over three indexes (atomic, so no explicit transaction is needed).
-fn candidates(conn: &Connection, id: &str, lim: Limits) -> Result<Vec<(u8, ChildRow, u32)>> {
+/// id (1) or a delegation id (2): one statement, a multi-index OR.
+fn candidates(conn: &Connection, id: &str) -> Result<Vec<(u8, ChildRow)>> {
     const SQL: &str = concat!(
-        "WITH cand(kind, did, idx) AS (",
-        "SELECT 0, delegation_id, child_index FROM retinue_children WHERE subagent_id = ?1 ",
-        "UNION ALL SELECT 1, delegation_id, child_index FROM retinue_children WHERE child_session_id = ?1 ",
-        "UNION ALL SELECT 2, delegation_id, child_index FROM retinue_children WHERE delegation_id = ?1) ",
-        "SELECT cand.kind, c.delegation_id, c.child_index, c.subagent_id, c.child_session_id, ",
-        "c.manifest_json, COALESCE(c.retained_at, CASE WHEN u.retained = 1 THEN u.retained_at END), ",
-        "c.tombstoned_at, c.tombstone_reason, u.parent_session_id, u.owner_profile, u.state, ",
-        "u.completed_at, u.retained, u.retained_at, u.tombstoned_at, ",
-        "(SELECT count(*) FROM (SELECT 1 FROM async_delegations r ",
-        "  WHERE r.retained = 1 AND r.tombstoned_at IS NULL ",
-        "  AND (r.retained_at > u.retained_at OR (r.retained_at IS u.retained_at ",
-        "       AND r.delegation_id > u.delegation_id) ",
-        "       OR (u.retained_at IS NULL AND r.retained_at IS NOT NULL)) ",
-        "  AND EXISTS (SELECT 1 FROM retinue_children rc WHERE rc.delegation_id = r.delegation_id ",
-        "       AND rc.tombstoned_at IS NULL AND COALESCE(rc.retained_at, r.retained_at) >= ?2) ",
-        "  LIMIT ?3)) ",
-        "FROM cand JOIN retinue_children c ON c.delegation_id = cand.did AND c.child_index = cand.idx ",
-        "JOIN async_delegations u ON u.delegation_id = c.delegation_id"
+        "SELECT CASE WHEN c.subagent_id = ?1 THEN 0 WHEN c.child_session_id = ?1 THEN 1 ELSE 2 END, ",
+        "c.delegation_id, c.child_index, c.subagent_id, c.child_session_id, c.manifest_json, ",
+        "COALESCE(c.retained_at, CASE WHEN u.retained = 1 THEN u.retained_at END), c.tombstoned_at, ",
+        "c.tombstone_reason, u.parent_session_id, u.owner_profile, u.state, u.completed_at, u.retained, ",
+        "u.retained_at, u.tombstoned_at FROM retinue_children c ",
+        "JOIN async_delegations u ON u.delegation_id = c.delegation_id ",
+        "WHERE c.subagent_id = ?1 OR c.child_session_id = ?1 OR c.delegation_id = ?1"
     );
     let mut stmt = conn.prepare_cached(SQL)?;
-    let rows = stmt.query_map(params![id, lim.cutoff(), lim.max_retained], |r| {
+    let rows = stmt.query_map([id], |r| {
         let kind: i64 = r.get(0)?;
-        let row = read_child_row_at(r, 1)?;
-        let rank: i64 = r.get(16)?;
-        Ok((u8::try_from(kind).unwrap_or(u8::MAX), row, u32::try_from(rank).unwrap_or(u32::MAX)))
+        Ok((u8::try_from(kind).unwrap_or(u8::MAX), read_child_row_at(r, 1)?))
     })?;
     Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+/// Number of live units ranked strictly above a unit, capped at `max`.
+fn rank_of(conn: &Connection, id: &str, retained_at: Option<f64>, lim: Limits) -> Result<u32> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT count(*) FROM (SELECT 1 FROM async_delegations u \
+         WHERE u.retained = 1 AND u.tombstoned_at IS NULL \
+           AND (u.retained_at > ?1 OR (u.retained_at IS ?1 AND u.delegation_id > ?2) \
+                OR (?1 IS NULL AND u.retained_at IS NOT NULL)) \
+           AND EXISTS (SELECT 1 FROM retinue_children c WHERE c.delegation_id = u.delegation_id \
+                       AND c.tombstoned_at IS NULL \
+                       AND COALESCE(c.retained_at, u.retained_at) >= ?3) \
+         LIMIT ?4)",
+    )?;
+    let n: i64 =
+        stmt.query_row(params![retained_at, id, lim.cutoff(), lim.max_retained], |r| r.get(0))?;
+    Ok(u32::try_from(n).unwrap_or(u32::MAX))
 }
 
 /// Status without the cap rank: `Some(status)` when not live, `None` when
@@ -261,19 +264,12 @@ pub(crate) fn lookup_in(conn: &Connection, id: &str, lim: Limits) -> Result<Look
     if id.is_empty() {
         return Ok(Lookup::Unknown);
     }
-    let mut scored: Vec<(Option<Unaddressable>, u8, ChildRow)> = candidates(conn, id, lim)?
+    let mut scored: Vec<(Option<Unaddressable>, u8, ChildRow)> = candidates(conn, id)?
         .into_iter()
-        .map(|(kind, row, rank)| {
-            let status = live_status(&row, lim).or_else(|| {
-                (rank >= lim.max_retained).then_some(Unaddressable::Tombstoned {
-                    at: lim.now,
-                    reason: TombstoneReason::Cap,
-                })
-            });
-            (status, kind, row)
-        })
+        .map(|(kind, row)| (live_status(&row, lim), kind, row))
         .collect();
-    scored.sort_by(|a, b| {
+    let order = |a: &(Option<Unaddressable>, u8, ChildRow),
+                 b: &(Option<Unaddressable>, u8, ChildRow)| {
         a.0.is_some()
             .cmp(&b.0.is_some())
             .then(a.1.cmp(&b.1))
@@ -284,7 +280,18 @@ pub(crate) fn lookup_in(conn: &Connection, id: &str, lim: Limits) -> Result<Look
             )
             .then(b.2.entry.delegation_id.cmp(&a.2.entry.delegation_id))
             .then(a.2.entry.child_index.cmp(&b.2.entry.child_index))
-    });
+    };
+    scored.sort_by(order);
+    // The cap rank is read only for live candidates, best first, until one is within the cap.
+    for item in scored.iter_mut().filter(|s| s.0.is_none()) {
+        if rank_of(conn, &item.2.entry.delegation_id, item.2.unit_retained_at, lim)?
+            < lim.max_retained
+        {
+            break;
+        }
+        item.0 = Some(Unaddressable::Tombstoned { at: lim.now, reason: TombstoneReason::Cap });
+    }
+    scored.sort_by(order);
     Ok(match scored.into_iter().next() {
         None => Lookup::Unknown,
         Some((None, _, row)) => Lookup::Addressable(row.entry),
@@ -384,7 +391,7 @@ fn retain_in(tx: &Transaction<'_>, id: &str, usage: Option<&Value>, lim: Limits)
     if changed == 0 {
         return Ok(false);
     }
-    backfill(tx, false)?;
+    backfill(tx, None)?;
     tx.prepare_cached(
         "UPDATE retinue_children SET retained_at = ?1 WHERE delegation_id = ?2 \
          AND tombstoned_at IS NULL",
@@ -496,7 +503,7 @@ impl Registry for Store {
         let now = self.clock.now();
         let profile = self.profile.clone();
         self.pool.write(|tx| {
-            backfill(tx, false)?;
+            backfill(tx, None)?;
             let is_batch = children.len() > 1;
             let lone = if is_batch {
                 None
@@ -528,7 +535,7 @@ impl Registry for Store {
         let now = lim.now;
         let status = if c.status.trim().is_empty() { "completed" } else { c.status.as_str() };
         self.pool.write(|tx| {
-            backfill(tx, false)?;
+            backfill(tx, None)?;
             let (delivery, delivered_at) =
                 if c.background { ("pending", None) } else { ("delivered", Some(now)) };
             let changed = tx
@@ -571,7 +578,8 @@ impl Registry for Store {
 
     fn lookup(&self, id: &str) -> Result<Lookup> {
         let lim = self.limits();
-        self.pool.query(|conn| lookup_in(conn, id, lim))
+        // Candidates and ranks come from one snapshot.
+        self.pool.read(|tx| lookup_in(tx, id, lim))
     }
 
     fn tombstone_retained_child(&self, id: &str, reason: &TombstoneReason) -> Result<bool> {
@@ -582,7 +590,7 @@ impl Registry for Store {
         let lim = self.limits();
         let t = lim.now;
         self.pool.write(|tx| {
-            backfill(tx, false)?;
+            backfill(tx, None)?;
             // Ordered by preference: subagent, then session, then delegation id.
             let mut units: Vec<String> = Vec::new();
             let mut changed = 0;
@@ -654,7 +662,7 @@ impl Registry for Store {
             return Ok(PruneCount::default());
         }
         self.pool.write(|tx| {
-            backfill(tx, false)?;
+            backfill(tx, None)?;
             prune_in(tx, lim)
         })
     }
@@ -662,7 +670,7 @@ impl Registry for Store {
     fn rehydrate_retained_children(&self) -> Result<usize> {
         let lim = self.limits();
         let n = self.pool.write(|tx| {
-            backfill(tx, false)?;
+            backfill(tx, None)?;
             prune_in(tx, lim)?;
             Ok(list_in(tx, lim)?.len())
         })?;
@@ -767,7 +775,7 @@ impl Registry for Store {
                 .prepare_cached(
                     "SELECT usage_json FROM async_delegations WHERE delegation_id = ?1",
                 )?
-                .query_row([id], |r| r.get(0))
+                .query_row([id], |r| crate::model::json_column(r, 0))
                 .optional()?;
             Ok(crate::model::parse_json_opt(raw.flatten().as_deref()))
         })

@@ -286,3 +286,34 @@ fn ledger_is_object_safe() {
     let ledger: &dyn UsageLedger = &store;
     assert!(ledger.usage_attributions("p1").unwrap().is_empty());
 }
+
+/// Regression (reliability harness): a ledger row whose `usage_json` or
+/// `aggregate_json` is a BLOB or non-UTF-8 text used to fail every read of
+/// the parent's ledger; it now reads as malformed (`{}` / none).
+#[test]
+fn unreadable_ledger_bytes_read_as_malformed() {
+    let dir = TempDir::new().expect("tempdir");
+    let store = open(dir.path());
+    let conn = rusqlite::Connection::open(dir.path().join("state.db")).expect("open raw");
+    conn.execute_batch(
+        "INSERT INTO delegation_child_usage (parent_session_id, usage_json, aggregate_json, \
+         created_at) VALUES ('p', CAST(x'7bff' AS TEXT), x'ff', 1.0), \
+         ('p', x'7b7d', CAST(x'5bff' AS TEXT), 2.0);",
+    )
+    .expect("raw rows");
+    let rows = store.usage_attributions("p").expect("rows");
+    assert_eq!(rows.len(), 2);
+    assert_eq!(rows[0].usage, json!({}));
+    assert_eq!(rows[0].aggregate, None);
+    assert_eq!(rows[1].aggregate, None);
+    let snapshot = store.usage_totals_snapshot("p").expect("snapshot");
+    assert_eq!(snapshot.pending.len(), 2);
+    assert!(
+        store
+            .record_usage(
+                &draft("p", "c", json!({"cost_usd": 1.0}), Some("k")),
+                &delta(1.0, 0.0, 0.0)
+            )
+            .expect("record after unreadable rows")
+    );
+}

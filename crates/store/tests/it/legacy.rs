@@ -132,10 +132,20 @@ fn full_hermes_table_with_retained_batch_is_backfilled() {
         .collect();
     assert_eq!(listed, vec!["sa-0-aaaa0000", "sa-1-bbbb1111", "sa-2-cccc2222"]);
     assert!(store.find_retained_child("hs-1").expect("find").is_some());
-    // A hermes unit tombstone reads as reason `external`, with its time.
-    match store.lookup("hs-solo").expect("lookup") {
+    // Never adopted (hermes retained and tombstoned it before Retinue wrote): unknown.
+    assert_eq!(store.lookup("hs-solo").expect("lookup"), Lookup::Unknown);
+    // An adopted unit that hermes tombstones later reads as `external`, with its time.
+    rusqlite::Connection::open(&path)
+        .expect("open")
+        .execute(
+            "UPDATE async_delegations SET tombstoned_at = ?1 WHERE delegation_id = 'deleg_hermes01'",
+            [T0 - 30.0],
+        )
+        .expect("hermes tombstone");
+    assert!(store.list_retained_children().expect("list").is_empty());
+    match store.lookup("hs-1").expect("lookup") {
         Lookup::NotAddressable(entry, Unaddressable::Tombstoned { at, reason }) => {
-            assert_eq!(entry.child_session_id, "hs-solo");
+            assert_eq!(entry.child_session_id, "hs-1");
             assert!((at - (T0 - 30.0)).abs() < 1e-6);
             assert_eq!(reason, TombstoneReason::External);
         }
@@ -189,4 +199,92 @@ fn hermes_sessions_and_messages_gain_missing_columns() {
     assert_eq!(conv[0].content.as_deref(), Some("hi"));
     // hermes's own extra column is kept.
     assert_eq!(count(&path, "SELECT count(*) FROM sessions WHERE title = 't'"), 1);
+}
+
+/// hermes-agent 0.19.0's `messages` with its FTS5 tables and triggers (its
+/// `FTS_SQL` and `FTS_TRIGRAM_SQL`, verbatim), as `cargo xtask interop` finds them.
+const HERMES_FTS: &str = "
+CREATE TABLE sessions (id TEXT PRIMARY KEY, source TEXT NOT NULL, model TEXT, model_config TEXT,
+    parent_session_id TEXT, started_at REAL NOT NULL, ended_at REAL, end_reason TEXT,
+    message_count INTEGER DEFAULT 0, tool_call_count INTEGER DEFAULT 0,
+    FOREIGN KEY (parent_session_id) REFERENCES sessions(id));
+CREATE TABLE messages (id INTEGER PRIMARY KEY AUTOINCREMENT,
+    session_id TEXT NOT NULL REFERENCES sessions(id), role TEXT NOT NULL, content TEXT,
+    tool_call_id TEXT, tool_calls TEXT, tool_name TEXT, effect_disposition TEXT,
+    timestamp REAL NOT NULL, token_count INTEGER, finish_reason TEXT, reasoning TEXT,
+    observed INTEGER DEFAULT 0, active INTEGER NOT NULL DEFAULT 1,
+    compacted INTEGER NOT NULL DEFAULT 0, api_content TEXT);
+CREATE VIRTUAL TABLE messages_fts USING fts5(content);
+CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages BEGIN
+    INSERT INTO messages_fts(rowid, content) VALUES (
+        new.id,
+        COALESCE(new.content, '') || ' ' || COALESCE(new.tool_name, '') || ' ' || COALESCE(new.tool_calls, '')
+    );
+END;
+CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages BEGIN
+    DELETE FROM messages_fts WHERE rowid = old.id;
+END;
+CREATE TRIGGER messages_fts_update AFTER UPDATE ON messages BEGIN
+    DELETE FROM messages_fts WHERE rowid = old.id;
+    INSERT INTO messages_fts(rowid, content) VALUES (
+        new.id,
+        COALESCE(new.content, '') || ' ' || COALESCE(new.tool_name, '') || ' ' || COALESCE(new.tool_calls, '')
+    );
+END;
+CREATE VIRTUAL TABLE messages_fts_trigram USING fts5(content, tokenize='trigram');
+CREATE TRIGGER messages_fts_trigram_insert AFTER INSERT ON messages BEGIN
+    INSERT INTO messages_fts_trigram(rowid, content) VALUES (
+        new.id,
+        COALESCE(new.content, '') || ' ' || COALESCE(new.tool_name, '') || ' ' || COALESCE(new.tool_calls, '')
+    );
+END;
+INSERT INTO sessions (id, source, started_at) VALUES ('s1', 'cli', 1.0);
+";
+
+#[test]
+fn hermes_fts_triggers_index_our_inserts_and_tool_calls_count_as_hermes_counts() {
+    use retinue_store::{Message, SessionStore};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("state.db");
+    rusqlite::Connection::open(&path).expect("open").execute_batch(HERMES_FTS).expect("ddl");
+    let clock = Arc::new(ManualClock::new(T0));
+    let store = open(&path, &clock, DelegationConfig::default());
+    let say = |role: &str, content: &str, tool_calls: Option<&str>| {
+        store
+            .append_message(
+                "s1",
+                &Message {
+                    role: role.into(),
+                    content: Some(content.into()),
+                    tool_calls: tool_calls.map(str::to_owned),
+                    ..Message::default()
+                },
+            )
+            .expect("append")
+    };
+    say("user", "find the platypus", None);
+    let calls = r#"[{"id":"c1","type":"function","function":{"name":"grep","arguments":"{}"}},
+                    {"id":"c2","type":"function","function":{"name":"ls","arguments":"{}"}}]"#;
+    say("assistant", "searching", Some(calls));
+    say("tool", "2 hits", None);
+    say("assistant", "one more", Some(r#"{"id":"c3"}"#));
+    say("assistant", "none", Some("null"));
+    // hermes counts every message, and each tool call (a non-list value as one).
+    assert_eq!(count(&path, "SELECT message_count FROM sessions WHERE id = 's1'"), 5);
+    assert_eq!(count(&path, "SELECT tool_call_count FROM sessions WHERE id = 's1'"), 3);
+    // hermes's triggers fired on our inserts: both indexes hold every row.
+    assert_eq!(count(&path, "SELECT count(*) FROM messages_fts"), 5);
+    assert_eq!(count(&path, "SELECT count(*) FROM messages_fts_trigram"), 5);
+    assert_eq!(
+        count(&path, "SELECT count(*) FROM messages_fts WHERE messages_fts MATCH 'platypus'"),
+        1
+    );
+    assert_eq!(
+        count(
+            &path,
+            "SELECT count(*) FROM messages_fts_trigram WHERE messages_fts_trigram MATCH 'grep'"
+        ),
+        1
+    );
+    assert_eq!(store.integrity_check().expect("check"), "ok");
 }

@@ -373,3 +373,36 @@ fn reads_and_a_no_op_prune_never_write() {
     assert_eq!(fx.store.prune_retained_children(None, None).expect("prune").units, 1);
     assert_ne!(version(&raw), before, "a due prune writes");
 }
+
+/// Regression (reliability harness): a JSON column holding a BLOB or TEXT
+/// that is not UTF-8 used to fail the whole open, every registry write (the
+/// backfill read it) and every list; it now reads as malformed (spec §2.7).
+#[test]
+fn unreadable_json_bytes_read_as_malformed() {
+    for (n, expr) in ["CAST(x'5bff' AS TEXT)", "x'5b5d'", "x'ff00'"].into_iter().enumerate() {
+        let fx = Fx::new();
+        fx.dispatch_and_retain("deleg_readable", "p", &[seed_child()]);
+        let id = format!("deleg_bytes{n}");
+        fx.insert_delegation(&id, "p", "completed");
+        fx.raw()
+            .execute_batch(&format!(
+                "UPDATE async_delegations SET children_json = {expr}, \
+                 child_session_id = CAST(x'ff' AS TEXT), \
+                 usage_json = {expr}, task_json = {expr}, event_json = {expr}, retained = 1, \
+                 retained_at = {T0} WHERE delegation_id = '{id}'; \
+                 UPDATE retinue_children SET manifest_json = {expr} \
+                 WHERE delegation_id = 'deleg_readable';"
+            ))
+            .expect("raw");
+        let reopened = fx.reopen();
+        reopened.prune_retained_children(None, None).expect("writes still backfill");
+        let listed = reopened.list_retained_children().expect("list");
+        assert_eq!(listed.len(), 1, "{expr}: only the readable unit has a child");
+        assert_eq!(listed[0].child_session_id, "child-sess-1", "ids come from the columns");
+        assert_eq!(listed[0].manifest.model, None, "{expr}: the manifest reads as absent");
+        let usage = reopened.unit_usage(&id).expect("usage");
+        assert!(usage.is_none() || usage == Some(json!([])), "{expr}: {usage:?}");
+        let report = reopened.recover_abandoned_delegations(&retinue_store::ProcProbe);
+        assert_eq!(report.error, None, "{expr}");
+    }
+}
