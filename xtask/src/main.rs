@@ -2,8 +2,9 @@
 //!
 //! `cargo xtask ci` runs fmt --check, clippy (all targets, `-D warnings`),
 //! the test suite (nextest when installed, else `cargo test`, then doctests),
-//! rustdoc with warnings denied, and `tidy`.
+//! the hermes-agent interop suite, rustdoc with warnings denied, and `tidy`.
 
+mod interop;
 mod tidy;
 
 use std::path::{Path, PathBuf};
@@ -19,6 +20,7 @@ tasks:
   test    the whole test suite (nextest where installed, else cargo test) and doctests
   doc     cargo doc --workspace --no-deps with warnings denied
   tidy    source hygiene and crate-boundary checks
+  interop share a state.db with the published Python hermes-agent (downloads its wheel)
   bench   the registry benchmark (pass --quick for a smoke run, --json FILE to save figures)
 ";
 
@@ -90,6 +92,7 @@ fn main() -> ExitCode {
         Some("ci") => fmt()
             .and_then(|()| lint())
             .and_then(|()| test())
+            .and_then(|()| interop::run(&root()))
             .and_then(|()| doc())
             .and_then(|()| tidy::run(&root())),
         Some("fmt") => fmt(),
@@ -97,6 +100,7 @@ fn main() -> ExitCode {
         Some("test") => test(),
         Some("doc") => doc(),
         Some("tidy") => tidy::run(&root()),
+        Some("interop") => interop::run(&root()),
         Some("bench") => bench(&args[1..]),
         None | Some("-h" | "--help" | "help") => {
             eprint!("{HELP}");

@@ -32,6 +32,8 @@ use retinue_store::{
 };
 use serde_json::Value;
 
+pub mod hermes;
+pub use hermes::{HermesDb, HermesFixture, HermesSession, HermesUnit};
 pub use retinue_store::{Clock, ManualClock};
 /// The raw SQLite driver, for tests that must write what the store refuses.
 pub use rusqlite;

@@ -1,0 +1,108 @@
+//! How an agent framework embeds Retinue: open the store on the agent's
+//! hermes home, give the `delegate_task` tool the framework's own child
+//! runtime, route the model's tool calls to it, and scope operator-style
+//! lookups to a session's lineage with `Authority`.
+//!
+//! Run it with `cargo run -p retinue-cli --example embed`.
+
+use std::sync::Arc;
+
+use retinue_delegate::{
+    ChildHandle, ChildOutcome, ChildRuntime, ChildSpec, Delegator, DelegatorParts, ParentContext,
+    RunInput, TranscriptSink,
+};
+use retinue_lineage::{Authority, LineageAuthority};
+use retinue_store::{Message, NewSession, SessionStore, Store, SystemClock};
+use serde_json::json;
+
+/// The framework's own child runtime: here an echo, in real life an LLM client
+/// that runs a child agent loop on `input.history` + `input.user_message`.
+struct MyRuntime;
+
+impl ChildRuntime for MyRuntime {
+    fn build(&self, spec: &ChildSpec) -> Result<ChildHandle, String> {
+        // A follow-up resumes an existing session; a spawn starts a new one.
+        let session_id = spec.resume_session_id.clone().unwrap_or_else(|| spec.session_id.clone());
+        Ok(ChildHandle { subagent_id: spec.subagent_id.clone(), session_id })
+    }
+
+    fn run(
+        &self,
+        _child: &ChildHandle,
+        input: &RunInput,
+        sink: &dyn TranscriptSink,
+    ) -> ChildOutcome {
+        let reply = format!("({} earlier turns) {}", input.history.len(), input.user_message);
+        // Everything the child says goes through the sink, into its own session.
+        let message = Message {
+            role: "assistant".into(),
+            content: Some(reply.clone()),
+            ..Message::default()
+        };
+        if let Err(e) = sink.append(&message) {
+            return ChildOutcome {
+                exit_reason: "error".into(),
+                error: Some(e),
+                ..ChildOutcome::default()
+            };
+        }
+        ChildOutcome {
+            final_response: Some(reply),
+            exit_reason: "completed".into(),
+            api_calls: 1,
+            input_tokens: 120,
+            output_tokens: 30,
+            cost_usd: 0.002,
+            ..ChildOutcome::default()
+        }
+    }
+
+    fn steer(&self, _child: &ChildHandle, _message: &str) -> bool {
+        false // this runtime cannot fold messages into a running child
+    }
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // In an agent: `retinue_store::hermes_home()`; here a throw-away home.
+    let home = tempfile::tempdir()?;
+    let store = Arc::new(Store::open_home(home.path(), Arc::new(SystemClock))?);
+    let profile = store.profile().to_owned();
+    let authority = Arc::new(Authority::new(store.clone(), store.clone(), profile.clone()));
+    let tool = Delegator::new(DelegatorParts {
+        registry: store.clone(),
+        sessions: store.clone(),
+        ledger: store.clone(),
+        authority: authority.clone(),
+        runtime: Arc::new(MyRuntime),
+        completions: None, // background results: pass your CompletionSink
+        clock: store.clock().clone(),
+        config: store.config().delegation.clone(),
+        profile,
+    });
+    // Advertise the tool to the model with this schema.
+    println!("tool: {}", tool.schema()["name"]);
+
+    // The agent's own session, and a tool call from its model.
+    store.create_session(&NewSession {
+        id: "agent-1".into(),
+        source: "cli".into(),
+        ..NewSession::default()
+    })?;
+    let me = ParentContext { session_id: Some("agent-1".into()), ..ParentContext::default() };
+    let spawned = tool.delegate_task(&json!({ "goal": "Read the changelog" }), Some(&me));
+    let child = spawned["results"][0]["subagent_id"].as_str().unwrap_or_default().to_owned();
+    println!("spawned {child}: {}", spawned["results"][0]["summary"]);
+
+    // Later — even after a restart — the model follows the child up by id.
+    let again = tool.delegate_task(
+        &json!({ "follow_up": child, "goal": "And the breaking changes?" }),
+        Some(&me),
+    );
+    println!("follow-up: {}", again["results"][0]["summary"]);
+
+    // What this session's lineage may still address (a stranger would get []).
+    for entry in authority.list_for(Some("agent-1"))? {
+        println!("retained: {} ({})", entry.child_id(), entry.child_session_id);
+    }
+    Ok(())
+}

@@ -1,0 +1,450 @@
+//! The operator commands on a real `state.db`: each opens the store, does
+//! one thing through the store, lineage, usage or delegate crates, and
+//! returns its JSON and its human rendering.
+
+use std::sync::Arc;
+
+use retinue_delegate::scripted::{RecordingSink, ScriptedRuntime};
+use retinue_delegate::{Delegator, DelegatorParts, ParentContext};
+use retinue_lineage::{Authority, Denial, check_follow_up_authority, lineage_chain, list_for};
+use retinue_store::{
+    Lookup, ProcProbe, Registry, RetainedChild, SessionGraph, Store, SystemClock, TombstoneReason,
+    Unaddressable, UsageAttribution, UsageTotals, iso8601,
+};
+use retinue_usage::{
+    fold_usage, load_child_usage_attributions, load_child_usage_totals, load_lineage_usage_totals,
+};
+use serde_json::{Value, json};
+
+use crate::Output;
+use crate::cli::DelegateArgs;
+use crate::env::Env;
+use crate::error::{
+    CliError, EXIT_DENIED, EXIT_FAILED, EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, Result,
+};
+use crate::table::{Table, clip, key_values};
+use crate::walk::ForwardWalk;
+
+fn open(env: &Env) -> Result<Arc<Store>> {
+    env.open(Arc::new(SystemClock))
+}
+
+/// An optional epoch time as ISO-8601, or `-`.
+pub(crate) fn when(t: Option<f64>) -> String {
+    t.map_or_else(|| "-".to_owned(), iso8601)
+}
+
+/// The human table of entries (newest unit first, as given).
+pub(crate) fn children_table(entries: &[RetainedChild]) -> String {
+    if entries.is_empty() {
+        return "no addressable retained children\n".to_owned();
+    }
+    let mut t = Table::new(&[
+        "CHILD",
+        "CHILD SESSION",
+        "DELEGATION",
+        "PARENT",
+        "STATE",
+        "RETAINED AT",
+        "MODEL",
+        "GOAL",
+    ]);
+    for e in entries {
+        t.row(vec![
+            e.child_id().to_owned(),
+            e.child_session_id.clone(),
+            e.delegation_id.clone(),
+            e.parent_session_id.clone(),
+            e.state.clone(),
+            when(e.retained_at),
+            e.manifest.model.clone().unwrap_or_else(|| "-".to_owned()),
+            clip(e.manifest.goal.as_deref().unwrap_or("-"), 48),
+        ]);
+    }
+    t.render()
+}
+
+fn entry_block(e: &RetainedChild) -> String {
+    key_values(&[
+        ("child_id", e.child_id().to_owned()),
+        ("child_session_id", e.child_session_id.clone()),
+        ("delegation_id", e.delegation_id.clone()),
+        ("parent_session_id", e.parent_session_id.clone()),
+        ("owner_profile", e.owner_profile.clone()),
+        ("state", e.state.clone()),
+        ("retained_at", when(e.retained_at)),
+        ("completed_at", when(e.completed_at)),
+        ("model", e.manifest.model.clone().unwrap_or_else(|| "-".to_owned())),
+        ("goal", e.manifest.goal.clone().unwrap_or_else(|| "-".to_owned())),
+    ])
+}
+
+/// Why `id` cannot be addressed, as a not-found error naming the status.
+fn not_addressable(store: &Store, id: &str) -> Result<CliError> {
+    let id = id.trim();
+    Ok(CliError::NotFound(match store.lookup(id)? {
+        Lookup::Unknown | Lookup::Addressable(_) => {
+            format!("no retained child, child session or delegation '{id}'")
+        }
+        Lookup::NotAddressable(_, Unaddressable::Tombstoned { at, reason }) => format!(
+            "'{id}' is not addressable: tombstoned at {} (reason: {})",
+            iso8601(at),
+            reason.as_str()
+        ),
+        Lookup::NotAddressable(entry, Unaddressable::NeverRetained) => format!(
+            "'{id}' is not addressable: its delegation {} was never retained (state {})",
+            entry.delegation_id, entry.state
+        ),
+    }))
+}
+
+/// `retinue children list [--owner SESSION]`.
+pub(crate) fn children_list(env: &Env, owner: Option<&str>) -> Result<Output> {
+    let store = open(env)?;
+    let entries = match owner {
+        Some(owner) => list_for(&*store, &*store, Some(owner), &env.profile)?,
+        None => store.list_retained_children()?,
+    };
+    let json = Value::Array(entries.iter().map(RetainedChild::to_json).collect());
+    Ok(Output::ok(json, children_table(&entries)))
+}
+
+/// `retinue children show ID`.
+pub(crate) fn children_show(env: &Env, id: &str) -> Result<Output> {
+    let store = open(env)?;
+    match store.find_retained_child(id)? {
+        Some(entry) => Ok(Output::ok(entry.to_json(), entry_block(&entry))),
+        None => Err(not_addressable(&store, id)?),
+    }
+}
+
+/// `retinue children tombstone ID [--reason TEXT]`.
+pub(crate) fn children_tombstone(env: &Env, id: &str, reason: Option<&str>) -> Result<Output> {
+    let store = open(env)?;
+    let entry = match store.lookup(id)? {
+        Lookup::Addressable(entry) => entry,
+        _ => return Err(not_addressable(&store, id)?),
+    };
+    let reason = reason.map_or(TombstoneReason::Manual, |r| TombstoneReason::Other(r.to_owned()));
+    if !store.tombstone_retained_child(id, &reason)? {
+        return Err(not_addressable(&store, id)?);
+    }
+    let what = if id.trim() == entry.delegation_id {
+        format!("every live child of {}", entry.delegation_id)
+    } else {
+        format!("{} (delegation {})", entry.child_id(), entry.delegation_id)
+    };
+    let human = format!("tombstoned {what}, reason: {}\n", reason.as_str());
+    Ok(Output::ok(json!({ "tombstoned": true }), human))
+}
+
+/// `retinue children prune [--ttl-hours H] [--max-retained N]`.
+pub(crate) fn children_prune(
+    env: &Env,
+    ttl_hours: Option<f64>,
+    max_retained: Option<u32>,
+) -> Result<Output> {
+    let store = open(env)?;
+    let count = store.prune_retained_children(max_retained, ttl_hours)?;
+    let d = &store.config().delegation;
+    let human = format!(
+        "pruned with ttl {} h and max {} retained units: tombstoned {} unit(s), {} child(ren)\n",
+        ttl_hours.map_or(d.retained_ttl_hours, |h| h.max(0.0)),
+        max_retained.map_or(d.max_retained, |m| m.max(1)),
+        count.units,
+        count.children
+    );
+    Ok(Output::ok(json!({ "tombstoned": count.units, "children": count.children }), human))
+}
+
+/// The contract's name of a denial.
+pub(crate) fn denial_kind(d: &Denial) -> &'static str {
+    match d {
+        Denial::Profile { .. } => "profile",
+        Denial::SelfFollowUp => "itself",
+        Denial::Lineage { .. } => "lineage",
+    }
+}
+
+/// `retinue authority ID --caller SESSION`.
+pub(crate) fn authority(env: &Env, id: &str, caller: &str) -> Result<Output> {
+    let store = open(env)?;
+    let entry = match store.lookup(id)? {
+        Lookup::Addressable(entry) => entry,
+        _ => return Err(not_addressable(&store, id)?),
+    };
+    let decision = check_follow_up_authority(&*store, &entry, Some(caller), &env.profile);
+    Ok(match decision {
+        Ok(()) => {
+            let message = format!(
+                "follow_up allowed: '{}' is in the session lineage that spawned {} (spawner '{}').",
+                caller.trim(),
+                entry.child_id(),
+                entry.parent_session_id
+            );
+            let human = format!("allowed\n{message}\n");
+            Output::ok(json!({ "allowed": true, "denial": null, "message": message }), human)
+        }
+        Err(denial) => {
+            let kind = denial_kind(&denial);
+            let message = denial.message();
+            Output {
+                json: Some(json!({ "allowed": false, "denial": kind, "message": message })),
+                human: format!("denied ({kind})\n{message}\n"),
+                code: EXIT_DENIED,
+                stderr: None,
+            }
+        }
+    })
+}
+
+/// `retinue lineage SESSION`.
+pub(crate) fn lineage(env: &Env, session: &str) -> Result<Output> {
+    let store = open(env)?;
+    let session = session.trim();
+    if session.is_empty() || store.session(session)?.is_none() {
+        return Err(CliError::NotFound(format!("no session '{session}'")));
+    }
+    let (root, chain, why) = match lineage_chain(&*store, session) {
+        Ok(chain) => (chain.last().cloned(), chain, None),
+        Err(e) => (None, Vec::new(), Some(e.to_string())),
+    };
+    let human = key_values(&[
+        ("session", session.to_owned()),
+        (
+            "root",
+            match (&root, &why) {
+                (Some(r), _) => r.clone(),
+                (None, Some(why)) => format!("none ({why})"),
+                (None, None) => "none".to_owned(),
+            },
+        ),
+        ("chain", if chain.is_empty() { "-".to_owned() } else { chain.join(" → ") }),
+    ]);
+    Ok(Output::ok(json!({ "session_id": session, "root": root, "chain": chain }), human))
+}
+
+fn totals_json(t: &UsageTotals) -> Value {
+    json!({
+        "cost_usd": t.cost_usd,
+        "input_tokens": t.input_tokens,
+        "output_tokens": t.output_tokens,
+    })
+}
+
+/// The human rendering of totals and ledger records.
+pub(crate) fn usage_human(
+    totals: &UsageTotals,
+    sessions: &[String],
+    records: &[UsageAttribution],
+) -> String {
+    let mut out = key_values(&[
+        ("sessions", sessions.join(" → ")),
+        ("cost_usd", format!("{:.4}", totals.cost_usd)),
+        ("input_tokens", format!("{:.0}", totals.input_tokens)),
+        ("output_tokens", format!("{:.0}", totals.output_tokens)),
+    ]);
+    out.push('\n');
+    if records.is_empty() {
+        out.push_str("no ledger records\n");
+        return out;
+    }
+    let mut t =
+        Table::new(&["PARENT", "TURN", "CHILD SESSION", "STATUS", "COST USD", "IN", "OUT", "AT"]);
+    for r in records {
+        let u = fold_usage(&r.usage);
+        let status = r.usage.get("status").and_then(Value::as_str).unwrap_or("-");
+        t.row(vec![
+            r.parent_session_id.clone(),
+            if r.parent_turn_id.is_empty() { "-".to_owned() } else { r.parent_turn_id.clone() },
+            r.child_session_id.clone(),
+            status.to_owned(),
+            format!("{:.4}", u.cost_usd),
+            format!("{:.0}", u.input_tokens),
+            format!("{:.0}", u.output_tokens),
+            iso8601(r.created_at),
+        ]);
+    }
+    out.push_str(&t.render());
+    out
+}
+
+/// `retinue usage SESSION [--lineage]`.
+pub(crate) fn usage(env: &Env, session: &str, lineage: bool) -> Result<Output> {
+    let store = open(env)?;
+    let session = session.trim();
+    let (totals, sessions) = if lineage {
+        let walk = ForwardWalk { graph: &*store };
+        let lt = load_lineage_usage_totals(&*store, &walk, session)?;
+        (lt.totals, lt.sessions)
+    } else {
+        (load_child_usage_totals(&*store, session)?, vec![session.to_owned()])
+    };
+    let mut records = Vec::new();
+    for s in &sessions {
+        records.extend(load_child_usage_attributions(&*store, s)?);
+    }
+    let json = json!({
+        "totals": totals_json(&totals),
+        "records": serde_json::to_value(&records)
+            .map_err(|e| CliError::Failed(format!("cannot encode the records: {e}")))?,
+    });
+    Ok(Output::ok(json, usage_human(&totals, &sessions, &records)))
+}
+
+/// `retinue recover`.
+pub(crate) fn recover(env: &Env) -> Result<Output> {
+    let store = open(env)?;
+    let report = store.recover_abandoned_delegations(&ProcProbe);
+    let json = json!({ "abandoned": report.abandoned, "retained": report.addressable });
+    let human = format!(
+        "{} abandoned delegation(s) marked unknown; {} retained child(ren) addressable\n",
+        report.abandoned, report.addressable
+    );
+    Ok(match report.error {
+        None => Output::ok(json, human),
+        Some(e) => Output {
+            json: Some(json),
+            human,
+            code: EXIT_FAILED,
+            stderr: Some(format!("could not classify abandoned delegations: {e}")),
+        },
+    })
+}
+
+/// The exit code for a `delegate_task` error text.
+fn delegate_error_code(text: &str) -> u8 {
+    if text.starts_with("follow_up rejected")
+        || (text.starts_with("follow_up target") && text.contains("is not a running subagent"))
+    {
+        EXIT_DENIED
+    } else if text.starts_with("follow_up target") && text.contains("was tombstoned") {
+        EXIT_NOT_FOUND
+    } else if text.starts_with("follow_up must")
+        || text.starts_with("follow_up requires")
+        || text.starts_with("tasks must")
+        || text.starts_with("Task ")
+        || text.starts_with("Provide either")
+        || text.starts_with("Too many tasks")
+    {
+        EXIT_USAGE
+    } else {
+        EXIT_FAILED
+    }
+}
+
+/// The human rendering of a `delegate_task` result.
+pub(crate) fn delegate_human(out: &Value) -> String {
+    let s = |v: &Value, k: &str| v.get(k).and_then(Value::as_str).unwrap_or("-").to_owned();
+    let mut text = String::new();
+    if out.get("mode").and_then(Value::as_str) == Some("follow_up") {
+        text.push_str(&format!(
+            "follow-up on {} (session {}, delegation {})\n",
+            s(out, "child_id"),
+            s(out, "child_session_id"),
+            s(out, "delegation_id")
+        ));
+    } else {
+        text.push_str(&format!("delegation {}\n", s(out, "delegation_id")));
+    }
+    let mut t = Table::new(&["TASK", "STATUS", "SUBAGENT", "CHILD SESSION", "TOKENS", "SUMMARY"]);
+    for r in out.get("results").and_then(Value::as_array).into_iter().flatten() {
+        let tokens = r.get("tokens").cloned().unwrap_or(Value::Null);
+        let summary = r
+            .get("summary")
+            .and_then(Value::as_str)
+            .or_else(|| r.get("error").and_then(Value::as_str))
+            .unwrap_or("-");
+        t.row(vec![
+            r.get("task_index").map_or_else(|| "-".to_owned(), Value::to_string),
+            s(r, "status"),
+            s(r, "subagent_id"),
+            s(r, "child_session_id"),
+            format!(
+                "{}/{}",
+                tokens.get("input").unwrap_or(&Value::Null),
+                tokens.get("output").unwrap_or(&Value::Null)
+            ),
+            clip(summary, 60),
+        ]);
+    }
+    if !t.is_empty() {
+        text.push_str(&t.render());
+    }
+    if let Some(note) = out.get("note").and_then(Value::as_str) {
+        text.push_str(&format!("note: {note}\n"));
+    }
+    text
+}
+
+/// A [`Delegator`] over `store` with the scripted runtime.
+pub(crate) fn scripted_delegator(
+    store: &Arc<Store>,
+    runtime: Arc<ScriptedRuntime>,
+    clock: Arc<dyn retinue_store::Clock>,
+    profile: &str,
+) -> Delegator {
+    Delegator::new(DelegatorParts {
+        registry: store.clone(),
+        sessions: store.clone(),
+        ledger: store.clone(),
+        authority: Arc::new(Authority::new(store.clone(), store.clone(), profile)),
+        runtime,
+        completions: Some(Arc::new(RecordingSink::default())),
+        clock,
+        config: store.config().delegation.clone(),
+        profile: profile.to_owned(),
+    })
+}
+
+/// `retinue delegate --parent SESSION (--goal TEXT | --tasks JSON) [--follow-up ID]`.
+pub(crate) fn delegate(env: &Env, args: &DelegateArgs) -> Result<Output> {
+    let store = open(env)?;
+    let tool = scripted_delegator(
+        &store,
+        Arc::new(ScriptedRuntime::new()),
+        store.clock().clone(),
+        &env.profile,
+    );
+    let mut call = serde_json::Map::new();
+    if let Some(goal) = &args.goal {
+        call.insert("goal".into(), json!(goal));
+    }
+    if let Some(tasks) = &args.tasks {
+        call.insert("tasks".into(), tasks.clone());
+    }
+    if let Some(target) = &args.follow_up {
+        call.insert("follow_up".into(), json!(target));
+    }
+    let parent_row = store.session(args.parent.trim())?;
+    let parent = ParentContext {
+        session_id: Some(args.parent.clone()),
+        model: parent_row.as_ref().and_then(|r| r.model.clone()),
+        ..ParentContext::default()
+    };
+    let out = tool.delegate_task(&Value::Object(call), Some(&parent));
+    tool.wait_background();
+    let (code, stderr) = match out.get("error").and_then(Value::as_str) {
+        Some(text) => (delegate_error_code(text), Some(text.to_owned())),
+        None => (EXIT_OK, None),
+    };
+    let human = if stderr.is_some() { String::new() } else { delegate_human(&out) };
+    Ok(Output { json: Some(out), human, code, stderr })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn delegate_errors_map_to_contract_codes() {
+        let foreign = retinue_delegate::texts::not_addressable("x");
+        assert_eq!(delegate_error_code(&foreign), EXIT_DENIED);
+        assert_eq!(delegate_error_code(&Denial::SelfFollowUp.message()), EXIT_DENIED);
+        let gone = retinue_delegate::texts::tombstoned("x", 0.0, "manual", "s");
+        assert_eq!(delegate_error_code(&gone), EXIT_NOT_FOUND);
+        assert_eq!(delegate_error_code(retinue_delegate::texts::TASKS_NOT_ARRAY), EXIT_USAGE);
+        assert_eq!(delegate_error_code(retinue_delegate::texts::FOLLOW_UP_BLANK), EXIT_USAGE);
+        assert_eq!(delegate_error_code(retinue_delegate::texts::PERSIST_FAILED), EXIT_FAILED);
+    }
+}

@@ -1,0 +1,595 @@
+//! `retinue demo`: the whole retained-subagent lifecycle on a fresh home, in
+//! a few seconds and with no network (manual clock, scripted runtime), told
+//! step by step with what is now in the database — or, with `--json`, one
+//! JSON event per line.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use retinue_delegate::ParentContext;
+use retinue_delegate::scripted::{Script, ScriptedRuntime};
+use retinue_lineage::{check_follow_up_authority, lineage_chain, root};
+use retinue_store::{
+    ChildManifest, Clock, DeliveryFilter, Lookup, ManualClock, NewSession, OwnerProbe, ProcProbe,
+    ProcessState, Registry, RetainedChild, SessionStore, Store, SystemClock, TombstoneReason,
+    Unaddressable, UnitDraft, current_owner, iso8601,
+};
+use retinue_usage::{load_child_usage_attributions, load_lineage_usage_totals};
+use serde_json::{Value, json};
+
+use crate::commands::{
+    children_table, delegate_human, denial_kind, scripted_delegator, usage_human, when,
+};
+use crate::env::{Env, open_store};
+use crate::error::{CliError, Result};
+use crate::table::{Table, clip, key_values, wrap};
+use crate::walk::ForwardWalk;
+use crate::{Output, print_stdout};
+
+/// How long before now the demo's story starts: its manual clock ends at the
+/// wall clock, so a kept database reads right with the other commands.
+const STORY_HOURS: f64 = 100.0;
+const HOUR: f64 = 3600.0;
+const STEPS: usize = 11;
+
+const PARENT: &str = "demo-parent";
+const CONTINUATION: &str = "demo-parent-2";
+const BRANCH: &str = "demo-branch";
+const STRANGER: &str = "demo-stranger";
+const INFLIGHT_SUBAGENT: &str = "sa-0-0ff11e00";
+const INFLIGHT_SESSION: &str = "demo-inflight-child";
+const MODEL: &str = "demo/scripted-model";
+
+const TASKS: [(&str, &str, u64, u64, f64); 3] = [
+    (
+        "Survey the storage layer",
+        "The store owns one SQLite file; every write is a single BEGIN IMMEDIATE transaction.",
+        1200,
+        300,
+        0.0125,
+    ),
+    (
+        "Audit the authority rules",
+        "Only compression continuations inherit authority; branches and strangers are refused.",
+        1800,
+        420,
+        0.021,
+    ),
+    (
+        "Check the cost ledger",
+        "Each child run bills one keyed ledger row to the parent that paid for it.",
+        900,
+        210,
+        0.009,
+    ),
+];
+const FOLLOW_UP: &str = "Follow-up: which index answers a lookup by subagent id?";
+const FOLLOW_UP_REPLY: &str =
+    "retinue_idx_children_subagent: a lookup by id never scans children_json.";
+
+fn runtime() -> ScriptedRuntime {
+    let script = |reply: &str, input: u64, output: u64, cost: f64| Script {
+        reply: Some(reply.to_owned()),
+        input_tokens: input,
+        output_tokens: output,
+        cost_usd: cost,
+        accept_steer: true,
+        ..Script::default()
+    };
+    let mut rt =
+        ScriptedRuntime::new().with_script("Follow-up:", script(FOLLOW_UP_REPLY, 400, 90, 0.004));
+    for (goal, reply, input, output, cost) in TASKS {
+        rt = rt.with_script(goal, script(reply, input, output, cost));
+    }
+    rt
+}
+
+/// After the "restart", the process that owned the in-flight unit is gone.
+struct SimulatedRestart {
+    old_pid: i64,
+}
+
+impl OwnerProbe for SimulatedRestart {
+    fn probe(&self, pid: i64) -> Option<ProcessState> {
+        if pid == self.old_pid { Some(ProcessState::Dead) } else { ProcProbe.probe(pid) }
+    }
+}
+
+/// Prints the steps as they happen.
+struct Story {
+    json: bool,
+    n: usize,
+}
+
+impl Story {
+    fn step(&mut self, name: &str, title: &str, body: &str, data: Value) -> Result<()> {
+        self.n += 1;
+        if self.json {
+            // `step`, `n` and `title` first, then the step's data.
+            let head = format!(
+                "{{\"step\":{},\"n\":{},\"title\":{}",
+                Value::from(name),
+                self.n,
+                Value::from(title)
+            );
+            let rest = match &data {
+                Value::Object(m) if !m.is_empty() => format!(",{}", &data.to_string()[1..]),
+                _ => "}".to_owned(),
+            };
+            print_stdout(&format!("{head}{rest}\n"))?;
+        } else {
+            let head = format!("[{}/{STEPS}] {title}", self.n);
+            let mut text = format!("\n{head}\n{}\n", "─".repeat(head.chars().count()));
+            text.push_str(body);
+            if !body.ends_with('\n') {
+                text.push('\n');
+            }
+            print_stdout(&text)?;
+        }
+        Ok(())
+    }
+}
+
+/// A paragraph of the story, wrapped for an 88-column terminal.
+fn para(text: &str) -> String {
+    wrap(text, 88)
+}
+
+fn failed(what: &str, detail: impl std::fmt::Display) -> CliError {
+    CliError::Failed(format!("demo: {what}: {detail}"))
+}
+
+fn tool_ok(what: &str, out: Value) -> Result<Value> {
+    match out.get("error").and_then(Value::as_str) {
+        Some(e) => Err(failed(what, e)),
+        None => Ok(out),
+    }
+}
+
+fn parent_ctx(session: &str) -> ParentContext {
+    ParentContext {
+        session_id: Some(session.to_owned()),
+        model: Some(MODEL.to_owned()),
+        ..ParentContext::default()
+    }
+}
+
+fn session(
+    store: &Store,
+    id: &str,
+    parent: Option<&str>,
+    model_config: Option<Value>,
+) -> Result<()> {
+    store.create_session(&NewSession {
+        id: id.to_owned(),
+        source: "cli".to_owned(),
+        model: Some(MODEL.to_owned()),
+        model_config,
+        parent_session_id: parent.map(str::to_owned),
+        ..NewSession::default()
+    })?;
+    Ok(())
+}
+
+fn entries_json(entries: &[RetainedChild]) -> Value {
+    Value::Array(entries.iter().map(RetainedChild::to_json).collect())
+}
+
+fn str_at<'a>(v: &'a Value, path: &[&str]) -> &'a str {
+    path.iter().try_fold(v, |v, k| v.get(*k)).and_then(Value::as_str).unwrap_or_default()
+}
+
+/// The demo home: `--home DIR` (must not hold a state.db), else a temp dir.
+fn demo_home(home: Option<&Path>) -> Result<(Option<tempfile::TempDir>, PathBuf)> {
+    match home {
+        Some(dir) => {
+            if dir.join("state.db").exists() {
+                return Err(CliError::Usage(format!(
+                    "demo needs a fresh home, and {} already has a state.db",
+                    dir.display()
+                )));
+            }
+            std::fs::create_dir_all(dir)?;
+            Ok((None, dir.to_path_buf()))
+        }
+        None => {
+            let tmp = tempfile::Builder::new().prefix("retinue-demo-").tempdir()?;
+            let path = tmp.path().to_path_buf();
+            Ok((Some(tmp), path))
+        }
+    }
+}
+
+/// `retinue demo [--home DIR]`.
+pub(crate) fn run(env: &Env, home: Option<&Path>) -> Result<Output> {
+    let (tmp, home) = demo_home(home)?;
+    let db = home.join("state.db");
+    let profile = env.profile.clone();
+    let t0 = (SystemClock.now() - STORY_HOURS * HOUR).floor();
+    let clock = Arc::new(ManualClock::new(t0));
+    let mut story = Story { json: env.json, n: 0 };
+
+    // 1. A fresh home.
+    let store = open_store(&home, &db, &profile, clock.clone())?;
+    session(&store, PARENT, None, None)?;
+    story.step(
+        "setup",
+        "A fresh hermes home",
+        &(key_values(&[
+            ("home", home.display().to_string()),
+            ("database", format!("{} (hermes tables + retinue_* tables)", db.display())),
+            ("clock", format!("{} (manual: moves only when the demo says so)", iso8601(t0))),
+            ("runtime", "scripted children, no network".to_owned()),
+            ("parent", format!("{PARENT} (cli session, live)")),
+        ])),
+        json!({ "home": home.display().to_string(), "parent_session_id": PARENT }),
+    )?;
+
+    // 2. The parent delegates a batch of three tasks.
+    let tool = scripted_delegator(&store, Arc::new(runtime()), clock.clone(), &profile);
+    let tasks: Vec<Value> = TASKS.iter().map(|t| json!({ "goal": t.0 })).collect();
+    let out = tool_ok(
+        "delegate_task",
+        tool.delegate_task(&json!({ "tasks": tasks }), Some(&parent_ctx(PARENT))),
+    )?;
+    let delegation_id = str_at(&out, &["delegation_id"]).to_owned();
+    let results = out.get("results").and_then(Value::as_array).cloned().unwrap_or_default();
+    let ids: Vec<(String, String)> = results
+        .iter()
+        .map(|r| {
+            (str_at(r, &["subagent_id"]).to_owned(), str_at(r, &["child_session_id"]).to_owned())
+        })
+        .collect();
+    let [(sa0, sid0), (sa1, _), (sa2, _)] = <[(String, String); 3]>::try_from(ids)
+        .map_err(|ids| failed("expected three children", ids.len()))?;
+    story.step(
+        "delegate",
+        "The parent delegates a batch of three tasks",
+        &format!(
+            "{}\n{}",
+            para(&format!(
+                "{PARENT} calls delegate_task with tasks=[…3 goals…]. One durable unit \
+                 ({delegation_id}) and three child sessions were written before any child \
+                 started; the results:"
+            )),
+            delegate_human(&out)
+        ),
+        json!({ "delegation_id": delegation_id, "result": out }),
+    )?;
+
+    // 3. The children are retained.
+    let listed = store.list_retained_children()?;
+    story.step(
+        "retained",
+        "The three children are retained",
+        &format!(
+            "{}\n{}",
+            para(&format!(
+                "The unit completed, so its children stay addressable for a follow-up \
+                 (TTL {} h, at most {} retained units). `retinue children list`:",
+                store.config().delegation.retained_ttl_hours,
+                store.config().delegation.max_retained,
+            )),
+            children_table(&listed)
+        ),
+        json!({ "children": entries_json(&listed) }),
+    )?;
+
+    // 4. The parent is compressed into a continuation.
+    store.end_session(PARENT, "compression")?;
+    session(&store, CONTINUATION, Some(PARENT), None)?;
+    let chain = lineage_chain(&*store, CONTINUATION).map_err(|e| failed("lineage", e))?;
+    let lineage_root = chain.last().cloned().unwrap_or_default();
+    story.step(
+        "compress",
+        "The parent's context is compressed into a continuation",
+        &key_values(&[
+            ("ended", format!("{PARENT} (end_reason = compression)")),
+            ("continuation", format!("{CONTINUATION} (parent_session_id = {PARENT})")),
+            ("lineage", chain.join(" → ")),
+            ("root", format!("{lineage_root}: the continuation inherits the parent's children")),
+        ]),
+        json!({
+            "parent_session_id": PARENT,
+            "continuation_session_id": CONTINUATION,
+            "root": lineage_root,
+            "chain": chain,
+        }),
+    )?;
+
+    // 5. Two days later, the continuation follows up one child.
+    clock.advance(48.0 * HOUR);
+    let out = tool_ok(
+        "follow-up",
+        tool.delegate_task(
+            &json!({ "follow_up": sa0, "goal": FOLLOW_UP }),
+            Some(&parent_ctx(CONTINUATION)),
+        ),
+    )?;
+    let transcript = store.conversation(&sid0)?;
+    let mut t = Table::new(&["#", "ROLE", "CONTENT"]);
+    for (i, m) in transcript.iter().enumerate() {
+        t.row(vec![
+            (i + 1).to_string(),
+            m.role.clone(),
+            clip(m.content.as_deref().unwrap_or(""), 70),
+        ]);
+    }
+    let refreshed = match store.lookup(&sa0)? {
+        Lookup::Addressable(e) => when(e.retained_at),
+        _ => "-".to_owned(),
+    };
+    story.step(
+        "follow_up",
+        "48 h later, the continuation follows up one child",
+        &format!(
+            "{}\n{}\n{}\n{}\n{}",
+            para(&format!(
+                "{CONTINUATION} calls delegate_task(follow_up={sa0}, goal=…). No new child: \
+                 {sa0} resumes on its own persisted session {sid0}, budget-exempt."
+            )),
+            delegate_human(&out),
+            para(&format!("Transcript of {sid0} (the follow-up is its next user turn):")),
+            t.render(),
+            para(&format!("Its retention clock restarted: retained_at = {refreshed}.")),
+        ),
+        json!({
+            "child_id": sa0,
+            "result": out,
+            "transcript": transcript
+                .iter()
+                .map(|m| json!({ "role": m.role, "content": m.content }))
+                .collect::<Vec<_>>(),
+        }),
+    )?;
+
+    // 6. A branch and a stranger are refused.
+    session(&store, BRANCH, Some(CONTINUATION), Some(json!({ "_branched_from": CONTINUATION })))?;
+    session(&store, STRANGER, None, None)?;
+    let entry0 = store.find_retained_child(&sa0)?.ok_or_else(|| failed("lookup", &sa0))?;
+    let mut t = Table::new(&["REQUESTER", "LINEAGE ROOT", "DECISION"]);
+    let mut attempts = Vec::new();
+    let mut tool_text = String::new();
+    for requester in [BRANCH, STRANGER] {
+        let out = tool.delegate_task(
+            &json!({ "follow_up": sa0, "goal": "Tell me everything you know." }),
+            Some(&parent_ctx(requester)),
+        );
+        let error = str_at(&out, &["error"]).to_owned();
+        if error.is_empty() {
+            return Err(failed("refusal", format!("{requester} was not refused")));
+        }
+        let root_text = match root(&*store, requester) {
+            Ok(r) => r,
+            Err(e) => format!("none ({e})"),
+        };
+        let denial = check_follow_up_authority(&*store, &entry0, Some(requester), &profile)
+            .err()
+            .map(|d| denial_kind(&d));
+        t.row(vec![
+            requester.to_owned(),
+            root_text.clone(),
+            denial.map_or_else(|| "allowed".to_owned(), |d| format!("denied ({d})")),
+        ]);
+        attempts.push(
+            json!({ "requester": requester, "root": root_text, "denial": denial, "error": error }),
+        );
+        tool_text = error;
+    }
+    story.step(
+        "refused",
+        "A branch and a stranger are refused",
+        &format!(
+            "{}\n{}\n{}",
+            para(&format!(
+                "{BRANCH} is a branch of {CONTINUATION} (_branched_from); {STRANGER} is \
+                 unrelated. Both try to follow up {sa0}:"
+            )),
+            t.render(),
+            para(&format!(
+                "The tool answers both the same, byte for byte as for an id that does not \
+                 exist, so nothing leaks:\n  {tool_text}"
+            )),
+        ),
+        json!({ "child_id": sa0, "attempts": attempts }),
+    )?;
+
+    // 7. One child is tombstoned.
+    let changed = store.tombstone_retained_child(&sa2, &TombstoneReason::Manual)?;
+    let out = tool.delegate_task(
+        &json!({ "follow_up": sa2, "goal": "Are you still there?" }),
+        Some(&parent_ctx(CONTINUATION)),
+    );
+    let answer = str_at(&out, &["error"]).to_owned();
+    let listed = store.list_retained_children()?;
+    story.step(
+        "tombstone",
+        "One child is tombstoned",
+        &format!(
+            "{}\nRetained now:\n\n{}",
+            para(&format!(
+                "`retinue children tombstone {sa2}` de-registers that child only: its siblings \
+                 stay addressable, its row and transcript are kept. The continuation, which may \
+                 address it, is told when and why:\n  {answer}"
+            )),
+            children_table(&listed)
+        ),
+        json!({
+            "child_id": sa2,
+            "tombstoned": changed,
+            "reason": TombstoneReason::Manual.as_str(),
+            "follow_up_error": answer,
+            "children": entries_json(&listed),
+        }),
+    )?;
+
+    // 8. A TTL prune.
+    clock.advance((STORY_HOURS - 48.0) * HOUR);
+    let count = store.prune_retained_children(None, None)?;
+    let listed = store.list_retained_children()?;
+    let expired = match store.lookup(&sa1)? {
+        Lookup::NotAddressable(_, Unaddressable::Tombstoned { at, reason }) => {
+            format!("tombstoned at {} (reason: {})", iso8601(at), reason.as_str())
+        }
+        other => format!("{other:?}"),
+    };
+    story.step(
+        "prune",
+        "100 h after the delegation, a TTL prune runs",
+        &format!(
+            "{}\n{}\n{}",
+            key_values(&[
+                ("clock", iso8601(clock.now())),
+                (
+                    "prune",
+                    format!(
+                        "tombstoned {} unit(s), {} child(ren) (nothing is deleted)",
+                        count.units, count.children
+                    ),
+                ),
+            ]),
+            para(&format!(
+                "{sa1} was retained at {} and never followed up: {expired}. {sa0} was \
+                 followed up 48 h in, so its TTL restarted and it stays:",
+                iso8601(t0)
+            )),
+            children_table(&listed)
+        ),
+        json!({
+            "now": iso8601(clock.now()),
+            "pruned": { "tombstoned": count.units, "children": count.children },
+            "children": entries_json(&listed),
+        }),
+    )?;
+
+    // 9. A simulated restart recovers.
+    let (pid, fingerprint) = current_owner();
+    let inflight = store.insert_unit(&UnitDraft {
+        origin_session: CONTINUATION.to_owned(),
+        origin_session_id: CONTINUATION.to_owned(),
+        parent_session_id: Some(CONTINUATION.to_owned()),
+        owner_pid: Some(pid),
+        owner_started_at: fingerprint,
+        task: json!({ "goal": "Benchmark the registry", "is_batch": false, "mode": "background" }),
+        owner_profile: profile.clone(),
+        children: vec![ChildManifest {
+            subagent_id: INFLIGHT_SUBAGENT.to_owned(),
+            session_id: INFLIGHT_SESSION.to_owned(),
+            model: Some(MODEL.to_owned()),
+            goal: Some("Benchmark the registry".to_owned()),
+            ..ChildManifest::default()
+        }],
+        child_sessions: vec![NewSession {
+            id: INFLIGHT_SESSION.to_owned(),
+            source: "delegate".to_owned(),
+            model: Some(MODEL.to_owned()),
+            model_config: Some(json!({ "_delegate_from": CONTINUATION })),
+            parent_session_id: Some(CONTINUATION.to_owned()),
+            ..NewSession::default()
+        }],
+        ..UnitDraft::default()
+    })?;
+    drop(tool);
+    drop(store);
+    let store = open_store(&home, &db, &profile, clock.clone())?;
+    let report = store.recover_abandoned_delegations(&SimulatedRestart { old_pid: pid });
+    if let Some(e) = &report.error {
+        return Err(failed("recovery", e));
+    }
+    let state = match store.lookup(INFLIGHT_SUBAGENT)? {
+        Lookup::Addressable(e) | Lookup::NotAddressable(e, _) => e.state,
+        Lookup::Unknown => "-".to_owned(),
+    };
+    let filter = DeliveryFilter {
+        parent_session_id: Some(CONTINUATION.to_owned()),
+        ..DeliveryFilter::default()
+    };
+    let event = match store.claim_delivery(&filter)? {
+        Some(claim) => {
+            store.ack_delivery(&claim.delegation_id, &claim.token)?;
+            claim.event
+        }
+        None => Value::Null,
+    };
+    let listed = store.list_retained_children()?;
+    story.step(
+        "restart",
+        "The process restarts and recovers",
+        &format!(
+            "{}\n{}\n{}\n{}",
+            para(&format!(
+                "A background delegation ({inflight}, child {INFLIGHT_SUBAGENT}) was still \
+                 running when the process died. The store is reopened and `retinue recover` runs:"
+            )),
+            key_values(&[
+                ("abandoned", format!("{} (now state = {state})", report.abandoned)),
+                ("retained", format!("{} addressable child(ren) rehydrated", report.addressable)),
+            ]),
+            para(&format!(
+                "The parent is told once, through the delivery queue: status {}, \"{}\"\n\n\
+                 Retained children survive the restart:",
+                str_at(&event, &["status"]),
+                str_at(&event, &["error"]),
+            )),
+            children_table(&listed)
+        ),
+        json!({
+            "abandoned": report.abandoned,
+            "retained": report.addressable,
+            "recovered_delegation_id": inflight,
+            "recovered_state": state,
+            "event": event,
+        }),
+    )?;
+
+    // 10. Usage totals for the lineage.
+    let walk = ForwardWalk { graph: &*store };
+    let totals = load_lineage_usage_totals(&*store, &walk, CONTINUATION)?;
+    let mut records = Vec::new();
+    for s in &totals.sessions {
+        records.extend(load_child_usage_attributions(&*store, s)?);
+    }
+    story.step(
+        "usage",
+        "Usage totals for the whole lineage",
+        &format!(
+            "{}\n{}",
+            para(&format!(
+                "Every child run billed one keyed ledger row to the session that paid for it; \
+                 `retinue usage {CONTINUATION} --lineage` sums the compression lineage:"
+            )),
+            usage_human(&totals.totals, &totals.sessions, &records)
+        ),
+        json!({
+            "session_id": CONTINUATION,
+            "sessions": totals.sessions,
+            "lineage_resolved": totals.lineage_resolved,
+            "totals": {
+                "cost_usd": totals.totals.cost_usd,
+                "input_tokens": totals.totals.input_tokens,
+                "output_tokens": totals.totals.output_tokens,
+            },
+            "records": records.len(),
+        }),
+    )?;
+
+    // 11. Done.
+    drop(store);
+    let kept = tmp.is_none();
+    let home_text = home.display().to_string();
+    let body = if kept {
+        format!(
+            "The database is kept. Try:\n  retinue --home {home_text} children list\n  \
+             retinue --home {home_text} lineage {CONTINUATION}\n  \
+             retinue --home {home_text} usage {CONTINUATION} --lineage\n"
+        )
+    } else {
+        "The temporary home is deleted; run `retinue demo --home DIR` to keep the database.\n"
+            .to_owned()
+    };
+    story.step("done", "Done", &body, json!({ "home": home_text, "kept": kept }))?;
+    if let Some(tmp) = tmp {
+        tmp.close()?;
+    }
+    Ok(Output { json: None, human: String::new(), code: 0, stderr: None })
+}

@@ -1,0 +1,69 @@
+//! The command's one error enum and its exit codes.
+
+use std::error::Error as _;
+
+/// Exit code: success.
+pub(crate) const EXIT_OK: u8 = 0;
+/// Exit code: any other error.
+pub(crate) const EXIT_FAILED: u8 = 1;
+/// Exit code: bad usage (clap's own errors exit with it too).
+pub(crate) const EXIT_USAGE: u8 = 2;
+/// Exit code: the decision was a denial.
+pub(crate) const EXIT_DENIED: u8 = 3;
+/// Exit code: the id or session is not found (or not addressable).
+pub(crate) const EXIT_NOT_FOUND: u8 = 4;
+
+/// Everything a command can fail with.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum CliError {
+    /// The arguments make no sense together.
+    #[error("{0}")]
+    Usage(String),
+    /// The id or session does not exist, or is not addressable.
+    #[error("{0}")]
+    NotFound(String),
+    /// Anything else, already phrased.
+    #[error("{0}")]
+    Failed(String),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] retinue_store::Error),
+    /// The usage ledger failed.
+    #[error(transparent)]
+    Ledger(#[from] retinue_usage::Error),
+    /// Writing the output or the demo home failed.
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl CliError {
+    /// The process exit code for this error.
+    pub(crate) fn exit_code(&self) -> u8 {
+        match self {
+            CliError::Usage(_) => EXIT_USAGE,
+            CliError::NotFound(_) => EXIT_NOT_FOUND,
+            CliError::Failed(_) | CliError::Store(_) | CliError::Ledger(_) | CliError::Io(_) => {
+                EXIT_FAILED
+            }
+        }
+    }
+
+    /// The message with its causes, `outer: inner: …`.
+    pub(crate) fn report(&self) -> String {
+        let mut text = self.to_string();
+        let mut source = self.source();
+        // `transparent` variants share their Display with their source: skip repeats.
+        while let Some(cause) = source {
+            let part = cause.to_string();
+            if !text.ends_with(&part) {
+                text.push_str(": ");
+                text.push_str(&part);
+            }
+            source = cause.source();
+        }
+        text
+    }
+}
+
+/// The command's result type.
+pub(crate) type Result<T, E = CliError> = std::result::Result<T, E>;

@@ -1,0 +1,122 @@
+//! `retinue`: operate the retained subagents of a hermes-agent `state.db`
+//! (list, show, tombstone, prune, authority, lineage, usage, recover,
+//! delegate), and a demo of the whole lifecycle.
+//!
+//! The contract (options, commands, JSON keys, exit codes) is stable: scripts
+//! call it exactly as `retinue --help` shows. Exit codes: 0 ok, 2 bad usage,
+//! 3 denied, 4 not found, 1 any other error (message on stderr). This is the
+//! only crate that wires the concrete store, the lineage rules, the usage
+//! ledger and the delegate tool together.
+
+mod cli;
+mod commands;
+mod demo;
+mod env;
+mod error;
+mod table;
+mod walk;
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use crate::cli::{ChildrenCommand, Cli, Command};
+use crate::env::Env;
+use crate::error::{CliError, EXIT_USAGE};
+
+/// What a command produced: JSON for `--json`, text otherwise, an exit code,
+/// and an optional message for stderr.
+#[derive(Debug)]
+pub(crate) struct Output {
+    /// The machine output (`None`: the command printed as it went).
+    pub(crate) json: Option<serde_json::Value>,
+    /// The human output.
+    pub(crate) human: String,
+    /// The exit code.
+    pub(crate) code: u8,
+    /// A message for stderr.
+    pub(crate) stderr: Option<String>,
+}
+
+impl Output {
+    /// A successful output.
+    pub(crate) fn ok(json: serde_json::Value, human: String) -> Output {
+        Output { json: Some(json), human, code: error::EXIT_OK, stderr: None }
+    }
+}
+
+fn run(cli: &Cli) -> error::Result<Output> {
+    let env = Env::from_cli(cli);
+    match &cli.command {
+        Command::Children(sub) => match sub {
+            ChildrenCommand::List { owner } => commands::children_list(&env, owner.as_deref()),
+            ChildrenCommand::Show { id } => commands::children_show(&env, id),
+            ChildrenCommand::Tombstone { id, reason } => {
+                commands::children_tombstone(&env, id, reason.as_deref())
+            }
+            ChildrenCommand::Prune { ttl_hours, max_retained } => {
+                commands::children_prune(&env, *ttl_hours, *max_retained)
+            }
+        },
+        Command::Authority { id, caller } => commands::authority(&env, id, caller),
+        Command::Lineage { session } => commands::lineage(&env, session),
+        Command::Usage { session, lineage } => commands::usage(&env, session, *lineage),
+        Command::Recover => commands::recover(&env),
+        Command::Delegate(args) => commands::delegate(&env, args),
+        Command::Demo => {
+            if cli.db.is_some() {
+                return Err(CliError::Usage(
+                    "demo takes no --db: it creates DIR/state.db in a fresh --home".to_owned(),
+                ));
+            }
+            demo::run(&env, cli.home.as_deref())
+        }
+    }
+}
+
+/// Writes `text` to stdout; a closed pipe (`retinue … | head`) is not an error.
+pub(crate) fn print_stdout(text: &str) -> std::io::Result<()> {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => other,
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            // Help and version go to stdout with code 0; errors to stderr with code 2.
+            let code = if e.use_stderr() { EXIT_USAGE } else { error::EXIT_OK };
+            let _ = e.print();
+            return ExitCode::from(code);
+        }
+    };
+    let result = run(&cli).and_then(|out| {
+        let text = match &out.json {
+            Some(v) if cli.json => {
+                let mut s = serde_json::to_string_pretty(v)
+                    .map_err(|e| CliError::Failed(format!("cannot encode the output: {e}")))?;
+                s.push('\n');
+                s
+            }
+            _ => out.human.clone(),
+        };
+        print_stdout(&text)?;
+        Ok(out)
+    });
+    match result {
+        Ok(out) => {
+            if let Some(msg) = &out.stderr {
+                eprintln!("retinue: {msg}");
+            }
+            ExitCode::from(out.code)
+        }
+        Err(e) => {
+            eprintln!("retinue: {}", e.report());
+            ExitCode::from(e.exit_code())
+        }
+    }
+}

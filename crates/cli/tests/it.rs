@@ -1,0 +1,752 @@
+//! The `retinue` binary on a state.db written by hermes-agent (testkit's
+//! hermes fixture): every command's exit code and JSON, the help texts, the
+//! demo, and that the file keeps every hermes row and object afterwards.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use retinue_store::{Store, StoreOptions};
+use retinue_testkit::hermes::HERMES_TABLES;
+use retinue_testkit::{HermesDb, HermesFixture, TempHome};
+use serde_json::{Value, json};
+
+const BIN: &str = env!("CARGO_BIN_EXE_retinue");
+
+fn now() -> f64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).expect("clock").as_secs_f64()
+}
+
+/// A temporary home holding the standard hermes fixture, and the file as it
+/// was written (every hermes table's rows, and the schema objects).
+struct Fx {
+    home: TempHome,
+    fx: HermesFixture,
+    before: Snapshot,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct Snapshot {
+    columns: BTreeMap<String, Vec<String>>,
+    rows: BTreeMap<String, Vec<Value>>,
+    objects: Vec<String>,
+}
+
+fn snapshot(path: &Path, columns: Option<&BTreeMap<String, Vec<String>>>) -> Snapshot {
+    let mut cols = BTreeMap::new();
+    let mut rows = BTreeMap::new();
+    for (table, _) in HERMES_TABLES {
+        let these = match columns {
+            Some(c) => c[*table].clone(),
+            None => HermesDb::columns(path, table),
+        };
+        let refs: Vec<&str> = these.iter().map(String::as_str).collect();
+        rows.insert((*table).to_owned(), HermesDb::table_rows_of(path, table, &refs));
+        cols.insert((*table).to_owned(), these);
+    }
+    let objects = HermesDb::table_rows_of(path, "sqlite_master", &["type", "name"])
+        .into_iter()
+        .map(|r| {
+            format!("{} {}", r["type"].as_str().unwrap_or(""), r["name"].as_str().unwrap_or(""))
+        })
+        .collect();
+    Snapshot { columns: cols, rows, objects }
+}
+
+impl Fx {
+    fn new() -> Fx {
+        let home = TempHome::new();
+        let fx = HermesDb::standard(&home.db_path(), now());
+        let before = snapshot(&home.db_path(), None);
+        Fx { home, fx, before }
+    }
+
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(BIN);
+        c.arg("--home").arg(self.home.path()).args(args);
+        c.env_remove("HERMES_HOME").env_remove("HERMES_PROFILE");
+        c
+    }
+
+    /// Runs with `--json`: exit code, parsed stdout (Null when empty), stderr.
+    fn json(&self, args: &[&str]) -> (i32, Value, String) {
+        let mut c = self.cmd(args);
+        c.arg("--json");
+        let out = c.output().expect("run retinue");
+        let stdout = String::from_utf8(out.stdout).expect("utf8");
+        let v = if stdout.trim().is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("bad JSON ({e}): {stdout}"))
+        };
+        (out.status.code().expect("exit code"), v, String::from_utf8(out.stderr).expect("utf8"))
+    }
+
+    /// Runs with `--json`, expecting `code`.
+    #[track_caller]
+    fn ok(&self, code: i32, args: &[&str]) -> Value {
+        let (got, v, err) = self.json(args);
+        assert_eq!(got, code, "retinue {args:?}: stdout {v}, stderr {err}");
+        v
+    }
+
+    /// Runs without `--json`: exit code, stdout, stderr.
+    fn human(&self, args: &[&str]) -> (i32, String, String) {
+        let out = self.cmd(args).output().expect("run retinue");
+        (
+            out.status.code().expect("exit code"),
+            String::from_utf8(out.stdout).expect("utf8"),
+            String::from_utf8(out.stderr).expect("utf8"),
+        )
+    }
+
+    fn db(&self) -> PathBuf {
+        self.home.db_path()
+    }
+
+    /// The file still opens, passes `integrity_check`, keeps every hermes
+    /// table, column, index, trigger and row; rows whose key is in `changed`
+    /// may differ in value, every other original row is identical.
+    #[track_caller]
+    fn assert_additive(&self, changed: &[(&str, &str)]) {
+        let store = Store::open(self.db(), StoreOptions::default()).expect("reopen");
+        assert_eq!(store.integrity_check().expect("integrity"), "ok");
+        drop(store);
+        let after = snapshot(&self.db(), Some(&self.before.columns));
+        for object in &self.before.objects {
+            assert!(after.objects.contains(object), "{object} disappeared");
+        }
+        for (table, key) in HERMES_TABLES {
+            let now_rows = &after.rows[*table];
+            for row in &self.before.rows[*table] {
+                let id = &row[*key];
+                let found = now_rows.iter().find(|r| &r[*key] == id);
+                let found = found.unwrap_or_else(|| panic!("{table} row {id} disappeared"));
+                let may_change = changed.iter().any(|(t, k)| t == table && json!(k) == *id);
+                if !may_change {
+                    assert_eq!(found, row, "{table} row {id} changed");
+                }
+            }
+        }
+    }
+}
+
+fn ids(v: &Value) -> Vec<String> {
+    v.as_array()
+        .expect("array")
+        .iter()
+        .map(|e| e["child_id"].as_str().expect("child_id").to_owned())
+        .collect()
+}
+
+// ---------------------------------------------------------------- help
+
+#[test]
+fn help_texts() {
+    let home = TempHome::new();
+    let cases: &[(&str, &[&str])] = &[
+        ("top", &[]),
+        ("children", &["children"]),
+        ("children_list", &["children", "list"]),
+        ("children_show", &["children", "show"]),
+        ("children_tombstone", &["children", "tombstone"]),
+        ("children_prune", &["children", "prune"]),
+        ("authority", &["authority"]),
+        ("lineage", &["lineage"]),
+        ("usage", &["usage"]),
+        ("recover", &["recover"]),
+        ("delegate", &["delegate"]),
+        ("demo", &["demo"]),
+    ];
+    for (name, args) in cases {
+        let out = Command::new(BIN)
+            .args(*args)
+            .arg("--help")
+            .env("HERMES_HOME", home.path())
+            .output()
+            .expect("run");
+        assert_eq!(out.status.code(), Some(0), "{name}");
+        let text = String::from_utf8(out.stdout).expect("utf8");
+        insta::assert_snapshot!(format!("help_{name}"), text);
+    }
+}
+
+#[test]
+fn bad_usage_exits_2() {
+    let fx = Fx::new();
+    for args in [
+        vec![],
+        vec!["frobnicate"],
+        vec!["children"],
+        vec!["children", "show"],
+        vec!["authority", "sa-x"],
+        vec!["children", "prune", "--ttl-hours", "NaN"],
+        vec!["children", "prune", "--max-retained", "-3"],
+        vec!["children", "tombstone", "x", "--reason", "  "],
+        vec!["delegate", "--parent", "p"],
+        vec!["delegate", "--parent", "p", "--goal", "g", "--tasks", "[]"],
+        vec!["delegate", "--parent", "p", "--tasks", "not json"],
+        vec!["delegate", "--parent", "p", "--tasks", "[{\"goal\":\"a\"}]", "--follow-up", "x"],
+        vec!["delegate", "--parent", "p", "--tasks", "{\"goal\": 1}"],
+        vec!["delegate", "--parent", "p", "--goal", " ", "--follow-up", "x"],
+    ] {
+        let (code, _, err) = fx.human(&args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(!err.is_empty(), "{args:?}: no message");
+    }
+    fx.assert_additive(&[]);
+}
+
+// ---------------------------------------------------------------- children
+
+#[test]
+fn children_list_on_a_hermes_file() {
+    let fx = Fx::new();
+    let v = fx.ok(0, &["children", "list"]);
+    // Newest unit first, then child index; hermes's tombstoned and legacy units are hidden.
+    let mut want = vec![fx.fx.solo_subagent.to_owned()];
+    want.extend(fx.fx.batch_subagents.iter().map(|s| (*s).to_owned()));
+    assert_eq!(ids(&v), want);
+    for e in v.as_array().expect("array") {
+        let mut keys: Vec<&str> =
+            e.as_object().expect("object").keys().map(String::as_str).collect();
+        keys.sort_unstable();
+        assert_eq!(
+            keys,
+            [
+                "child_id",
+                "child_session_id",
+                "completed_at",
+                "delegation_id",
+                "goal",
+                "model",
+                "owner_profile",
+                "parent_session_id",
+                "retained_at",
+                "state"
+            ]
+        );
+    }
+    insta::assert_json_snapshot!("children_list", v, {
+        "[].retained_at" => "[ts]",
+        "[].completed_at" => "[ts]",
+    });
+    let (code, text, _) = fx.human(&["children", "list"]);
+    assert_eq!(code, 0);
+    assert!(text.starts_with("CHILD "), "{text}");
+    assert!(text.contains(fx.fx.batch_sessions[2]), "{text}");
+    fx.assert_additive(&[]);
+}
+
+#[test]
+fn children_list_scoped_to_an_owner() {
+    let fx = Fx::new();
+    let all = ids(&fx.ok(0, &["children", "list"]));
+    // The continuation may address its own child and the root's batch.
+    assert_eq!(ids(&fx.ok(0, &["children", "list", "--owner", fx.fx.continuation])), all);
+    assert_eq!(ids(&fx.ok(0, &["children", "list", "--owner", fx.fx.root])), all);
+    // A branch, a stranger, a missing session and a delegate child: nothing.
+    for outsider in [fx.fx.branch, fx.fx.stranger, "nope", fx.fx.batch_sessions[0]] {
+        assert_eq!(fx.ok(0, &["children", "list", "--owner", outsider]), json!([]), "{outsider}");
+    }
+    // Another profile loses the `work` unit, keeps the ownerless batch.
+    let v = fx.ok(0, &["--profile", "personal", "children", "list", "--owner", fx.fx.continuation]);
+    assert_eq!(ids(&v), fx.fx.batch_subagents.to_vec());
+    insta::assert_json_snapshot!("children_list_owner_personal", v, {
+        "[].retained_at" => "[ts]",
+        "[].completed_at" => "[ts]",
+    });
+    fx.assert_additive(&[]);
+}
+
+#[test]
+fn children_show_by_any_id() {
+    let fx = Fx::new();
+    let by_sa = fx.ok(0, &["children", "show", fx.fx.batch_subagents[1]]);
+    assert_eq!(by_sa["child_session_id"], fx.fx.batch_sessions[1]);
+    assert_eq!(fx.ok(0, &["children", "show", fx.fx.batch_sessions[1]]), by_sa);
+    let by_unit = fx.ok(0, &["children", "show", fx.fx.batch]);
+    assert_eq!(by_unit["child_id"], fx.fx.batch_subagents[0]);
+    insta::assert_json_snapshot!("children_show", by_sa, {
+        ".retained_at" => "[ts]",
+        ".completed_at" => "[ts]",
+    });
+    // Unknown, hermes-tombstoned and never-retained ids: exit 4, nothing on stdout.
+    let (code, v, err) = fx.json(&["children", "show", "nope"]);
+    assert_eq!((code, v), (4, Value::Null));
+    assert!(err.contains("no retained child"), "{err}");
+    // A unit hermes retained and tombstoned on its own is not addressable either.
+    let (code, v, _) = fx.json(&["children", "show", fx.fx.tombstoned_session]);
+    assert_eq!((code, v), (4, Value::Null));
+    let (code, _, _) = fx.json(&["children", "show", fx.fx.legacy]);
+    assert_eq!(code, 4);
+    let (code, text, _) = fx.human(&["children", "show", fx.fx.solo_subagent]);
+    assert_eq!(code, 0);
+    assert!(
+        text.lines().any(|l| l.starts_with("owner_profile ") && l.ends_with(" work")),
+        "{text}"
+    );
+    fx.assert_additive(&[]);
+}
+
+#[test]
+fn children_tombstone_one_child() {
+    let fx = Fx::new();
+    let target = fx.fx.batch_subagents[2];
+    let v = fx.ok(0, &["children", "tombstone", target, "--reason", "operator cleanup"]);
+    assert_eq!(v, json!({ "tombstoned": true }));
+    insta::assert_json_snapshot!("children_tombstone", v);
+    // Siblings stay; the child is gone, with its reason; a repeat is exit 4.
+    let listed = ids(&fx.ok(0, &["children", "list"]));
+    assert_eq!(listed.len(), 3);
+    assert!(!listed.contains(&target.to_owned()));
+    let (code, _, err) = fx.json(&["children", "show", target]);
+    assert_eq!(code, 4);
+    assert!(err.contains("(reason: operator cleanup)"), "{err}");
+    let (code, _, _) = fx.json(&["children", "tombstone", target]);
+    assert_eq!(code, 4);
+    let (code, _, _) = fx.json(&["children", "tombstone", "nope"]);
+    assert_eq!(code, 4);
+    let (code, _, _) = fx.json(&["children", "tombstone", fx.fx.tombstoned_session]);
+    assert_eq!(code, 4);
+    // A delegation id tombstones its remaining live children (default reason manual).
+    let (code, text, _) = fx.human(&["children", "tombstone", fx.fx.batch]);
+    assert_eq!(code, 0);
+    assert!(text.contains("every live child of deleg_h0000001, reason: manual"), "{text}");
+    assert_eq!(ids(&fx.ok(0, &["children", "list"])), vec![fx.fx.solo_subagent]);
+    // Per-child tombstones live in retinue_children; the batch unit gets its tombstone time.
+    fx.assert_additive(&[("async_delegations", fx.fx.batch)]);
+}
+
+#[test]
+fn children_prune_ttl_and_cap() {
+    let fx = Fx::new();
+    let v = fx.ok(0, &["children", "prune"]);
+    assert_eq!(v, json!({ "tombstoned": 0, "children": 0 }));
+    fx.assert_additive(&[]);
+    // The batch was retained 6 h ago: a 4 h TTL expires its unit and three children.
+    let v = fx.ok(0, &["children", "prune", "--ttl-hours", "4"]);
+    assert_eq!(v, json!({ "tombstoned": 1, "children": 3 }));
+    insta::assert_json_snapshot!("children_prune", v);
+    assert_eq!(ids(&fx.ok(0, &["children", "list"])), vec![fx.fx.solo_subagent]);
+    let (code, _, err) = fx.json(&["children", "show", fx.fx.batch_subagents[0]]);
+    assert_eq!(code, 4);
+    assert!(err.contains("(reason: ttl)"), "{err}");
+    // The cap: one retained unit is already the limit.
+    assert_eq!(
+        fx.ok(0, &["children", "prune", "--max-retained", "1"]),
+        json!({ "tombstoned": 0, "children": 0 })
+    );
+    let (code, text, _) = fx.human(&["children", "prune", "--ttl-hours", "0"]);
+    assert_eq!(code, 0);
+    assert!(text.contains("tombstoned 1 unit(s), 1 child(ren)"), "{text}");
+    fx.assert_additive(&[("async_delegations", fx.fx.batch), ("async_delegations", fx.fx.solo)]);
+}
+
+// ---------------------------------------------------------------- authority
+
+#[test]
+fn authority_decisions() {
+    let fx = Fx::new();
+    let sa0 = fx.fx.batch_subagents[0];
+    let allowed = fx.ok(0, &["authority", sa0, "--caller", fx.fx.continuation]);
+    assert_eq!(allowed["allowed"], true);
+    assert_eq!(allowed["denial"], Value::Null);
+    insta::assert_json_snapshot!("authority_allowed", allowed);
+    assert_eq!(fx.ok(0, &["authority", sa0, "--caller", fx.fx.root])["allowed"], true);
+
+    let branch = fx.ok(3, &["authority", sa0, "--caller", fx.fx.branch]);
+    assert_eq!(branch["denial"], "lineage");
+    insta::assert_json_snapshot!("authority_denied_lineage", branch);
+    assert_eq!(fx.ok(3, &["authority", sa0, "--caller", fx.fx.stranger]), branch);
+    assert_eq!(fx.ok(3, &["authority", sa0, "--caller", "ghost"]), branch);
+
+    let itself = fx.ok(3, &["authority", sa0, "--caller", fx.fx.batch_sessions[0]]);
+    assert_eq!(itself["denial"], "itself");
+    insta::assert_json_snapshot!("authority_denied_itself", itself);
+
+    let profile = fx.ok(
+        3,
+        &[
+            "--profile",
+            "personal",
+            "authority",
+            fx.fx.solo_subagent,
+            "--caller",
+            fx.fx.continuation,
+        ],
+    );
+    assert_eq!(profile["denial"], "profile");
+    insta::assert_json_snapshot!("authority_denied_profile", profile);
+
+    let (code, v, _) = fx.json(&["authority", "nope", "--caller", fx.fx.root]);
+    assert_eq!((code, v), (4, Value::Null));
+    let (code, _, _) = fx.json(&["authority", fx.fx.tombstoned_session, "--caller", fx.fx.root]);
+    assert_eq!(code, 4);
+
+    let (code, text, _) = fx.human(&["authority", sa0, "--caller", fx.fx.branch]);
+    assert_eq!(code, 3);
+    assert!(text.starts_with("denied (lineage)\nfollow_up rejected:"), "{text}");
+    fx.assert_additive(&[]);
+}
+
+#[test]
+fn authority_profile_from_the_environment() {
+    let fx = Fx::new();
+    let mut c =
+        fx.cmd(&["--json", "authority", fx.fx.solo_subagent, "--caller", fx.fx.continuation]);
+    let out = c.env("HERMES_PROFILE", "personal").output().expect("run");
+    assert_eq!(out.status.code(), Some(3));
+    let v: Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(v["denial"], "profile");
+    // An explicit --profile wins over the environment.
+    let mut c = fx.cmd(&[
+        "--json",
+        "--profile",
+        "work",
+        "authority",
+        fx.fx.solo_subagent,
+        "--caller",
+        fx.fx.continuation,
+    ]);
+    let out = c.env("HERMES_PROFILE", "personal").output().expect("run");
+    assert_eq!(out.status.code(), Some(0));
+}
+
+// ---------------------------------------------------------------- lineage
+
+#[test]
+fn lineage_roots() {
+    let fx = Fx::new();
+    let cont = fx.ok(0, &["lineage", fx.fx.continuation]);
+    assert_eq!(
+        cont,
+        json!({ "session_id": "h-cont", "root": "h-root", "chain": ["h-cont", "h-root"] })
+    );
+    insta::assert_json_snapshot!("lineage_continuation", cont);
+    assert_eq!(
+        fx.ok(0, &["lineage", fx.fx.root]),
+        json!({ "session_id": "h-root", "root": "h-root", "chain": ["h-root"] })
+    );
+    let branch = fx.ok(0, &["lineage", fx.fx.branch]);
+    assert_eq!(branch, json!({ "session_id": "h-branch", "root": null, "chain": [] }));
+    insta::assert_json_snapshot!("lineage_branch", branch);
+    assert_eq!(fx.ok(0, &["lineage", fx.fx.batch_sessions[0]])["root"], Value::Null);
+    let (code, v, err) = fx.json(&["lineage", "nope"]);
+    assert_eq!((code, v), (4, Value::Null));
+    assert!(err.contains("no session 'nope'"), "{err}");
+    let (code, text, _) = fx.human(&["lineage", fx.fx.branch]);
+    assert_eq!(code, 0);
+    assert!(text.contains("none (session is a branch (_branched_from))"), "{text}");
+    fx.assert_additive(&[]);
+}
+
+// ---------------------------------------------------------------- usage
+
+#[test]
+fn usage_totals_and_records() {
+    let fx = Fx::new();
+    let root = fx.ok(0, &["usage", fx.fx.root]);
+    let totals = &root["totals"];
+    assert!((totals["cost_usd"].as_f64().expect("cost") - 0.06).abs() < 1e-9);
+    assert_eq!(
+        (totals["input_tokens"].as_f64(), totals["output_tokens"].as_f64()),
+        (Some(600.0), Some(120.0))
+    );
+    assert_eq!(root["records"].as_array().expect("records").len(), 3);
+    insta::assert_json_snapshot!("usage_root", root, { ".records[].created_at" => "[ts]" });
+
+    // hermes's numeric-string cost counts.
+    let cont = fx.ok(0, &["usage", fx.fx.continuation]);
+    assert!((cont["totals"]["cost_usd"].as_f64().expect("cost") - 0.025).abs() < 1e-9);
+
+    let lineage = fx.ok(0, &["usage", fx.fx.continuation, "--lineage"]);
+    let t = &lineage["totals"];
+    assert!((t["cost_usd"].as_f64().expect("cost") - 0.085).abs() < 1e-9);
+    assert_eq!(
+        (t["input_tokens"].as_f64(), t["output_tokens"].as_f64()),
+        (Some(850.0), Some(160.0))
+    );
+    assert_eq!(lineage["records"].as_array().expect("records").len(), 4);
+    insta::assert_json_snapshot!("usage_lineage", lineage, {
+        ".records[].created_at" => "[ts]",
+        ".totals.cost_usd" => insta::rounded_redaction(6),
+    });
+
+    assert_eq!(
+        fx.ok(0, &["usage", "nope"]),
+        json!({ "totals": { "cost_usd": 0.0, "input_tokens": 0.0, "output_tokens": 0.0 }, "records": [] })
+    );
+    let (code, text, _) = fx.human(&["usage", fx.fx.continuation, "--lineage"]);
+    assert_eq!(code, 0);
+    assert!(text.contains("sessions       h-root → h-cont"), "{text}");
+    assert!(text.contains("cost_usd       0.0850"), "{text}");
+    fx.assert_additive(&[]);
+}
+
+// ---------------------------------------------------------------- recover
+
+#[test]
+fn recover_marks_abandoned_and_rehydrates() {
+    let fx = Fx::new();
+    let v = fx.ok(0, &["recover"]);
+    assert_eq!(v, json!({ "abandoned": 1, "retained": 4 }));
+    insta::assert_json_snapshot!("recover", v);
+    assert_eq!(fx.ok(0, &["recover"]), json!({ "abandoned": 0, "retained": 4 }));
+    let rows = HermesDb::table_rows_of(&fx.db(), "async_delegations", &["delegation_id", "state"]);
+    let state =
+        |id: &str| rows.iter().find(|r| r["delegation_id"] == id).map(|r| r["state"].clone());
+    assert_eq!(state(fx.fx.abandoned), Some(json!("unknown")));
+    assert_eq!(state(fx.fx.batch), Some(json!("completed")));
+    let (code, text, _) = fx.human(&["recover"]);
+    assert_eq!(code, 0);
+    assert!(text.contains("0 abandoned delegation(s)"), "{text}");
+    // Only the abandoned unit changed; retained rows are never rewritten.
+    fx.assert_additive(&[("async_delegations", fx.fx.abandoned)]);
+}
+
+// ---------------------------------------------------------------- delegate
+
+#[test]
+fn delegate_spawns_with_the_scripted_runtime() {
+    let fx = Fx::new();
+    let v =
+        fx.ok(0, &["delegate", "--parent", fx.fx.continuation, "--goal", "Summarise the release"]);
+    assert_eq!(v["results"][0]["status"], "completed");
+    assert_eq!(v["results"][0]["summary"], "Done: Summarise the release");
+    insta::assert_json_snapshot!("delegate_spawn", v, {
+        ".delegation_id" => "[id]",
+        ".results[].subagent_id" => "[sa]",
+        ".results[].child_session_id" => "[sid]",
+        ".results[].duration_seconds" => "[t]",
+        ".total_duration_seconds" => "[t]",
+    });
+    // The new unit is retained, newest first, and billed to the parent.
+    let listed = ids(&fx.ok(0, &["children", "list"]));
+    assert_eq!(listed.len(), 5);
+    assert_eq!(listed[0], v["results"][0]["subagent_id"].as_str().expect("sa"));
+    let usage = fx.ok(0, &["usage", fx.fx.continuation]);
+    assert_eq!(usage["records"].as_array().expect("records").len(), 2);
+
+    let batch = fx.ok(
+        0,
+        &[
+            "delegate",
+            "--parent",
+            fx.fx.root,
+            "--tasks",
+            r#"[{"goal":"a"},{"goal":"b","context":"c"}]"#,
+        ],
+    );
+    assert_eq!(batch["results"].as_array().expect("results").len(), 2);
+    let (code, text, _) = fx.human(&["delegate", "--parent", fx.fx.root, "--goal", "x"]);
+    assert_eq!(code, 0);
+    assert!(text.starts_with("delegation deleg_"), "{text}");
+    assert!(text.contains("Done: x"), "{text}");
+    // New units, sessions and ledger rows; the parents' cost fields are re-applied.
+    fx.assert_additive(&[("sessions", fx.fx.continuation), ("sessions", fx.fx.root)]);
+}
+
+#[test]
+fn delegate_follow_up_resumes_a_hermes_child() {
+    let fx = Fx::new();
+    let sa1 = fx.fx.batch_subagents[1];
+    let v = fx.ok(
+        0,
+        &[
+            "delegate",
+            "--parent",
+            fx.fx.continuation,
+            "--follow-up",
+            sa1,
+            "--goal",
+            "One more thing",
+        ],
+    );
+    assert_eq!(v["mode"], "follow_up");
+    assert_eq!(v["child_session_id"], fx.fx.batch_sessions[1]);
+    insta::assert_json_snapshot!("delegate_follow_up", v, {
+        ".results[].duration_seconds" => "[t]",
+        ".total_duration_seconds" => "[t]",
+    });
+    // It ran on the child's own hermes transcript: two more messages.
+    let messages =
+        HermesDb::table_rows_of(&fx.db(), "messages", &["session_id", "role", "content"]);
+    let child: Vec<&Value> =
+        messages.iter().filter(|m| m["session_id"] == fx.fx.batch_sessions[1]).collect();
+    assert_eq!(child.len(), 4);
+    assert_eq!(child[2]["content"], "One more thing");
+    assert_eq!(child[3]["role"], "assistant");
+
+    // Refusals: a stranger (exit 3, the generic text), the child itself (3),
+    // a tombstoned child (4: the lineage is told when and why).
+    let (code, v, err) =
+        fx.json(&["delegate", "--parent", fx.fx.stranger, "--follow-up", sa1, "--goal", "hi"]);
+    assert_eq!(code, 3);
+    assert!(v["error"].as_str().expect("error").contains("is not a running subagent"));
+    assert!(err.contains("is not a running subagent"), "{err}");
+    insta::assert_json_snapshot!("delegate_follow_up_refused", v);
+    let (code, _, _) = fx.json(&[
+        "delegate",
+        "--parent",
+        fx.fx.batch_sessions[1],
+        "--follow-up",
+        sa1,
+        "--goal",
+        "hi",
+    ]);
+    assert_eq!(code, 3);
+    let sa2 = fx.fx.batch_subagents[2];
+    fx.ok(0, &["children", "tombstone", sa2, "--reason", "done with it"]);
+    let (code, v, _) =
+        fx.json(&["delegate", "--parent", fx.fx.continuation, "--follow-up", sa2, "--goal", "hi"]);
+    assert_eq!(code, 4);
+    assert!(v["error"].as_str().expect("error").contains("(reason: done with it)"), "{v}");
+    // The followed-up unit's retention was refreshed (its row may change).
+    // The resumed child session (reopened, ended again) and the paying parent's
+    // cost fields change.
+    fx.assert_additive(&[
+        ("async_delegations", fx.fx.batch),
+        ("sessions", fx.fx.batch_sessions[1]),
+        ("sessions", fx.fx.continuation),
+    ]);
+}
+
+// ---------------------------------------------------------------- locations
+
+#[test]
+fn db_option_and_hermes_home_env() {
+    let fx = Fx::new();
+    let elsewhere = TempHome::new();
+    let out = Command::new(BIN)
+        .arg("--home")
+        .arg(elsewhere.path())
+        .arg("--db")
+        .arg(fx.db())
+        .args(["--json", "children", "list"])
+        .env_remove("HERMES_PROFILE")
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(0));
+    let v: Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(ids(&v).len(), 4);
+    let out = Command::new(BIN)
+        .args(["--json", "children", "list"])
+        .env("HERMES_HOME", fx.home.path())
+        .env_remove("HERMES_PROFILE")
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(0));
+    let v: Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(ids(&v).len(), 4);
+    // Global options also work after the command.
+    let (code, v, _) =
+        fx.json(&["children", "list", "--profile", "personal", "--owner", fx.fx.root]);
+    assert_eq!(code, 0);
+    assert_eq!(ids(&v).len(), 3);
+}
+
+#[test]
+fn not_a_database_is_exit_1_and_untouched() {
+    let home = TempHome::new();
+    std::fs::write(home.db_path(), b"not sqlite at all, just text").expect("write");
+    let out = Command::new(BIN)
+        .arg("--home")
+        .arg(home.path())
+        .args(["children", "list"])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8(out.stderr).expect("utf8");
+    assert!(err.starts_with("retinue: ") && err.contains("not a SQLite database"), "{err}");
+    assert!(out.stdout.is_empty());
+    assert_eq!(std::fs::read(home.db_path()).expect("read"), b"not sqlite at all, just text");
+}
+
+// ---------------------------------------------------------------- demo
+
+const DEMO_STEPS: [&str; 11] = [
+    "setup",
+    "delegate",
+    "retained",
+    "compress",
+    "follow_up",
+    "refused",
+    "tombstone",
+    "prune",
+    "restart",
+    "usage",
+    "done",
+];
+
+fn demo_events(stdout: &[u8]) -> Vec<Value> {
+    String::from_utf8_lossy(stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad event ({e}): {l}")))
+        .collect()
+}
+
+#[test]
+fn demo_json_tells_the_whole_lifecycle() {
+    let out = Command::new(BIN).args(["demo", "--json"]).output().expect("run demo");
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let events = demo_events(&out.stdout);
+    let steps: Vec<&str> = events.iter().map(|e| e["step"].as_str().expect("step")).collect();
+    assert_eq!(steps, DEMO_STEPS);
+    let step = |name: &str| events.iter().find(|e| e["step"] == name).expect("step");
+    assert_eq!(step("delegate")["result"]["results"].as_array().expect("results").len(), 3);
+    assert_eq!(step("retained")["children"].as_array().expect("children").len(), 3);
+    assert_eq!(step("compress")["root"], "demo-parent");
+    assert_eq!(step("follow_up")["result"]["mode"], "follow_up");
+    let roles: Vec<&str> = step("follow_up")["transcript"]
+        .as_array()
+        .expect("transcript")
+        .iter()
+        .map(|m| m["role"].as_str().expect("role"))
+        .collect();
+    assert_eq!(roles, ["system", "user", "assistant", "user", "assistant"]);
+    for attempt in step("refused")["attempts"].as_array().expect("attempts") {
+        assert_eq!(attempt["denial"], "lineage");
+    }
+    assert_eq!(step("tombstone")["children"].as_array().expect("children").len(), 2);
+    assert_eq!(step("prune")["pruned"], json!({ "tombstoned": 0, "children": 1 }));
+    assert_eq!(step("restart")["abandoned"], 1);
+    assert_eq!(step("restart")["retained"], 1);
+    assert_eq!(step("restart")["recovered_state"], "unknown");
+    let usage = step("usage");
+    assert_eq!(usage["sessions"], json!(["demo-parent", "demo-parent-2"]));
+    assert!((usage["totals"]["cost_usd"].as_f64().expect("cost") - 0.0465).abs() < 1e-9);
+    assert_eq!(step("done")["kept"], false);
+    // The temporary home is gone.
+    let home = step("setup")["home"].as_str().expect("home").to_owned();
+    assert!(!Path::new(&home).exists(), "{home} left behind");
+}
+
+#[test]
+fn demo_keeps_an_explicit_home_and_refuses_a_used_one() {
+    let home = TempHome::new();
+    let dir = home.path().join("demo");
+    let out = Command::new(BIN).arg("demo").arg("--home").arg(&dir).output().expect("run demo");
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let story = String::from_utf8(out.stdout).expect("utf8");
+    for n in 1..=11 {
+        assert!(story.contains(&format!("[{n}/11] ")), "step {n} missing:\n{story}");
+    }
+    assert!(story.contains("The database is kept."), "{story}");
+    // The kept file is an ordinary home for the other commands.
+    let out = Command::new(BIN)
+        .arg("--home")
+        .arg(&dir)
+        .args(["--json", "children", "list"])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(0));
+    let v: Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(ids(&v).len(), 1);
+    // A second demo there refuses (exit 2); so does --db.
+    let out = Command::new(BIN).arg("demo").arg("--home").arg(&dir).output().expect("run demo");
+    assert_eq!(out.status.code(), Some(2));
+    let out = Command::new(BIN).args(["demo", "--db", "x.db"]).output().expect("run demo");
+    assert_eq!(out.status.code(), Some(2));
+}
