@@ -572,7 +572,11 @@ mod seams {
     };
     use serde_json::json;
 
-    fn tool(registry: MockRegistry, authority: MockLineageAuthority, runtime: MockChildRuntime) -> Delegator {
+    fn tool(
+        registry: MockRegistry,
+        authority: MockLineageAuthority,
+        runtime: MockChildRuntime,
+    ) -> Delegator {
         Delegator::new(DelegatorParts {
             registry: Arc::new(registry),
             sessions: Arc::new(MockSessionStore::new()),
@@ -593,7 +597,10 @@ mod seams {
     #[test]
     fn unit_write_failure_starts_no_child() {
         let mut registry = MockRegistry::new();
-        registry.expect_insert_unit().times(1).returning(|_| Err(Error::Invalid("disk on fire".into())));
+        registry
+            .expect_insert_unit()
+            .times(1)
+            .returning(|_| Err(Error::Invalid("disk on fire".into())));
         let mut runtime = MockChildRuntime::new();
         runtime.expect_build().never();
         runtime.expect_run().never();
@@ -609,7 +616,12 @@ mod seams {
         let mut runtime = MockChildRuntime::new();
         runtime.expect_build().never();
         let t = tool(registry, MockLineageAuthority::new(), runtime);
-        for args in [json!({}), json!({"tasks": "x"}), json!({"tasks": [{"goal": " "}]}), json!("not an object")] {
+        for args in [
+            json!({}),
+            json!({"tasks": "x"}),
+            json!({"tasks": [{"goal": " "}]}),
+            json!("not an object"),
+        ] {
             let out = t.delegate_task(&args, Some(&parent()));
             assert!(out.get("error").is_some(), "{out}");
         }
@@ -628,7 +640,12 @@ mod seams {
         runtime.expect_steer().never();
         let out = tool(registry, authority, runtime)
             .delegate_task(&json!({"goal": "hi", "follow_up": "sa-x"}), Some(&parent()));
-        assert!(out["error"].as_str().unwrap_or_default().starts_with("follow_up target 'sa-x' is not a running subagent"));
+        assert!(
+            out["error"]
+                .as_str()
+                .unwrap_or_default()
+                .starts_with("follow_up target 'sa-x' is not a running subagent")
+        );
     }
 
     #[test]
