@@ -5,6 +5,7 @@
 //! the hermes-agent interop suite, rustdoc with warnings denied, and `tidy`.
 
 mod interop;
+mod reliability;
 mod tidy;
 
 use std::path::{Path, PathBuf};
@@ -21,6 +22,7 @@ tasks:
   doc     cargo doc --workspace --no-deps with warnings denied
   tidy    source hygiene and crate-boundary checks
   interop share a state.db with the published Python hermes-agent (downloads its wheel)
+  reliability  kill -9, contention and lineage-oracle harnesses (--full: release, full size)
   bench   the registry benchmark (pass --quick for a smoke run, --json FILE to save figures)
 ";
 
@@ -102,6 +104,7 @@ fn main() -> ExitCode {
         Some("tidy") => tidy::run(&root()),
         Some("interop") => interop::run(&root()),
         Some("bench") => bench(&args[1..]),
+        Some("reliability") => reliability::run(&root(), &args[1..]),
         None | Some("-h" | "--help" | "help") => {
             eprint!("{HELP}");
             Ok(())

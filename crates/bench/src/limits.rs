@@ -18,6 +18,8 @@ impl Limits {
         let conn = Connection::open(path)?;
         conn.busy_timeout(std::time::Duration::from_secs(10))?;
         conn.pragma_update(None, "synchronous", if sync == "full" { "FULL" } else { "NORMAL" })?;
+        conn.set_prepared_statement_cache_capacity(64);
+        conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)?;
         Ok(Limits { conn })
     }
 

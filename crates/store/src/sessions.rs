@@ -20,9 +20,11 @@ pub trait SessionGraph: Send + Sync {
     fn child_sessions(&self, parent: &str) -> Result<Vec<SessionRow>>;
 
     /// Everything a root walk from `id` may read, in one round trip: the
-    /// session, its ancestors (at most `max_hops`, cycle-safe) and every
-    /// child of those ancestors, children oldest first. `None` when the
-    /// implementation cannot prefetch (callers then read row by row).
+    /// session, its ancestors (at most `max_hops` links, so cycles end) and
+    /// every other child of each ancestor's parent. Rows carry the columns the
+    /// lineage rules read (`id`, `source`, `model_config`, `parent_session_id`,
+    /// `started_at`, `ended_at`, `end_reason`); may contain duplicates. `None`
+    /// when the implementation cannot prefetch (callers then read row by row).
     fn neighbourhood(&self, id: &str, max_hops: usize) -> Result<Option<Vec<SessionRow>>> {
         let _ = (id, max_hops);
         Ok(None)
@@ -192,21 +194,28 @@ impl SessionGraph for Store {
     }
 
     fn neighbourhood(&self, id: &str, max_hops: usize) -> Result<Option<Vec<SessionRow>>> {
-        let cols = session_cols(self.has_system_prompt);
-        let sql = format!(
-            "WITH RECURSIVE up(id, n) AS ( \
-               SELECT ?1, 0 \
-               UNION SELECT s.parent_session_id, up.n + 1 FROM sessions s JOIN up ON s.id = up.id \
-                 WHERE s.parent_session_id IS NOT NULL AND up.n < ?2) \
-             SELECT {cols} FROM sessions WHERE id IN (SELECT id FROM up) \
-             UNION ALL \
-             SELECT {cols} FROM (SELECT * FROM sessions \
-               WHERE parent_session_id IN (SELECT id FROM up WHERE n > 0) \
-               AND id NOT IN (SELECT id FROM up) ORDER BY started_at, id)"
-        );
+        // The ancestors as rows (one recursive CTE, materialized once), then
+        // each ancestor's siblings: together with the ancestors themselves,
+        // those are every child of every parent the walk inspects. Only the
+        // columns the lineage rules read are filled.
+        const SQL: &str = "WITH RECURSIVE up(id, source, model_config, parent_session_id, \
+               started_at, ended_at, end_reason, n) AS ( \
+             SELECT id, source, model_config, parent_session_id, started_at, ended_at, \
+               end_reason, 0 FROM sessions WHERE id = ?1 \
+             UNION ALL SELECT s.id, s.source, s.model_config, s.parent_session_id, s.started_at, \
+               s.ended_at, s.end_reason, up.n + 1 FROM up JOIN sessions s \
+               ON s.id = up.parent_session_id WHERE up.n < ?2) \
+           SELECT id, source, NULL, model_config, parent_session_id, started_at, ended_at, \
+             end_reason, NULL, NULL, NULL, NULL, NULL FROM up \
+           UNION ALL SELECT s.id, s.source, NULL, s.model_config, s.parent_session_id, \
+             s.started_at, s.ended_at, s.end_reason, NULL, NULL, NULL, NULL, NULL \
+             FROM up CROSS JOIN sessions s ON s.parent_session_id = up.parent_session_id \
+             AND s.id != up.id \
+             WHERE (SELECT count(*) FROM (SELECT 1 FROM sessions c \
+                    WHERE c.parent_session_id = up.parent_session_id LIMIT 2)) > 1";
         let hops = i64::try_from(max_hops).unwrap_or(i64::MAX);
         self.pool.query(|conn| {
-            let mut stmt = conn.prepare_cached(&sql)?;
+            let mut stmt = conn.prepare_cached(SQL)?;
             let rows = stmt.query_map(params![id, hops], read_session)?;
             Ok(Some(rows.collect::<rusqlite::Result<_>>()?))
         })

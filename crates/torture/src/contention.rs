@@ -1,0 +1,641 @@
+//! The contention harness: `procs` processes × `threads` threads share one
+//! `state.db` and run a mixed workload for a fixed count of operations —
+//! units dispatched and completed (retain), tombstones, prunes, keyed ledger
+//! writes on a shared key space, resume claims and delivery claims.
+//!
+//! Checked afterwards:
+//! * every process first-opened one fresh file at the same moment without
+//!   an error, and no `Busy` (or any other) error reached a caller;
+//! * no lost update: every unit a process inserted exists; every key has
+//!   exactly one ledger row and the processes' `true` answers add up to the
+//!   rows; totals equal the sum of the rows; manual tombstones match the
+//!   `true` answers;
+//! * a child is never resumed by two follow-ups at once: a claim holder
+//!   creates a witness file with `O_EXCL` while it holds the claim;
+//! * every completion is delivered exactly once: each acknowledged delivery
+//!   creates a witness file with `O_EXCL`, and after a final drain every
+//!   completed unit is `delivered` after exactly one attempt.
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use retinue_store::{
+    AttributionDraft, ChildManifest, Completion, DeliveryFilter, Error, NewSession, Registry,
+    ResumeClaim, SessionStore as _, Store, TombstoneReason, UnitDraft,
+};
+use serde_json::{Value, json};
+
+use crate::rng::Rng;
+use crate::worker::usage_of;
+use crate::{Context, Outcome};
+
+/// `max_retained` for the contention store (large: prunes run but the seeded
+/// claim targets stay addressable).
+pub const MAX_RETAINED: u32 = 1000;
+
+/// Seeded retained units (two children each) the resume claims target.
+const SEED_UNITS: usize = 6;
+
+/// How to run the harness.
+#[derive(Debug, Clone)]
+pub struct ContentionOptions {
+    /// The `retinue-torture` binary (each process is its `contention-proc` subcommand).
+    pub exe: PathBuf,
+    /// Directory for `state.db` and the witness files.
+    pub dir: PathBuf,
+    /// Processes.
+    pub procs: u32,
+    /// Threads per process.
+    pub threads: u32,
+    /// Operations per process (split over its threads).
+    pub ops: u64,
+    /// Seed.
+    pub seed: u64,
+}
+
+/// What a contention run did.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ContentionReport {
+    /// Processes.
+    pub procs: u32,
+    /// Threads per process.
+    pub threads: u32,
+    /// Operations run, all processes.
+    pub ops: u64,
+    /// Per-operation counts, all processes.
+    pub counts: BTreeMap<String, u64>,
+    /// `Busy` errors that reached a caller (must be 0).
+    pub busy: u64,
+    /// Resume claims refused as busy (another holder; expected).
+    pub claim_busy: u64,
+    /// Ledger keys present at the end.
+    pub keys: usize,
+    /// Completions delivered.
+    pub delivered: usize,
+    /// Wall time of the workload in seconds.
+    pub secs: f64,
+    /// The seed.
+    pub seed: u64,
+}
+
+impl ContentionReport {
+    /// The figures as JSON.
+    pub fn to_json(&self) -> Value {
+        json!({
+            "harness": "contention", "procs": self.procs, "threads": self.threads,
+            "ops": self.ops, "counts": self.counts, "busy": self.busy,
+            "claim_busy": self.claim_busy, "keys": self.keys, "delivered": self.delivered,
+            "secs": self.secs,
+            "ops_per_sec": if self.secs > 0.0 { (self.ops as f64 / self.secs).round() } else { 0.0 },
+            "seed": self.seed,
+        })
+    }
+}
+
+/// What one thread (and, summed, one process) saw.
+#[derive(Debug, Default)]
+struct Tally {
+    counts: BTreeMap<String, u64>,
+    busy: u64,
+    errors: Vec<String>,
+    violations: Vec<String>,
+    claim_busy: u64,
+    inserted: Vec<String>,
+    tombstoned: Vec<String>,
+    keys_written: Vec<String>,
+    acked: Vec<String>,
+}
+
+impl Tally {
+    fn merge(&mut self, o: Tally) {
+        for (k, v) in o.counts {
+            *self.counts.entry(k).or_default() += v;
+        }
+        self.busy += o.busy;
+        self.errors.extend(o.errors);
+        self.violations.extend(o.violations);
+        self.claim_busy += o.claim_busy;
+        self.inserted.extend(o.inserted);
+        self.tombstoned.extend(o.tombstoned);
+        self.keys_written.extend(o.keys_written);
+        self.acked.extend(o.acked);
+    }
+
+    fn to_json(&self) -> Value {
+        json!({
+            "counts": self.counts, "busy": self.busy, "errors": self.errors,
+            "violations": self.violations, "claim_busy": self.claim_busy,
+            "inserted": self.inserted, "tombstoned": self.tombstoned,
+            "keys_written": self.keys_written, "acked": self.acked,
+        })
+    }
+
+    fn from_json(v: &Value) -> Tally {
+        let strings = |k: &str| -> Vec<String> {
+            v[k].as_array()
+                .map(|a| a.iter().filter_map(Value::as_str).map(str::to_owned).collect())
+                .unwrap_or_default()
+        };
+        Tally {
+            counts: v["counts"]
+                .as_object()
+                .map(|m| m.iter().map(|(k, n)| (k.clone(), n.as_u64().unwrap_or(0))).collect())
+                .unwrap_or_default(),
+            busy: v["busy"].as_u64().unwrap_or(0),
+            errors: strings("errors"),
+            violations: strings("violations"),
+            claim_busy: v["claim_busy"].as_u64().unwrap_or(0),
+            inserted: strings("inserted"),
+            tombstoned: strings("tombstoned"),
+            keys_written: strings("keys_written"),
+            acked: strings("acked"),
+        }
+    }
+
+    /// Notes a store error: `Busy` is counted apart; the run fails on either.
+    fn error(&mut self, what: &str, e: &Error) {
+        if e.is_busy() {
+            self.busy += 1;
+        }
+        if self.errors.len() < 20 {
+            self.errors.push(format!("{what}: {e} ({e:?})"));
+        }
+    }
+}
+
+/// Key space of the shared ledger keys: about two writes per key.
+fn key_space(opts_ops: u64, procs: u32) -> u64 {
+    (opts_ops * u64::from(procs) / 8).max(16)
+}
+
+fn parent_of(n: u64) -> String {
+    format!("P{}", n % 4)
+}
+
+struct Ctx<'a> {
+    store: &'a Store,
+    dir: &'a Path,
+    claim_targets: &'a [(String, u32)],
+    keys: u64,
+    tag: String,
+}
+
+fn dispatch_and_complete(c: &Ctx<'_>, rng: &mut Rng, t: &mut Tally) {
+    let parent = parent_of(rng.next_u64());
+    let n = usize::try_from(rng.range(1, 2)).unwrap_or(1);
+    let mut children = Vec::new();
+    let mut sessions = Vec::new();
+    for i in 0..n {
+        let sid = format!("cs-{}-{}", c.tag, rng.hex(12));
+        children.push(ChildManifest {
+            subagent_id: format!("sa-{i}-{}", rng.hex(8)),
+            session_id: sid.clone(),
+            goal: Some("contend".to_owned()),
+            ..ChildManifest::default()
+        });
+        sessions.push(NewSession {
+            id: sid,
+            source: "delegate".to_owned(),
+            model_config: Some(json!({"_delegate_from": parent})),
+            parent_session_id: Some(parent.clone()),
+            ..NewSession::default()
+        });
+    }
+    let draft = UnitDraft {
+        parent_session_id: Some(parent),
+        owner_profile: crate::PROFILE.to_owned(),
+        children,
+        child_sessions: sessions,
+        ..UnitDraft::default()
+    };
+    let id = match c.store.insert_unit(&draft) {
+        Ok(id) => id,
+        Err(e) => return t.error("insert_unit", &e),
+    };
+    t.inserted.push(id.clone());
+    let completion = Completion {
+        delegation_id: id.clone(),
+        status: "completed".to_owned(),
+        event: json!({"type": "async_delegation", "delegation_id": id, "status": "completed"}),
+        result: json!({"status": "completed"}),
+        usage: None,
+        background: true,
+    };
+    match c.store.persist_completion(&completion) {
+        Ok(true) => {}
+        Ok(false) => t.violations.push(format!("persist_completion lost unit {id}")),
+        Err(e) => t.error("persist_completion", &e),
+    }
+}
+
+fn tombstone(c: &Ctx<'_>, rng: &mut Rng, t: &mut Tally) {
+    let live = match c.store.list_retained_children() {
+        Ok(l) => l,
+        Err(e) => return t.error("list", &e),
+    };
+    // Seeded units are the claim targets; tombstone only dispatched ones.
+    let targets: Vec<_> = live
+        .iter()
+        .filter(|e| !c.claim_targets.iter().any(|(id, _)| *id == e.delegation_id))
+        .collect();
+    let Some(entry) = rng.pick(&targets) else { return };
+    match c.store.tombstone_retained_child(&entry.subagent_id, &TombstoneReason::Manual) {
+        Ok(true) => t.tombstoned.push(entry.subagent_id.clone()),
+        Ok(false) => {}
+        Err(e) => t.error("tombstone", &e),
+    }
+}
+
+fn ledger(c: &Ctx<'_>, rng: &mut Rng, t: &mut Tally) {
+    let k = rng.below(c.keys);
+    let key = format!("key-{k}");
+    let draft = AttributionDraft {
+        parent_session_id: parent_of(k),
+        usage: usage_of(k),
+        key: Some(key.clone()),
+        ..AttributionDraft::default()
+    };
+    match retinue_usage::record_child_usage_attribution(c.store, &draft) {
+        Ok(true) => t.keys_written.push(key),
+        Ok(false) => {}
+        Err(retinue_usage::Error::Store(e)) => t.error("record usage", &e),
+        Err(e) => t.errors.push(format!("record usage: {e}")),
+    }
+}
+
+fn resume_claim(c: &Ctx<'_>, rng: &mut Rng, t: &mut Tally) {
+    let Some((id, index)) = rng.pick(c.claim_targets).cloned() else { return };
+    let token = match c.store.claim_resume(&id, index) {
+        Ok(ResumeClaim::Claimed { token }) => token,
+        Ok(ResumeClaim::Busy { .. }) => {
+            t.claim_busy += 1;
+            return;
+        }
+        Ok(ResumeClaim::Unavailable) => {
+            t.violations.push(format!("seeded child {id}:{index} became unavailable"));
+            return;
+        }
+        Err(e) => return t.error("claim_resume", &e),
+    };
+    let witness = c.dir.join("claims").join(format!("{id}-{index}"));
+    match std::fs::OpenOptions::new().write(true).create_new(true).open(&witness) {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            t.violations.push(format!("{id}:{index} resumed by two follow-ups at once"));
+            return;
+        }
+        Err(e) => {
+            t.errors.push(format!("claim witness: {e}"));
+            return;
+        }
+    }
+    std::thread::sleep(Duration::from_micros(rng.range(0, 2000)));
+    if let Err(e) = std::fs::remove_file(&witness) {
+        t.errors.push(format!("claim witness: {e}"));
+    }
+    let released = if rng.chance(50) {
+        c.store.finish_follow_up(&id, index, &token, None)
+    } else {
+        c.store.release_resume(&id, index, &token)
+    };
+    match released {
+        Ok(true) => {}
+        Ok(false) => t.violations.push(format!("{id}:{index}: held claim lost before release")),
+        Err(e) => t.error("release", &e),
+    }
+}
+
+fn delivery(c: &Ctx<'_>, t: &mut Tally) {
+    let claim = match c.store.claim_delivery(&DeliveryFilter::default()) {
+        Ok(Some(claim)) => claim,
+        Ok(None) => return,
+        Err(e) => return t.error("claim_delivery", &e),
+    };
+    match c.store.ack_delivery(&claim.delegation_id, &claim.token) {
+        Ok(true) => {}
+        Ok(false) => {
+            t.violations.push(format!("ack of {} lost its lease", claim.delegation_id));
+            return;
+        }
+        Err(e) => return t.error("ack_delivery", &e),
+    }
+    let witness = c.dir.join("delivered").join(&claim.delegation_id);
+    match std::fs::OpenOptions::new().write(true).create_new(true).open(&witness) {
+        Ok(_) => t.acked.push(claim.delegation_id),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            t.violations.push(format!("{} delivered twice", claim.delegation_id));
+        }
+        Err(e) => t.errors.push(format!("delivery witness: {e}")),
+    }
+}
+
+fn read(c: &Ctx<'_>, rng: &mut Rng, t: &mut Tally) {
+    let res = if rng.chance(50) {
+        c.store.list_retained_children().map(|_| ())
+    } else {
+        let id = rng.pick(c.claim_targets).map(|(id, _)| id.clone()).unwrap_or_default();
+        c.store.lookup(&id).map(|_| ())
+    };
+    if let Err(e) = res {
+        t.error("read", &e);
+    }
+}
+
+fn thread_loop(c: &Ctx<'_>, seed: u64, ops: u64) -> Tally {
+    let mut rng = Rng::new(seed);
+    let mut t = Tally::default();
+    for _ in 0..ops {
+        let name = match rng.below(100) {
+            0..15 => {
+                dispatch_and_complete(c, &mut rng, &mut t);
+                "retain"
+            }
+            15..25 => {
+                tombstone(c, &mut rng, &mut t);
+                "tombstone"
+            }
+            25..30 => {
+                if let Err(e) = c.store.prune_retained_children(None, None) {
+                    t.error("prune", &e);
+                }
+                "prune"
+            }
+            30..55 => {
+                ledger(c, &mut rng, &mut t);
+                "ledger"
+            }
+            55..75 => {
+                resume_claim(c, &mut rng, &mut t);
+                "resume_claim"
+            }
+            75..90 => {
+                delivery(c, &mut t);
+                "delivery_claim"
+            }
+            _ => {
+                read(c, &mut rng, &mut t);
+                "read"
+            }
+        };
+        *t.counts.entry(name.to_owned()).or_default() += 1;
+    }
+    t
+}
+
+/// Options of one contention process.
+#[derive(Debug, Clone)]
+pub struct ProcOptions {
+    /// The shared database.
+    pub db: PathBuf,
+    /// Where its tally goes (JSON).
+    pub out: PathBuf,
+    /// Threads.
+    pub threads: u32,
+    /// Operations of this process.
+    pub ops: u64,
+    /// Operations per process in the whole run (sizes the key space).
+    pub procs: u32,
+    /// Seed.
+    pub seed: u64,
+}
+
+/// One contention process: opens the store and runs its threads.
+pub fn run_proc(p: &ProcOptions) -> Outcome<()> {
+    let dir = p.db.parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf);
+    // Every process first-opens one fresh file at about the same moment.
+    drop(crate::open_store(&dir.join("first-open.db"), MAX_RETAINED)?);
+    let store = Arc::new(crate::open_store(&p.db, MAX_RETAINED)?);
+    let claim_targets: Vec<(String, u32)> = store
+        .list_retained_children()
+        .ctx("list seeded children")?
+        .into_iter()
+        .filter(|e| e.subagent_id.contains("-seed"))
+        .map(|e| (e.delegation_id, e.child_index))
+        .collect();
+    let mut rng = Rng::new(p.seed);
+    let mut total = Tally::default();
+    let threads = u64::from(p.threads.max(1));
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads)
+            .map(|i| {
+                let ops = p.ops / threads + u64::from(i < p.ops % threads);
+                let seed = rng.next_u64();
+                let ctx = Ctx {
+                    store: &store,
+                    dir: &dir,
+                    claim_targets: &claim_targets,
+                    keys: key_space(p.ops, p.procs),
+                    tag: rng.hex(8),
+                };
+                scope.spawn(move || thread_loop(&ctx, seed, ops))
+            })
+            .collect();
+        for h in handles {
+            match h.join() {
+                Ok(t) => total.merge(t),
+                Err(_) => total.errors.push("a worker thread panicked".to_owned()),
+            }
+        }
+    });
+    std::fs::write(&p.out, total.to_json().to_string()).ctx("write the tally")
+}
+
+fn seed_db(db: &Path) -> Outcome<()> {
+    let store = crate::open_store(db, MAX_RETAINED)?;
+    for p in 0..4 {
+        store
+            .create_session(&NewSession {
+                id: format!("P{p}"),
+                source: "cli".to_owned(),
+                ..NewSession::default()
+            })
+            .ctx("seed parent")?;
+    }
+    for u in 0..SEED_UNITS {
+        let draft = UnitDraft {
+            parent_session_id: Some(parent_of(u as u64)),
+            owner_profile: crate::PROFILE.to_owned(),
+            children: (0..2)
+                .map(|i| ChildManifest {
+                    subagent_id: format!("sa-{i}-seed{u:04}"),
+                    session_id: format!("seed-{u}-{i}"),
+                    ..ChildManifest::default()
+                })
+                .collect(),
+            ..UnitDraft::default()
+        };
+        let id = store.insert_unit(&draft).ctx("seed unit")?;
+        store.retain_completed_delegation(&id, None).ctx("seed retain")?;
+    }
+    Ok(())
+}
+
+fn verify(db: &Path, tally: &Tally, keys: u64) -> Outcome<(usize, usize)> {
+    if tally.busy > 0 || !tally.errors.is_empty() {
+        return Err(format!(
+            "{} Busy error(s) reached a caller; errors: {:?}",
+            tally.busy, tally.errors
+        ));
+    }
+    if !tally.violations.is_empty() {
+        return Err(format!("violations: {:?}", tally.violations));
+    }
+    let store = crate::open_store(db, MAX_RETAINED)?;
+    let integrity = store.integrity_check().ctx("integrity_check")?;
+    if integrity != "ok" {
+        return Err(format!("integrity_check: {integrity}"));
+    }
+    // Lost updates: every inserted unit is there.
+    for id in &tally.inserted {
+        if matches!(store.lookup(id).ctx("lookup")?, retinue_store::Lookup::Unknown) {
+            return Err(format!("inserted unit {id} is missing"));
+        }
+    }
+    // Tombstones: each child reported once.
+    let mut seen = HashSet::new();
+    for sa in &tally.tombstoned {
+        if !seen.insert(sa) {
+            return Err(format!("child {sa} tombstoned twice"));
+        }
+        match store.lookup(sa).ctx("lookup")? {
+            retinue_store::Lookup::NotAddressable(
+                _,
+                retinue_store::Unaddressable::Tombstoned {
+                    reason: TombstoneReason::Manual, ..
+                },
+            ) => {}
+            other => return Err(format!("tombstoned child {sa} reads as {other:?}")),
+        }
+    }
+    // Ledger: keys ↔ rows, totals = rows = sum over the keys' usage.
+    let mut present = 0usize;
+    let mut want: BTreeMap<String, f64> = BTreeMap::new();
+    let mut rows_total = 0usize;
+    for p in 0..4u64 {
+        let parent = parent_of(p);
+        let rows = retinue_usage::load_child_usage_attributions(&store, &parent).ctx("rows")?;
+        rows_total += rows.len();
+        let totals = retinue_usage::load_child_usage_totals(&store, &parent).ctx("totals")?;
+        let sum: f64 = rows.iter().map(|r| r.usage["cost_usd"].as_f64().unwrap_or(0.0)).sum();
+        if (sum - totals.cost_usd).abs() > 1e-6 {
+            return Err(format!("totals of {parent}: {} != rows {sum}", totals.cost_usd));
+        }
+        want.insert(parent, sum);
+    }
+    let written: HashSet<&String> = tally.keys_written.iter().collect();
+    if written.len() != tally.keys_written.len() {
+        return Err("a ledger key was written twice".to_owned());
+    }
+    let mut by_key: BTreeMap<String, f64> = BTreeMap::new();
+    for k in 0..keys {
+        let key = format!("key-{k}");
+        if written.contains(&key) {
+            present += 1;
+            *by_key.entry(parent_of(k)).or_default() +=
+                usage_of(k)["cost_usd"].as_f64().unwrap_or(0.0);
+        }
+    }
+    if present != rows_total {
+        return Err(format!("{present} keys written but {rows_total} ledger rows"));
+    }
+    for (parent, sum) in &want {
+        let expected = by_key.get(parent).copied().unwrap_or(0.0);
+        if (sum - expected).abs() > 1e-6 {
+            return Err(format!("ledger of {parent} sums to {sum}, its keys to {expected}"));
+        }
+    }
+    // Delivery: drain what is left, then every completion was delivered once.
+    let mut acked: Vec<String> = tally.acked.clone();
+    while let Some(c) = store.claim_delivery(&DeliveryFilter::default()).ctx("drain")? {
+        if !store.ack_delivery(&c.delegation_id, &c.token).ctx("drain ack")? {
+            return Err(format!("drain ack of {} failed", c.delegation_id));
+        }
+        acked.push(c.delegation_id);
+    }
+    let unique: HashSet<&String> = acked.iter().collect();
+    if unique.len() != acked.len() {
+        return Err("a completion was delivered twice".to_owned());
+    }
+    let conn = rusqlite::Connection::open(db).ctx("raw open")?;
+    let (completed, delivered_once, claims_held): (i64, i64, i64) = conn
+        .query_row(
+            "SELECT (SELECT count(*) FROM async_delegations WHERE event_json IS NOT NULL), \
+             (SELECT count(*) FROM async_delegations WHERE delivery_state = 'delivered' \
+              AND delivery_attempts = 1), \
+             (SELECT count(*) FROM retinue_children WHERE resume_claim IS NOT NULL)",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+        .ctx("delivery counts")?;
+    if usize::try_from(completed).ok() != Some(acked.len()) || completed != delivered_once {
+        return Err(format!(
+            "{completed} completions, {} acknowledged, {delivered_once} delivered after one attempt",
+            acked.len()
+        ));
+    }
+    if claims_held != 0 {
+        return Err(format!("{claims_held} resume claims still held"));
+    }
+    Ok((present, acked.len()))
+}
+
+/// Runs the contention harness.
+pub fn run(opts: &ContentionOptions) -> Outcome<ContentionReport> {
+    std::fs::create_dir_all(opts.dir.join("claims")).ctx("witness dir")?;
+    std::fs::create_dir_all(opts.dir.join("delivered")).ctx("witness dir")?;
+    let db = opts.dir.join("state.db");
+    seed_db(&db)?;
+    let mut rng = Rng::new(opts.seed);
+    let start = Instant::now();
+    let mut children = Vec::new();
+    for i in 0..opts.procs {
+        let out = opts.dir.join(format!("proc-{i}.json"));
+        let child = Command::new(&opts.exe)
+            .arg("contention-proc")
+            .arg("--db")
+            .arg(&db)
+            .arg("--out")
+            .arg(&out)
+            .args(["--threads", &opts.threads.to_string()])
+            .args(["--ops", &opts.ops.to_string()])
+            .args(["--procs", &opts.procs.to_string()])
+            .args(["--seed", &rng.next_u64().to_string()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .ctx("spawn a contention process")?;
+        children.push((child, out));
+    }
+    let mut tally = Tally::default();
+    for (child, out) in children {
+        let output = child.wait_with_output().ctx("wait for a contention process")?;
+        if !output.status.success() {
+            return Err(format!(
+                "contention process failed ({}): {}",
+                output.status,
+                String::from_utf8_lossy(&output.stderr)
+            ));
+        }
+        let text = std::fs::read_to_string(&out).ctx("read a tally")?;
+        let v: Value = serde_json::from_str(&text).ctx("parse a tally")?;
+        tally.merge(Tally::from_json(&v));
+    }
+    let secs = crate::secs_since(start);
+    let (keys, delivered) = verify(&db, &tally, key_space(opts.ops, opts.procs))?;
+    Ok(ContentionReport {
+        procs: opts.procs,
+        threads: opts.threads,
+        ops: tally.counts.values().sum(),
+        counts: tally.counts,
+        busy: tally.busy,
+        claim_busy: tally.claim_busy,
+        keys,
+        delivered,
+        secs,
+        seed: opts.seed,
+    })
+}
