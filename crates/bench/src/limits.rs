@@ -132,6 +132,62 @@ impl Limits {
         });
     }
 
+    /// Two bare transactions, as the real flow needs (dispatch before the
+    /// children run, retain after): the unit with its manifest and sessions,
+    /// then the retain.
+    pub(crate) fn write_unit_two_commits(&self, tag: &str, now: f64) {
+        self.tx(|c| {
+            c.prepare_cached(
+                "INSERT INTO async_delegations (delegation_id, origin_session, parent_session_id, state, \
+                 dispatched_at, updated_at, task_json, children_json, owner_profile) \
+                 VALUES (?1, 'p-1', 'p-1', 'running', ?2, ?2, '{}', '[]', '')",
+            )?
+            .execute(params![format!("deleg_{tag}"), now])?;
+            for k in 0..2 {
+                c.prepare_cached(
+                    "INSERT INTO retinue_children (delegation_id, child_index, subagent_id, child_session_id, \
+                     manifest_json) VALUES (?1, ?2, ?3, ?4, '{}')",
+                )?
+                .execute(params![format!("deleg_{tag}"), k, format!("sa-{k}-{tag}"), format!("cs-{tag}-{k}")])?;
+                c.prepare_cached(
+                    "INSERT INTO sessions (id, source, model_config, parent_session_id, started_at) \
+                     VALUES (?1, 'delegate', '{}', 'p-1', ?2)",
+                )?
+                .execute(params![format!("cs-{tag}-{k}"), now])?;
+            }
+            Ok(())
+        });
+        self.tx(|c| {
+            c.prepare_cached(
+                "UPDATE async_delegations SET retained = 1, retained_at = ?2, updated_at = ?2 WHERE delegation_id = ?1",
+            )?
+            .execute(params![format!("deleg_{tag}"), now])?;
+            c.prepare_cached("UPDATE retinue_children SET retained_at = ?2 WHERE delegation_id = ?1")?
+                .execute(params![format!("deleg_{tag}"), now])?;
+            Ok(())
+        });
+    }
+
+    /// The cap collapse to `keep` units as two bare set-based UPDATEs in one transaction.
+    pub(crate) fn collapse(&self, keep: usize, now: f64) {
+        const OVER: &str = "SELECT delegation_id FROM async_delegations WHERE retained = 1 \
+             AND tombstoned_at IS NULL ORDER BY retained_at DESC, delegation_id DESC LIMIT -1 OFFSET ?2";
+        self.tx(|c| {
+            c.execute(
+                &format!(
+                    "UPDATE retinue_children SET tombstoned_at = ?1, tombstone_reason = 'cap' \
+                     WHERE tombstoned_at IS NULL AND delegation_id IN ({OVER})"
+                ),
+                params![now, keep as i64],
+            )?;
+            c.execute(
+                &format!("UPDATE async_delegations SET tombstoned_at = ?1, updated_at = ?1 WHERE delegation_id IN ({OVER})"),
+                params![now, keep as i64],
+            )?;
+            Ok(())
+        });
+    }
+
     /// One bare transaction: a ledger row, its key and the totals.
     pub(crate) fn record(&self, label: &str, i: usize) {
         self.tx(|c| {

@@ -266,6 +266,8 @@ fn run_size(b: &mut Bench, n: usize) -> Result<(), Box<dyn std::error::Error>> {
         });
         let limit = time(writes, |i| l.write_unit(&format!("L{label}{i:06}"), clock_now(&clock)));
         b.push(n, &format!("write path (dispatch+manifest+retain), {label}"), ours, Some(limit));
+        let two = time(writes, |i| l.write_unit_two_commits(&format!("W{label}{i:06}"), clock_now(&clock)));
+        b.push(n, &format!("  same, limit = two bare commits, {label}"), ours, Some(two));
         let record = time(writes, |i| {
             let d = AttributionDraft {
                 parent_session_id: format!("rec-{label}"),
@@ -326,11 +328,17 @@ fn run_size(b: &mut Bench, n: usize) -> Result<(), Box<dyn std::error::Error>> {
 
     // Collapse N → 10 in one call.
     let live = build(dir.path(), "live.db", n, true)?;
+    let copy = dir.path().join("live-limit.db");
+    std::fs::copy(&live, &copy)?;
     let ls = Store::open(&live, options(&clock, Synchronous::Full))?;
     let start = Instant::now();
     let count = ls.prune_retained_children(Some(10), Some(1e9))?;
     let us = start.elapsed().as_secs_f64() * 1e6;
-    b.push(n, &format!("prune N→10 ({} units)", count.units), (us, us), None);
+    let lc = limits::Limits::open(&copy)?;
+    let start = Instant::now();
+    lc.collapse(10, clock_now(&clock));
+    let limit_us = start.elapsed().as_secs_f64() * 1e6;
+    b.push(n, &format!("prune N→10 ({} units)", count.units), (us, us), Some((limit_us, limit_us)));
     println!(
         "{n:>7} {:<44} peak RSS {} KiB, DB {} KiB",
         "memory and size",
