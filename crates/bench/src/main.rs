@@ -266,7 +266,9 @@ fn run_size(b: &mut Bench, n: usize) -> Result<(), Box<dyn std::error::Error>> {
         });
         let limit = time(writes, |i| l.write_unit(&format!("L{label}{i:06}"), clock_now(&clock)));
         b.push(n, &format!("write path (dispatch+manifest+retain), {label}"), ours, Some(limit));
-        let two = time(writes, |i| l.write_unit_two_commits(&format!("W{label}{i:06}"), clock_now(&clock)));
+        let two = time(writes, |i| {
+            l.write_unit_two_commits(&format!("W{label}{i:06}"), clock_now(&clock))
+        });
         b.push(n, &format!("  same, limit = two bare commits, {label}"), ours, Some(two));
         let record = time(writes, |i| {
             let d = AttributionDraft {

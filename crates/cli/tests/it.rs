@@ -750,3 +750,80 @@ fn demo_keeps_an_explicit_home_and_refuses_a_used_one() {
     let out = Command::new(BIN).args(["demo", "--db", "x.db"]).output().expect("run demo");
     assert_eq!(out.status.code(), Some(2));
 }
+
+// ------------------------------------------------------------ hostile argv
+
+mod hostile_arguments {
+    use std::os::unix::ffi::OsStringExt;
+
+    use proptest::prelude::*;
+
+    use super::{BIN, Fx};
+
+    fn id() -> impl Strategy<Value = String> {
+        prop_oneof![
+            "\\PC{0,40}",
+            Just("' OR 1=1 --".to_owned()),
+            Just("sa-0-%".to_owned()),
+            Just("\u{202e}evil".to_owned()),
+            Just("x".repeat(20_000)),
+            Just(String::new()),
+            Just("   ".to_owned()),
+        ]
+    }
+
+    fn argv() -> impl Strategy<Value = Vec<String>> {
+        let s = || id();
+        prop_oneof![
+            s().prop_map(|x| vec!["children".into(), "show".into(), x]),
+            (s(), s()).prop_map(|(x, y)| vec!["authority".into(), x, "--caller".into(), y]),
+            s().prop_map(|x| vec!["lineage".into(), x]),
+            s().prop_map(|x| vec!["usage".into(), x, "--lineage".into()]),
+            s().prop_map(|x| vec!["children".into(), "list".into(), "--owner".into(), x]),
+            proptest::collection::vec(s(), 0..5),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+        /// Read commands with hostile arguments: a documented exit code and a
+        /// message, never a panic, and the file keeps every hermes row.
+        #[test]
+        fn hostile_read_arguments_never_panic(args in argv(), json in any::<bool>()) {
+            let fx = Fx::new();
+            let mut cmd = fx.cmd(&[]);
+            cmd.args(&args);
+            if json {
+                cmd.arg("--json");
+            }
+            let out = cmd.output().expect("run retinue");
+            let code = out.status.code().expect("not killed by a signal");
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            prop_assert!([0, 1, 2, 3, 4].contains(&code), "{args:?} → {code}: {stderr}");
+            prop_assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+            if code != 0 {
+                prop_assert!(!stderr.trim().is_empty(), "{args:?}: exit {code} without a message");
+            }
+            fx.assert_additive(&[]);
+        }
+    }
+
+    #[test]
+    fn non_utf8_arguments_are_bad_usage() {
+        let fx = Fx::new();
+        let bad = std::ffi::OsString::from_vec(vec![0x73, 0x61, 0xff, 0xfe]);
+        for args in
+            [vec!["children".into(), "show".into(), bad.clone()], vec!["lineage".into(), bad]]
+        {
+            let out = std::process::Command::new(BIN)
+                .arg("--home")
+                .arg(fx.home.path())
+                .args(&args)
+                .output()
+                .expect("run retinue");
+            assert_eq!(out.status.code(), Some(2), "{args:?}");
+            assert!(!String::from_utf8_lossy(&out.stderr).contains("panicked"));
+        }
+        fx.assert_additive(&[]);
+    }
+}
