@@ -33,19 +33,8 @@ pub(crate) struct Figure {
 }
 
 /// Times `f` `iters` times; returns (median, p90) in µs.
-pub(crate) fn time<F: FnMut(usize)>(iters: usize, mut f: F) -> (f64, f64) {
-    let mut samples: Vec<f64> = (0..iters)
-        .map(|i| {
-            let start = Instant::now();
-            f(i);
-            start.elapsed().as_secs_f64() * 1e6
-        })
-        .collect();
-    samples.sort_by(f64::total_cmp);
-    let pick = |q: f64| {
-        samples.get(((samples.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(0.0)
-    };
-    (pick(0.5), pick(0.9))
+pub(crate) fn time<F: FnMut(usize)>(iters: usize, f: F) -> (f64, f64) {
+    time_with_setup(iters, |_| {}, f)
 }
 
 /// Like [`time`], with an untimed `setup(i)` before each timed call.

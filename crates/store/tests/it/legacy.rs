@@ -8,21 +8,8 @@ use retinue_store::{
 
 use super::fixture::{T0, open};
 
-const LEGACY_13: &str = "CREATE TABLE async_delegations (
-    delegation_id TEXT PRIMARY KEY,
-    origin_session TEXT NOT NULL,
-    origin_ui_session_id TEXT NOT NULL DEFAULT '',
-    parent_session_id TEXT,
-    state TEXT NOT NULL,
-    dispatched_at REAL NOT NULL,
-    completed_at REAL,
-    updated_at REAL NOT NULL,
-    event_json TEXT,
-    result_json TEXT,
-    delivery_state TEXT NOT NULL DEFAULT 'pending',
-    delivery_attempts INTEGER NOT NULL DEFAULT 0,
-    delivered_at REAL
-)";
+/// hermes's original 13-column table, as the test kit writes it.
+const LEGACY_13: &str = retinue_testkit::hermes::HERMES_LEGACY_DELEGATIONS_DDL;
 
 fn legacy_file(extra_sql: &str) -> (tempfile::TempDir, std::path::PathBuf) {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -83,26 +70,12 @@ fn schema_upgrade_is_backwards_compatible() {
 
 #[test]
 fn full_hermes_table_with_retained_batch_is_backfilled() {
-    let hermes_alter = "
-        ALTER TABLE async_delegations ADD COLUMN owner_pid INTEGER;
-        ALTER TABLE async_delegations ADD COLUMN owner_started_at INTEGER;
-        ALTER TABLE async_delegations ADD COLUMN task_json TEXT;
-        ALTER TABLE async_delegations ADD COLUMN delivery_claim TEXT;
-        ALTER TABLE async_delegations ADD COLUMN delivery_claimed_at REAL;
-        ALTER TABLE async_delegations ADD COLUMN origin_session_id TEXT;
-        ALTER TABLE async_delegations ADD COLUMN child_session_id TEXT;
-        ALTER TABLE async_delegations ADD COLUMN children_json TEXT;
-        ALTER TABLE async_delegations ADD COLUMN retained INTEGER;
-        ALTER TABLE async_delegations ADD COLUMN retained_at REAL;
-        ALTER TABLE async_delegations ADD COLUMN tombstoned_at REAL;
-        ALTER TABLE async_delegations ADD COLUMN owner_profile TEXT;
-        ALTER TABLE async_delegations ADD COLUMN usage_json TEXT;
-        CREATE TABLE delegation_child_usage (id INTEGER PRIMARY KEY AUTOINCREMENT,
-            parent_session_id TEXT NOT NULL, parent_turn_id TEXT NOT NULL DEFAULT '',
-            child_session_id TEXT NOT NULL DEFAULT '', usage_json TEXT NOT NULL,
-            aggregate_json TEXT, created_at REAL NOT NULL);
-    ";
-    let (_dir, path) = legacy_file(hermes_alter);
+    let hermes_alter = format!(
+        "{}{}",
+        retinue_testkit::hermes::HERMES_ALTER_DELEGATIONS_DDL,
+        retinue_testkit::hermes::HERMES_USAGE_DDL
+    );
+    let (_dir, path) = legacy_file(&hermes_alter);
     let raw = rusqlite::Connection::open(&path).expect("open");
     let children = r#"[{"subagent_id":"sa-0-aaaa0000","session_id":"hs-0","model":"m","goal":"g0"},
         {"subagent_id":"sa-1-bbbb1111","session_id":"hs-1","model":"m","goal":"g1"},
