@@ -1,6 +1,7 @@
 //! The lineage root (spec §5.2): the per-hop check and the walk back
 //! through proven compression continuations.
 
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 
 use retinue_store::{SessionGraph, SessionRow};
@@ -112,7 +113,7 @@ pub fn lineage_chain(graph: &dyn SessionGraph, session_id: &str) -> Result<Vec<S
     // One round trip when the graph can prefetch; the walk is the same.
     match graph.neighbourhood(start, MAX_WALK_SESSIONS + 1)? {
         Some(rows) => walk(&Snapshot::new(rows), start),
-        None => walk(graph, start),
+        None => walk(&Live(graph), start),
     }
 }
 
@@ -141,21 +142,41 @@ impl Snapshot {
     }
 }
 
-impl SessionGraph for Snapshot {
-    fn session(&self, id: &str) -> retinue_store::Result<Option<SessionRow>> {
-        Ok(self.rows.get(id).cloned())
+/// What the walk reads: rows by id and a parent's children. Borrowed from a
+/// [`Snapshot`], owned when read live from a [`SessionGraph`].
+trait Rows {
+    fn row(&self, id: &str) -> Result<Option<Cow<'_, SessionRow>>, RootError>;
+    fn children(&self, parent: &str) -> Result<Vec<Cow<'_, SessionRow>>, RootError>;
+}
+
+impl Rows for Snapshot {
+    fn row(&self, id: &str) -> Result<Option<Cow<'_, SessionRow>>, RootError> {
+        Ok(self.rows.get(id).map(Cow::Borrowed))
     }
 
-    fn child_sessions(&self, parent: &str) -> retinue_store::Result<Vec<SessionRow>> {
+    fn children(&self, parent: &str) -> Result<Vec<Cow<'_, SessionRow>>, RootError> {
         Ok(self
             .children
             .get(parent)
-            .map(|ids| ids.iter().filter_map(|id| self.rows.get(id).cloned()).collect())
+            .map(|ids| ids.iter().filter_map(|id| self.rows.get(id)).map(Cow::Borrowed).collect())
             .unwrap_or_default())
     }
 }
 
-fn walk(graph: &dyn SessionGraph, start: &str) -> Result<Vec<String>, RootError> {
+/// Row-by-row reads from a graph that cannot prefetch.
+struct Live<'a>(&'a dyn SessionGraph);
+
+impl Rows for Live<'_> {
+    fn row(&self, id: &str) -> Result<Option<Cow<'_, SessionRow>>, RootError> {
+        Ok(self.0.session(id)?.map(Cow::Owned))
+    }
+
+    fn children(&self, parent: &str) -> Result<Vec<Cow<'_, SessionRow>>, RootError> {
+        Ok(self.0.child_sessions(parent)?.into_iter().map(Cow::Owned).collect())
+    }
+}
+
+fn walk(graph: &dyn Rows, start: &str) -> Result<Vec<String>, RootError> {
     let mut current = start.to_owned();
     let mut visited: HashSet<String> = HashSet::new();
     let mut chain = Vec::new();
@@ -165,7 +186,7 @@ fn walk(graph: &dyn SessionGraph, start: &str) -> Result<Vec<String>, RootError>
             return Err(RootError::Cycle);
         }
         // Step 3: the row exists and passes the per-hop check.
-        let row = graph.session(&current)?.ok_or(RootError::MissingSession)?;
+        let row = graph.row(&current)?.ok_or(RootError::MissingSession)?;
         check_row(&row)?;
         chain.push(current);
         // Step 4: no parent → this is the root.
@@ -174,7 +195,7 @@ fn walk(graph: &dyn SessionGraph, start: &str) -> Result<Vec<String>, RootError>
             _ => return Ok(chain),
         };
         // Step 5: the parent ended with exactly `compression`.
-        let parent = graph.session(&parent_id)?.ok_or(RootError::MissingParent)?;
+        let parent = graph.row(&parent_id)?.ok_or(RootError::MissingParent)?;
         if parent.ended_at.is_none() {
             return Err(RootError::ParentNotEnded);
         }
@@ -182,17 +203,14 @@ fn walk(graph: &dyn SessionGraph, start: &str) -> Result<Vec<String>, RootError>
             return Err(RootError::ParentNotCompression);
         }
         // Step 6: the parent's eligible children are exactly {current}.
-        let mut eligible = graph
-            .child_sessions(&parent_id)?
-            .into_iter()
-            .filter(|c| check_row(c).is_ok())
-            .take(2)
-            .map(|c| c.id);
+        let children = graph.children(&parent_id)?;
+        let mut eligible =
+            children.iter().filter(|c| check_row(c).is_ok()).take(2).map(|c| c.id.as_str());
         let only = match (eligible.next(), eligible.next()) {
             (Some(only), None) => Some(only),
             _ => None,
         };
-        if only.as_deref() != Some(row.id.as_str()) {
+        if only != Some(row.id.as_str()) {
             return Err(RootError::AmbiguousContinuation);
         }
         // Step 7: the hop limit.

@@ -194,10 +194,11 @@ impl SessionGraph for Store {
     }
 
     fn neighbourhood(&self, id: &str, max_hops: usize) -> Result<Option<Vec<SessionRow>>> {
-        // The ancestors as rows (one recursive CTE, materialized once), then
-        // each ancestor's siblings: together with the ancestors themselves,
-        // those are every child of every parent the walk inspects. Only the
-        // columns the lineage rules read are filled.
+        // The ancestors as rows, each with how many children its parent has
+        // (an index-only count, stopped at 2), in one recursive CTE. Only the
+        // parents with more than one child — where a sibling could make the
+        // continuation ambiguous — cost a second (indexed) query for their
+        // children. Only the columns the lineage rules read are filled.
         const SQL: &str = "WITH RECURSIVE up(id, source, model_config, parent_session_id, \
                started_at, ended_at, end_reason, n) AS ( \
              SELECT id, source, model_config, parent_session_id, started_at, ended_at, \
@@ -206,18 +207,43 @@ impl SessionGraph for Store {
                s.ended_at, s.end_reason, up.n + 1 FROM up JOIN sessions s \
                ON s.id = up.parent_session_id WHERE up.n < ?2) \
            SELECT id, source, NULL, model_config, parent_session_id, started_at, ended_at, \
-             end_reason, NULL, NULL, NULL, NULL, NULL FROM up \
-           UNION ALL SELECT s.id, s.source, NULL, s.model_config, s.parent_session_id, \
-             s.started_at, s.ended_at, s.end_reason, NULL, NULL, NULL, NULL, NULL \
-             FROM up CROSS JOIN sessions s ON s.parent_session_id = up.parent_session_id \
-             AND s.id != up.id \
-             WHERE (SELECT count(*) FROM (SELECT 1 FROM sessions c \
-                    WHERE c.parent_session_id = up.parent_session_id LIMIT 2)) > 1";
+             end_reason, NULL, NULL, NULL, NULL, NULL, \
+             (SELECT count(*) FROM (SELECT 1 FROM sessions c \
+               WHERE c.parent_session_id = up.parent_session_id LIMIT 2)) FROM up";
+        const SIBLINGS: &str = "SELECT id, source, NULL, model_config, parent_session_id, \
+             started_at, ended_at, end_reason, NULL, NULL, NULL, NULL, NULL \
+             FROM sessions WHERE parent_session_id = ?1";
         let hops = i64::try_from(max_hops).unwrap_or(i64::MAX);
-        self.pool.query(|conn| {
-            let mut stmt = conn.prepare_cached(SQL)?;
-            let rows = stmt.query_map(params![id, hops], read_session)?;
-            Ok(Some(rows.collect::<rusqlite::Result<_>>()?))
+        self.pool.read(|tx| {
+            let mut crowded: Vec<String> = Vec::new();
+            let mut rows: Vec<SessionRow> = {
+                let mut stmt = tx.prepare_cached(SQL)?;
+                let mapped = stmt.query_map(params![id, hops], |r| {
+                    let row = read_session(r)?;
+                    let siblings: i64 = r.get(13)?;
+                    Ok((row, siblings))
+                })?;
+                let mut out = Vec::new();
+                for item in mapped {
+                    let (row, siblings) = item?;
+                    if siblings > 1
+                        && let Some(parent) = &row.parent_session_id
+                        && !crowded.contains(parent)
+                    {
+                        crowded.push(parent.clone());
+                    }
+                    out.push(row);
+                }
+                out
+            };
+            let mut stmt = tx.prepare_cached(SIBLINGS)?;
+            for parent in &crowded {
+                let more = stmt.query_map([parent], read_session)?;
+                for row in more {
+                    rows.push(row?);
+                }
+            }
+            Ok(Some(rows))
         })
     }
 }
