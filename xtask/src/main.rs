@@ -2,7 +2,8 @@
 //!
 //! `cargo xtask ci` runs fmt --check, clippy (all targets, `-D warnings`),
 //! the test suite (nextest when installed, else `cargo test`, then doctests),
-//! the hermes-agent interop suite, rustdoc with warnings denied, and `tidy`.
+//! the hermes-agent interop suite, rustdoc with warnings denied, `tidy`, and
+//! a `--quick` smoke run of the benchmark (no timing asserted).
 
 mod interop;
 mod reliability;
@@ -15,7 +16,7 @@ const HELP: &str = "\
 cargo xtask <task>
 
 tasks:
-  ci      fmt, lint, test, doc and tidy, fail-fast (what CI runs)
+  ci      fmt, lint, test, interop, doc, tidy and a bench smoke run, fail-fast (what CI runs)
   fmt     cargo fmt --all -- --check
   lint    cargo clippy --workspace --all-targets --all-features -- -D warnings
   test    the whole test suite (nextest where installed, else cargo test) and doctests
@@ -96,7 +97,9 @@ fn main() -> ExitCode {
             .and_then(|()| test())
             .and_then(|()| interop::run(&root()))
             .and_then(|()| doc())
-            .and_then(|()| tidy::run(&root())),
+            .and_then(|()| tidy::run(&root()))
+            // A smoke run of the benchmark (small N): it must build and run; no timing is asserted.
+            .and_then(|()| bench(&["--quick".to_owned()])),
         Some("fmt") => fmt(),
         Some("lint") => lint(),
         Some("test") => test(),
