@@ -188,6 +188,32 @@ impl Limits {
         });
     }
 
+    /// Moves a unit's retention `secs` into the past (unit and children).
+    pub(crate) fn age(&self, delegation_id: &str, secs: f64) {
+        self.tx(|c| {
+            c.prepare_cached(
+                "UPDATE async_delegations SET retained_at = retained_at - ?2 WHERE delegation_id = ?1",
+            )?
+            .execute(params![delegation_id, secs])?;
+            c.prepare_cached(
+                "UPDATE retinue_children SET retained_at = retained_at - ?2 WHERE delegation_id = ?1",
+            )?
+            .execute(params![delegation_id, secs])?;
+            Ok(())
+        });
+    }
+
+    /// Retains a unit the way another writer would: the flag and time, no prune.
+    pub(crate) fn retain_raw(&self, delegation_id: &str, now: f64) {
+        self.tx(|c| {
+            c.prepare_cached(
+                "UPDATE async_delegations SET retained = 1, retained_at = ?2, updated_at = ?2 WHERE delegation_id = ?1",
+            )?
+            .execute(params![delegation_id, now])?;
+            Ok(())
+        });
+    }
+
     /// One bare transaction: a ledger row, its key and the totals.
     pub(crate) fn record(&self, label: &str, i: usize) {
         self.tx(|c| {

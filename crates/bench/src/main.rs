@@ -299,23 +299,35 @@ fn run_size(b: &mut Bench, n: usize) -> Result<(), Box<dyn std::error::Error>> {
         b.push(n, &format!("tombstone one child, {label}"), tomb, Some(limit));
     }
 
-    // Prune with one TTL-expired unit, and with one over-cap unit.
-    let ttl = time(writes.min(50), |_| {
-        let id = store
-            .insert_unit(&draft(&format!("ttl{}", clock_now(&clock)), "p-3"))
-            .unwrap_or_default();
-        let _ = store.retain_completed_delegation(&id, None);
-        clock.advance(73.0 * 3600.0);
-        let _ = store.prune_retained_children(None, None);
-    });
-    b.push(n, "prune, one TTL-expired unit (incl. its retain)", ttl, None);
-    let cap = time(writes.min(50), |i| {
-        let id = store
-            .insert_unit(&draft(&format!("cap{i}{}", clock_now(&clock)), "p-4"))
-            .unwrap_or_default();
-        let _ = store.retain_completed_delegation(&id, None);
-    });
-    b.push(n, "retain + prune one over-cap unit", cap, None);
+    // Prune with one TTL-expired unit, and with one over-cap unit (setup untimed).
+    let raw = limits::Limits::open(&path)?;
+    let ttl = time_with_setup(
+        writes.min(50),
+        |i| {
+            if let Ok(id) = store.insert_unit(&draft(&format!("ttl{i:06}"), "p-3")) {
+                let _ = store.retain_completed_delegation(&id, None);
+                raw.age(&id, 73.0 * 3600.0);
+            }
+        },
+        |_| {
+            let _ = store.prune_retained_children(None, None);
+        },
+    );
+    b.push(n, "prune, one TTL-expired unit", ttl, None);
+    let cap = time_with_setup(
+        writes.min(50),
+        |i| {
+            // Another writer (hermes) retains one more unit without pruning.
+            if let Ok(id) = store.insert_unit(&draft(&format!("cap{i:06}"), "p-4")) {
+                raw.retain_raw(&id, clock_now(&clock));
+            }
+            clock.advance(1.0);
+        },
+        |_| {
+            let _ = store.prune_retained_children(None, None);
+        },
+    );
+    b.push(n, "prune, one over-cap unit", cap, None);
 
     // Collapse N → 10 in one call.
     let live = build(dir.path(), "live.db", n, true)?;
