@@ -29,10 +29,42 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "list" => drop(store.list_retained_children()?),
             "authority" => drop(authority.check_follow_up_authority(&e, Some("L99"))),
             "authority1" => drop(authority.check_follow_up_authority(&e, Some("L1"))),
+            "retain" => {
+                let draft = retinue_store::UnitDraft {
+                    parent_session_id: Some("p-1".into()),
+                    children: vec![retinue_store::ChildManifest {
+                        subagent_id: format!("sa-0-hot{}", clock_now(&clock)),
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                };
+                let id = store.insert_unit(&draft)?;
+                store.retain_completed_delegation(&id, None)?;
+                clock.advance(1.0);
+            }
+            "tombstone" => {
+                let sa = format!("sa-0-hot{}", clock_now(&clock));
+                let draft = retinue_store::UnitDraft {
+                    parent_session_id: Some("p-1".into()),
+                    children: vec![retinue_store::ChildManifest { subagent_id: sa.clone(), ..Default::default() }],
+                    ..Default::default()
+                };
+                let id = store.insert_unit(&draft)?;
+                store.retain_completed_delegation(&id, None)?;
+                if !store.tombstone_retained_child(&sa, &retinue_store::TombstoneReason::Manual)? {
+                    return Err("tombstone changed nothing".into());
+                }
+                clock.advance(1.0);
+            }
             other => return Err(format!("unknown op {other}").into()),
         }
     }
     Ok(())
+}
+
+fn clock_now(clock: &ManualClock) -> f64 {
+    use retinue_store::Clock;
+    clock.now()
 }
 
 #[path = "../src/fixture.rs"]
