@@ -46,7 +46,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 let sa = format!("sa-0-hot{}", clock_now(&clock));
                 let draft = retinue_store::UnitDraft {
                     parent_session_id: Some("p-1".into()),
-                    children: vec![retinue_store::ChildManifest { subagent_id: sa.clone(), ..Default::default() }],
+                    children: vec![retinue_store::ChildManifest {
+                        subagent_id: sa.clone(),
+                        ..Default::default()
+                    }],
                     ..Default::default()
                 };
                 let id = store.insert_unit(&draft)?;

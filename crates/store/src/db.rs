@@ -141,14 +141,15 @@ impl Pool {
     }
 
     /// Runs `f` inside one deferred (read) transaction.
-    pub(crate) fn read<T>(
-        &self,
-        f: impl FnOnce(&rusqlite::Transaction<'_>) -> Result<T>,
-    ) -> Result<T> {
+    /// (`BEGIN`/`COMMIT` are cached statements: no parse per read.)
+    pub(crate) fn read<T>(&self, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
         self.with(|conn| {
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Deferred)?;
-            let out = f(&tx)?;
-            tx.finish()?;
+            conn.prepare_cached("BEGIN DEFERRED")?.execute([])?;
+            let out = f(conn);
+            // A read transaction has nothing to keep: end it either way.
+            let end = conn.prepare_cached("COMMIT").and_then(|mut s| s.execute([]));
+            let out = out?;
+            end?;
             Ok(out)
         })
     }

@@ -149,7 +149,7 @@ pub trait UsageLedger: Send + Sync {
     fn write_session_cost(&self, session: &str, cost: &SessionCost) -> Result<bool>;
 }
 
-fn totals_row(tx: &Transaction<'_>, parent: &str) -> Result<Option<(UsageTotals, i64)>> {
+fn totals_row(tx: &rusqlite::Connection, parent: &str) -> Result<Option<(UsageTotals, i64)>> {
     Ok(tx
         .prepare_cached(
             "SELECT cost_usd, input_tokens, output_tokens, covered_id \

@@ -214,29 +214,36 @@ impl SessionGraph for Store {
              started_at, ended_at, end_reason, NULL, NULL, NULL, NULL, NULL \
              FROM sessions WHERE parent_session_id = ?1";
         let hops = i64::try_from(max_hops).unwrap_or(i64::MAX);
-        self.pool.read(|tx| {
+        let ancestors = |conn: &Connection| -> Result<(Vec<SessionRow>, Vec<String>)> {
             let mut crowded: Vec<String> = Vec::new();
-            let mut rows: Vec<SessionRow> = {
-                let mut stmt = tx.prepare_cached(SQL)?;
-                let mapped = stmt.query_map(params![id, hops], |r| {
-                    let row = read_session(r)?;
-                    let siblings: i64 = r.get(13)?;
-                    Ok((row, siblings))
-                })?;
-                let mut out = Vec::new();
-                for item in mapped {
-                    let (row, siblings) = item?;
-                    if siblings > 1
-                        && let Some(parent) = &row.parent_session_id
-                        && !crowded.contains(parent)
-                    {
-                        crowded.push(parent.clone());
-                    }
-                    out.push(row);
+            let mut stmt = conn.prepare_cached(SQL)?;
+            let mapped = stmt.query_map(params![id, hops], |r| {
+                let row = read_session(r)?;
+                let siblings: i64 = r.get(13)?;
+                Ok((row, siblings))
+            })?;
+            let mut rows = Vec::new();
+            for item in mapped {
+                let (row, siblings) = item?;
+                if siblings > 1
+                    && let Some(parent) = &row.parent_session_id
+                    && !crowded.contains(parent)
+                {
+                    crowded.push(parent.clone());
                 }
-                out
-            };
-            let mut stmt = tx.prepare_cached(SIBLINGS)?;
+                rows.push(row);
+            }
+            Ok((rows, crowded))
+        };
+        // Common case, one statement (atomic on its own): no parent has siblings.
+        let (rows, crowded) = self.pool.query(|conn| ancestors(conn))?;
+        if crowded.is_empty() {
+            return Ok(Some(rows));
+        }
+        // Otherwise read the ancestors and the siblings from one snapshot.
+        self.pool.read(|conn| {
+            let (mut rows, crowded) = ancestors(conn)?;
+            let mut stmt = conn.prepare_cached(SIBLINGS)?;
             for parent in &crowded {
                 let more = stmt.query_map([parent], read_session)?;
                 for row in more {
