@@ -426,6 +426,12 @@ fn upsert_children(tx: &Transaction<'_>, id: &str, children: &[ChildManifest]) -
     Ok(())
 }
 
+/// Whether a constraint error is the unit id's primary key (and not, say, a
+/// child session id that already exists).
+fn is_unit_id_conflict(e: &rusqlite::Error) -> bool {
+    e.to_string().contains("async_delegations.delegation_id")
+}
+
 fn lone_child_session(children: &[ChildManifest]) -> Option<String> {
     match children {
         [only] => Some(only.session_id.clone()),
@@ -479,18 +485,12 @@ impl Registry for Store {
     fn insert_unit(&self, draft: &UnitDraft) -> Result<String> {
         for _ in 0..8 {
             let id = format!("deleg_{}", crate::db::random_hex(4)?);
-            let res = self.pool.write(|tx| {
-                let exists: bool = tx
-                    .prepare_cached("SELECT 1 FROM async_delegations WHERE delegation_id = ?1")?
-                    .exists([&id])?;
-                if exists {
-                    return Ok(false);
-                }
-                self.insert_unit_in(tx, draft, &id)?;
-                Ok(true)
-            })?;
-            if res {
-                return Ok(id);
+            // A plain INSERT: an id already taken fails the primary key, the
+            // whole transaction rolls back, and a new id is drawn.
+            match self.pool.write(|tx| self.insert_unit_in(tx, draft, &id)) {
+                Ok(()) => return Ok(id),
+                Err(Error::Conflict(e)) if is_unit_id_conflict(&e) => continue,
+                Err(e) => return Err(e),
             }
         }
         Err(Error::Invalid("could not allocate a unique delegation id".to_owned()))

@@ -77,20 +77,12 @@ pub(crate) fn insert_session(tx: &Transaction<'_>, s: &NewSession, now: f64) -> 
         Some(v @ Value::Object(_)) => Some(v.to_string()),
         Some(_) => return Err(Error::Invalid("model_config must be a JSON object".to_owned())),
     };
-    // A parent that is not (yet) a row is not linked: the foreign key would refuse it.
-    let parent = match s.parent_session_id.as_deref().map(str::trim).filter(|p| !p.is_empty()) {
-        Some(p) => {
-            let exists = tx.prepare_cached("SELECT 1 FROM sessions WHERE id = ?1")?.exists([p])?;
-            if !exists {
-                log::warn!("session {}: parent {p} has no row; stored unlinked", s.id);
-            }
-            exists.then(|| p.to_owned())
-        }
-        None => None,
-    };
+    // A parent that is not (yet) a row is not linked (the foreign key would
+    // refuse it): the subquery yields NULL for it, in the same statement.
+    let parent = s.parent_session_id.as_deref().map(str::trim).filter(|p| !p.is_empty());
     tx.prepare_cached(
         "INSERT INTO sessions (id, source, model, model_config, parent_session_id, started_at, \
-         profile_name) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+         profile_name) VALUES (?1, ?2, ?3, ?4, (SELECT id FROM sessions WHERE id = ?5), ?6, ?7)",
     )?
     .execute(params![
         s.id,

@@ -406,3 +406,56 @@ fn unreadable_json_bytes_read_as_malformed() {
         assert_eq!(report.error, None, "{expr}");
     }
 }
+
+#[test]
+fn a_failing_unit_write_leaves_nothing_behind() {
+    use retinue_store::{NewSession, SessionStore, UnitDraft};
+    let fx = Fx::new();
+    fx.store
+        .create_session(&NewSession {
+            id: "taken".into(),
+            source: "cli".into(),
+            ..NewSession::default()
+        })
+        .expect("session");
+    let draft = UnitDraft {
+        parent_session_id: Some("taken".into()),
+        children: vec![
+            child("sa-0-new", "fresh", None, None),
+            child("sa-1-new", "taken", None, None),
+        ],
+        child_sessions: ["fresh", "taken"]
+            .map(|id| NewSession {
+                id: id.into(),
+                source: "delegate".into(),
+                ..NewSession::default()
+            })
+            .to_vec(),
+        ..UnitDraft::default()
+    };
+    let err = fx.store.insert_unit(&draft).expect_err("the second child session exists");
+    assert!(matches!(err, retinue_store::Error::Conflict(_)), "{err:?}");
+    let count = |sql: &str| -> i64 { fx.raw().query_row(sql, [], |r| r.get(0)).expect("count") };
+    assert_eq!(count("SELECT count(*) FROM async_delegations"), 0);
+    assert_eq!(count("SELECT count(*) FROM retinue_children"), 0);
+    assert_eq!(count("SELECT count(*) FROM sessions"), 1);
+    // A parent that has no row is stored unlinked, in the same statement.
+    let ok = UnitDraft {
+        parent_session_id: Some("ghost".into()),
+        children: vec![child("sa-0-g", "g-child", None, None)],
+        child_sessions: vec![NewSession {
+            id: "g-child".into(),
+            source: "delegate".into(),
+            parent_session_id: Some("ghost".into()),
+            ..NewSession::default()
+        }],
+        ..UnitDraft::default()
+    };
+    let id = fx.store.insert_unit(&ok).expect("insert");
+    assert!(id.starts_with("deleg_") && id.len() == 14, "{id}");
+    let parent: Option<String> = fx
+        .raw()
+        .query_row("SELECT parent_session_id FROM sessions WHERE id = 'g-child'", [], |r| r.get(0))
+        .expect("row");
+    assert_eq!(parent, None);
+}
