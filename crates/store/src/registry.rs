@@ -91,12 +91,24 @@ const CHILD_COLS: &str = "c.delegation_id, c.child_index, c.subagent_id, c.child
 
 /// A child row joined with its unit.
 struct ChildRow {
+    /// The entry, its `manifest` not yet parsed (see [`ChildRow::into_entry`]).
     entry: RetainedChild,
+    manifest_json: Option<String>,
     child_tombstoned_at: Option<f64>,
     child_tombstone_reason: Option<String>,
     unit_retained: bool,
     unit_retained_at: Option<f64>,
     unit_tombstoned_at: Option<f64>,
+}
+
+impl ChildRow {
+    /// The entry with its manifest parsed (only for rows that are returned).
+    fn into_entry(self) -> RetainedChild {
+        let mut entry = self.entry;
+        entry.manifest =
+            self.manifest_json.as_deref().and_then(ChildManifest::parse).unwrap_or_default();
+        entry
+    }
 }
 
 fn read_child_row(r: &Row<'_>) -> rusqlite::Result<ChildRow> {
@@ -106,7 +118,7 @@ fn read_child_row(r: &Row<'_>) -> rusqlite::Result<ChildRow> {
 /// Reads the [`CHILD_COLS`] columns starting at column `o`.
 fn read_child_row_at(r: &Row<'_>, o: usize) -> rusqlite::Result<ChildRow> {
     let manifest_json = crate::model::json_column(r, o + 4)?;
-    let manifest = manifest_json.as_deref().and_then(ChildManifest::parse).unwrap_or_default();
+
     let index: i64 = r.get(o + 1)?;
     let retained: Option<i64> = r.get(o + 12)?;
     Ok(ChildRow {
@@ -120,8 +132,9 @@ fn read_child_row_at(r: &Row<'_>, o: usize) -> rusqlite::Result<ChildRow> {
             owner_profile: r.get::<_, Option<String>>(o + 9)?.unwrap_or_default(),
             state: r.get::<_, Option<String>>(o + 10)?.unwrap_or_default(),
             completed_at: r.get(o + 11)?,
-            manifest,
+            manifest: ChildManifest::default(),
         },
+        manifest_json,
         child_tombstoned_at: r.get(o + 6)?,
         child_tombstone_reason: r.get(o + 7)?,
         unit_retained: retained == Some(1),
@@ -294,8 +307,8 @@ pub(crate) fn lookup_in(conn: &Connection, id: &str, lim: Limits) -> Result<Look
     scored.sort_by(order);
     Ok(match scored.into_iter().next() {
         None => Lookup::Unknown,
-        Some((None, _, row)) => Lookup::Addressable(row.entry),
-        Some((Some(status), _, row)) => Lookup::NotAddressable(row.entry, status),
+        Some((None, _, row)) => Lookup::Addressable(row.into_entry()),
+        Some((Some(status), _, row)) => Lookup::NotAddressable(row.into_entry(), status),
     })
 }
 
@@ -314,7 +327,7 @@ pub(crate) fn list_in(tx: &Connection, lim: Limits) -> Result<Vec<RetainedChild>
     );
     let mut stmt = tx.prepare_cached(&sql)?;
     let rows = stmt.query_map(params![lim.cutoff(), lim.max_retained], read_child_row)?;
-    Ok(rows.map(|r| r.map(|c| c.entry)).collect::<rusqlite::Result<_>>()?)
+    Ok(rows.map(|r| r.map(ChildRow::into_entry)).collect::<rusqlite::Result<_>>()?)
 }
 
 /// TTL then cap pruning inside the caller's transaction (spec §3.5).
