@@ -71,8 +71,10 @@ impl From<retinue_store::Error> for RootError {
 /// `_delegate_from` ([`RootError::DelegateChild`]) — key presence counts,
 /// even with a null value.
 pub fn check_hop(source: &str, model_config: Option<&str>) -> Result<(), RootError> {
-    let source = source.trim().to_lowercase();
-    if matches!(source.as_str(), "delegate" | "subagent" | "tool") {
+    // ASCII case folding equals Unicode lowercasing here: no non-ASCII
+    // character lowercases into the letters of these three words.
+    let source = source.trim();
+    if ["delegate", "subagent", "tool"].iter().any(|w| source.eq_ignore_ascii_case(w)) {
         return Err(RootError::ForbiddenSource);
     }
     let Some(text) = model_config.map(str::trim).filter(|t| !t.is_empty()) else {
@@ -128,7 +130,7 @@ struct Snapshot {
 impl Snapshot {
     fn new(list: Vec<SessionRow>) -> Snapshot {
         let mut rows = HashMap::with_capacity(list.len());
-        let mut children: HashMap<String, Vec<String>> = HashMap::new();
+        let mut children: HashMap<String, Vec<String>> = HashMap::with_capacity(list.len());
         for row in list {
             if rows.contains_key(&row.id) {
                 continue;

@@ -427,3 +427,13 @@ proptest! {
         prop_assert_eq!(root(&g, &last).ok(), oracle_root(&rows, &last, 0));
     }
 }
+
+#[test]
+fn forbidden_sources_fold_case_and_trim() {
+    for source in [" DeLeGaTe ", "TOOL", "Subagent\t", "\u{3000}tool"] {
+        assert_eq!(check_hop(source, None), Err(RootError::ForbiddenSource), "{source:?}");
+    }
+    for source in ["delegates", "tools", "sub agent", "cli", "", "K\u{212A}"] {
+        assert_eq!(check_hop(source, None), Ok(()), "{source:?}");
+    }
+}
