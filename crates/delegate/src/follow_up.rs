@@ -6,7 +6,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use retinue_lineage::Resolution;
-use retinue_store::{Message, ResumeClaim, RetainedChild};
+use retinue_store::{Message, ResumeClaim, RetainedChild, UsageSwap};
 use serde_json::{Value, json};
 
 use crate::args::FollowUp;
@@ -184,14 +184,33 @@ fn resume(
     let _ = renewer.join();
     let results = [result];
     finalize(inner, parent, &entry.delegation_id, token, &results);
-    let existing = parts.registry.unit_usage(&entry.delegation_id).ok().flatten();
-    let usage = retinue_usage::merge_unit_usage(existing.as_ref(), &runs_of(&results));
-    if let Err(e) = parts.registry.finish_follow_up(
-        &entry.delegation_id,
-        entry.child_index,
-        token,
-        Some(&usage),
-    ) {
+    // Add the run to the unit's usage by compare-and-swap, so a concurrent
+    // follow-up on a sibling never loses its run.
+    let runs = runs_of(&results);
+    let mut finished = Err(retinue_store::Error::Stale { what: "the unit's usage_json" });
+    for _ in 0..8 {
+        let existing = match parts.registry.unit_usage(&entry.delegation_id) {
+            Ok(v) => v,
+            Err(e) => {
+                finished = Err(e);
+                break;
+            }
+        };
+        let swap = UsageSwap {
+            new: retinue_usage::merge_unit_usage(existing.as_ref(), &runs),
+            expected: existing,
+        };
+        finished = parts.registry.finish_follow_up(
+            &entry.delegation_id,
+            entry.child_index,
+            token,
+            Some(&swap),
+        );
+        if !matches!(finished, Err(retinue_store::Error::Stale { .. })) {
+            break;
+        }
+    }
+    if let Err(e) = finished {
         log::warn!("could not refresh {} after a follow-up: {e}", entry.delegation_id);
         let _ = parts.registry.release_resume(&entry.delegation_id, entry.child_index, token);
     }

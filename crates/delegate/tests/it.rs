@@ -394,6 +394,49 @@ fn two_concurrent_follow_ups_exactly_one_runs() {
 }
 
 #[test]
+fn concurrent_follow_ups_on_siblings_both_count_in_the_unit_usage() {
+    let slow = Script {
+        reply: Some("ok".into()),
+        delay: Duration::from_millis(200),
+        cost_usd: 0.5,
+        ..Script::default()
+    };
+    let fx =
+        Fx::with(DelegationConfig::default(), ScriptedRuntime::new().with_script("again", slow));
+    fx.session("P", "cli", None, None);
+    let out = fx.call(json!({"tasks": [{"goal": "one"}, {"goal": "two"}]}), &parent("P"));
+    let id = out["delegation_id"].as_str().expect("id").to_owned();
+    let sas: Vec<String> = out["results"]
+        .as_array()
+        .expect("results")
+        .iter()
+        .map(|r| r["subagent_id"].as_str().unwrap_or("").to_owned())
+        .collect();
+    let handles: Vec<_> = sas
+        .iter()
+        .map(|sa| {
+            let tool = fx.tool.clone();
+            let sa = sa.clone();
+            std::thread::spawn(move || {
+                tool.delegate_task(&json!({"goal": "again", "follow_up": sa}), Some(&parent("P")))
+            })
+        })
+        .collect();
+    for h in handles {
+        assert_eq!(h.join().expect("join")["mode"], "follow_up");
+    }
+    let usage = fx.store.unit_usage(&id).expect("usage").expect("some");
+    let runs: Vec<u64> = usage["children"]
+        .as_array()
+        .expect("children")
+        .iter()
+        .map(|c| c["runs"].as_u64().unwrap_or(0))
+        .collect();
+    assert_eq!(runs, [2, 2], "{usage}");
+    assert!((usage["cost_usd"].as_f64().expect("cost") - 1.02).abs() < 1e-9, "{usage}");
+}
+
+#[test]
 fn sync_delegation_is_retained_and_resumable() {
     let fx = Fx::new();
     fx.session("P", "cli", None, None);

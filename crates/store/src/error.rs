@@ -58,6 +58,12 @@ pub enum Error {
         /// The id looked up.
         id: String,
     },
+    /// A compare-and-swap found the value changed since it was read.
+    #[error("{what} changed since it was read; re-read and retry")]
+    Stale {
+        /// What changed.
+        what: &'static str,
+    },
     /// The secure random source failed.
     #[error("secure random source failed: {0}")]
     Random(String),

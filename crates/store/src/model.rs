@@ -420,6 +420,17 @@ pub enum ResumeClaim {
     Unavailable,
 }
 
+/// A compare-and-swap of a unit's `usage_json` (see
+/// [`crate::Registry::finish_follow_up`]): applied only if the stored value
+/// still equals `expected` (`None` = absent or malformed).
+#[derive(Debug, Clone, PartialEq)]
+pub struct UsageSwap {
+    /// The value the new one was computed from.
+    pub expected: Option<Value>,
+    /// The new value.
+    pub new: Value,
+}
+
 /// Outcome of restart recovery (spec §3.8).
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct RecoveryReport {

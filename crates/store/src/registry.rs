@@ -14,7 +14,7 @@ use crate::model::{
     UnitDraft, children_json, parse_children_json,
 };
 use crate::recovery::OwnerProbe;
-use crate::{DeliveryClaim, DeliveryFilter, RecoveryReport, ResumeClaim, Store};
+use crate::{DeliveryClaim, DeliveryFilter, RecoveryReport, ResumeClaim, Store, UsageSwap};
 
 /// Lease of a resume or delivery claim, in seconds.
 pub const LEASE_SECS: f64 = 300.0;
@@ -62,15 +62,17 @@ pub trait Registry: Send + Sync {
     fn renew_resume(&self, id: &str, child_index: u32, token: &str) -> Result<bool>;
     /// Releases a held resume claim; `false` if it is no longer ours.
     fn release_resume(&self, id: &str, child_index: u32, token: &str) -> Result<bool>;
-    /// After a follow-up: refresh `retained_at` (never un-tombstoning), store the
-    /// unit's new `usage_json` if given, and release the claim — one transaction.
+    /// After a follow-up: refresh `retained_at` (never un-tombstoning), swap
+    /// the unit's `usage_json` if given, and release the claim — one
+    /// transaction. A swap whose `expected` no longer matches fails with
+    /// [`Error::Stale`] and changes nothing (re-read, re-merge, retry).
     #[allow(clippy::needless_lifetimes)]
     fn finish_follow_up<'a>(
         &self,
         id: &str,
         child_index: u32,
         token: &str,
-        usage: Option<&'a Value>,
+        usage: Option<&'a UsageSwap>,
     ) -> Result<bool>;
     /// The unit's `usage_json` (malformed = `None`).
     fn unit_usage(&self, id: &str) -> Result<Option<Value>>;
@@ -763,21 +765,38 @@ impl Registry for Store {
         id: &str,
         child_index: u32,
         token: &str,
-        usage: Option<&'a Value>,
+        usage: Option<&'a UsageSwap>,
     ) -> Result<bool> {
         let now = self.clock.now();
         self.pool.write(|tx| {
+            if let Some(swap) = usage {
+                let current: Option<Value> = tx
+                    .prepare_cached(
+                        "SELECT usage_json FROM async_delegations WHERE delegation_id = ?1",
+                    )?
+                    .query_row([id], |r| crate::model::json_column(r, 0))
+                    .optional()?
+                    .flatten()
+                    .and_then(|text| serde_json::from_str(&text).ok());
+                if current != swap.expected {
+                    return Err(Error::Stale { what: "the unit's usage_json" });
+                }
+                tx.prepare_cached(
+                    "UPDATE async_delegations SET usage_json = ?1, updated_at = ?2 \
+                     WHERE delegation_id = ?3",
+                )?
+                .execute(params![swap.new.to_string(), now, id])?;
+            }
             tx.prepare_cached(
                 "UPDATE retinue_children SET retained_at = ?1 WHERE delegation_id = ?2 \
                  AND child_index = ?3 AND tombstoned_at IS NULL",
             )?
             .execute(params![now, id, child_index])?;
             tx.prepare_cached(
-                "UPDATE async_delegations SET retained_at = ?1, updated_at = ?1, \
-                 usage_json = COALESCE(?2, usage_json) \
-                 WHERE delegation_id = ?3 AND tombstoned_at IS NULL AND retained = 1",
+                "UPDATE async_delegations SET retained_at = ?1, updated_at = ?1 \
+                 WHERE delegation_id = ?2 AND tombstoned_at IS NULL AND retained = 1",
             )?
-            .execute(params![now, usage.map(Value::to_string), id])?;
+            .execute(params![now, id])?;
             release_in(tx, id, child_index, token)
         })
     }

@@ -189,9 +189,11 @@ impl Worker {
             return Err("a fresh follow-up key was already recorded".to_owned());
         }
         let usage = usage_of(n);
+        let expected = self.store.unit_usage(&entry.delegation_id).ctx("unit_usage")?;
+        let swap = retinue_store::UsageSwap { expected, new: usage };
         let released = self
             .store
-            .finish_follow_up(&entry.delegation_id, entry.child_index, &token, Some(&usage))
+            .finish_follow_up(&entry.delegation_id, entry.child_index, &token, Some(&swap))
             .ctx("finish_follow_up")?;
         if !released {
             return Err(format!("finish_follow_up lost the claim of {}", entry.delegation_id));

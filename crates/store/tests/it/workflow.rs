@@ -2,7 +2,7 @@
 
 use retinue_store::{
     Completion, DeliveryFilter, OwnerProbe, ProcProbe, ProcessState, Registry, ResumeClaim,
-    TombstoneReason, current_owner,
+    TombstoneReason, UsageSwap, current_owner,
 };
 use serde_json::json;
 
@@ -140,7 +140,15 @@ fn follow_up_refresh_keeps_the_child_past_its_original_ttl() {
     };
     assert!(
         fx.store
-            .finish_follow_up("deleg_h", 0, &token, Some(&json!({"cost_usd": 1.0})))
+            .finish_follow_up(
+                "deleg_h",
+                0,
+                &token,
+                Some(&UsageSwap {
+                    expected: Some(json!({"cost_usd": 0.5})),
+                    new: json!({"cost_usd": 1.0})
+                })
+            )
             .expect("finish")
     );
     fx.clock.advance(30.0 * 3600.0);
@@ -148,6 +156,39 @@ fn follow_up_refresh_keeps_the_child_past_its_original_ttl() {
     assert_eq!(pruned.children, 1);
     assert_eq!(ids(&fx.store), vec!["sa-0"]);
     assert_eq!(fx.store.unit_usage("deleg_h").expect("usage"), Some(json!({"cost_usd": 1.0})));
+}
+
+#[test]
+fn a_stale_usage_swap_changes_nothing_and_keeps_the_claim() {
+    let fx = Fx::new();
+    fx.seed_unit(); // usage_json = {"cost_usd": 0.5}
+    fx.clock.advance(60.0);
+    let ResumeClaim::Claimed { token } = fx.store.claim_resume("deleg_test0001", 0).expect("claim")
+    else {
+        panic!("claim")
+    };
+    let stale =
+        UsageSwap { expected: Some(json!({"cost_usd": 0.25})), new: json!({"cost_usd": 9.0}) };
+    let err =
+        fx.store.finish_follow_up("deleg_test0001", 0, &token, Some(&stale)).expect_err("stale");
+    assert!(matches!(err, retinue_store::Error::Stale { .. }), "{err:?}");
+    assert_eq!(
+        fx.store.unit_usage("deleg_test0001").expect("usage"),
+        Some(json!({"cost_usd": 0.5}))
+    );
+    assert!(matches!(
+        fx.store.claim_resume("deleg_test0001", 0).expect("c"),
+        ResumeClaim::Busy { .. }
+    ));
+    let entry = fx.store.find_retained_child("sa-0-abc12345").expect("find").expect("entry");
+    assert_eq!(entry.retained_at, Some(T0), "retained_at untouched");
+    let fresh =
+        UsageSwap { expected: Some(json!({"cost_usd": 0.5})), new: json!({"cost_usd": 0.75}) };
+    assert!(fx.store.finish_follow_up("deleg_test0001", 0, &token, Some(&fresh)).expect("finish"));
+    assert_eq!(
+        fx.store.unit_usage("deleg_test0001").expect("usage"),
+        Some(json!({"cost_usd": 0.75}))
+    );
 }
 
 #[test]
