@@ -24,6 +24,7 @@ pub(crate) struct ChildResult {
     pub(crate) cost_usd: f64,
     pub(crate) error: Option<String>,
     pub(crate) summary_truncated: bool,
+    pub(crate) missed_steer: Vec<String>,
 }
 
 /// Spec §6.5's status rule.
@@ -72,6 +73,9 @@ impl ChildResult {
         }
         if self.summary_truncated {
             m.insert("summary_truncated".into(), json!(true));
+        }
+        if !self.missed_steer.is_empty() {
+            m.insert("missed_steer".into(), json!(self.missed_steer));
         }
         Value::Object(m)
     }

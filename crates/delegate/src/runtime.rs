@@ -74,6 +74,9 @@ pub struct ChildOutcome {
     pub error: Option<String>,
     /// Whether the run was interrupted.
     pub interrupted: bool,
+    /// Steering messages the runtime accepted but never folded into the run
+    /// (they arrived after its last iteration); reported as `missed_steer`.
+    pub missed_steers: Vec<String>,
 }
 
 /// Where a running child writes its transcript.

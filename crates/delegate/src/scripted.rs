@@ -29,6 +29,9 @@ pub struct Script {
     pub fail: Option<String>,
     /// Whether steering is accepted.
     pub accept_steer: bool,
+    /// Report steers accepted during the run as missed (the child "finished
+    /// before its next iteration boundary") instead of folding them in.
+    pub miss_steers: bool,
 }
 
 /// One recorded call to the scripted runtime.
@@ -124,9 +127,19 @@ impl ChildRuntime for ScriptedRuntime {
             .unwrap_or_else(PoisonError::into_inner)
             .push(ScriptedRun { spec: spec.clone(), input: input.clone() });
         let script = self.script_for(&input.user_message).clone();
+        let steers_before = self.steers.lock().unwrap_or_else(PoisonError::into_inner).len();
         if !script.delay.is_zero() {
             std::thread::sleep(script.delay);
         }
+        let missed_steers: Vec<String> = if script.miss_steers {
+            self.steers.lock().unwrap_or_else(PoisonError::into_inner)[steers_before..]
+                .iter()
+                .filter(|(sa, _)| *sa == child.subagent_id)
+                .map(|(_, m)| m.clone())
+                .collect()
+        } else {
+            Vec::new()
+        };
         if let Some(err) = script.fail {
             return ChildOutcome {
                 exit_reason: "error".to_owned(),
@@ -160,6 +173,7 @@ impl ChildRuntime for ScriptedRuntime {
             cost_usd: script.cost_usd,
             error: None,
             interrupted: false,
+            missed_steers,
         }
     }
 

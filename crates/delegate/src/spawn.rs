@@ -160,6 +160,7 @@ pub(crate) fn execute(
     result.tokens = Tokens { input: outcome.input_tokens, output: outcome.output_tokens };
     result.cost_usd = if outcome.cost_usd.is_finite() { outcome.cost_usd.max(0.0) } else { 0.0 };
     result.error = outcome.error;
+    result.missed_steer = outcome.missed_steers;
     result.duration_seconds = started.elapsed().as_secs_f64();
     result
 }

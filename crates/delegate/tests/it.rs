@@ -560,6 +560,40 @@ fn background_completion_is_delivered_exactly_once() {
 }
 
 #[test]
+fn a_steer_the_child_never_folded_in_is_reported_as_missed() {
+    let script = Script {
+        reply: Some("done".into()),
+        delay: Duration::from_millis(300),
+        miss_steers: true,
+        accept_steer: true,
+        ..Script::default()
+    };
+    let fx = Fx::with(
+        DelegationConfig::default(),
+        ScriptedRuntime::new().with_script("long task", script),
+    );
+    fx.session("P", "cli", None, None);
+    let bg = ParentContext { can_receive_detached: true, ..parent("P") };
+    let out = fx.call(json!({"goal": "long task", "background": true}), &bg);
+    let sa = out["children"][0]["subagent_id"].as_str().expect("sa").to_owned();
+    std::thread::sleep(Duration::from_millis(100));
+    let steer = fx.call(json!({"goal": "also check the logs", "follow_up": sa}), &parent("P"));
+    assert_eq!(steer["status"], "queued", "{steer}");
+    fx.tool.wait_background();
+    let events = fx.sink.events();
+    assert_eq!(events.len(), 1);
+    assert_eq!(
+        events[0]["results"][0]["missed_steer"],
+        json!(["also check the logs"]),
+        "{}",
+        events[0]
+    );
+    // Once the child has finished, steering is closed: a follow-up resumes it instead.
+    let after = fx.call(json!({"goal": "and now?", "follow_up": sa}), &parent("P"));
+    assert_eq!(after["mode"], "follow_up", "{after}");
+}
+
+#[test]
 fn follow_up_after_restart_resumes_with_full_transcript() {
     let fx = Fx::new();
     fx.resumable();
