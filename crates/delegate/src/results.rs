@@ -1,6 +1,7 @@
 //! Result entries (spec §6.5) and the transcript sink over the session store.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use retinue_store::{Message, SessionStore};
 use retinue_usage::{ChildUsage, Tokens};
@@ -81,14 +82,20 @@ impl ChildResult {
     }
 }
 
-/// Appends a running child's messages to its session.
+/// Appends a running child's messages to its session, until it is closed
+/// (a timed-out child's thread may outlive its run: it must not keep writing
+/// to a transcript the next follow-up may already be resuming).
 pub(crate) struct SessionSink {
     pub(crate) sessions: Arc<dyn SessionStore>,
     pub(crate) session_id: String,
+    pub(crate) closed: Arc<AtomicBool>,
 }
 
 impl TranscriptSink for SessionSink {
     fn append(&self, message: &Message) -> Result<(), String> {
+        if self.closed.load(Ordering::SeqCst) {
+            return Err(format!("transcript of {} is closed (the run timed out)", self.session_id));
+        }
         self.sessions
             .append_message(&self.session_id, message)
             .map(|_| ())

@@ -2,7 +2,7 @@
 //! finalize, completion, delivery and the history pruner.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -99,8 +99,12 @@ pub(crate) fn execute(
         .then(|| Duration::from_secs_f64(parts.config.child_timeout_seconds));
     let (tx, rx) = mpsc::channel();
     let runtime = Arc::clone(&parts.runtime);
-    let sink =
-        SessionSink { sessions: Arc::clone(&parts.sessions), session_id: session_id.clone() };
+    let closed = Arc::new(AtomicBool::new(false));
+    let sink = SessionSink {
+        sessions: Arc::clone(&parts.sessions),
+        session_id: session_id.clone(),
+        closed: Arc::clone(&closed),
+    };
     let run_handle = handle.clone();
     let spawned = std::thread::Builder::new().name(format!("child-{}", handle.subagent_id)).spawn(
         move || {
@@ -139,6 +143,8 @@ pub(crate) fn execute(
             }
         }
     };
+    // Whatever the child's thread still does, its transcript is closed now.
+    closed.store(true, Ordering::SeqCst);
     inner.live.close_steering(&handle.subagent_id);
     let status = status_of(&outcome);
     let exit_reason = if outcome.exit_reason.is_empty() {
@@ -376,7 +382,10 @@ pub(crate) fn run(
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .push(h),
-            Err(e) => return error(format!("could not start the background unit: {e}")),
+            Err(e) => {
+                inner.background_slots.fetch_sub(1, Ordering::SeqCst);
+                return error(format!("could not start the background unit: {e}"));
+            }
         }
         return json!({
             "status": "dispatched",
@@ -476,7 +485,7 @@ fn complete(
         log::error!("could not persist the completion of {delegation_id}: {e}");
     }
     if background {
-        deliver(inner, parent);
+        deliver(inner, parent, delegation_id);
     }
     if let Err(e) = parts.registry.prune_history() {
         log::warn!("history pruner failed: {e}");
@@ -485,12 +494,19 @@ fn complete(
 }
 
 /// Hands pending completions of this parent to the sink, exactly once each.
-fn deliver(inner: &Inner, parent: &ParentContext) {
+fn deliver(inner: &Inner, parent: &ParentContext, delegation_id: &str) {
     let parts = &inner.parts;
     let Some(sink) = &parts.completions else { return };
-    let filter = DeliveryFilter {
-        parent_session_id: parent.session_id.clone(),
-        ..DeliveryFilter::default()
+    // This parent's pending completions; a parent without a session id gets
+    // only this unit's (never everyone's).
+    let filter = match parent.session_id.as_deref().map(str::trim).filter(|s| !s.is_empty()) {
+        Some(p) => {
+            DeliveryFilter { parent_session_id: Some(p.to_owned()), ..DeliveryFilter::default() }
+        }
+        None => DeliveryFilter {
+            delegation_id: Some(delegation_id.to_owned()),
+            ..DeliveryFilter::default()
+        },
     };
     loop {
         match parts.registry.claim_delivery(&filter) {

@@ -128,6 +128,16 @@ fn err(v: &Value) -> &str {
     v.get("error").and_then(Value::as_str).unwrap_or_else(|| panic!("expected an error, got {v}"))
 }
 
+/// Waits (up to 20 s) until the scripted runtime has started `n` runs: a
+/// child is registered live and holds its claim before its run starts.
+fn wait_for_runs(fx: &Fx, n: usize) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while fx.runtime.runs().len() < n {
+        assert!(std::time::Instant::now() < deadline, "no run started in 20 s");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 fn register_live(fx: &Fx, sa: &str, session: &str, owner: Option<&str>) {
     fx.tool.register_live(LiveChild {
         handle: ChildHandle { subagent_id: sa.into(), session_id: session.into() },
@@ -310,6 +320,41 @@ fn follow_up_resumes_completed_child() {
 }
 
 #[test]
+fn cap_and_external_reasons_are_told_to_the_owner_only() {
+    let fx = Fx::with(
+        DelegationConfig { max_retained: 1, ..DelegationConfig::default() },
+        ScriptedRuntime::new(),
+    );
+    fx.session("P", "cli", None, None);
+    fx.session("stranger", "cli", None, None);
+    let first = fx.call(json!({"goal": "first"}), &parent("P"));
+    let old_sa = first["results"][0]["subagent_id"].as_str().expect("sa").to_owned();
+    fx.clock.advance(10.0);
+    let second = fx.call(json!({"goal": "second"}), &parent("P"));
+    let new_sa = second["results"][0]["subagent_id"].as_str().expect("sa").to_owned();
+    let capped = fx.call(json!({"goal": "hi", "follow_up": old_sa}), &parent("P"));
+    assert!(err(&capped).contains("(reason: cap)"), "{capped}");
+    assert!(err(&capped).contains("was tombstoned at 2027-01-15T08:00:10Z"), "{capped}");
+    // hermes tombstones the newer unit itself: reason `external`, at its time.
+    let id = second["delegation_id"].as_str().expect("id").to_owned();
+    let conn =
+        retinue_testkit::rusqlite::Connection::open(fx.dir.path().join("state.db")).expect("raw");
+    conn.execute(
+        "UPDATE async_delegations SET tombstoned_at = ?1 WHERE delegation_id = ?2",
+        retinue_testkit::rusqlite::params![T0 + 20.0, id],
+    )
+    .expect("hermes tombstone");
+    let external = fx.call(json!({"goal": "hi", "follow_up": new_sa}), &parent("P"));
+    assert!(err(&external).contains("(reason: external)"), "{external}");
+    assert!(err(&external).contains("2027-01-15T08:00:20Z"), "{external}");
+    // A foreigner gets the generic text for both, byte for byte as for a missing id.
+    for sa in [&old_sa, &new_sa] {
+        let foreign = fx.call(json!({"goal": "hi", "follow_up": sa}), &parent("stranger"));
+        assert_eq!(err(&foreign), retinue_delegate::texts::not_addressable(sa));
+    }
+}
+
+#[test]
 fn follow_up_foreign_lineage_rejected() {
     let fx = Fx::new();
     fx.resumable();
@@ -366,7 +411,7 @@ fn two_concurrent_follow_ups_exactly_one_runs() {
             "slow",
             Script {
                 reply: Some("slow done".into()),
-                delay: Duration::from_millis(400),
+                delay: Duration::from_millis(1500),
                 ..Script::default()
             },
         ),
@@ -379,7 +424,7 @@ fn two_concurrent_follow_ups_exactly_one_runs() {
             Some(&parent("A")),
         )
     });
-    std::thread::sleep(Duration::from_millis(150));
+    wait_for_runs(&fx, 1);
     let second = fx.call(json!({"goal": "fast one", "follow_up": "sa-0-abc12345"}), &parent("A"));
     let first = first.join().expect("join");
     assert_eq!(first["mode"], "follow_up", "{first}");
@@ -563,7 +608,7 @@ fn background_completion_is_delivered_exactly_once() {
 fn a_steer_the_child_never_folded_in_is_reported_as_missed() {
     let script = Script {
         reply: Some("done".into()),
-        delay: Duration::from_millis(300),
+        delay: Duration::from_millis(1500),
         miss_steers: true,
         accept_steer: true,
         ..Script::default()
@@ -576,7 +621,7 @@ fn a_steer_the_child_never_folded_in_is_reported_as_missed() {
     let bg = ParentContext { can_receive_detached: true, ..parent("P") };
     let out = fx.call(json!({"goal": "long task", "background": true}), &bg);
     let sa = out["children"][0]["subagent_id"].as_str().expect("sa").to_owned();
-    std::thread::sleep(Duration::from_millis(100));
+    wait_for_runs(&fx, 1);
     let steer = fx.call(json!({"goal": "also check the logs", "follow_up": sa}), &parent("P"));
     assert_eq!(steer["status"], "queued", "{steer}");
     fx.tool.wait_background();

@@ -23,10 +23,18 @@ pub(crate) fn claim(store: &Store, filter: &DeliveryFilter) -> Result<Option<Del
                             OR delivery_claimed_at + ?1 <= ?2) \
                        AND (?3 IS NULL OR origin_session = ?3) \
                        AND (?4 IS NULL OR parent_session_id = ?4) \
+                       AND (?5 IS NULL OR delegation_id = ?5) \
+                       AND json_valid(event_json) \
                      ORDER BY completed_at, delegation_id LIMIT 1",
                 )?
                 .query_row(
-                    params![LEASE_SECS, now, filter.origin_session, filter.parent_session_id],
+                    params![
+                        LEASE_SECS,
+                        now,
+                        filter.origin_session,
+                        filter.parent_session_id,
+                        filter.delegation_id
+                    ],
                     |r| Ok((r.get(0)?, r.get(1)?, crate::model::json_column(r, 2)?)),
                 )
                 .optional()?;
@@ -45,7 +53,8 @@ pub(crate) fn claim(store: &Store, filter: &DeliveryFilter) -> Result<Option<Del
                     return Ok(Some(DeliveryClaim { delegation_id: id, token, attempt, event }));
                 }
                 _ => {
-                    // Out of attempts, or an event nobody can read: drop it.
+                    // Out of attempts (or, past `json_valid`, an event serde still
+                    // cannot read, which would otherwise be offered forever): drop it.
                     tx.prepare_cached(
                         "UPDATE async_delegations SET delivery_state = 'dropped', \
                          updated_at = ?1 WHERE delegation_id = ?2",

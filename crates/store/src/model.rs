@@ -399,6 +399,8 @@ pub struct DeliveryFilter {
     pub origin_session: Option<String>,
     /// Only units of this spawner.
     pub parent_session_id: Option<String>,
+    /// Only this unit.
+    pub delegation_id: Option<String>,
 }
 
 /// Result of a resume-claim attempt (spec §3.9).

@@ -102,6 +102,11 @@ fn classify(store: &Store, probe: &dyn OwnerProbe) -> Result<usize> {
             })?;
             mapped.collect::<rusqlite::Result<_>>()?
         };
+        // If liveness cannot be probed here (not even for this process), classify
+        // nothing — not even rows without an owner pid.
+        if probe.probe(i64::from(std::process::id())).is_none() {
+            return Ok(0);
+        }
         // Probe every owner first: if liveness cannot be probed, classify nothing.
         let mut dead = Vec::new();
         for (id, pid, started_at, event) in rows {

@@ -40,7 +40,8 @@ pub trait Registry: Send + Sync {
     fn find_retained_child(&self, id: &str) -> Result<Option<RetainedChild>>;
     /// The unscoped status of an id.
     fn lookup(&self, id: &str) -> Result<Lookup>;
-    /// Tombstones the live child (or a delegation's live children); `false` if none changed.
+    /// Tombstones an untombstoned child of a retained, untombstoned unit (for a
+    /// delegation id: all of them), reason as given; `false` if none changed.
     fn tombstone_retained_child(&self, id: &str, reason: &TombstoneReason) -> Result<bool>;
     /// TTL and cap pruning; explicit limits are floored at 1 and 0.
     fn prune_retained_children(
@@ -407,11 +408,12 @@ fn retain_in(tx: &Transaction<'_>, id: &str, usage: Option<&Value>, lim: Limits)
         return Ok(false);
     }
     backfill(tx, None)?;
+    // Live children only: one past its TTL (not yet pruned) is not revived.
     tx.prepare_cached(
         "UPDATE retinue_children SET retained_at = ?1 WHERE delegation_id = ?2 \
-         AND tombstoned_at IS NULL",
+         AND tombstoned_at IS NULL AND (retained_at IS NULL OR retained_at >= ?3)",
     )?
-    .execute(params![now, id])?;
+    .execute(params![now, id, lim.cutoff()])?;
     prune_in(tx, lim)?;
     Ok(true)
 }
@@ -612,16 +614,15 @@ impl Registry for Store {
             for column in ["subagent_id", "child_session_id", "delegation_id"] {
                 let sql = format!(
                     "UPDATE retinue_children SET tombstoned_at = ?1, tombstone_reason = ?2 \
-                     WHERE {column} = ?3 AND tombstoned_at IS NULL AND retained_at >= ?4 \
+                     WHERE {column} = ?3 AND tombstoned_at IS NULL \
                      AND EXISTS (SELECT 1 FROM async_delegations u \
                        WHERE u.delegation_id = retinue_children.delegation_id \
                        AND u.retained = 1 AND u.tombstoned_at IS NULL) \
                      RETURNING delegation_id"
                 );
                 let mut stmt = tx.prepare_cached(&sql)?;
-                let rows = stmt.query_map(params![t, reason.as_str(), id, lim.cutoff()], |r| {
-                    r.get::<_, String>(0)
-                })?;
+                let rows =
+                    stmt.query_map(params![t, reason.as_str(), id], |r| r.get::<_, String>(0))?;
                 for unit in rows {
                     let unit = unit?;
                     changed += 1;
@@ -769,6 +770,16 @@ impl Registry for Store {
     ) -> Result<bool> {
         let now = self.clock.now();
         self.pool.write(|tx| {
+            // Nothing is written for a holder whose lease passed to someone else.
+            let held = tx
+                .prepare_cached(
+                    "SELECT 1 FROM retinue_children WHERE delegation_id = ?1 \
+                     AND child_index = ?2 AND resume_claim = ?3",
+                )?
+                .exists(params![id, child_index, token])?;
+            if !held {
+                return Ok(false);
+            }
             if let Some(swap) = usage {
                 let current: Option<Value> = tx
                     .prepare_cached(

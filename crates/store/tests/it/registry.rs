@@ -345,7 +345,27 @@ mod invariant {
             let before = store.list_retained_children().expect("list");
             store.prune_retained_children(None, None).expect("prune");
             let after = store.list_retained_children().expect("list");
-            prop_assert_eq!(before, after);
+            prop_assert_eq!(&before, &after);
+            // The live set written down by the prune, read raw (no TTL or cap
+            // applied by the reader), is exactly what was addressable before it.
+            use retinue_store::Clock;
+            let cutoff = fx.clock.now() - 72.0 * 3600.0;
+            let mut live: Vec<String> = fx
+                .raw()
+                .prepare(
+                    "SELECT c.subagent_id FROM retinue_children c JOIN async_delegations u \
+                     ON u.delegation_id = c.delegation_id WHERE u.retained = 1 \
+                     AND u.tombstoned_at IS NULL AND c.tombstoned_at IS NULL AND c.retained_at >= ?1",
+                )
+                .expect("prepare")
+                .query_map([cutoff], |r| r.get(0))
+                .expect("query")
+                .map(|r| r.expect("row"))
+                .collect();
+            live.sort();
+            let mut was: Vec<String> = before.iter().map(|e| e.subagent_id.clone()).collect();
+            was.sort();
+            prop_assert_eq!(was, live);
         }
     }
 }

@@ -336,3 +336,105 @@ fn history_pruner_never_deletes_retained_or_running_rows() {
     );
     assert_eq!(ids(&fx.store).len(), 4);
 }
+
+#[test]
+fn review_fixes_hold() {
+    // Retaining again never revives a child past its TTL.
+    let fx = Fx::new();
+    let kids = [child("sa-0", "cs-0", None, None), child("sa-1", "cs-1", None, None)];
+    fx.dispatch_and_retain("deleg_r", "p", &kids);
+    fx.raw()
+        .execute("UPDATE retinue_children SET retained_at = retained_at - 73 * 3600 WHERE child_index = 1", [])
+        .expect("age");
+    fx.raw().execute("UPDATE async_delegations SET tombstoned_at = NULL", []).expect("noop");
+    assert!(fx.store.retain_completed_delegation("deleg_r", None).expect("retain"));
+    assert_eq!(ids(&fx.store), vec!["sa-0"], "the expired sibling was tombstoned, not revived");
+
+    // A holder whose lease passed to someone else writes nothing.
+    let fx = Fx::new();
+    fx.seed_unit();
+    let ResumeClaim::Claimed { token: old } =
+        fx.store.claim_resume("deleg_test0001", 0).expect("c")
+    else {
+        panic!("claim")
+    };
+    fx.clock.advance(301.0);
+    let ResumeClaim::Claimed { token: new } =
+        fx.store.claim_resume("deleg_test0001", 0).expect("c")
+    else {
+        panic!("re-claim after the lease")
+    };
+    let swap =
+        UsageSwap { expected: Some(json!({"cost_usd": 0.5})), new: json!({"cost_usd": 7.0}) };
+    assert!(!fx.store.finish_follow_up("deleg_test0001", 0, &old, Some(&swap)).expect("finish"));
+    assert_eq!(
+        fx.store.unit_usage("deleg_test0001").expect("usage"),
+        Some(json!({"cost_usd": 0.5}))
+    );
+    assert!(fx.store.release_resume("deleg_test0001", 0, &new).expect("release"));
+
+    // A manual tombstone applies to a child past its TTL that no prune has written down yet.
+    let fx = Fx::new();
+    fx.seed_unit();
+    fx.clock.advance(80.0 * 3600.0);
+    assert!(
+        fx.store.tombstone_retained_child("sa-0-abc12345", &TombstoneReason::Manual).expect("t")
+    );
+    match fx.store.lookup("sa-0-abc12345").expect("lookup") {
+        retinue_store::Lookup::NotAddressable(
+            _,
+            retinue_store::Unaddressable::Tombstoned { reason, .. },
+        ) => {
+            assert_eq!(reason, TombstoneReason::Manual);
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+#[test]
+fn no_probe_classifies_not_even_ownerless_rows() {
+    let fx = Fx::new();
+    fx.insert_delegation("deleg_nopid", "p", "running");
+    let report = fx.store.recover_abandoned_delegations(&Probe(|_| None));
+    assert_eq!(report.abandoned, 0);
+    let state: String = fx
+        .raw()
+        .query_row(
+            "SELECT state FROM async_delegations WHERE delegation_id='deleg_nopid'",
+            [],
+            |r| r.get(0),
+        )
+        .expect("row");
+    assert_eq!(state, "running");
+}
+
+#[test]
+fn delivery_by_unit_and_unreadable_events_are_left_alone() {
+    let fx = Fx::new();
+    for id in ["deleg_a1", "deleg_b1"] {
+        fx.insert_delegation(id, "", "running");
+        complete(&fx, id, "completed", true);
+    }
+    let only_b =
+        DeliveryFilter { delegation_id: Some("deleg_b1".into()), ..DeliveryFilter::default() };
+    let claim = fx.store.claim_delivery(&only_b).expect("claim").expect("b");
+    assert_eq!(claim.delegation_id, "deleg_b1");
+    assert!(fx.store.claim_delivery(&only_b).expect("claim").is_none());
+    // An unreadable event (another writer's) is never offered and never dropped.
+    fx.raw()
+        .execute(
+            "UPDATE async_delegations SET event_json = '{bad' WHERE delegation_id = 'deleg_a1'",
+            [],
+        )
+        .expect("raw");
+    assert!(fx.store.claim_delivery(&DeliveryFilter::default()).expect("claim").is_none());
+    let state: String = fx
+        .raw()
+        .query_row(
+            "SELECT delivery_state FROM async_delegations WHERE delegation_id='deleg_a1'",
+            [],
+            |r| r.get(0),
+        )
+        .expect("row");
+    assert_eq!(state, "pending");
+}
