@@ -8,11 +8,12 @@
 use std::sync::Arc;
 
 use retinue_delegate::{
-    ChildHandle, ChildOutcome, ChildRuntime, ChildSpec, Delegator, DelegatorParts, ParentContext,
-    RunInput, TranscriptSink,
+    CancelToken, ChildHandle, ChildOutcome, ChildRuntime, ChildSpec, DelegateOutcome,
+    DelegateRequest, Delegator, DelegatorParts, ParentContext, RunInput, RunTokens, RuntimeError,
+    SpawnRequest, TaskSpec, TranscriptSink,
 };
 use retinue_lineage::{Authority, LineageAuthority};
-use retinue_store::{Message, NewSession, SessionStore, Store, SystemClock};
+use retinue_store::{ExitReason, Message, NewSession, SessionStore, Store, SystemClock};
 use serde_json::json;
 
 /// The framework's own child runtime: here an echo, in real life an LLM client
@@ -20,7 +21,7 @@ use serde_json::json;
 struct MyRuntime;
 
 impl ChildRuntime for MyRuntime {
-    fn build(&self, spec: &ChildSpec) -> Result<ChildHandle, String> {
+    fn build(&self, spec: &ChildSpec) -> Result<ChildHandle, RuntimeError> {
         // A follow-up resumes an existing session; a spawn starts a new one.
         let session_id = spec.resume_session_id.clone().unwrap_or_else(|| spec.session_id.clone());
         Ok(ChildHandle { subagent_id: spec.subagent_id.clone(), session_id })
@@ -31,7 +32,16 @@ impl ChildRuntime for MyRuntime {
         _child: &ChildHandle,
         input: &RunInput,
         sink: &dyn TranscriptSink,
+        cancel: &CancelToken,
     ) -> ChildOutcome {
+        // A real runtime checks `cancel` between model calls (and bounds each
+        // call by `cancel.remaining()`), returning the usage spent so far.
+        if cancel.is_cancelled() {
+            return ChildOutcome {
+                exit_reason: ExitReason::Interrupted,
+                ..ChildOutcome::default()
+            };
+        }
         let reply = format!("({} earlier turns) {}", input.history.len(), input.user_message);
         // Everything the child says goes through the sink, into its own session.
         let message = Message {
@@ -40,18 +50,13 @@ impl ChildRuntime for MyRuntime {
             ..Message::default()
         };
         if let Err(e) = sink.append(&message) {
-            return ChildOutcome {
-                exit_reason: "error".into(),
-                error: Some(e),
-                ..ChildOutcome::default()
-            };
+            return ChildOutcome::failed(ExitReason::Error, e.to_string());
         }
         ChildOutcome {
             final_response: Some(reply),
-            exit_reason: "completed".into(),
+            exit_reason: ExitReason::Completed,
             api_calls: 1,
-            input_tokens: 120,
-            output_tokens: 30,
+            tokens: RunTokens { input: 120, output: 30, ..RunTokens::default() },
             cost_usd: 0.002,
             ..ChildOutcome::default()
         }
@@ -75,7 +80,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         authority: authority.clone(),
         runtime: Arc::new(MyRuntime),
         completions: None, // background results: pass your CompletionSink
-        clock: store.clock().clone(),
         config: store.config().delegation.clone(),
         profile,
     });
@@ -89,6 +93,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ..NewSession::default()
     })?;
     let me = ParentContext { session_id: Some("agent-1".into()), ..ParentContext::default() };
+    // The typed core, for a framework that calls it directly …
+    let request = DelegateRequest::Spawn(SpawnRequest {
+        tasks: vec![TaskSpec { goal: "Summarise the README".into(), ..TaskSpec::default() }],
+        ..SpawnRequest::default()
+    });
+    match tool.delegate(&request, &me, &CancelToken::new()) {
+        Ok(DelegateOutcome::Completed(unit)) => println!("typed: {}", unit.delegation_id),
+        Ok(other) => println!("typed: {:?}", other.to_json()),
+        Err(e) => println!("refused ({:?}): {e}", e.kind()),
+    }
+    // … and the JSON tool a model calls (parse → call → render).
     let spawned = tool.delegate_task(&json!({ "goal": "Read the changelog" }), Some(&me));
     let child = spawned["results"][0]["subagent_id"].as_str().unwrap_or_default().to_owned();
     println!("spawned {child}: {}", spawned["results"][0]["summary"]);

@@ -5,7 +5,10 @@
 use std::sync::Arc;
 
 use retinue_delegate::scripted::{RecordingSink, ScriptedRuntime};
-use retinue_delegate::{Delegator, DelegatorParts, ParentContext};
+use retinue_delegate::{
+    CancelToken, DelegateError, DelegateRequest, Delegator, DelegatorParts, ErrorKind,
+    ParentContext, error_json,
+};
 use retinue_lineage::{Authority, Denial, check_follow_up_authority, lineage_chain, list_for};
 use retinue_store::{
     Lookup, ProcProbe, Registry, RetainedChild, SessionGraph, Store, SystemClock, TombstoneReason,
@@ -312,24 +315,13 @@ pub(crate) fn recover(env: &Env) -> Result<Output> {
     })
 }
 
-/// The exit code for a `delegate_task` error text.
-fn delegate_error_code(text: &str) -> u8 {
-    if text.starts_with("follow_up rejected")
-        || (text.starts_with("follow_up target") && text.contains("is not a running subagent"))
-    {
-        EXIT_DENIED
-    } else if text.starts_with("follow_up target") && text.contains("was tombstoned") {
-        EXIT_NOT_FOUND
-    } else if text.starts_with("follow_up must")
-        || text.starts_with("follow_up requires")
-        || text.starts_with("tasks must")
-        || text.starts_with("Task ")
-        || text.starts_with("Provide either")
-        || text.starts_with("Too many tasks")
-    {
-        EXIT_USAGE
-    } else {
-        EXIT_FAILED
+/// The exit code for a `delegate_task` error: by variant class, never by text.
+fn delegate_error_code(e: &DelegateError) -> u8 {
+    match e.kind() {
+        ErrorKind::Usage => EXIT_USAGE,
+        ErrorKind::Denied => EXIT_DENIED,
+        ErrorKind::NotFound => EXIT_NOT_FOUND,
+        _ => EXIT_FAILED,
     }
 }
 
@@ -381,7 +373,6 @@ pub(crate) fn delegate_human(out: &Value) -> String {
 pub(crate) fn scripted_delegator(
     store: &Arc<Store>,
     runtime: Arc<ScriptedRuntime>,
-    clock: Arc<dyn retinue_store::Clock>,
     profile: &str,
 ) -> Delegator {
     Delegator::new(DelegatorParts {
@@ -391,7 +382,6 @@ pub(crate) fn scripted_delegator(
         authority: Arc::new(Authority::new(store.clone(), store.clone(), profile)),
         runtime,
         completions: Some(Arc::new(RecordingSink::default())),
-        clock,
         config: store.config().delegation.clone(),
         profile: profile.to_owned(),
     })
@@ -400,12 +390,7 @@ pub(crate) fn scripted_delegator(
 /// `retinue delegate --parent SESSION (--goal TEXT | --tasks JSON) [--follow-up ID]`.
 pub(crate) fn delegate(env: &Env, args: &DelegateArgs) -> Result<Output> {
     let store = open(env)?;
-    let tool = scripted_delegator(
-        &store,
-        Arc::new(ScriptedRuntime::new()),
-        store.clock().clone(),
-        &env.profile,
-    );
+    let tool = scripted_delegator(&store, Arc::new(ScriptedRuntime::new()), &env.profile);
     let mut call = serde_json::Map::new();
     if let Some(goal) = &args.goal {
         call.insert("goal".into(), json!(goal));
@@ -422,14 +407,21 @@ pub(crate) fn delegate(env: &Env, args: &DelegateArgs) -> Result<Output> {
         model: parent_row.as_ref().and_then(|r| r.model.clone()),
         ..ParentContext::default()
     };
-    let out = tool.delegate_task(&Value::Object(call), Some(&parent));
+    let outcome = DelegateRequest::from_json(&Value::Object(call))
+        .and_then(|request| tool.delegate(&request, &parent, &CancelToken::new()));
     tool.wait_background();
-    let (code, stderr) = match out.get("error").and_then(Value::as_str) {
-        Some(text) => (delegate_error_code(text), Some(text.to_owned())),
-        None => (EXIT_OK, None),
-    };
-    let human = if stderr.is_some() { String::new() } else { delegate_human(&out) };
-    Ok(Output { json: Some(out), human, code, stderr })
+    Ok(match outcome {
+        Ok(outcome) => {
+            let out = outcome.to_json();
+            Output { human: delegate_human(&out), json: Some(out), code: EXIT_OK, stderr: None }
+        }
+        Err(e) => Output {
+            json: Some(error_json(&e)),
+            human: String::new(),
+            code: delegate_error_code(&e),
+            stderr: Some(e.to_string()),
+        },
+    })
 }
 
 #[cfg(test)]
@@ -438,13 +430,21 @@ mod tests {
 
     #[test]
     fn delegate_errors_map_to_contract_codes() {
-        let foreign = retinue_delegate::texts::not_addressable("x");
+        let foreign = DelegateError::NotAddressable { target: "x".into() };
         assert_eq!(delegate_error_code(&foreign), EXIT_DENIED);
-        assert_eq!(delegate_error_code(&Denial::SelfFollowUp.message()), EXIT_DENIED);
-        let gone = retinue_delegate::texts::tombstoned("x", 0.0, "manual", "s");
+        assert_eq!(delegate_error_code(&DelegateError::SelfTarget), EXIT_DENIED);
+        let gone = DelegateError::Tombstoned {
+            target: "x".into(),
+            at: 0.0,
+            reason: "manual".into(),
+            child_session_id: "s".into(),
+        };
         assert_eq!(delegate_error_code(&gone), EXIT_NOT_FOUND);
-        assert_eq!(delegate_error_code(retinue_delegate::texts::TASKS_NOT_ARRAY), EXIT_USAGE);
-        assert_eq!(delegate_error_code(retinue_delegate::texts::FOLLOW_UP_BLANK), EXIT_USAGE);
-        assert_eq!(delegate_error_code(retinue_delegate::texts::PERSIST_FAILED), EXIT_FAILED);
+        let bad = DelegateError::InvalidArguments(retinue_delegate::texts::TASKS_NOT_ARRAY.into());
+        assert_eq!(delegate_error_code(&bad), EXIT_USAGE);
+        let busy = DelegateError::Busy { target: "x".into(), claimed_at: 0.0, expires_at: 1.0 };
+        assert_eq!(delegate_error_code(&busy), EXIT_FAILED);
+        assert_eq!(delegate_error_code(&DelegateError::Paused), EXIT_FAILED);
+        assert_eq!(delegate_error_code(&DelegateError::DepthExceeded { depth: 1, max: 1 }), 1);
     }
 }

@@ -226,7 +226,7 @@ pub(crate) fn run(env: &Env, home: Option<&Path>) -> Result<Output> {
     )?;
 
     // 2. The parent delegates a batch of three tasks.
-    let tool = scripted_delegator(&store, Arc::new(runtime()), clock.clone(), &profile);
+    let tool = scripted_delegator(&store, Arc::new(runtime()), &profile);
     let tasks: Vec<Value> = TASKS.iter().map(|t| json!({ "goal": t.0 })).collect();
     let out = tool_ok(
         "delegate_task",

@@ -6,14 +6,14 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use retinue_lineage::Resolution;
-use retinue_store::{Message, ResumeClaim, RetainedChild, UsageSwap};
-use serde_json::{Value, json};
+use retinue_store::{Message, ResumeClaim, RetainedChild, UnitState, UsageSwap};
 
 use crate::args::FollowUp;
-use crate::results::ChildResult;
-use crate::runtime::{ChildSpec, RunInput};
+use crate::error::DelegateError;
+use crate::request::{DelegateOutcome, FollowUpReport};
+use crate::runtime::{CancelToken, ChildSpec, RunInput};
 use crate::spawn::{execute, finalize, runs_of};
-use crate::{Inner, ParentContext, error, texts};
+use crate::{Inner, ParentContext};
 
 /// Claim renewal period while a resume runs.
 const RENEW_EVERY: Duration = Duration::from_secs(100);
@@ -23,7 +23,11 @@ fn requester(parent: &ParentContext) -> Option<&str> {
 }
 
 /// Step 1: steer a running child the caller may address.
-fn try_steer(inner: &Inner, fu: &FollowUp, parent: &ParentContext) -> Option<Value> {
+fn try_steer(
+    inner: &Inner,
+    fu: &FollowUp,
+    parent: &ParentContext,
+) -> Option<Result<DelegateOutcome, DelegateError>> {
     let target = fu.target.trim();
     let live = inner.live.find(target)?;
     if !live.accepting_steer {
@@ -34,7 +38,7 @@ fn try_steer(inner: &Inner, fu: &FollowUp, parent: &ParentContext) -> Option<Val
         delegation_id: String::new(),
         parent_session_id: owner.to_owned(),
         owner_profile: live.owner_profile.clone(),
-        state: "running".to_owned(),
+        state: UnitState::Running.as_str().to_owned(),
         retained_at: None,
         completed_at: None,
         child_index: 0,
@@ -43,55 +47,54 @@ fn try_steer(inner: &Inner, fu: &FollowUp, parent: &ParentContext) -> Option<Val
         manifest: retinue_store::ChildManifest::default(),
     };
     if inner.parts.authority.check_follow_up_authority(&entry, requester(parent)).is_err() {
-        return Some(error(texts::not_addressable(&fu.target)));
+        return Some(Err(DelegateError::NotAddressable { target: fu.target.clone() }));
     }
     if !inner.parts.runtime.steer(&live.handle, &fu.text) {
         return None;
     }
-    Some(json!({
-        "status": "queued",
-        "mode": "follow_up",
-        "child_id": target,
-        "receipt": texts::STEER_RECEIPT,
-    }))
+    Some(Ok(DelegateOutcome::Steered { child_id: target.to_owned() }))
 }
 
-pub(crate) fn run(inner: &Arc<Inner>, fu: &FollowUp, parent: &ParentContext) -> Value {
+pub(crate) fn run(
+    inner: &Arc<Inner>,
+    fu: &FollowUp,
+    parent: &ParentContext,
+    cancel: &CancelToken,
+) -> Result<DelegateOutcome, DelegateError> {
     if let Some(out) = try_steer(inner, fu, parent) {
         return out;
     }
     let parts = &inner.parts;
+    let not_addressable = || DelegateError::NotAddressable { target: fu.target.clone() };
     let entry = match parts.authority.resolve_for(requester(parent), fu.target.trim()) {
         Resolution::Addressable(entry) => entry,
-        Resolution::NotAddressable => return error(texts::not_addressable(&fu.target)),
-        Resolution::SelfTarget => {
-            return error(retinue_lineage::Denial::SelfFollowUp.message());
-        }
+        Resolution::NotAddressable => return Err(not_addressable()),
+        Resolution::SelfTarget => return Err(DelegateError::SelfTarget),
         Resolution::Tombstoned { entry, at, reason } => {
-            return error(texts::tombstoned(
-                &fu.target,
+            return Err(DelegateError::Tombstoned {
+                target: fu.target.clone(),
                 at,
-                reason.as_str(),
-                &entry.child_session_id,
-            ));
+                reason: reason.as_str().to_owned(),
+                child_session_id: entry.child_session_id,
+            });
         }
     };
     if entry.child_session_id.trim().is_empty() {
-        return error(texts::NO_CHILD_SESSION);
+        return Err(DelegateError::NoChildSession);
     }
     let token = match parts.registry.claim_resume(&entry.delegation_id, entry.child_index) {
         Ok(ResumeClaim::Claimed { token }) => token,
         Ok(ResumeClaim::Busy { claimed_at, expires_at }) => {
-            return error(texts::busy(&fu.target, claimed_at, expires_at));
+            return Err(DelegateError::Busy { target: fu.target.clone(), claimed_at, expires_at });
         }
-        Ok(ResumeClaim::Unavailable) => return error(texts::not_addressable(&fu.target)),
+        Ok(ResumeClaim::Unavailable) => return Err(not_addressable()),
         Err(e) => {
             log::warn!("resume claim failed: {e}");
-            return error(texts::not_addressable(&fu.target));
+            return Err(not_addressable());
         }
     };
-    let out = resume(inner, fu, parent, &entry, &token);
-    if out.get("error").is_some()
+    let out = resume(inner, fu, parent, &entry, &token, cancel);
+    if out.is_err()
         && let Err(e) =
             parts.registry.release_resume(&entry.delegation_id, entry.child_index, &token)
     {
@@ -106,17 +109,19 @@ fn resume(
     parent: &ParentContext,
     entry: &RetainedChild,
     token: &str,
-) -> Value {
+    cancel: &CancelToken,
+) -> Result<DelegateOutcome, DelegateError> {
     let parts = &inner.parts;
     let started = Instant::now();
-    let tip = match parts.sessions.compression_tip(&entry.child_session_id) {
-        Ok(t) => t,
-        Err(e) => return error(texts::transcript_error(&entry.child_session_id, &e.to_string())),
+    let transcript_error = |session: &str, e: retinue_store::Error| DelegateError::Transcript {
+        session_id: session.to_owned(),
+        message: e.to_string(),
     };
-    let transcript = match parts.sessions.conversation(&tip) {
-        Ok(t) => t,
-        Err(e) => return error(texts::transcript_error(&tip, &e.to_string())),
-    };
+    let tip = parts
+        .sessions
+        .compression_tip(&entry.child_session_id)
+        .map_err(|e| transcript_error(&entry.child_session_id, e))?;
+    let transcript = parts.sessions.conversation(&tip).map_err(|e| transcript_error(&tip, e))?;
     let mut system_prompt = None;
     let history: Vec<Message> = transcript
         .into_iter()
@@ -132,7 +137,7 @@ fn resume(
         })
         .collect();
     if history.is_empty() {
-        return error(texts::transcript_empty(&tip));
+        return Err(DelegateError::EmptyTranscript { session_id: tip });
     }
     if system_prompt.is_none() {
         system_prompt = parts.sessions.session(&tip).ok().flatten().and_then(|s| s.system_prompt);
@@ -159,14 +164,10 @@ fn resume(
         max_iterations: config.max_iterations,
         resume_session_id: Some(tip.clone()),
     };
-    if let Err(e) = parts.sessions.reopen_session(&tip) {
-        return error(texts::transcript_error(&tip, &e.to_string()));
-    }
+    parts.sessions.reopen_session(&tip).map_err(|e| transcript_error(&tip, e))?;
     let user =
         Message { role: "user".to_owned(), content: Some(fu.text.clone()), ..Message::default() };
-    if let Err(e) = parts.sessions.append_message(&tip, &user) {
-        return error(texts::transcript_error(&tip, &e.to_string()));
-    }
+    parts.sessions.append_message(&tip, &user).map_err(|e| transcript_error(&tip, e))?;
     let input = RunInput { user_message: fu.text.clone(), history, system_prompt };
     // Renew the claim while the child runs.
     let (stop_tx, stop_rx) = mpsc::channel::<()>();
@@ -179,7 +180,7 @@ fn resume(
             }
         }
     });
-    let result: ChildResult = execute(inner, &spec, input, false, parent.session_id.clone());
+    let result = execute(inner, &spec, input, false, parent.session_id.clone(), cancel);
     drop(stop_tx);
     let _ = renewer.join();
     let results = [result];
@@ -214,13 +215,12 @@ fn resume(
         log::warn!("could not refresh {} after a follow-up: {e}", entry.delegation_id);
         let _ = parts.registry.release_resume(&entry.delegation_id, entry.child_index, token);
     }
-    json!({
-        "mode": "follow_up",
-        "child_id": entry.child_id(),
-        "child_session_id": tip,
-        "delegation_id": entry.delegation_id,
-        "results": [results[0].to_json()],
-        "total_duration_seconds": (started.elapsed().as_secs_f64() * 100.0).round() / 100.0,
-        "note": texts::RESUME_NOTE,
-    })
+    let [result] = results;
+    Ok(DelegateOutcome::FollowedUp(FollowUpReport {
+        child_id: entry.child_id().to_owned(),
+        child_session_id: tip,
+        delegation_id: entry.delegation_id.clone(),
+        result,
+        total_duration_seconds: started.elapsed().as_secs_f64(),
+    }))
 }

@@ -1,19 +1,25 @@
 //! `retinue-delegate`: the `delegate_task` tool.
 //!
-//! One entry point, [`Delegator::delegate_task`], takes the tool's JSON
-//! arguments and the calling parent's [`ParentContext`] and returns the JSON
-//! result (`{"error": …}` on failure, never a panic, never a partial write).
+//! The typed core, [`Delegator::delegate`], takes a [`DelegateRequest`] (a
+//! spawn of one or more tasks, or a follow-up) and the calling parent's
+//! [`ParentContext`] and returns a [`DelegateOutcome`] or a [`DelegateError`]
+//! (never a panic, never a partial write). The JSON tool,
+//! [`Delegator::delegate_task`], is a thin adapter: parse, call, render.
 //! Every delegation — sync or background — becomes a durable unit; children
 //! that complete are retained and can be followed up, budget-exempt, by the
 //! parent's compression lineage. The crate reaches storage only through the
-//! store's traits and the lineage and usage crates.
+//! store's traits and the lineage and usage crates; models only through the
+//! [`ChildRuntime`] trait.
 
 mod args;
+mod error;
 mod follow_up;
 mod live;
+mod request;
 mod results;
 mod runtime;
 mod schema;
+#[cfg(any(test, feature = "scripted"))]
 pub mod scripted;
 mod spawn;
 pub mod texts;
@@ -22,12 +28,19 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use retinue_lineage::LineageAuthority;
-use retinue_store::{Clock, DelegationConfig, Registry, SessionStore, UsageLedger};
+use retinue_store::{DelegationConfig, Registry, SessionStore, UsageLedger};
 use serde_json::{Value, json};
 
 pub use args::{FollowUp, TaskSpec, parse_follow_up, parse_tasks};
+pub use error::{DelegateError, ErrorKind};
+pub use request::{
+    DelegateOutcome, DelegateRequest, Dispatch, DispatchedChild, FollowUpReport, SpawnRequest,
+    UnitReport,
+};
+pub use results::ChildReport;
 pub use runtime::{
-    ChildHandle, ChildOutcome, ChildRuntime, ChildSpec, CompletionSink, RunInput, TranscriptSink,
+    CancelReason, CancelToken, ChildHandle, ChildOutcome, ChildRuntime, ChildSpec, CompletionSink,
+    RunInput, RunTokens, RuntimeError, SinkError, TranscriptSink,
 };
 #[cfg(any(test, feature = "mocks"))]
 pub use runtime::{MockChildRuntime, MockCompletionSink, MockTranscriptSink};
@@ -67,8 +80,6 @@ pub struct DelegatorParts {
     pub runtime: Arc<dyn ChildRuntime>,
     /// Where background completions go.
     pub completions: Option<Arc<dyn CompletionSink>>,
-    /// Time.
-    pub clock: Arc<dyn Clock>,
     /// The `delegation:` configuration.
     pub config: DelegationConfig,
     /// The process profile key.
@@ -98,8 +109,9 @@ impl std::fmt::Debug for Delegator {
     }
 }
 
-pub(crate) fn error(text: impl Into<String>) -> Value {
-    json!({ "error": text.into() })
+/// The tool's JSON form of an error: `{"error": TEXT}`.
+pub fn error_json(e: &DelegateError) -> Value {
+    json!({ "error": e.to_string() })
 }
 
 impl Delegator {
@@ -154,28 +166,66 @@ impl Delegator {
         self.inner.live.remove(subagent_id);
     }
 
-    /// The tool entry point (spec §6.2): JSON arguments in, JSON result out.
-    pub fn delegate_task(&self, args: &Value, parent: Option<&ParentContext>) -> Value {
-        let Some(parent) = parent else { return error(texts::NO_PARENT) };
-        let args = if args.is_object() { args.clone() } else { json!({}) };
-        if let Some(fu) = parse_follow_up(&args) {
-            return match fu {
-                Ok(fu) => follow_up::run(&self.inner, &fu, parent),
-                Err(e) => error(e),
-            };
-        }
+    /// Why a spawn by `parent` would be refused before its tasks are read
+    /// (hermes's check order: paused, then depth).
+    fn spawn_refusal(&self, parent: &ParentContext) -> Option<DelegateError> {
+        let max = self.inner.parts.config.max_spawn_depth;
         if self.inner.paused.load(Ordering::SeqCst) {
-            return error(texts::PAUSED);
+            Some(DelegateError::Paused)
+        } else if parent.depth >= max {
+            Some(DelegateError::DepthExceeded { depth: parent.depth, max })
+        } else {
+            None
         }
-        let config = &self.inner.parts.config;
-        if parent.depth >= config.max_spawn_depth {
-            return error(texts::depth_limit(parent.depth, config.max_spawn_depth));
+    }
+
+    /// The typed core: runs one call for `parent`. `cancel` stops the
+    /// call's children (each also gets `child_timeout_seconds`); a stopped
+    /// child reports what it did and is billed for it.
+    pub fn delegate(
+        &self,
+        request: &DelegateRequest,
+        parent: &ParentContext,
+        cancel: &CancelToken,
+    ) -> Result<DelegateOutcome, DelegateError> {
+        match request {
+            DelegateRequest::FollowUp(fu) => follow_up::run(&self.inner, fu, parent, cancel),
+            DelegateRequest::Spawn(spawn) => {
+                if let Some(refusal) = self.spawn_refusal(parent) {
+                    return Err(refusal);
+                }
+                let max = self.inner.parts.config.max_concurrent_children;
+                if spawn.tasks.is_empty() {
+                    return Err(DelegateError::InvalidArguments(texts::NO_GOAL_OR_TASKS.into()));
+                }
+                if spawn.tasks.len() > max {
+                    return Err(DelegateError::InvalidArguments(texts::too_many_tasks(
+                        spawn.tasks.len(),
+                        max,
+                    )));
+                }
+                spawn::run(&self.inner, spawn, parent, cancel)
+            }
         }
-        let tasks = match parse_tasks(&args, config.max_concurrent_children) {
-            Ok(t) => t,
-            Err(e) => return error(e),
-        };
-        spawn::run(&self.inner, &args, tasks, parent)
+    }
+
+    /// The tool entry point (spec §6.2): JSON arguments in, JSON result out
+    /// (`{"error": …}` on failure).
+    pub fn delegate_task(&self, args: &Value, parent: Option<&ParentContext>) -> Value {
+        let Some(parent) = parent else { return error_json(&DelegateError::NoParent) };
+        match DelegateRequest::from_json(args) {
+            Ok(request) => match self.delegate(&request, parent, &CancelToken::new()) {
+                Ok(outcome) => outcome.to_json(),
+                Err(e) => error_json(&e),
+            },
+            Err(e) => {
+                // A spawn that would be refused anyway reports the refusal
+                // first, whatever is wrong with its tasks.
+                let is_spawn = parse_follow_up(args).is_none();
+                let first = if is_spawn { self.spawn_refusal(parent) } else { None };
+                error_json(&first.unwrap_or(e))
+            }
+        }
     }
 }
 

@@ -3,58 +3,76 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use retinue_store::{Message, SessionStore};
+use retinue_store::{ChildStatus, ExitReason, Message, SessionStore};
 use retinue_usage::{ChildUsage, Tokens};
 use serde_json::{Map, Value, json};
 
-use crate::runtime::{ChildOutcome, TranscriptSink};
+use crate::runtime::{ChildOutcome, SinkError, TranscriptSink};
 
-/// One child's result.
+/// One child's result: an entry of the tool's `results` array.
 #[derive(Debug, Clone, PartialEq, Default)]
-pub(crate) struct ChildResult {
-    pub(crate) task_index: usize,
-    pub(crate) status: String,
-    pub(crate) summary: Option<String>,
-    pub(crate) api_calls: u64,
-    pub(crate) duration_seconds: f64,
-    pub(crate) model: Option<String>,
-    pub(crate) exit_reason: String,
-    pub(crate) child_session_id: String,
-    pub(crate) subagent_id: String,
-    pub(crate) tokens: Tokens,
-    pub(crate) cost_usd: f64,
-    pub(crate) error: Option<String>,
-    pub(crate) summary_truncated: bool,
-    pub(crate) missed_steer: Vec<String>,
+pub struct ChildReport {
+    /// Task index in its unit.
+    pub task_index: usize,
+    /// The child's status (spec §6.5).
+    pub status: ChildStatus,
+    /// The final answer, clipped to `max_summary_chars`.
+    pub summary: Option<String>,
+    /// Model API calls.
+    pub api_calls: u64,
+    /// Wall time of the run.
+    pub duration_seconds: f64,
+    /// The child's model.
+    pub model: Option<String>,
+    /// Why the run stopped.
+    pub exit_reason: ExitReason,
+    /// The session the child wrote to.
+    pub child_session_id: String,
+    /// The subagent id.
+    pub subagent_id: String,
+    /// Prompt and completion tokens.
+    pub tokens: Tokens,
+    /// Cost in US dollars (finite, never negative).
+    pub cost_usd: f64,
+    /// Error text, if the run failed.
+    pub error: Option<String>,
+    /// Whether `summary` was clipped.
+    pub summary_truncated: bool,
+    /// Steering messages accepted but never folded in.
+    pub missed_steer: Vec<String>,
 }
 
 /// Spec §6.5's status rule.
-pub(crate) fn status_of(outcome: &ChildOutcome) -> &'static str {
+pub(crate) fn status_of(outcome: &ChildOutcome) -> ChildStatus {
     let response = outcome.final_response.as_deref().map(str::trim).unwrap_or_default();
-    if outcome.interrupted || outcome.exit_reason == "interrupted" {
-        "interrupted"
-    } else if outcome.exit_reason == "timeout" {
-        "timeout"
-    } else if !response.is_empty() && response != "(empty)" && outcome.error.is_none() {
-        "completed"
-    } else if outcome.exit_reason == "error" || outcome.error.is_some() {
-        "error"
-    } else {
-        "failed"
+    match &outcome.exit_reason {
+        ExitReason::Interrupted => ChildStatus::Interrupted,
+        ExitReason::Timeout => ChildStatus::Timeout,
+        reason => {
+            if !response.is_empty() && response != "(empty)" && outcome.error.is_none() {
+                ChildStatus::Completed
+            } else if *reason == ExitReason::Error || outcome.error.is_some() {
+                ChildStatus::Error
+            } else {
+                ChildStatus::Failed
+            }
+        }
     }
 }
 
-impl ChildResult {
-    pub(crate) fn usage(&self) -> ChildUsage {
+impl ChildReport {
+    /// The ledger's view of this run.
+    pub fn usage(&self) -> ChildUsage {
         ChildUsage {
             cost_usd: self.cost_usd,
             tokens: Some(self.tokens),
             api_calls: self.api_calls,
-            status: self.status.clone(),
+            status: self.status.as_str().to_owned(),
         }
     }
 
-    pub(crate) fn to_json(&self) -> Value {
+    /// The wire entry (spec §6.5).
+    pub fn to_json(&self) -> Value {
         let mut m = Map::new();
         m.insert("task_index".into(), json!(self.task_index));
         m.insert("status".into(), json!(self.status));
@@ -83,7 +101,7 @@ impl ChildResult {
 }
 
 /// Appends a running child's messages to its session, until it is closed
-/// (a timed-out child's thread may outlive its run: it must not keep writing
+/// (a stopped child's thread may outlive its run: it must not keep writing
 /// to a transcript the next follow-up may already be resuming).
 pub(crate) struct SessionSink {
     pub(crate) sessions: Arc<dyn SessionStore>,
@@ -92,13 +110,12 @@ pub(crate) struct SessionSink {
 }
 
 impl TranscriptSink for SessionSink {
-    fn append(&self, message: &Message) -> Result<(), String> {
+    fn append(&self, message: &Message) -> Result<(), SinkError> {
         if self.closed.load(Ordering::SeqCst) {
-            return Err(format!("transcript of {} is closed (the run timed out)", self.session_id));
+            return Err(SinkError::Closed { session_id: self.session_id.clone() });
         }
-        self.sessions
-            .append_message(&self.session_id, message)
-            .map(|_| ())
-            .map_err(|e| e.to_string())
+        self.sessions.append_message(&self.session_id, message).map(|_| ()).map_err(|e| {
+            SinkError::Storage { session_id: self.session_id.clone(), message: e.to_string() }
+        })
     }
 }

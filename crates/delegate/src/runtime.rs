@@ -1,7 +1,11 @@
 //! The seams to the outside world: the child runtime (a real LLM client or a
-//! scripted fake), the transcript sink and the completion sink.
+//! scripted fake), the transcript sink, the completion sink, and the
+//! [`CancelToken`] a running child watches.
 
-use retinue_store::Message;
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use retinue_store::{ExitReason, Message};
 use serde_json::Value;
 
 /// Everything a runtime needs to build one child.
@@ -55,45 +59,102 @@ pub struct RunInput {
     pub system_prompt: Option<String>,
 }
 
+/// Token counts of one run, summed over its model calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RunTokens {
+    /// Prompt (input) tokens, cached ones included.
+    pub input: u64,
+    /// Completion (output) tokens, reasoning ones included.
+    pub output: u64,
+    /// Prompt tokens served from the provider's cache.
+    pub cached_input: u64,
+    /// Completion tokens spent on reasoning.
+    pub reasoning: u64,
+}
+
 /// How a run ended.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct ChildOutcome {
     /// The child's final answer.
     pub final_response: Option<String>,
-    /// `completed`, `interrupted`, `max_iterations`, `timeout` or `error`.
-    pub exit_reason: String,
+    /// Why the run stopped.
+    pub exit_reason: ExitReason,
     /// Model API calls made.
     pub api_calls: u64,
-    /// Prompt tokens.
-    pub input_tokens: u64,
-    /// Completion tokens.
-    pub output_tokens: u64,
+    /// Tokens used (partial runs report what they used so far).
+    pub tokens: RunTokens,
     /// Cost in US dollars.
     pub cost_usd: f64,
     /// Error text, if the run failed.
     pub error: Option<String>,
-    /// Whether the run was interrupted.
-    pub interrupted: bool,
     /// Steering messages the runtime accepted but never folded into the run
     /// (they arrived after its last iteration); reported as `missed_steer`.
     pub missed_steers: Vec<String>,
+}
+
+impl ChildOutcome {
+    /// An outcome that ended with `reason` and `error`, having done nothing.
+    pub fn failed(reason: ExitReason, error: impl Into<String>) -> ChildOutcome {
+        ChildOutcome { exit_reason: reason, error: Some(error.into()), ..ChildOutcome::default() }
+    }
+}
+
+/// Why a transcript write was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SinkError {
+    /// The run was stopped (timeout or cancellation); its transcript is closed.
+    #[error("transcript of {session_id} is closed (the run was stopped)")]
+    Closed {
+        /// The child's session.
+        session_id: String,
+    },
+    /// The store could not write the message.
+    #[error("could not append to {session_id}: {message}")]
+    Storage {
+        /// The child's session.
+        session_id: String,
+        /// What the store said.
+        message: String,
+    },
+}
+
+/// Why a runtime could not build or run a child.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RuntimeError {
+    /// The child's configuration cannot work (no model, unsupported
+    /// `api_mode`, missing key, …); the text says what to fix.
+    #[error("{0}")]
+    Config(String),
+    /// Any other failure to build the child.
+    #[error("{0}")]
+    Build(String),
 }
 
 /// Where a running child writes its transcript.
 #[cfg_attr(any(test, feature = "mocks"), mockall::automock)]
 pub trait TranscriptSink: Send + Sync {
     /// Appends one message to the child's session.
-    fn append(&self, message: &Message) -> Result<(), String>;
+    fn append(&self, message: &Message) -> Result<(), SinkError>;
 }
 
 /// A child runtime: builds, runs and steers children.
+///
+/// `run` must watch `cancel`: once [`CancelToken::is_cancelled`] is true
+/// (explicit cancellation or the child's deadline), it stops as soon as it
+/// can — aborting an in-flight model call where possible — and returns an
+/// outcome that reports the usage spent so far, so the partial run is billed.
 #[cfg_attr(any(test, feature = "mocks"), mockall::automock)]
 pub trait ChildRuntime: Send + Sync {
     /// Builds a child (on `spec.resume_session_id` when resuming).
-    fn build(&self, spec: &ChildSpec) -> Result<ChildHandle, String>;
+    fn build(&self, spec: &ChildSpec) -> Result<ChildHandle, RuntimeError>;
     /// Runs the child to an outcome, writing its output through `sink`.
-    fn run(&self, child: &ChildHandle, input: &RunInput, sink: &dyn TranscriptSink)
-    -> ChildOutcome;
+    fn run(
+        &self,
+        child: &ChildHandle,
+        input: &RunInput,
+        sink: &dyn TranscriptSink,
+        cancel: &CancelToken,
+    ) -> ChildOutcome;
     /// Queues a message for a running child; `false` if refused.
     fn steer(&self, child: &ChildHandle, message: &str) -> bool;
 }
@@ -103,4 +164,152 @@ pub trait ChildRuntime: Send + Sync {
 pub trait CompletionSink: Send + Sync {
     /// Delivers one completion event; `true` once accepted (also for a repeat).
     fn deliver(&self, event: &Value) -> bool;
+}
+
+/// Why a [`CancelToken`] fired.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CancelReason {
+    /// The child's deadline (`child_timeout_seconds`) passed.
+    Timeout,
+    /// Someone cancelled the run (the parent's call was cancelled).
+    Cancelled,
+}
+
+#[derive(Debug, Default)]
+struct CancelState {
+    reason: Mutex<Option<CancelReason>>,
+    changed: Condvar,
+}
+
+/// A run's stop signal: a deadline plus an explicit cancel. Cheap to clone;
+/// all clones share one state.
+#[derive(Debug, Clone, Default)]
+pub struct CancelToken {
+    state: Arc<CancelState>,
+    deadline: Option<Instant>,
+}
+
+impl CancelToken {
+    /// A token with no deadline.
+    pub fn new() -> CancelToken {
+        CancelToken::default()
+    }
+
+    /// A token whose deadline is `timeout` from now; `None`, or a timeout too
+    /// large to represent, means no deadline (never a panic).
+    pub fn with_timeout(timeout: Option<Duration>) -> CancelToken {
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
+        CancelToken { state: Arc::default(), deadline }
+    }
+
+    /// A token sharing this one's cancel state with an earlier (never later)
+    /// deadline of `timeout` from now.
+    #[must_use]
+    pub fn child(&self, timeout: Option<Duration>) -> CancelToken {
+        let own = timeout.and_then(|t| Instant::now().checked_add(t));
+        let deadline = match (self.deadline, own) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        CancelToken { state: Arc::clone(&self.state), deadline }
+    }
+
+    /// Stops the run (idempotent; the first reason wins).
+    pub fn cancel(&self) {
+        self.fire(CancelReason::Cancelled);
+    }
+
+    fn fire(&self, reason: CancelReason) {
+        let mut slot = self.state.reason.lock().unwrap_or_else(PoisonError::into_inner);
+        if slot.is_none() {
+            *slot = Some(reason);
+        }
+        self.state.changed.notify_all();
+    }
+
+    /// Why the run must stop, if it must.
+    pub fn reason(&self) -> Option<CancelReason> {
+        let fired = *self.state.reason.lock().unwrap_or_else(PoisonError::into_inner);
+        fired.or_else(|| {
+            self.deadline.filter(|d| Instant::now() >= *d).map(|_| CancelReason::Timeout)
+        })
+    }
+
+    /// Whether the run must stop now.
+    pub fn is_cancelled(&self) -> bool {
+        self.reason().is_some()
+    }
+
+    /// The deadline, if any.
+    pub fn deadline(&self) -> Option<Instant> {
+        self.deadline
+    }
+
+    /// Time left before the deadline (`None`: no deadline; zero: passed).
+    pub fn remaining(&self) -> Option<Duration> {
+        self.deadline.map(|d| d.saturating_duration_since(Instant::now()))
+    }
+
+    /// Sleeps up to `pause` (never past the deadline), waking early on
+    /// cancellation; returns `true` when the run must stop.
+    pub fn sleep(&self, pause: Duration) -> bool {
+        let pause = self.remaining().map_or(pause, |r| r.min(pause));
+        let until = Instant::now().checked_add(pause);
+        let mut slot = self.state.reason.lock().unwrap_or_else(PoisonError::into_inner);
+        loop {
+            if slot.is_some() {
+                return true;
+            }
+            let left = until.map_or(pause, |u| u.saturating_duration_since(Instant::now()));
+            if left.is_zero() {
+                break;
+            }
+            slot = match self.state.changed.wait_timeout(slot, left) {
+                Ok((guard, _)) => guard,
+                Err(poisoned) => poisoned.into_inner().0,
+            };
+        }
+        drop(slot);
+        self.is_cancelled()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_huge_timeout_is_no_deadline_not_a_panic() {
+        let t = CancelToken::with_timeout(Some(Duration::MAX));
+        assert_eq!(t.deadline(), None);
+        assert!(!t.is_cancelled());
+        let c = t.child(Some(Duration::from_secs(u64::MAX)));
+        assert!(!c.is_cancelled());
+    }
+
+    #[test]
+    fn cancel_wakes_a_sleeper_and_is_shared_by_clones() {
+        let t = CancelToken::new();
+        let other = t.clone();
+        let sleeper = std::thread::spawn(move || other.sleep(Duration::from_secs(600)));
+        t.cancel();
+        assert!(sleeper.join().unwrap_or(false));
+        assert_eq!(t.reason(), Some(CancelReason::Cancelled));
+    }
+
+    #[test]
+    fn a_passed_deadline_reads_as_timeout() {
+        let t = CancelToken::with_timeout(Some(Duration::ZERO));
+        assert_eq!(t.reason(), Some(CancelReason::Timeout));
+        assert!(t.sleep(Duration::from_secs(600)));
+        assert_eq!(t.remaining(), Some(Duration::ZERO));
+    }
+
+    #[test]
+    fn a_child_token_never_extends_the_deadline() {
+        let parent = CancelToken::with_timeout(Some(Duration::ZERO));
+        assert!(parent.child(Some(Duration::from_secs(600))).is_cancelled());
+        let open = CancelToken::new().child(Some(Duration::from_secs(600)));
+        assert!(!open.is_cancelled());
+    }
 }

@@ -1,15 +1,16 @@
-//! A deterministic child runtime and a recording completion sink, for tests,
-//! the CLI's `delegate` command and its demo (no network).
+//! A deterministic child runtime and a recording completion sink: test
+//! doubles (the `scripted` feature), never a runtime for a user's real home.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use retinue_store::Message;
+use retinue_store::{ExitReason, Message};
 use serde_json::Value;
 
 use crate::runtime::{
-    ChildHandle, ChildOutcome, ChildRuntime, ChildSpec, CompletionSink, RunInput, TranscriptSink,
+    CancelToken, ChildHandle, ChildOutcome, ChildRuntime, ChildSpec, CompletionSink, RunInput,
+    RunTokens, RuntimeError, TranscriptSink,
 };
 
 /// What the scripted runtime does for goals containing a pattern.
@@ -23,8 +24,12 @@ pub struct Script {
     pub output_tokens: u64,
     /// Cost reported.
     pub cost_usd: f64,
-    /// Wall-clock delay before replying.
+    /// Wall-clock delay before replying; a run stopped during it (deadline or
+    /// cancel) ends `interrupted` and reports its tokens as spent.
     pub delay: Duration,
+    /// Panic inside `run` with this text (tests that a panicking child is
+    /// reported, never dropped).
+    pub panic: Option<String>,
     /// Fail with this error.
     pub fail: Option<String>,
     /// Whether steering is accepted.
@@ -95,11 +100,11 @@ impl ScriptedRuntime {
 }
 
 impl ChildRuntime for ScriptedRuntime {
-    fn build(&self, spec: &ChildSpec) -> Result<ChildHandle, String> {
+    fn build(&self, spec: &ChildSpec) -> Result<ChildHandle, RuntimeError> {
         if let Some(err) = &self.script_for(&spec.goal).fail
             && err.starts_with("build:")
         {
-            return Err(err.clone());
+            return Err(RuntimeError::Build(err.clone()));
         }
         let session_id = spec.resume_session_id.clone().unwrap_or_else(|| spec.session_id.clone());
         self.specs
@@ -114,6 +119,7 @@ impl ChildRuntime for ScriptedRuntime {
         child: &ChildHandle,
         input: &RunInput,
         sink: &dyn TranscriptSink,
+        cancel: &CancelToken,
     ) -> ChildOutcome {
         let spec = self
             .specs
@@ -128,8 +134,22 @@ impl ChildRuntime for ScriptedRuntime {
             .push(ScriptedRun { spec: spec.clone(), input: input.clone() });
         let script = self.script_for(&input.user_message).clone();
         let steers_before = self.steers.lock().unwrap_or_else(PoisonError::into_inner).len();
-        if !script.delay.is_zero() {
-            std::thread::sleep(script.delay);
+        let tokens = RunTokens {
+            input: script.input_tokens,
+            output: script.output_tokens,
+            ..RunTokens::default()
+        };
+        if !script.delay.is_zero() && cancel.sleep(script.delay) {
+            return ChildOutcome {
+                exit_reason: ExitReason::Interrupted,
+                api_calls: 1,
+                tokens,
+                cost_usd: script.cost_usd,
+                ..ChildOutcome::default()
+            };
+        }
+        if let Some(text) = &script.panic {
+            panic!("{text}");
         }
         let missed_steers: Vec<String> = if script.miss_steers {
             self.steers.lock().unwrap_or_else(PoisonError::into_inner)[steers_before..]
@@ -142,7 +162,7 @@ impl ChildRuntime for ScriptedRuntime {
         };
         if let Some(err) = script.fail {
             return ChildOutcome {
-                exit_reason: "error".to_owned(),
+                exit_reason: ExitReason::Error,
                 api_calls: 1,
                 error: Some(err),
                 ..ChildOutcome::default()
@@ -158,21 +178,18 @@ impl ChildRuntime for ScriptedRuntime {
             ..Message::default()
         };
         if let Err(e) = sink.append(&message) {
-            return ChildOutcome {
-                exit_reason: "error".to_owned(),
-                error: Some(format!("transcript write failed: {e}")),
-                ..ChildOutcome::default()
-            };
+            return ChildOutcome::failed(
+                ExitReason::Error,
+                format!("transcript write failed: {e}"),
+            );
         }
         ChildOutcome {
             final_response: Some(reply),
-            exit_reason: "completed".to_owned(),
+            exit_reason: ExitReason::Completed,
             api_calls: 1,
-            input_tokens: script.input_tokens,
-            output_tokens: script.output_tokens,
+            tokens,
             cost_usd: script.cost_usd,
             error: None,
-            interrupted: false,
             missed_steers,
         }
     }

@@ -7,17 +7,18 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use retinue_store::{
-    ChildManifest, Completion, DeliveryFilter, Message, NewSession, UnitDraft, current_owner,
-    truncate_chars,
+    ChildManifest, ChildStatus, Completion, DeliveryFilter, ExitReason, Message, NewSession, Role,
+    UnitDraft, current_owner, truncate_chars,
 };
 use retinue_usage::{ChildRun, FinalizeContext, FinalizeEntry, ParentCost, Tokens};
-use serde_json::{Value, json};
+use serde_json::json;
 
-use crate::args::TaskSpec;
+use crate::error::DelegateError;
 use crate::live::LiveChild;
-use crate::results::{ChildResult, SessionSink, status_of};
-use crate::runtime::{ChildOutcome, ChildSpec, RunInput};
-use crate::{Inner, ParentContext, error, texts};
+use crate::request::{DelegateOutcome, Dispatch, DispatchedChild, SpawnRequest, UnitReport};
+use crate::results::{ChildReport, SessionSink, status_of};
+use crate::runtime::{CancelReason, CancelToken, ChildHandle, ChildOutcome, ChildSpec, RunInput};
+use crate::{Inner, ParentContext, texts};
 
 /// Toolsets a child never inherits.
 const BLOCKED_TOOLSETS: &[&str] = &["clarify", "memory", "send_message", "cronjob", "kanban"];
@@ -50,16 +51,121 @@ pub(crate) fn user_turn(goal: &str, context: Option<&str>) -> String {
     }
 }
 
-fn child_toolsets(parent: &ParentContext, role: &str, inherit_mcp: bool) -> Vec<String> {
+fn child_toolsets(parent: &ParentContext, role: &Role, inherit_mcp: bool) -> Vec<String> {
     parent
         .toolsets
         .iter()
         .filter(|t| !BLOCKED_TOOLSETS.contains(&t.as_str()))
-        .filter(|t| role == "orchestrator" || t.as_str() != "delegate_task")
+        .filter(|t| *role == Role::Orchestrator || t.as_str() != "delegate_task")
         .filter(|t| inherit_mcp || !t.starts_with("mcp"))
         .cloned()
         .collect()
 }
+
+/// How long a stopped child's thread gets to hand back its partial outcome.
+const STOP_GRACE: Duration = Duration::from_secs(10);
+
+fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a non-text panic".to_owned())
+}
+
+/// The child's own deadline (`child_timeout_seconds`; 0, a non-finite or an
+/// unrepresentably large value means none).
+pub(crate) fn child_timeout(seconds: f64) -> Option<Duration> {
+    (seconds > 0.0).then(|| Duration::try_from_secs_f64(seconds).ok()).flatten()
+}
+
+/// Runs the child on its own thread until it returns, panics, or is stopped
+/// (deadline or `cancel`); a stopped child gets [`STOP_GRACE`] to return the
+/// usage it spent, and its transcript is closed either way.
+fn run_child(
+    inner: &Arc<Inner>,
+    handle: &ChildHandle,
+    input: RunInput,
+    session_id: &str,
+    cancel: &CancelToken,
+) -> ChildOutcome {
+    let parts = &inner.parts;
+    let (tx, rx) = mpsc::channel();
+    let runtime = Arc::clone(&parts.runtime);
+    let closed = Arc::new(AtomicBool::new(false));
+    let sink = SessionSink {
+        sessions: Arc::clone(&parts.sessions),
+        session_id: session_id.to_owned(),
+        closed: Arc::clone(&closed),
+    };
+    let run_handle = handle.clone();
+    let token = cancel.clone();
+    let spawned = std::thread::Builder::new().name(format!("child-{}", handle.subagent_id)).spawn(
+        move || {
+            let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                runtime.run(&run_handle, &input, &sink, &token)
+            }));
+            let _ = tx.send(run.unwrap_or_else(|payload| {
+                ChildOutcome::failed(
+                    ExitReason::Error,
+                    format!("the child runtime panicked: {}", panic_text(payload.as_ref())),
+                )
+            }));
+        },
+    );
+    let thread = match spawned {
+        Ok(t) => t,
+        Err(e) => {
+            return ChildOutcome::failed(
+                ExitReason::Error,
+                format!("could not start the child: {e}"),
+            );
+        }
+    };
+    // Wait for the outcome, waking for an explicit cancel or the deadline.
+    let mut outcome = None;
+    while outcome.is_none() && !cancel.is_cancelled() {
+        let wait = cancel.remaining().unwrap_or(POLL).min(POLL);
+        match rx.recv_timeout(wait) {
+            Ok(o) => outcome = Some(o),
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+    }
+    let stopped = outcome.is_none().then(|| cancel.reason()).flatten();
+    if outcome.is_none() && stopped.is_some() {
+        outcome = rx.recv_timeout(STOP_GRACE).ok();
+    }
+    // Whatever the child's thread still does, its transcript is closed now.
+    closed.store(true, Ordering::SeqCst);
+    let returned = outcome.is_some();
+    if returned {
+        let _ = thread.join();
+    } else {
+        log::warn!(
+            "child {} did not stop within {STOP_GRACE:?} of being told to; its thread is abandoned",
+            handle.subagent_id
+        );
+    }
+    let mut outcome = outcome.unwrap_or_else(|| {
+        ChildOutcome::failed(ExitReason::Error, "the child runtime stopped without an outcome")
+    });
+    match stopped {
+        Some(CancelReason::Timeout) => {
+            outcome.exit_reason = ExitReason::Timeout;
+            outcome.error = Some(texts::timed_out(parts.config.child_timeout_seconds));
+        }
+        Some(CancelReason::Cancelled) => {
+            outcome.exit_reason = ExitReason::Interrupted;
+            outcome.error.get_or_insert_with(|| texts::CANCELLED.to_owned());
+        }
+        None => {}
+    }
+    outcome
+}
+
+/// How often a waiting parent looks at its cancel token.
+const POLL: Duration = Duration::from_millis(50);
 
 /// Runs one built child to a result; used by spawns and follow-ups.
 pub(crate) fn execute(
@@ -68,24 +174,25 @@ pub(crate) fn execute(
     input: RunInput,
     steerable: bool,
     owner: Option<String>,
-) -> ChildResult {
+    cancel: &CancelToken,
+) -> ChildReport {
     let started = Instant::now();
     let parts = &inner.parts;
     let session_id = spec.resume_session_id.clone().unwrap_or_else(|| spec.session_id.clone());
-    let mut result = ChildResult {
+    let mut result = ChildReport {
         task_index: spec.task_index,
         model: spec.model.clone(),
         child_session_id: session_id.clone(),
         subagent_id: spec.subagent_id.clone(),
-        ..ChildResult::default()
+        ..ChildReport::default()
     };
     let handle = match parts.runtime.build(spec) {
         Ok(h) => h,
         Err(e) => {
-            result.status = "error".to_owned();
-            result.exit_reason = "error".to_owned();
+            result.status = ChildStatus::Error;
+            result.exit_reason = ExitReason::Error;
             result.error = Some(format!("Failed to build subagent: {e}"));
-            let _ = parts.sessions.end_session(&session_id, "error");
+            let _ = parts.sessions.end_session(&session_id, ExitReason::Error.as_str());
             return result;
         }
     };
@@ -95,64 +202,11 @@ pub(crate) fn execute(
         owner_profile: parts.profile.clone(),
         accepting_steer: steerable,
     });
-    let timeout = (parts.config.child_timeout_seconds > 0.0)
-        .then(|| Duration::from_secs_f64(parts.config.child_timeout_seconds));
-    let (tx, rx) = mpsc::channel();
-    let runtime = Arc::clone(&parts.runtime);
-    let closed = Arc::new(AtomicBool::new(false));
-    let sink = SessionSink {
-        sessions: Arc::clone(&parts.sessions),
-        session_id: session_id.clone(),
-        closed: Arc::clone(&closed),
-    };
-    let run_handle = handle.clone();
-    let spawned = std::thread::Builder::new().name(format!("child-{}", handle.subagent_id)).spawn(
-        move || {
-            let outcome = runtime.run(&run_handle, &input, &sink);
-            let _ = tx.send(outcome);
-        },
-    );
-    let outcome = match spawned {
-        Err(e) => ChildOutcome {
-            exit_reason: "error".to_owned(),
-            error: Some(format!("could not start the child: {e}")),
-            ..ChildOutcome::default()
-        },
-        Ok(_) => {
-            let received = match timeout {
-                Some(t) => {
-                    rx.recv_timeout(t).map_err(|e| matches!(e, mpsc::RecvTimeoutError::Timeout))
-                }
-                None => rx.recv().map_err(|_| false),
-            };
-            match received {
-                Ok(o) => o,
-                Err(true) => ChildOutcome {
-                    exit_reason: "timeout".to_owned(),
-                    error: Some(format!(
-                        "Subagent timed out after {:.0} seconds.",
-                        timeout.map_or(0.0, |t| t.as_secs_f64())
-                    )),
-                    ..ChildOutcome::default()
-                },
-                Err(false) => ChildOutcome {
-                    exit_reason: "error".to_owned(),
-                    error: Some("the child runtime stopped without an outcome".to_owned()),
-                    ..ChildOutcome::default()
-                },
-            }
-        }
-    };
-    // Whatever the child's thread still does, its transcript is closed now.
-    closed.store(true, Ordering::SeqCst);
+    let token = cancel.child(child_timeout(parts.config.child_timeout_seconds));
+    let outcome = run_child(inner, &handle, input, &session_id, &token);
     inner.live.close_steering(&handle.subagent_id);
     let status = status_of(&outcome);
-    let exit_reason = if outcome.exit_reason.is_empty() {
-        status.to_owned()
-    } else {
-        outcome.exit_reason.clone()
-    };
-    if let Err(e) = parts.sessions.end_session(&session_id, &exit_reason) {
+    if let Err(e) = parts.sessions.end_session(&session_id, outcome.exit_reason.as_str()) {
         log::warn!("could not end child session {session_id}: {e}");
     }
     inner.live.remove(&handle.subagent_id);
@@ -160,10 +214,10 @@ pub(crate) fn execute(
     let summary = outcome.final_response.clone();
     result.summary_truncated = max > 0 && summary.as_ref().is_some_and(|s| s.chars().count() > max);
     result.summary = summary.map(|s| if max > 0 { truncate_chars(&s, max) } else { s });
-    result.status = status.to_owned();
-    result.exit_reason = exit_reason;
+    result.status = status;
+    result.exit_reason = outcome.exit_reason;
     result.api_calls = outcome.api_calls;
-    result.tokens = Tokens { input: outcome.input_tokens, output: outcome.output_tokens };
+    result.tokens = Tokens { input: outcome.tokens.input, output: outcome.tokens.output };
     result.cost_usd = if outcome.cost_usd.is_finite() { outcome.cost_usd.max(0.0) } else { 0.0 };
     result.error = outcome.error;
     result.missed_steer = outcome.missed_steers;
@@ -177,7 +231,7 @@ pub(crate) fn finalize(
     parent: &ParentContext,
     delegation_id: &str,
     run: &str,
-    results: &[ChildResult],
+    results: &[ChildReport],
 ) {
     let parts = &inner.parts;
     let _guard = inner.finalize_lock.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -204,19 +258,7 @@ pub(crate) fn finalize(
     retinue_usage::finalize_child_results(&*parts.ledger, &ctx, &entries, &mut cost);
 }
 
-pub(crate) fn unit_status(results: &[ChildResult]) -> &'static str {
-    if results.iter().any(|r| r.status == "completed") {
-        "completed"
-    } else if results.iter().any(|r| r.status == "interrupted") {
-        "interrupted"
-    } else if results.iter().any(|r| r.status == "error") {
-        "error"
-    } else {
-        "failed"
-    }
-}
-
-pub(crate) fn runs_of(results: &[ChildResult]) -> Vec<ChildRun> {
+pub(crate) fn runs_of(results: &[ChildReport]) -> Vec<ChildRun> {
     results
         .iter()
         .map(|r| ChildRun {
@@ -234,15 +276,16 @@ struct Planned {
 
 pub(crate) fn run(
     inner: &Arc<Inner>,
-    args: &Value,
-    tasks: Vec<TaskSpec>,
+    request: &SpawnRequest,
     parent: &ParentContext,
-) -> Value {
+    cancel: &CancelToken,
+) -> Result<DelegateOutcome, DelegateError> {
     let parts = &inner.parts;
     let config = &parts.config;
-    let top_role = args.get("role").and_then(Value::as_str).unwrap_or("leaf");
+    let tasks = &request.tasks;
+    let top_role = &request.role;
     let mut notes: Vec<&str> = Vec::new();
-    let mut background = args.get("background").and_then(Value::as_bool).unwrap_or(false);
+    let mut background = request.background;
     if background && !parent.can_receive_detached {
         background = false;
         notes.push(texts::NO_DETACHED);
@@ -268,14 +311,14 @@ pub(crate) fn run(
     let non_empty = |s: &str| Some(s.to_owned()).filter(|s| !s.is_empty());
     let mut planned = Vec::with_capacity(tasks.len());
     for (i, task) in tasks.iter().enumerate() {
-        let wanted = task.role.as_deref().unwrap_or(top_role);
-        let role = if wanted == "orchestrator"
+        let wanted = task.role.as_deref().map_or_else(|| top_role.clone(), Role::parse);
+        let role = if wanted == Role::Orchestrator
             && config.orchestrator_enabled
             && parent.depth + 1 < config.max_spawn_depth
         {
-            "orchestrator"
+            Role::Orchestrator
         } else {
-            "leaf"
+            Role::Leaf
         };
         let spec = ChildSpec {
             subagent_id: format!("sa-{i}-{}", random_hex(4)),
@@ -283,12 +326,12 @@ pub(crate) fn run(
             task_index: i,
             goal: task.goal.clone(),
             context: task.context.clone(),
-            role: role.to_owned(),
+            role: role.as_str().to_owned(),
             model: model.clone(),
             provider: provider.clone(),
             base_url: non_empty(&config.base_url),
             api_mode: non_empty(&config.api_mode),
-            toolsets: child_toolsets(parent, role, config.inherit_mcp_toolsets),
+            toolsets: child_toolsets(parent, &role, config.inherit_mcp_toolsets),
             max_iterations: config.max_iterations,
             resume_session_id: None,
         };
@@ -351,29 +394,31 @@ pub(crate) fn run(
             if took_slot {
                 inner.background_slots.fetch_sub(1, Ordering::SeqCst);
             }
-            return error(texts::PERSIST_FAILED);
+            return Err(DelegateError::Storage(e));
         }
     };
     if background {
-        let children: Vec<Value> = planned
-            .iter()
-            .map(|p| {
-                json!({
-                    "subagent_id": p.spec.subagent_id,
-                    "session_id": p.spec.session_id,
-                    "model": p.spec.model,
-                    "goal": truncate_chars(&p.spec.goal, 200),
+        let dispatch = Dispatch {
+            delegation_id: delegation_id.clone(),
+            goals: tasks.iter().map(|t| t.goal.clone()).collect(),
+            children: planned
+                .iter()
+                .map(|p| DispatchedChild {
+                    subagent_id: p.spec.subagent_id.clone(),
+                    session_id: p.spec.session_id.clone(),
+                    model: p.spec.model.clone(),
+                    goal: truncate_chars(&p.spec.goal, texts::GOAL_PREVIEW_CHARS),
                 })
-            })
-            .collect();
-        let goals: Vec<String> = tasks.iter().map(|t| t.goal.clone()).collect();
+                .collect(),
+        };
         let worker = Arc::clone(inner);
         let parent_owned = parent.clone();
         let id = delegation_id.clone();
+        let token = cancel.clone();
         let handle = std::thread::Builder::new().name(format!("unit-{id}")).spawn(move || {
             let started = Instant::now();
-            let results = run_children(&worker, planned, &parent_owned);
-            complete(&worker, &parent_owned, &id, &results, started, true);
+            let results = run_children(&worker, planned, &parent_owned, &token);
+            complete(&worker, &parent_owned, &id, results, started, true);
             worker.background_slots.fetch_sub(1, Ordering::SeqCst);
         });
         match handle {
@@ -384,38 +429,32 @@ pub(crate) fn run(
                 .push(h),
             Err(e) => {
                 inner.background_slots.fetch_sub(1, Ordering::SeqCst);
-                return error(format!("could not start the background unit: {e}"));
+                return Err(DelegateError::Runtime(format!(
+                    "could not start the background unit: {e}"
+                )));
             }
         }
-        return json!({
-            "status": "dispatched",
-            "mode": "background",
-            "count": goals.len(),
-            "delegation_id": delegation_id,
-            "goals": goals,
-            "children": children,
-            "note": texts::BACKGROUND_NOTE,
-        });
+        return Ok(DelegateOutcome::Dispatched(dispatch));
     }
     let started = Instant::now();
-    let results = run_children(inner, planned, parent);
-    let mut out = complete(inner, parent, &delegation_id, &results, started, false);
+    let results = run_children(inner, planned, parent, cancel);
+    let mut unit = complete(inner, parent, &delegation_id, results, started, false);
     if !notes.is_empty() {
-        out["note"] = json!(notes.join(" "));
+        unit.note = Some(notes.join(" "));
     }
-    out
+    Ok(DelegateOutcome::Completed(unit))
 }
 
 fn run_children(
     inner: &Arc<Inner>,
     planned: Vec<Planned>,
     parent: &ParentContext,
-) -> Vec<ChildResult> {
+    cancel: &CancelToken,
+) -> Vec<ChildReport> {
     let parts = &inner.parts;
     let workers = parts.config.max_concurrent_children.max(1).min(planned.len().max(1));
     let next = AtomicUsize::new(0);
-    let planned: Vec<Planned> = planned;
-    let mut results: Vec<ChildResult> = std::thread::scope(|scope| {
+    let mut results: Vec<ChildReport> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..workers)
             .map(|_| {
                 scope.spawn(|| {
@@ -423,19 +462,41 @@ fn run_children(
                     loop {
                         let i = next.fetch_add(1, Ordering::SeqCst);
                         let Some(p) = planned.get(i) else { break };
-                        done.push(run_one(inner, p, parent));
+                        done.push(run_one(inner, p, parent, cancel));
                     }
                     done
                 })
             })
             .collect();
+        // `execute` never panics (the runtime runs under catch_unwind), so a
+        // worker's join error can only come from the store; such a worker's
+        // children are reported below as errors, never dropped.
         handles.into_iter().flat_map(|h| h.join().unwrap_or_default()).collect()
     });
+    for (i, p) in planned.iter().enumerate() {
+        if !results.iter().any(|r| r.task_index == i) {
+            results.push(ChildReport {
+                task_index: i,
+                status: ChildStatus::Error,
+                exit_reason: ExitReason::Error,
+                model: p.spec.model.clone(),
+                child_session_id: p.spec.session_id.clone(),
+                subagent_id: p.spec.subagent_id.clone(),
+                error: Some("the child's worker thread panicked".to_owned()),
+                ..ChildReport::default()
+            });
+        }
+    }
     results.sort_by_key(|r| r.task_index);
     results
 }
 
-fn run_one(inner: &Arc<Inner>, p: &Planned, parent: &ParentContext) -> ChildResult {
+fn run_one(
+    inner: &Arc<Inner>,
+    p: &Planned,
+    parent: &ParentContext,
+    cancel: &CancelToken,
+) -> ChildReport {
     let sessions = &inner.parts.sessions;
     for (role, text) in
         [("system", p.input.system_prompt.clone()), ("user", Some(p.input.user_message.clone()))]
@@ -445,27 +506,28 @@ fn run_one(inner: &Arc<Inner>, p: &Planned, parent: &ParentContext) -> ChildResu
             log::warn!("could not write the opening turn of {}: {e}", p.spec.session_id);
         }
     }
-    execute(inner, &p.spec, p.input.clone(), true, parent.session_id.clone())
+    execute(inner, &p.spec, p.input.clone(), true, parent.session_id.clone(), cancel)
 }
 
 fn complete(
     inner: &Arc<Inner>,
     parent: &ParentContext,
     delegation_id: &str,
-    results: &[ChildResult],
+    results: Vec<ChildReport>,
     started: Instant,
     background: bool,
-) -> Value {
+) -> UnitReport {
     let parts = &inner.parts;
-    finalize(inner, parent, delegation_id, "spawn", results);
-    let status = unit_status(results);
-    let usage = retinue_usage::merge_unit_usage(None, &runs_of(results));
-    let entries: Vec<Value> = results.iter().map(ChildResult::to_json).collect();
-    let out = json!({
-        "delegation_id": delegation_id,
-        "results": entries,
-        "total_duration_seconds": (started.elapsed().as_secs_f64() * 100.0).round() / 100.0,
-    });
+    finalize(inner, parent, delegation_id, "spawn", &results);
+    let status = ChildStatus::unit_state(results.iter().map(|r| &r.status));
+    let usage = retinue_usage::merge_unit_usage(None, &runs_of(&results));
+    let unit = UnitReport {
+        delegation_id: delegation_id.to_owned(),
+        results,
+        total_duration_seconds: started.elapsed().as_secs_f64(),
+        note: None,
+    };
+    let out = unit.body();
     let event = json!({
         "type": "async_delegation",
         "delegation_id": delegation_id,
@@ -475,9 +537,9 @@ fn complete(
     });
     let completion = Completion {
         delegation_id: delegation_id.to_owned(),
-        status: status.to_owned(),
+        status: status.as_str().to_owned(),
         event,
-        result: out.clone(),
+        result: out,
         usage: Some(usage),
         background,
     };
@@ -490,9 +552,8 @@ fn complete(
     if let Err(e) = parts.registry.prune_history() {
         log::warn!("history pruner failed: {e}");
     }
-    out
+    unit
 }
-
 /// Hands pending completions of this parent to the sink, exactly once each.
 fn deliver(inner: &Inner, parent: &ParentContext, delegation_id: &str) {
     let parts = &inner.parts;

@@ -95,3 +95,14 @@ pub fn transcript_error(sid: &str, error: &str) -> String {
 pub fn transcript_empty(sid: &str) -> String {
     format!("Retained child transcript ({sid}) is empty; nothing to resume.")
 }
+
+/// A child's deadline passed.
+pub fn timed_out(seconds: f64) -> String {
+    format!("Subagent timed out after {seconds:.0} seconds.")
+}
+
+/// The caller cancelled the call while the child ran.
+pub const CANCELLED: &str = "Subagent was cancelled; its partial work is kept.";
+
+/// How many characters of a goal a background dispatch echoes.
+pub const GOAL_PREVIEW_CHARS: usize = 200;

@@ -27,7 +27,6 @@ fn tool_over(
     store: &Arc<Store>,
     runtime: &Arc<ScriptedRuntime>,
     sink: &Arc<RecordingSink>,
-    clock: &Arc<ManualClock>,
     config: DelegationConfig,
 ) -> Delegator {
     Delegator::new(DelegatorParts {
@@ -37,7 +36,6 @@ fn tool_over(
         authority: Arc::new(Authority::new(store.clone(), store.clone(), "")),
         runtime: runtime.clone(),
         completions: Some(sink.clone()),
-        clock: clock.clone(),
         config,
         profile: String::new(),
     })
@@ -56,7 +54,7 @@ impl Fx {
         let store = Arc::new(Store::open(dir.path().join("state.db"), opts).expect("open"));
         let runtime = Arc::new(runtime);
         let sink = Arc::new(RecordingSink::default());
-        let tool = tool_over(&store, &runtime, &sink, &clock, config);
+        let tool = tool_over(&store, &runtime, &sink, config);
         Fx { dir, clock, store, runtime, sink, tool }
     }
 
@@ -655,7 +653,6 @@ fn follow_up_after_restart_resumes_with_full_transcript() {
         &store,
         &runtime,
         &Arc::new(RecordingSink::default()),
-        &clock,
         DelegationConfig::default(),
     );
     let out = tool.delegate_task(
@@ -689,8 +686,7 @@ mod seams {
     use retinue_delegate::{Delegator, DelegatorParts, MockChildRuntime, ParentContext};
     use retinue_lineage::{MockLineageAuthority, Resolution};
     use retinue_store::{
-        DelegationConfig, Error, Lookup, ManualClock, MockRegistry, MockSessionStore,
-        MockUsageLedger,
+        DelegationConfig, Error, Lookup, MockRegistry, MockSessionStore, MockUsageLedger,
     };
     use serde_json::json;
 
@@ -706,7 +702,7 @@ mod seams {
             authority: Arc::new(authority),
             runtime: Arc::new(runtime),
             completions: None,
-            clock: Arc::new(ManualClock::new(0.0)),
+
             config: DelegationConfig::default(),
             profile: String::new(),
         })

@@ -349,7 +349,6 @@ fn delegator(store: &Arc<Store>, runtime: &Arc<ScriptedRuntime>) -> Delegator {
         authority: Arc::new(Authority::new(store.clone(), store.clone(), "")),
         runtime: runtime.clone(),
         completions: Some(Arc::new(RecordingSink::default())),
-        clock: Arc::new(SystemClock),
         config: DelegationConfig::default(),
         profile: String::new(),
     })

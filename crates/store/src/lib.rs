@@ -27,6 +27,7 @@ mod model;
 mod recovery;
 mod registry;
 mod sessions;
+mod status;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -45,6 +46,7 @@ pub use model::*;
 pub use recovery::{OwnerProbe, ProcProbe, ProcessState, current_owner};
 pub use registry::{LEASE_SECS, Registry};
 pub use sessions::{MAX_HOPS, SessionGraph, SessionStore};
+pub use status::{ChildStatus, ExitReason, Role, UnitState};
 
 #[cfg(any(test, feature = "mocks"))]
 pub use clock::MockClock;

@@ -67,11 +67,11 @@ fn world(with_unit: bool) -> World {
         );
     }
     let runtime = Arc::new(ScriptedRuntime::new());
-    let tool = tool_over(&fx.store, &runtime, &fx);
+    let tool = tool_over(&fx.store, &runtime);
     World { fx, tool, runtime }
 }
 
-fn tool_over(store: &Arc<Store>, runtime: &Arc<ScriptedRuntime>, fx: &Fx) -> Delegator {
+fn tool_over(store: &Arc<Store>, runtime: &Arc<ScriptedRuntime>) -> Delegator {
     Delegator::new(DelegatorParts {
         registry: store.clone(),
         sessions: store.clone(),
@@ -79,7 +79,6 @@ fn tool_over(store: &Arc<Store>, runtime: &Arc<ScriptedRuntime>, fx: &Fx) -> Del
         authority: Arc::new(Authority::new(store.clone(), store.clone(), "")),
         runtime: runtime.clone(),
         completions: Some(Arc::new(RecordingSink::default())),
-        clock: fx.clock.clone(),
         config: DelegationConfig::default(),
         profile: String::new(),
     })
@@ -187,7 +186,7 @@ fn parts(w: &World) -> DelegatorParts {
         authority: Arc::new(Authority::new(w.fx.store.clone(), w.fx.store.clone(), "")),
         runtime: w.runtime.clone(),
         completions: None,
-        clock: w.fx.clock.clone(),
+
         config: DelegationConfig::default(),
         profile: String::new(),
     }

@@ -188,7 +188,6 @@ pub(crate) fn delegator(fx: &Fx) -> Delegator {
         authority: Arc::new(Authority::new(fx.store.clone(), fx.store.clone(), "")),
         runtime: Arc::new(ScriptedRuntime::new()),
         completions: Some(Arc::new(RecordingSink::default())),
-        clock: fx.clock.clone(),
         config: DelegationConfig::default(),
         profile: String::new(),
     })

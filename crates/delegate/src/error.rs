@@ -1,0 +1,120 @@
+//! The delegate crate's one error enum.
+//!
+//! Each variant's `Display` is the contractual wire text the JSON tool puts
+//! under `"error"` (spec §6.2–6.5); callers that need a decision (an exit
+//! code, an MCP error kind) match on the variant or on [`DelegateError::kind`].
+
+use crate::texts;
+
+/// What a `delegate_task` call can fail with.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DelegateError {
+    /// The call carried no parent agent context.
+    #[error("{}", texts::NO_PARENT)]
+    NoParent,
+    /// The arguments are malformed; the text says which rule they broke.
+    #[error("{0}")]
+    InvalidArguments(String),
+    /// Spawning is paused.
+    #[error("{}", texts::PAUSED)]
+    Paused,
+    /// The parent is already at the spawn depth limit.
+    #[error("{}", texts::depth_limit(*depth, *max))]
+    DepthExceeded {
+        /// The parent's depth.
+        depth: u32,
+        /// `delegation.max_spawn_depth`.
+        max: u32,
+    },
+    /// The target does not exist or the caller may not address it
+    /// (byte-identical on purpose: foreign ≡ missing).
+    #[error("{}", texts::not_addressable(target))]
+    NotAddressable {
+        /// The id as given.
+        target: String,
+    },
+    /// A child addressed itself.
+    #[error("{}", retinue_lineage::Denial::SelfFollowUp.message())]
+    SelfTarget,
+    /// The caller may address the child, but it was tombstoned.
+    #[error("{}", texts::tombstoned(target, *at, reason, child_session_id))]
+    Tombstoned {
+        /// The id as given.
+        target: String,
+        /// When.
+        at: f64,
+        /// Why (`manual`, `ttl`, `cap`, `external`, …).
+        reason: String,
+        /// Its kept transcript.
+        child_session_id: String,
+    },
+    /// Another follow-up holds the child's resume claim.
+    #[error("{}", texts::busy(target, *claimed_at, *expires_at))]
+    Busy {
+        /// The id as given.
+        target: String,
+        /// When the claim was taken.
+        claimed_at: f64,
+        /// When its lease ends.
+        expires_at: f64,
+    },
+    /// The retained child has no session to resume.
+    #[error("{}", texts::NO_CHILD_SESSION)]
+    NoChildSession,
+    /// The child's transcript could not be read or written.
+    #[error("{}", texts::transcript_error(session_id, message))]
+    Transcript {
+        /// The session.
+        session_id: String,
+        /// What went wrong.
+        message: String,
+    },
+    /// The child's transcript is empty: nothing to resume.
+    #[error("{}", texts::transcript_empty(session_id))]
+    EmptyTranscript {
+        /// The session.
+        session_id: String,
+    },
+    /// The unit could not be recorded; no child was started.
+    #[error("{}", texts::PERSIST_FAILED)]
+    Storage(#[source] retinue_store::Error),
+    /// A thread or another runtime resource could not be had.
+    #[error("{0}")]
+    Runtime(String),
+}
+
+/// The class of a [`DelegateError`], for exit codes and protocol errors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// Bad arguments (or no parent context).
+    Usage,
+    /// Not allowed to address the target (foreign, missing, self).
+    Denied,
+    /// A limit refuses the call (spawn depth, paused spawning).
+    Limit,
+    /// Known, but gone (tombstoned).
+    NotFound,
+    /// Retry later.
+    Busy,
+    /// Anything else.
+    Failed,
+}
+
+impl DelegateError {
+    /// The class of this error.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            DelegateError::NoParent | DelegateError::InvalidArguments(_) => ErrorKind::Usage,
+            DelegateError::NotAddressable { .. } | DelegateError::SelfTarget => ErrorKind::Denied,
+            DelegateError::DepthExceeded { .. } | DelegateError::Paused => ErrorKind::Limit,
+            DelegateError::Tombstoned { .. } => ErrorKind::NotFound,
+            DelegateError::Busy { .. } => ErrorKind::Busy,
+            DelegateError::NoChildSession
+            | DelegateError::Transcript { .. }
+            | DelegateError::EmptyTranscript { .. }
+            | DelegateError::Storage(_)
+            | DelegateError::Runtime(_) => ErrorKind::Failed,
+        }
+    }
+}

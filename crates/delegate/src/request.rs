@@ -1,0 +1,186 @@
+//! The typed core's request and outcome, and their JSON forms.
+//!
+//! [`DelegateRequest::from_json`] is the parsing half of the JSON tool and
+//! [`DelegateOutcome::to_json`] its rendering half; between them sits
+//! [`crate::Delegator::delegate`].
+
+use retinue_store::Role;
+use serde_json::{Value, json};
+
+use crate::args::{FollowUp, TaskSpec, parse_follow_up, parse_tasks};
+use crate::error::DelegateError;
+use crate::results::ChildReport;
+use crate::texts;
+
+/// A spawn of one or more children.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct SpawnRequest {
+    /// The tasks, one child each (at least one).
+    pub tasks: Vec<TaskSpec>,
+    /// The role asked for children whose task names none.
+    pub role: Role,
+    /// Run in the background (when the parent can receive detached results).
+    pub background: bool,
+}
+
+/// One `delegate_task` call.
+#[derive(Debug, Clone, PartialEq)]
+pub enum DelegateRequest {
+    /// Start new children.
+    Spawn(SpawnRequest),
+    /// Steer a running child or resume a retained one.
+    FollowUp(FollowUp),
+}
+
+impl DelegateRequest {
+    /// Parses the tool's JSON arguments (a non-object reads as `{}`).
+    pub fn from_json(args: &Value) -> Result<DelegateRequest, DelegateError> {
+        let empty = json!({});
+        let args = if args.is_object() { args } else { &empty };
+        if let Some(fu) = parse_follow_up(args) {
+            return fu.map(DelegateRequest::FollowUp).map_err(DelegateError::InvalidArguments);
+        }
+        let tasks = parse_tasks(args, usize::MAX).map_err(DelegateError::InvalidArguments)?;
+        Ok(DelegateRequest::Spawn(SpawnRequest {
+            tasks,
+            role: args.get("role").and_then(Value::as_str).map_or(Role::Leaf, Role::parse),
+            background: args.get("background").and_then(Value::as_bool).unwrap_or(false),
+        }))
+    }
+}
+
+/// A finished synchronous spawn.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct UnitReport {
+    /// The unit's id.
+    pub delegation_id: String,
+    /// One entry per child, by task index.
+    pub results: Vec<ChildReport>,
+    /// Wall time of the whole unit.
+    pub total_duration_seconds: f64,
+    /// Notes (ran synchronously because …), joined by a space.
+    pub note: Option<String>,
+}
+
+/// A child started in the background.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct DispatchedChild {
+    /// The subagent id.
+    pub subagent_id: String,
+    /// Its session.
+    pub session_id: String,
+    /// Its model.
+    pub model: Option<String>,
+    /// Its goal, clipped.
+    pub goal: String,
+}
+
+/// A unit started in the background.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Dispatch {
+    /// The unit's id.
+    pub delegation_id: String,
+    /// The goals.
+    pub goals: Vec<String>,
+    /// The children.
+    pub children: Vec<DispatchedChild>,
+}
+
+/// A finished follow-up on a retained child.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct FollowUpReport {
+    /// The child's id (subagent id, or its session id when it has none).
+    pub child_id: String,
+    /// The session the follow-up ran on (the compression tip).
+    pub child_session_id: String,
+    /// The child's unit.
+    pub delegation_id: String,
+    /// The run.
+    pub result: ChildReport,
+    /// Wall time.
+    pub total_duration_seconds: f64,
+}
+
+/// What a successful call did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum DelegateOutcome {
+    /// A synchronous spawn ran to completion.
+    Completed(UnitReport),
+    /// A background spawn was dispatched.
+    Dispatched(Dispatch),
+    /// A follow-up was queued into a running child.
+    Steered {
+        /// The id as given (trimmed).
+        child_id: String,
+    },
+    /// A follow-up resumed a retained child.
+    FollowedUp(FollowUpReport),
+}
+
+fn seconds(s: f64) -> Value {
+    json!((s * 100.0).round() / 100.0)
+}
+
+impl UnitReport {
+    /// `{delegation_id, results, total_duration_seconds}` (no note).
+    pub(crate) fn body(&self) -> Value {
+        json!({
+            "delegation_id": self.delegation_id,
+            "results": self.results.iter().map(ChildReport::to_json).collect::<Vec<_>>(),
+            "total_duration_seconds": seconds(self.total_duration_seconds),
+        })
+    }
+}
+
+impl DelegateOutcome {
+    /// The tool's JSON result.
+    pub fn to_json(&self) -> Value {
+        match self {
+            DelegateOutcome::Completed(unit) => {
+                let mut out = unit.body();
+                if let Some(note) = &unit.note {
+                    out["note"] = json!(note);
+                }
+                out
+            }
+            DelegateOutcome::Dispatched(d) => json!({
+                "status": "dispatched",
+                "mode": "background",
+                "count": d.goals.len(),
+                "delegation_id": d.delegation_id,
+                "goals": d.goals,
+                "children": d.children.iter().map(|c| json!({
+                    "subagent_id": c.subagent_id,
+                    "session_id": c.session_id,
+                    "model": c.model,
+                    "goal": c.goal,
+                })).collect::<Vec<_>>(),
+                "note": texts::BACKGROUND_NOTE,
+            }),
+            DelegateOutcome::Steered { child_id } => json!({
+                "status": "queued",
+                "mode": "follow_up",
+                "child_id": child_id,
+                "receipt": texts::STEER_RECEIPT,
+            }),
+            DelegateOutcome::FollowedUp(f) => json!({
+                "mode": "follow_up",
+                "child_id": f.child_id,
+                "child_session_id": f.child_session_id,
+                "delegation_id": f.delegation_id,
+                "results": [f.result.to_json()],
+                "total_duration_seconds": seconds(f.total_duration_seconds),
+                "note": texts::RESUME_NOTE,
+            }),
+        }
+    }
+
+    /// The child reports this outcome carries.
+    pub fn results(&self) -> &[ChildReport] {
+        match self {
+            DelegateOutcome::Completed(u) => &u.results,
+            DelegateOutcome::FollowedUp(f) => std::slice::from_ref(&f.result),
+            DelegateOutcome::Dispatched(_) | DelegateOutcome::Steered { .. } => &[],
+        }
+    }
+}
