@@ -11,7 +11,7 @@ use serde_json::Value;
 const ALLOWED: &[(&str, &[&str])] = &[
     ("retinue-store", &[]),
     ("retinue-testkit", &["retinue-store"]),
-    ("retinue-lineage", &["retinue-store"]),
+    ("retinue-lineage", &["retinue-store", "retinue-usage"]),
     ("retinue-usage", &["retinue-store"]),
     ("retinue-delegate", &["retinue-store", "retinue-lineage", "retinue-usage"]),
     ("retinue-cli", &["retinue-store", "retinue-lineage", "retinue-usage", "retinue-delegate"]),

@@ -26,7 +26,6 @@ use crate::error::{
     CliError, EXIT_DENIED, EXIT_FAILED, EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, Result,
 };
 use crate::table::{Table, clip, key_values};
-use crate::walk::ForwardWalk;
 
 fn open(env: &Env) -> Result<Arc<Store>> {
     env.open(Arc::new(SystemClock))
@@ -277,7 +276,7 @@ pub(crate) fn usage(env: &Env, session: &str, lineage: bool) -> Result<Output> {
     let store = open(env)?;
     let session = session.trim();
     let (totals, sessions) = if lineage {
-        let walk = ForwardWalk { graph: &*store };
+        let walk = retinue_lineage::CompressionWalk::new(&*store);
         let lt = load_lineage_usage_totals(&*store, &walk, session)?;
         (lt.totals, lt.sessions)
     } else {

@@ -23,7 +23,6 @@ use crate::commands::{
 use crate::env::{Env, open_store};
 use crate::error::{CliError, Result};
 use crate::table::{Table, clip, key_values, wrap};
-use crate::walk::ForwardWalk;
 use crate::{Output, print_stdout};
 
 /// How long before now the demo's story starts: its manual clock ends at the
@@ -543,7 +542,7 @@ pub(crate) fn run(env: &Env, home: Option<&Path>) -> Result<Output> {
     )?;
 
     // 10. Usage totals for the lineage.
-    let walk = ForwardWalk { graph: &*store };
+    let walk = retinue_lineage::CompressionWalk::new(&*store);
     let totals = load_lineage_usage_totals(&*store, &walk, CONTINUATION)?;
     let mut records = Vec::new();
     for s in &totals.sessions {

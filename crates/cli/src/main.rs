@@ -14,7 +14,6 @@ mod demo;
 mod env;
 mod error;
 mod table;
-mod walk;
 
 use std::io::Write;
 use std::process::ExitCode;

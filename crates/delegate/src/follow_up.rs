@@ -216,11 +216,11 @@ fn resume(
         let _ = parts.registry.release_resume(&entry.delegation_id, entry.child_index, token);
     }
     let [result] = results;
-    Ok(DelegateOutcome::FollowedUp(FollowUpReport {
+    Ok(DelegateOutcome::FollowedUp(Box::new(FollowUpReport {
         child_id: entry.child_id().to_owned(),
         child_session_id: tip,
         delegation_id: entry.delegation_id.clone(),
         result,
         total_duration_seconds: started.elapsed().as_secs_f64(),
-    }))
+    })))
 }

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 
 use crate::args::{FollowUp, TaskSpec, parse_follow_up, parse_tasks};
 use crate::error::DelegateError;
-use crate::results::ChildReport;
+use crate::results::{ChildReport, seconds};
 use crate::texts;
 
 /// A spawn of one or more children.
@@ -114,11 +114,7 @@ pub enum DelegateOutcome {
         child_id: String,
     },
     /// A follow-up resumed a retained child.
-    FollowedUp(FollowUpReport),
-}
-
-fn seconds(s: f64) -> Value {
-    json!((s * 100.0).round() / 100.0)
+    FollowedUp(Box<FollowUpReport>),
 }
 
 impl UnitReport {

@@ -42,6 +42,11 @@ pub struct ChildReport {
     pub missed_steer: Vec<String>,
 }
 
+/// A duration in seconds as the wire writes it (two decimals).
+pub(crate) fn seconds(s: f64) -> Value {
+    json!((s * 100.0).round() / 100.0)
+}
+
 /// Spec §6.5's status rule.
 pub(crate) fn status_of(outcome: &ChildOutcome) -> ChildStatus {
     let response = outcome.final_response.as_deref().map(str::trim).unwrap_or_default();
@@ -78,7 +83,7 @@ impl ChildReport {
         m.insert("status".into(), json!(self.status));
         m.insert("summary".into(), json!(self.summary));
         m.insert("api_calls".into(), json!(self.api_calls));
-        m.insert("duration_seconds".into(), json!((self.duration_seconds * 100.0).round() / 100.0));
+        m.insert("duration_seconds".into(), seconds(self.duration_seconds));
         m.insert("model".into(), json!(self.model));
         m.insert("exit_reason".into(), json!(self.exit_reason));
         m.insert("child_session_id".into(), json!(self.child_session_id));

@@ -150,6 +150,11 @@ fn run_child(
     let mut outcome = outcome.unwrap_or_else(|| {
         ChildOutcome::failed(ExitReason::Error, "the child runtime stopped without an outcome")
     });
+    // A run that stopped early (or never came back) is reported with the
+    // token's reason; one that finished its answer just in time keeps it.
+    let stopped_early =
+        !returned || matches!(outcome.exit_reason, ExitReason::Interrupted | ExitReason::Timeout);
+    let stopped = if stopped_early { stopped.or_else(|| cancel.reason()) } else { None };
     match stopped {
         Some(CancelReason::Timeout) => {
             outcome.exit_reason = ExitReason::Timeout;

@@ -54,9 +54,12 @@ pub fn too_many_tasks(n: usize, max: usize) -> String {
     format!("Too many tasks: {n} exceeds delegation.max_concurrent_children ({max}).")
 }
 
-/// The trimmed target, at most 128 characters.
+/// How many characters of an id the texts echo.
+pub const SHOWN_ID_CHARS: usize = 128;
+
+/// The trimmed target, at most [`SHOWN_ID_CHARS`] characters.
 pub fn shown_id(id: &str) -> String {
-    retinue_store::truncate_chars(id.trim(), 128)
+    retinue_store::truncate_chars(id.trim(), SHOWN_ID_CHARS)
 }
 
 /// Missing and foreign targets: byte-identical.

@@ -678,8 +678,8 @@ fn config_defaults_include_retention_knobs() {
     assert_eq!((c.max_retained, c.retained_ttl_hours), (10, 72.0));
 }
 
-/// Failure injection at the trait seams, with mockall (`--features mocks`, as CI runs).
-#[cfg(feature = "mocks")]
+/// Failure injection at the trait seams, with mockall (the crate's own
+/// dev-dependency turns the `mocks` feature on, so plain `cargo test` runs these).
 mod seams {
     use std::sync::Arc;
 
@@ -702,7 +702,6 @@ mod seams {
             authority: Arc::new(authority),
             runtime: Arc::new(runtime),
             completions: None,
-
             config: DelegationConfig::default(),
             profile: String::new(),
         })
@@ -794,4 +793,237 @@ mod seams {
             .delegate_task(&json!({"goal": "hi", "follow_up": "sa-0-x"}), Some(&parent()));
         assert!(out["error"].as_str().unwrap_or_default().contains("not a running subagent"));
     }
+}
+
+/// Stopping children: deadlines, cancellation, panics.
+mod stopping {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use retinue_delegate::scripted::{Script, ScriptedRuntime};
+    use retinue_delegate::{
+        CancelToken, DelegateError, DelegateOutcome, DelegateRequest, ErrorKind, MockChildRuntime,
+        RuntimeError, SpawnRequest, TaskSpec,
+    };
+    use retinue_store::{
+        ChildStatus, DelegationConfig, ExitReason, Registry, SessionGraph, SessionStore,
+    };
+    use serde_json::json;
+
+    use super::{Fx, parent};
+
+    fn spawn(goal: &str) -> DelegateRequest {
+        DelegateRequest::Spawn(SpawnRequest {
+            tasks: vec![TaskSpec { goal: goal.into(), ..TaskSpec::default() }],
+            ..SpawnRequest::default()
+        })
+    }
+
+    fn slow(tokens: u64) -> ScriptedRuntime {
+        ScriptedRuntime::new().with_script(
+            "slow",
+            Script {
+                reply: Some("late".into()),
+                delay: Duration::from_secs(600),
+                input_tokens: tokens,
+                output_tokens: 7,
+                cost_usd: 0.25,
+                ..Script::default()
+            },
+        )
+    }
+
+    #[test]
+    fn a_timed_out_child_is_stopped_and_billed_for_what_it_spent() {
+        let config = DelegationConfig { child_timeout_seconds: 0.2, ..DelegationConfig::default() };
+        let fx = Fx::with(config, slow(40));
+        fx.session("P", "cli", None, None);
+        let out = fx.tool.delegate(&spawn("slow work"), &parent("P"), &CancelToken::new());
+        let Ok(DelegateOutcome::Completed(unit)) = out else { panic!("{out:?}") };
+        let child = &unit.results[0];
+        assert_eq!(child.status, ChildStatus::Timeout);
+        assert_eq!(child.exit_reason, ExitReason::Timeout);
+        assert_eq!(child.error.as_deref(), Some("Subagent timed out after 0 seconds."));
+        assert_eq!((child.tokens.input, child.tokens.output), (40, 7));
+        let totals = retinue_usage::load_child_usage_totals(&*fx.store, "P").expect("totals");
+        assert_eq!((totals.input_tokens, totals.output_tokens, totals.cost_usd), (40.0, 7.0, 0.25));
+        // The stopped child never wrote its late answer.
+        let transcript = fx.store.conversation(&child.child_session_id).expect("transcript");
+        assert!(transcript.iter().all(|m| m.content.as_deref() != Some("late")), "{transcript:?}");
+        let session = fx.store.session(&child.child_session_id).expect("row").expect("session");
+        assert_eq!(session.end_reason.as_deref(), Some("timeout"));
+    }
+
+    #[test]
+    fn cancelling_the_call_interrupts_its_children_and_bills_them() {
+        let fx = Fx::with(DelegationConfig::default(), slow(11));
+        fx.session("P", "cli", None, None);
+        let cancel = CancelToken::new();
+        let stopper = cancel.clone();
+        let waiter = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            stopper.cancel();
+        });
+        let out = fx.tool.delegate(&spawn("slow work"), &parent("P"), &cancel);
+        waiter.join().expect("canceller");
+        let Ok(DelegateOutcome::Completed(unit)) = out else { panic!("{out:?}") };
+        let child = &unit.results[0];
+        assert_eq!(child.status, ChildStatus::Interrupted);
+        assert_eq!(child.exit_reason, ExitReason::Interrupted);
+        assert_eq!(child.tokens.input, 11);
+        let totals = retinue_usage::load_child_usage_totals(&*fx.store, "P").expect("totals");
+        assert_eq!(totals.input_tokens, 11.0);
+        // An interrupted child is not retained.
+        assert!(fx.store.list_retained_children().expect("list").is_empty());
+    }
+
+    #[test]
+    fn a_huge_or_odd_timeout_never_panics() {
+        for seconds in [f64::MAX, f64::INFINITY, 1e300, f64::NAN, -1.0] {
+            let config =
+                DelegationConfig { child_timeout_seconds: seconds, ..DelegationConfig::default() };
+            let fx = Fx::with(config, ScriptedRuntime::new());
+            fx.session("P", "cli", None, None);
+            let out = fx.call(json!({"goal": "quick"}), &parent("P"));
+            assert_eq!(out["results"][0]["status"], "completed", "{seconds}: {out}");
+        }
+    }
+
+    #[test]
+    fn a_panicking_child_is_reported_as_its_error_and_its_siblings_complete() {
+        let fx = Fx::with(
+            DelegationConfig::default(),
+            ScriptedRuntime::new().with_script(
+                "explode",
+                Script { panic: Some("kaboom".into()), ..Script::default() },
+            ),
+        );
+        fx.session("P", "cli", None, None);
+        let out = fx.call(
+            json!({"tasks": [{"goal": "fine"}, {"goal": "explode now"}, {"goal": "also fine"}]}),
+            &parent("P"),
+        );
+        let results = out["results"].as_array().expect("results");
+        assert_eq!(results.len(), 3, "{out}");
+        assert_eq!(results[1]["status"], "error");
+        assert!(results[1]["error"].as_str().unwrap_or_default().contains("kaboom"), "{out}");
+        assert_eq!(results[0]["status"], "completed");
+        assert_eq!(results[2]["status"], "completed");
+    }
+
+    #[test]
+    fn a_runtime_that_cannot_build_says_why() {
+        let fx = Fx::new();
+        fx.session("P", "cli", None, None);
+        let mut runtime = MockChildRuntime::new();
+        runtime
+            .expect_build()
+            .times(1)
+            .returning(|_| Err(RuntimeError::Config("set delegation.model".into())));
+        runtime.expect_run().never();
+        let tool = super::tool_with_runtime(&fx, Arc::new(runtime));
+        let out = tool.delegate(&spawn("anything"), &parent("P"), &CancelToken::new());
+        let Ok(DelegateOutcome::Completed(unit)) = out else { panic!("{out:?}") };
+        assert_eq!(unit.results[0].status, ChildStatus::Error);
+        assert_eq!(
+            unit.results[0].error.as_deref(),
+            Some("Failed to build subagent: set delegation.model")
+        );
+    }
+
+    #[test]
+    fn typed_errors_carry_their_class() {
+        let fx = Fx::new();
+        let none = fx.tool.delegate(
+            &DelegateRequest::Spawn(SpawnRequest::default()),
+            &parent("P"),
+            &CancelToken::new(),
+        );
+        assert!(matches!(&none, Err(e) if e.kind() == ErrorKind::Usage), "{none:?}");
+        let deep = super::ParentContext { depth: 5, ..parent("P") };
+        let refused = fx.tool.delegate(&spawn("x"), &deep, &CancelToken::new());
+        assert!(matches!(refused, Err(DelegateError::DepthExceeded { depth: 5, max: 1 })));
+        // The JSON adapter reports the depth refusal first, whatever the tasks say.
+        let out = fx.tool.delegate_task(&json!({"tasks": "garbage"}), Some(&deep));
+        assert!(out["error"].as_str().unwrap_or_default().starts_with("Delegation depth limit"));
+    }
+}
+
+/// Failure injection at the transcript and completion sinks.
+mod sinks {
+    use std::sync::Arc;
+
+    use retinue_delegate::scripted::ScriptedRuntime;
+    use retinue_delegate::{
+        CancelToken, ChildHandle, ChildRuntime, ChildSpec, Delegator, DelegatorParts,
+        MockCompletionSink, MockTranscriptSink, RunInput, SinkError,
+    };
+    use retinue_lineage::Authority;
+    use retinue_store::{DelegationConfig, DeliveryFilter, ExitReason, Registry};
+    use serde_json::json;
+
+    use super::{Fx, ParentContext, parent};
+
+    #[test]
+    fn a_closed_transcript_ends_the_run_with_an_error() {
+        let runtime = ScriptedRuntime::new();
+        let spec = ChildSpec {
+            subagent_id: "sa-0-x".into(),
+            session_id: "s".into(),
+            ..ChildSpec::default()
+        };
+        let child: ChildHandle = runtime.build(&spec).expect("build");
+        let mut sink = MockTranscriptSink::new();
+        sink.expect_append()
+            .times(1)
+            .returning(|_| Err(SinkError::Closed { session_id: "s".into() }));
+        let input = RunInput { user_message: "hello".into(), ..RunInput::default() };
+        let outcome = runtime.run(&child, &input, &sink, &CancelToken::new());
+        assert_eq!(outcome.exit_reason, ExitReason::Error);
+        assert_eq!(
+            outcome.error.as_deref(),
+            Some("transcript write failed: transcript of s is closed (the run was stopped)")
+        );
+    }
+
+    #[test]
+    fn a_refused_delivery_stays_pending_until_a_sink_accepts_it() {
+        let fx = Fx::new();
+        fx.session("P", "cli", None, None);
+        let mut refusing = MockCompletionSink::new();
+        refusing.expect_deliver().times(1).returning(|_| false);
+        let tool = Delegator::new(DelegatorParts {
+            registry: fx.store.clone(),
+            sessions: fx.store.clone(),
+            ledger: fx.store.clone(),
+            authority: Arc::new(Authority::new(fx.store.clone(), fx.store.clone(), "")),
+            runtime: Arc::new(ScriptedRuntime::new()),
+            completions: Some(Arc::new(refusing)),
+            config: DelegationConfig::default(),
+            profile: String::new(),
+        });
+        let bg = ParentContext { can_receive_detached: true, ..parent("P") };
+        let out = tool.delegate_task(&json!({"goal": "later", "background": true}), Some(&bg));
+        tool.wait_background();
+        let id = out["delegation_id"].as_str().expect("id").to_owned();
+        // The refused claim's lease runs out; the completion is offered again.
+        fx.clock.advance(retinue_store::LEASE_SECS + 1.0);
+        let claim = fx.store.claim_delivery(&DeliveryFilter::default()).expect("claim");
+        let claim = claim.expect("the refused completion is still pending");
+        assert_eq!(claim.delegation_id, id);
+        assert_eq!(claim.event["status"], "completed");
+    }
+}
+
+fn tool_with_runtime(fx: &Fx, runtime: Arc<dyn retinue_delegate::ChildRuntime>) -> Delegator {
+    Delegator::new(DelegatorParts {
+        registry: fx.store.clone(),
+        sessions: fx.store.clone(),
+        ledger: fx.store.clone(),
+        authority: Arc::new(Authority::new(fx.store.clone(), fx.store.clone(), "")),
+        runtime,
+        completions: None,
+        config: DelegationConfig::default(),
+        profile: String::new(),
+    })
 }

@@ -9,6 +9,8 @@
 //! caching across calls.
 //!
 //! * [`root`], [`lineage_chain`], [`check_hop`]: spec §5.2.
+//! * [`lineage_sessions`] / [`CompressionWalk`]: the lineage forward from its
+//!   root, the one walk the usage ledger totals over (spec §7.1).
 //! * [`check_follow_up_authority`] → [`Denial`]: spec §5.1 and §5.3.
 //! * [`list_for`], [`find_for`], [`resolve_for`] → [`Resolution`]: spec §5.5.
 //! * [`LineageAuthority`] / [`Authority`]: the same behind one object-safe
@@ -17,14 +19,17 @@
 mod authority;
 mod root;
 mod scope;
+mod walk;
 
 use std::sync::Arc;
 
 use retinue_store::{Registry, RetainedChild, SessionGraph};
 
 pub use authority::{Denial, LineageCause, check_follow_up_authority, check_profile, is_self};
-pub use root::{MAX_WALK_SESSIONS, RootError, check_hop, check_row, lineage_chain, root};
+pub use retinue_store::MAX_HOPS;
+pub use root::{RootError, check_hop, check_row, lineage_chain, root};
 pub use scope::{Resolution, find_for, list_for, resolve_for};
+pub use walk::{CompressionWalk, lineage_sessions};
 
 /// The authority rules bound to one registry, session graph and profile.
 ///

@@ -4,12 +4,11 @@
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 
-use retinue_store::{SessionGraph, SessionRow};
+use retinue_store::{MAX_HOPS, SessionGraph, SessionRow};
 use serde_json::Value;
 
-/// Most sessions a walk checks; a start 99 links below its root resolves,
-/// 100 links do not (as hermes).
-pub const MAX_WALK_SESSIONS: usize = 100;
+// `MAX_HOPS` is the most sessions a walk checks; a start 99 links below its
+// root resolves, 100 links do not (as hermes).
 
 /// Why a session has no lineage root. Any error means "no root": the
 /// authority check fails closed.
@@ -49,7 +48,7 @@ pub enum RootError {
     #[error("parent session has no single compression continuation")]
     AmbiguousContinuation,
     /// 100 sessions were checked without reaching a root.
-    #[error("no root within {MAX_WALK_SESSIONS} sessions")]
+    #[error("no root within {MAX_HOPS} sessions")]
     HopLimit,
     /// The session graph could not be read.
     #[error("session graph unreadable: {0}")]
@@ -113,7 +112,7 @@ pub fn lineage_chain(graph: &dyn SessionGraph, session_id: &str) -> Result<Vec<S
         return Err(RootError::NoSession);
     }
     // One round trip when the graph can prefetch; the walk is the same.
-    match graph.neighbourhood(start, MAX_WALK_SESSIONS + 1)? {
+    match graph.neighbourhood(start, MAX_HOPS + 1)? {
         Some(rows) => walk(&Snapshot::new(rows), start),
         None => walk(&Live(graph), start),
     }
@@ -216,7 +215,7 @@ fn walk(graph: &dyn Rows, start: &str) -> Result<Vec<String>, RootError> {
             return Err(RootError::AmbiguousContinuation);
         }
         // Step 7: the hop limit.
-        if chain.len() >= MAX_WALK_SESSIONS {
+        if chain.len() >= MAX_HOPS {
             return Err(RootError::HopLimit);
         }
         current = parent_id;

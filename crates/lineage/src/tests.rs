@@ -168,7 +168,7 @@ fn root_hop_limit() {
     }
     let g = mock_graph(rows);
     assert_eq!(root(&g, "L99"), Ok("L0".into()));
-    assert_eq!(lineage_chain(&g, "L99").map(|c| c.len()), Ok(MAX_WALK_SESSIONS));
+    assert_eq!(lineage_chain(&g, "L99").map(|c| c.len()), Ok(MAX_HOPS));
     assert_eq!(root(&g, "L100"), Err(RootError::HopLimit));
 }
 
@@ -321,7 +321,7 @@ fn oracle_root(rows: &[SessionRow], id: &str, checked: usize) -> Option<String> 
         .filter(|r| r.parent_session_id.as_deref() == Some(parent.as_str()) && eligible(r))
         .map(|r| r.id.as_str())
         .collect();
-    if continuations != [id] || checked + 1 >= MAX_WALK_SESSIONS {
+    if continuations != [id] || checked + 1 >= MAX_HOPS {
         return None;
     }
     oracle_root(rows, &parent, checked + 1)

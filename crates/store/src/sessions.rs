@@ -8,7 +8,9 @@ use crate::Store;
 use crate::error::{Error, Result};
 use crate::model::{Message, NewSession, SessionRow};
 
-/// Most hops a compression-tip walk takes.
+/// Most sessions any lineage walk visits (the root walk, the forward walk
+/// and the compression-tip walk): a start 99 links below its root resolves,
+/// 100 links do not (as hermes).
 pub const MAX_HOPS: usize = 100;
 
 /// Read access to the session graph: what lineage authority needs, nothing more.

@@ -3,7 +3,8 @@
 //!
 //! Each enum reads every string: a value written by hermes (or a newer
 //! Retinue) that this binary does not know is kept verbatim in `Other` and
-//! written back unchanged, never rejected or rewritten.
+//! written back unchanged, never rejected or rewritten. The `#[default]`
+//! of each is the value a fresh record starts with.
 
 use std::fmt;
 
@@ -13,7 +14,7 @@ macro_rules! vocabulary {
         $name:ident { $( $(#[$vmeta:meta])* $variant:ident => $text:literal, )+ }
     ) => {
         $(#[$meta])*
-        #[derive(Debug, Clone, PartialEq, Eq, Hash)]
+        #[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
         pub enum $name {
             $( $(#[$vmeta])* $variant, )+
             /// A value this binary does not know, kept verbatim.
@@ -69,6 +70,7 @@ vocabulary! {
     /// A unit's (`async_delegations.state`) lifecycle state.
     UnitState {
         /// Recorded, children not started yet.
+        #[default]
         Pending => "pending",
         /// Children running.
         Running => "running",
@@ -91,6 +93,7 @@ vocabulary! {
         /// A non-empty final answer without error.
         Completed => "completed",
         /// No usable answer.
+        #[default]
         Failed => "failed",
         /// An error ended it.
         Error => "error",
@@ -105,6 +108,7 @@ vocabulary! {
     /// Why a child's run stopped (also a child session's `end_reason`).
     ExitReason {
         /// It gave its final answer.
+        #[default]
         Completed => "completed",
         /// It was interrupted or cancelled.
         Interrupted => "interrupted",
@@ -123,27 +127,10 @@ vocabulary! {
     /// A child's role.
     Role {
         /// Cannot delegate further.
+        #[default]
         Leaf => "leaf",
         /// May delegate (when the depth allows).
         Orchestrator => "orchestrator",
-    }
-}
-
-impl Default for ExitReason {
-    fn default() -> ExitReason {
-        ExitReason::Completed
-    }
-}
-
-impl Default for ChildStatus {
-    fn default() -> ChildStatus {
-        ChildStatus::Failed
-    }
-}
-
-impl Default for Role {
-    fn default() -> Role {
-        Role::Leaf
     }
 }
 
