@@ -53,24 +53,24 @@ pub(crate) enum Command {
     /// The follow-up authority decision: may SESSION message child ID? (exit 3 when denied)
     Authority {
         /// Subagent id, child session id or delegation id
-        #[arg(value_name = "ID")]
+        #[arg(value_name = "ID", value_parser = non_blank)]
         id: String,
         /// The requesting session
-        #[arg(long, value_name = "SESSION")]
+        #[arg(long, value_name = "SESSION", value_parser = non_blank)]
         caller: String,
     },
 
     /// The compression-lineage root of a session, and the chain walked to it
     Lineage {
         /// The session to resolve
-        #[arg(value_name = "SESSION")]
+        #[arg(value_name = "SESSION", value_parser = non_blank)]
         session: String,
     },
 
     /// Usage-ledger totals and records billed to a session
     Usage {
         /// The paying parent session
-        #[arg(value_name = "SESSION")]
+        #[arg(value_name = "SESSION", value_parser = non_blank)]
         session: String,
         /// Sum over the session's whole compression lineage
         #[arg(long)]
@@ -100,21 +100,21 @@ pub(crate) enum ChildrenCommand {
     /// Addressable retained children, newest first
     List {
         /// Only the children this session's lineage may address
-        #[arg(long, value_name = "SESSION")]
+        #[arg(long, value_name = "SESSION", value_parser = non_blank)]
         owner: Option<String>,
     },
 
     /// One addressable child by subagent id, child session id or delegation id (exit 4 if none)
     Show {
         /// Subagent id, child session id or delegation id
-        #[arg(value_name = "ID")]
+        #[arg(value_name = "ID", value_parser = non_blank)]
         id: String,
     },
 
     /// Tombstone one child, or every live child of a delegation id (exit 4 if not addressable)
     Tombstone {
         /// Subagent id, child session id or delegation id
-        #[arg(value_name = "ID")]
+        #[arg(value_name = "ID", value_parser = non_blank)]
         id: String,
         /// Why (stored as the tombstone reason) [default: manual]
         #[arg(long, value_name = "TEXT", value_parser = non_blank)]
@@ -123,11 +123,11 @@ pub(crate) enum ChildrenCommand {
 
     /// TTL and cap pruning (limits default to config.yaml's delegation section)
     Prune {
-        /// Hours a retained child stays addressable (floored at 0)
+        /// Hours a retained child stays addressable (0 or more)
         #[arg(long, value_name = "H", value_parser = finite_hours, allow_negative_numbers = true)]
         ttl_hours: Option<f64>,
-        /// Retained units kept addressable (floored at 1)
-        #[arg(long, value_name = "N")]
+        /// Retained units kept addressable (1 or more)
+        #[arg(long, value_name = "N", value_parser = max_retained, allow_negative_numbers = true)]
         max_retained: Option<u32>,
     },
 }
@@ -137,7 +137,7 @@ pub(crate) enum ChildrenCommand {
 #[command(group(ArgGroup::new("work").required(true).args(["goal", "tasks"])))]
 pub(crate) struct DelegateArgs {
     /// The calling parent session
-    #[arg(long, value_name = "SESSION")]
+    #[arg(long, value_name = "SESSION", value_parser = non_blank)]
     pub(crate) parent: String,
 
     /// One task's goal (with --follow-up: the message for the child)
@@ -160,9 +160,19 @@ fn non_blank(s: &str) -> Result<String, String> {
 
 fn finite_hours(s: &str) -> Result<f64, String> {
     match s.trim().parse::<f64>() {
-        Ok(h) if h.is_finite() => Ok(h),
-        Ok(_) => Err("must be a finite number".to_owned()),
-        Err(e) => Err(e.to_string()),
+        Ok(h) if h.is_finite() && h >= 0.0 => Ok(h),
+        Ok(_) => Err("must be a number of hours, 0 or more".to_owned()),
+        Err(e) => Err(format!("{e} (expected a number of hours, 0 or more)")),
+    }
+}
+
+fn max_retained(s: &str) -> Result<u32, String> {
+    match s.trim().parse::<i64>() {
+        Ok(n) if (1..=i64::from(u32::MAX)).contains(&n) => {
+            u32::try_from(n).map_err(|e| e.to_string())
+        }
+        Ok(_) => Err(format!("must be a whole number from 1 to {}", u32::MAX)),
+        Err(e) => Err(format!("{e} (expected a whole number from 1 to {})", u32::MAX)),
     }
 }
 
@@ -177,5 +187,16 @@ mod tests {
     #[test]
     fn clap_definition_is_consistent() {
         super::Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn ranges_are_stated() {
+        assert_eq!(super::finite_hours(" 1.5 "), Ok(1.5));
+        assert_eq!(super::finite_hours("-5"), Err("must be a number of hours, 0 or more".into()));
+        assert_eq!(super::max_retained("3"), Ok(3));
+        assert!(super::max_retained("-1").is_err_and(|e| e.contains("from 1 to")));
+        assert!(super::max_retained("0").is_err_and(|e| e.contains("from 1 to")));
+        assert_eq!(super::non_blank("  x "), Ok("x".into()));
+        assert!(super::non_blank("  ").is_err());
     }
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use retinue_delegate::scripted::{RecordingSink, ScriptedRuntime};
 use retinue_delegate::{
     CancelToken, DelegateError, DelegateRequest, Delegator, DelegatorParts, ErrorKind,
-    ParentContext, error_json,
+    ParentContext,
 };
 use retinue_lineage::{Authority, Denial, check_follow_up_authority, lineage_chain, list_for};
 use retinue_store::{
@@ -205,7 +205,7 @@ pub(crate) fn lineage(env: &Env, session: &str) -> Result<Output> {
     let store = open(env)?;
     let session = session.trim();
     if session.is_empty() || store.session(session)?.is_none() {
-        return Err(CliError::NotFound(format!("no session '{session}'")));
+        return Err(CliError::NotFound(format!("no session '{}'", clip(session, 128))));
     }
     let (root, chain, why) = match lineage_chain(&*store, session) {
         Ok(chain) => (chain.last().cloned(), chain, None),
@@ -223,7 +223,11 @@ pub(crate) fn lineage(env: &Env, session: &str) -> Result<Output> {
         ),
         ("chain", if chain.is_empty() { "-".to_owned() } else { chain.join(" → ") }),
     ]);
-    Ok(Output::ok(json!({ "session_id": session, "root": root, "chain": chain }), human))
+    let mut json = json!({ "session_id": session, "root": root, "chain": chain });
+    if let Some(why) = why {
+        json["reason"] = json!(why);
+    }
+    Ok(Output::ok(json, human))
 }
 
 fn totals_json(t: &UsageTotals) -> Value {
@@ -275,22 +279,35 @@ pub(crate) fn usage_human(
 pub(crate) fn usage(env: &Env, session: &str, lineage: bool) -> Result<Output> {
     let store = open(env)?;
     let session = session.trim();
-    let (totals, sessions) = if lineage {
+    let (totals, sessions, resolved) = if lineage {
         let walk = retinue_lineage::CompressionWalk::new(&*store);
         let lt = load_lineage_usage_totals(&*store, &walk, session)?;
-        (lt.totals, lt.sessions)
+        (lt.totals, lt.sessions, Some(lt.lineage_resolved))
     } else {
-        (load_child_usage_totals(&*store, session)?, vec![session.to_owned()])
+        (load_child_usage_totals(&*store, session)?, vec![session.to_owned()], None)
     };
     let mut records = Vec::new();
     for s in &sessions {
         records.extend(load_child_usage_attributions(&*store, s)?);
     }
-    let json = json!({
+    // A session that exists nowhere (no session row, no ledger row) is not found.
+    if records.is_empty() && store.session(session)?.is_none() {
+        return Err(CliError::NotFound(format!("no session '{}'", clip(session, 128))));
+    }
+    if ![totals.cost_usd, totals.input_tokens, totals.output_tokens].iter().all(|v| v.is_finite()) {
+        return Err(CliError::Failed(format!(
+            "the usage totals of '{session}' are too large to report (not finite)"
+        )));
+    }
+    let mut json = json!({
         "totals": totals_json(&totals),
         "records": serde_json::to_value(&records)
             .map_err(|e| CliError::Failed(format!("cannot encode the records: {e}")))?,
     });
+    if let Some(resolved) = resolved {
+        json["sessions"] = json!(sessions);
+        json["lineage_resolved"] = json!(resolved);
+    }
     Ok(Output::ok(json, usage_human(&totals, &sessions, &records)))
 }
 
@@ -321,6 +338,20 @@ fn delegate_error_code(e: &DelegateError) -> u8 {
         ErrorKind::Denied => EXIT_DENIED,
         ErrorKind::NotFound => EXIT_NOT_FOUND,
         _ => EXIT_FAILED,
+    }
+}
+
+/// The `--json` error code of a `delegate_task` error.
+fn delegate_error_kind(e: &DelegateError) -> &'static str {
+    match e.kind() {
+        ErrorKind::Usage => "usage",
+        ErrorKind::Denied => "denied",
+        ErrorKind::NotFound => "not_found",
+        ErrorKind::Busy => "busy",
+        _ => match e {
+            DelegateError::Storage(_) => "io",
+            _ => "internal",
+        },
     }
 }
 
@@ -415,7 +446,7 @@ pub(crate) fn delegate(env: &Env, args: &DelegateArgs) -> Result<Output> {
             Output { human: delegate_human(&out), json: Some(out), code: EXIT_OK, stderr: None }
         }
         Err(e) => Output {
-            json: Some(error_json(&e)),
+            json: Some(json!({ "error": e.to_string(), "code": delegate_error_kind(&e) })),
             human: String::new(),
             code: delegate_error_code(&e),
             stderr: Some(e.to_string()),

@@ -48,6 +48,25 @@ impl CliError {
         }
     }
 
+    /// The kind of failure, as `--json` reports it under `"code"`.
+    pub(crate) fn kind(&self) -> &'static str {
+        use retinue_store::Error as S;
+        match self {
+            CliError::Usage(_) => "usage",
+            CliError::NotFound(_) => "not_found",
+            CliError::Failed(_) => "internal",
+            CliError::Io(_) => "io",
+            CliError::Store(e) | CliError::Ledger(retinue_usage::Error::Store(e)) => match e {
+                S::Busy { .. } => "busy",
+                S::Corrupt { .. } | S::NotADatabase { .. } => "corrupt",
+                S::ReadOnly { .. } => "read_only",
+                S::Io { .. } | S::DiskFull { .. } => "io",
+                _ => "internal",
+            },
+            CliError::Ledger(_) => "internal",
+        }
+    }
+
     /// The message with its causes, `outer: inner: …`.
     pub(crate) fn report(&self) -> String {
         let mut text = self.to_string();

@@ -83,12 +83,38 @@ pub(crate) fn print_stdout(text: &str) -> std::io::Result<()> {
     }
 }
 
+/// Library warnings (e.g. the WAL → DELETE fallback) go to stderr; the level
+/// comes from `RETINUE_LOG` (`error`, `warn` — the default —, `info`, `debug`).
+fn init_logging() {
+    let env = env_logger::Env::new().filter_or("RETINUE_LOG", "warn");
+    let _ = env_logger::Builder::from_env(env)
+        .target(env_logger::Target::Stderr)
+        .format_timestamp(None)
+        .format_target(false)
+        .try_init();
+}
+
+/// With `--json`, an error is one JSON object on stdout: `{"error", "code"}`.
+fn json_error(message: &str, code: &str) -> String {
+    let v = serde_json::json!({ "error": message, "code": code });
+    serde_json::to_string_pretty(&v).map_or_else(|_| String::new(), |s| s + "\n")
+}
+
 fn main() -> ExitCode {
+    init_logging();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
-            // Help and version go to stdout with code 0; errors to stderr with code 2.
+            // Help and version go to stdout with code 0; errors to stderr with code 2
+            // (and, with --json, as a JSON object on stdout too).
             let code = if e.use_stderr() { EXIT_USAGE } else { error::EXIT_OK };
+            if e.use_stderr() && std::env::args_os().any(|a| a == "--json") {
+                let text = e.kind().to_string();
+                let message = e.to_string();
+                let first = message.lines().next().unwrap_or(&text);
+                let first = first.trim_start_matches("error: ");
+                let _ = print_stdout(&json_error(first, "usage"));
+            }
             let _ = e.print();
             return ExitCode::from(code);
         }
@@ -114,6 +140,9 @@ fn main() -> ExitCode {
             ExitCode::from(out.code)
         }
         Err(e) => {
+            if cli.json {
+                let _ = print_stdout(&json_error(&e.report(), e.kind()));
+            }
             eprintln!("retinue: {}", e.report());
             ExitCode::from(e.exit_code())
         }

@@ -1,4 +1,13 @@
 //! Aligned plain-text tables and key/value blocks for the human output.
+//!
+//! Goals and ids are written by language models: every cell and value is
+//! passed through [`escape`], so no terminal control character (C0, C1, DEL,
+//! an ESC sequence) reaches the terminal, and columns align by display width
+//! (CJK and emoji take two columns).
+
+use std::fmt::Write as _;
+
+use unicode_width::UnicodeWidthStr;
 
 /// A table: a header row and data rows, columns padded to their widest cell.
 #[derive(Debug, Default)]
@@ -7,8 +16,28 @@ pub(crate) struct Table {
     rows: Vec<Vec<String>>,
 }
 
-fn width(s: &str) -> usize {
-    s.chars().count()
+/// The display width of `s` in terminal columns.
+pub(crate) fn width(s: &str) -> usize {
+    UnicodeWidthStr::width(s)
+}
+
+/// `s` with control characters made visible: `\n`, `\t`, `\r`, `\e` for
+/// ESC, `\u{…}` for any other C0, C1 or DEL character.
+pub(crate) fn escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\t' => out.push_str("\\t"),
+            '\r' => out.push_str("\\r"),
+            '\u{1b}' => out.push_str("\\e"),
+            c if c.is_control() => {
+                let _ = write!(out, "\\u{{{:x}}}", u32::from(c));
+            }
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 impl Table {
@@ -17,9 +46,10 @@ impl Table {
         Table { headers: headers.iter().map(|h| (*h).to_owned()).collect(), rows: Vec::new() }
     }
 
-    /// Adds one row (missing cells are blank, extra cells dropped).
+    /// Adds one row (missing cells are blank, extra cells dropped); control
+    /// characters in a cell are escaped.
     pub(crate) fn row(&mut self, cells: Vec<String>) {
-        self.rows.push(cells);
+        self.rows.push(cells.iter().map(|c| escape(c)).collect());
     }
 
     /// Whether no row was added.
@@ -54,24 +84,35 @@ impl Table {
     }
 }
 
-/// `key  value` lines with the keys padded to the longest one.
+/// `key  value` lines with the keys padded to the longest one; control
+/// characters in a value are escaped.
 pub(crate) fn key_values(pairs: &[(&str, String)]) -> String {
     let w = pairs.iter().map(|(k, _)| width(k)).max().unwrap_or(0);
     pairs
         .iter()
-        .map(|(k, v)| format!("{k}{}  {v}", " ".repeat(w - width(k))).trim_end().to_owned() + "\n")
+        .map(|(k, v)| {
+            format!("{k}{}  {}", " ".repeat(w - width(k)), escape(v)).trim_end().to_owned() + "\n"
+        })
         .collect()
 }
 
-/// Cuts `s` to `max` characters, marking the cut with `…`.
+/// Cuts `s` (on one line, controls escaped) to `max` display columns,
+/// marking the cut with `…`.
 pub(crate) fn clip(s: &str, max: usize) -> String {
-    let one_line = s.split_whitespace().collect::<Vec<_>>().join(" ");
+    let one_line = escape(&s.split_whitespace().collect::<Vec<_>>().join(" "));
     if width(&one_line) <= max {
-        one_line
-    } else {
-        let kept: String = one_line.chars().take(max.saturating_sub(1)).collect();
-        format!("{kept}…")
+        return one_line;
     }
+    let mut kept = String::new();
+    for c in one_line.chars() {
+        let mut next = kept.clone();
+        next.push(c);
+        if width(&next) > max.saturating_sub(1) {
+            break;
+        }
+        kept = next;
+    }
+    format!("{kept}…")
 }
 
 /// Wraps each line of `text` at `max` characters on spaces, keeping a line's
@@ -116,6 +157,20 @@ mod tests {
         assert_eq!(key_values(&[("a", "1".into()), ("bbb", "2".into())]), "a    1\nbbb  2\n");
         assert_eq!(clip("hello   world", 20), "hello world");
         assert_eq!(clip("abcdef", 4), "abc…");
+    }
+
+    #[test]
+    fn controls_are_escaped_and_wide_characters_align() {
+        let mut t = Table::new(&["ID", "GOAL"]);
+        t.row(vec!["\u{1b}[31mred".into(), "a\u{7}b\u{9b}c\u{7f}".into()]);
+        t.row(vec!["日本語".into(), "x".into()]);
+        assert_eq!(
+            t.render(),
+            "ID         GOAL\n\\e[31mred  a\\u{7}b\\u{9b}c\\u{7f}\n日本語     x\n"
+        );
+        assert_eq!(key_values(&[("k", "line1\nline2".into())]), "k  line1\\nline2\n");
+        assert_eq!(clip("日本語テキスト", 7), "日本語…");
+        assert_eq!(width("🙂"), 2);
     }
 
     #[test]

@@ -272,13 +272,19 @@ fn children_show_by_any_id() {
         ".retained_at" => "[ts]",
         ".completed_at" => "[ts]",
     });
-    // Unknown, hermes-tombstoned and never-retained ids: exit 4, nothing on stdout.
+    // Unknown, hermes-tombstoned and never-retained ids: exit 4, a JSON error on stdout.
     let (code, v, err) = fx.json(&["children", "show", "nope"]);
-    assert_eq!((code, v), (4, Value::Null));
+    assert_eq!(
+        (code, v),
+        (
+            4,
+            json!({"error": "no retained child, child session or delegation 'nope'", "code": "not_found"})
+        )
+    );
     assert!(err.contains("no retained child"), "{err}");
     // A unit hermes retained and tombstoned on its own is not addressable either.
     let (code, v, _) = fx.json(&["children", "show", fx.fx.tombstoned_session]);
-    assert_eq!((code, v), (4, Value::Null));
+    assert_eq!((code, v["code"].clone()), (4, json!("not_found")));
     let (code, _, _) = fx.json(&["children", "show", fx.fx.legacy]);
     assert_eq!(code, 4);
     let (code, text, _) = fx.human(&["children", "show", fx.fx.solo_subagent]);
@@ -381,7 +387,7 @@ fn authority_decisions() {
     insta::assert_json_snapshot!("authority_denied_profile", profile);
 
     let (code, v, _) = fx.json(&["authority", "nope", "--caller", fx.fx.root]);
-    assert_eq!((code, v), (4, Value::Null));
+    assert_eq!((code, v["code"].clone()), (4, json!("not_found")));
     let (code, _, _) = fx.json(&["authority", fx.fx.tombstoned_session, "--caller", fx.fx.root]);
     assert_eq!(code, 4);
 
@@ -430,11 +436,19 @@ fn lineage_roots() {
         json!({ "session_id": "h-root", "root": "h-root", "chain": ["h-root"] })
     );
     let branch = fx.ok(0, &["lineage", fx.fx.branch]);
-    assert_eq!(branch, json!({ "session_id": "h-branch", "root": null, "chain": [] }));
+    assert_eq!(
+        branch,
+        json!({
+            "session_id": "h-branch",
+            "root": null,
+            "chain": [],
+            "reason": "session is a branch (_branched_from)"
+        })
+    );
     insta::assert_json_snapshot!("lineage_branch", branch);
     assert_eq!(fx.ok(0, &["lineage", fx.fx.batch_sessions[0]])["root"], Value::Null);
     let (code, v, err) = fx.json(&["lineage", "nope"]);
-    assert_eq!((code, v), (4, Value::Null));
+    assert_eq!((code, v), (4, json!({"error": "no session 'nope'", "code": "not_found"})));
     assert!(err.contains("no session 'nope'"), "{err}");
     let (code, text, _) = fx.human(&["lineage", fx.fx.branch]);
     assert_eq!(code, 0);
@@ -474,10 +488,9 @@ fn usage_totals_and_records() {
         ".totals.cost_usd" => insta::rounded_redaction(6),
     });
 
-    assert_eq!(
-        fx.ok(0, &["usage", "nope"]),
-        json!({ "totals": { "cost_usd": 0.0, "input_tokens": 0.0, "output_tokens": 0.0 }, "records": [] })
-    );
+    // A session that exists nowhere is not found, like `lineage`.
+    let (code, v, _) = fx.json(&["usage", "nope"]);
+    assert_eq!((code, v), (4, json!({"error": "no session 'nope'", "code": "not_found"})));
     let (code, text, _) = fx.human(&["usage", fx.fx.continuation, "--lineage"]);
     assert_eq!(code, 0);
     assert!(text.contains("sessions       h-root → h-cont"), "{text}");
