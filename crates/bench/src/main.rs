@@ -14,8 +14,8 @@ use std::time::Instant;
 
 use retinue_lineage::{Authority, LineageAuthority};
 use retinue_store::{
-    ChildManifest, DelegationConfig, LoadedConfig, ManualClock, NewSession, Registry, Store,
-    StoreOptions, Synchronous, TombstoneReason, UnitDraft,
+    ChildManifest, DelegationConfig, LoadedConfig, ManualClock, NewSession, RegistryRead,
+    Retention, Store, StoreOptions, Synchronous, TombstoneReason, UnitDraft, UnitLifecycle,
 };
 use retinue_usage::AttributionDraft;
 use serde_json::{Value, json};

@@ -7,8 +7,9 @@ use retinue_delegate::scripted::{RecordingSink, Script, ScriptedRuntime};
 use retinue_delegate::{ChildHandle, Delegator, DelegatorParts, LiveChild, ParentContext};
 use retinue_lineage::Authority;
 use retinue_store::{
-    ChildManifest, DelegationConfig, DeliveryFilter, ManualClock, Message, NewSession, Registry,
-    SessionGraph, SessionStore, Store, StoreOptions, TombstoneReason, UnitDraft,
+    ChildManifest, Claims, DelegationConfig, DeliveryFilter, ManualClock, Message, NewSession,
+    RegistryRead, Retention, SessionGraph, SessionStore, Store, StoreOptions, TombstoneReason,
+    UnitDraft, UnitLifecycle,
 };
 use serde_json::{Value, json};
 

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use retinue_store::{
-    DelegationConfig, Lookup, ManualClock, Registry, TombstoneReason, Unaddressable,
+    DelegationConfig, Lookup, ManualClock, RegistryRead, TombstoneReason, Unaddressable,
 };
 
 use super::fixture::{T0, open};

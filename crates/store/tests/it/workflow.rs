@@ -1,8 +1,8 @@
 //! Delivery hand-off, resume claims, restart recovery and the history pruner.
 
 use retinue_store::{
-    Completion, DeliveryFilter, OwnerProbe, ProcProbe, ProcessState, Registry, ResumeClaim,
-    TombstoneReason, UsageSwap, current_owner,
+    Claims, Completion, DeliveryFilter, OwnerProbe, ProcProbe, ProcessState, RegistryRead,
+    ResumeClaim, Retention, TombstoneReason, UnitLifecycle, UsageSwap, current_owner,
 };
 use serde_json::json;
 

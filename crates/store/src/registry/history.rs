@@ -2,8 +2,8 @@
 
 use rusqlite::params;
 
-use crate::Store;
 use crate::error::Result;
+use crate::store::Store;
 
 /// Delivered rows older than this are deleted.
 pub const DELIVERED_MAX_AGE_SECS: f64 = 7.0 * 86_400.0;
@@ -14,7 +14,7 @@ pub const PENDING_KEEP: i64 = 1000;
 
 pub(crate) fn prune(store: &Store) -> Result<usize> {
     let now = store.clock.now();
-    store.pool.write(|tx| {
+    store.pool.write("pruning history", |tx| {
         let terminal = "retained IS NULL AND state NOT IN ('running', 'finalizing')";
         let mut deleted = tx.execute(
             &format!(
