@@ -16,7 +16,7 @@ mod embedded {
 }
 
 /// Highest migration version this binary embeds.
-pub(crate) const SCHEMA_VERSION: i64 = 1;
+pub(crate) const SCHEMA_VERSION: i64 = 2;
 
 const SQLITE_MAGIC: &[u8; 16] = b"SQLite format 3\0";
 
