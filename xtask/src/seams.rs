@@ -243,12 +243,11 @@ fn references(code: &str, module: &str) -> Vec<String> {
         .into_iter()
         .filter_map(|p| {
             if let Some(rest) = p.strip_prefix("crate::") {
-                Some(rest.to_owned())
-            } else if let Some(rest) = p.strip_prefix("super::") {
-                Some(if parent.is_empty() { rest.to_owned() } else { format!("{parent}::{rest}") })
-            } else {
-                None
+                return Some(rest.to_owned());
             }
+            p.strip_prefix("super::").map(|rest| {
+                if parent.is_empty() { rest.to_owned() } else { format!("{parent}::{rest}") }
+            })
         })
         .collect()
 }
