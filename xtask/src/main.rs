@@ -7,6 +7,7 @@
 
 mod interop;
 mod reliability;
+mod seams;
 mod tidy;
 
 use std::path::{Path, PathBuf};

@@ -1,4 +1,6 @@
-//! Tidy checks: source hygiene and the crate boundary table of ARCHITECTURE.md.
+//! Tidy checks: source hygiene, the crate boundary table of ARCHITECTURE.md,
+//! and the store seams (`seams.rs`: no SQL type in a public signature, no
+//! import cycle between store modules).
 //! Also compiled as a `#[test]`, so `cargo test` enforces them.
 
 use std::fs;
@@ -31,6 +33,7 @@ pub(crate) fn run(root: &Path) -> Result<(), String> {
     check_sources(root, &mut problems);
     check_manifests(root, &mut problems);
     check_graph(root, &mut problems);
+    crate::seams::check(root, &mut problems);
     if problems.is_empty() {
         eprintln!("tidy: ok");
         Ok(())

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use retinue_lineage::{Authority, LineageAuthority};
-use retinue_store::{ManualClock, Registry, Store, StoreOptions};
+use retinue_store::{ManualClock, RegistryRead, Retention, Store, StoreOptions, UnitLifecycle};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();

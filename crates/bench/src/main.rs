@@ -14,8 +14,9 @@ use std::time::Instant;
 
 use retinue_lineage::{Authority, LineageAuthority};
 use retinue_store::{
-    ChildManifest, DelegationConfig, LoadedConfig, ManualClock, NewSession, Registry, Store,
-    StoreOptions, Synchronous, TombstoneReason, UnitDraft,
+    ChildManifest, Completion, DelegationConfig, LoadedConfig, ManualClock, NewSession,
+    RegistryRead, Retention, Store, StoreOptions, Synchronous, TombstoneReason, UnitDraft,
+    UnitLifecycle,
 };
 use retinue_usage::AttributionDraft;
 use serde_json::{Value, json};
@@ -328,6 +329,38 @@ fn run_size(b: &mut Bench, n: usize) -> Result<(), Box<dyn std::error::Error>> {
         },
     );
     b.push(n, "prune, one over-cap unit", cap, None);
+
+    // The history pruner, run after every spawn: with nothing due, and with
+    // one terminal unit beyond `TERMINAL_KEEP` (setup untimed). Neither may
+    // grow with N (the retained units are never read).
+    let finish_failed = |tag: String| {
+        if let Ok(id) = store.insert_unit(&draft(&tag, "p-5")) {
+            let _ = store.persist_completion(&Completion {
+                delegation_id: id.clone(),
+                status: "failed".into(),
+                event: json!({"type": "async_delegation", "delegation_id": id}),
+                result: json!({"status": "failed"}),
+                usage: None,
+                background: false,
+            });
+        }
+    };
+    for i in 0..retinue_store::TERMINAL_KEEP {
+        finish_failed(format!("hk{i:06}"));
+    }
+    let _ = store.prune_history();
+    let idle = time(reads.min(500), |_| {
+        let _ = store.prune_history();
+    });
+    b.push(n, "history prune, nothing due", idle, None);
+    let one = time_with_setup(
+        writes.min(50),
+        |i| finish_failed(format!("hp{i:06}")),
+        |_| {
+            let _ = store.prune_history();
+        },
+    );
+    b.push(n, "history prune, one unit over the keep", one, None);
 
     // Collapse N → 10 in one call.
     let live = build(dir.path(), "live.db", n, true)?;

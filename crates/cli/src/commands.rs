@@ -11,8 +11,8 @@ use retinue_delegate::{
 };
 use retinue_lineage::{Authority, Denial, check_follow_up_authority, lineage_chain, list_for};
 use retinue_store::{
-    Lookup, ProcProbe, Registry, RetainedChild, SessionGraph, Store, SystemClock, TombstoneReason,
-    Unaddressable, UsageAttribution, UsageTotals, iso8601,
+    Lookup, ProcProbe, RegistryRead, RetainedChild, Retention, SessionGraph, Store, SystemClock,
+    TombstoneReason, Unaddressable, UsageAttribution, UsageTotals, iso8601,
 };
 use retinue_usage::{
     fold_usage, load_child_usage_attributions, load_child_usage_totals, load_lineage_usage_totals,

@@ -10,9 +10,9 @@ use retinue_delegate::ParentContext;
 use retinue_delegate::scripted::{Script, ScriptedRuntime};
 use retinue_lineage::{check_follow_up_authority, lineage_chain, root};
 use retinue_store::{
-    ChildManifest, Clock, DeliveryFilter, Lookup, ManualClock, NewSession, OwnerProbe, ProcProbe,
-    ProcessState, Registry, RetainedChild, SessionStore, Store, SystemClock, TombstoneReason,
-    Unaddressable, UnitDraft, current_owner, iso8601,
+    ChildManifest, Claims, Clock, DeliveryFilter, Lookup, ManualClock, NewSession, OwnerProbe,
+    ProcProbe, ProcessState, RegistryRead, RetainedChild, Retention, SessionStore, Store,
+    SystemClock, TombstoneReason, Unaddressable, UnitDraft, UnitLifecycle, current_owner, iso8601,
 };
 use retinue_usage::{load_child_usage_attributions, load_lineage_usage_totals};
 use serde_json::{Value, json};

@@ -7,8 +7,9 @@ use retinue_delegate::scripted::{RecordingSink, Script, ScriptedRuntime};
 use retinue_delegate::{ChildHandle, Delegator, DelegatorParts, LiveChild, ParentContext};
 use retinue_lineage::Authority;
 use retinue_store::{
-    ChildManifest, DelegationConfig, DeliveryFilter, ManualClock, Message, NewSession, Registry,
-    SessionGraph, SessionStore, Store, StoreOptions, TombstoneReason, UnitDraft,
+    ChildManifest, Claims, DelegationConfig, DeliveryFilter, ManualClock, Message, NewSession,
+    RegistryRead, Retention, SessionGraph, SessionStore, Store, StoreOptions, TombstoneReason,
+    UnitDraft, UnitLifecycle,
 };
 use serde_json::{Value, json};
 
@@ -806,7 +807,7 @@ mod stopping {
         RuntimeError, SpawnRequest, TaskSpec,
     };
     use retinue_store::{
-        ChildStatus, DelegationConfig, ExitReason, Registry, SessionGraph, SessionStore,
+        ChildStatus, DelegationConfig, ExitReason, RegistryRead, SessionGraph, SessionStore,
     };
     use serde_json::json;
 
@@ -959,7 +960,7 @@ mod sinks {
         MockCompletionSink, MockTranscriptSink, RunInput, SinkError,
     };
     use retinue_lineage::Authority;
-    use retinue_store::{DelegationConfig, DeliveryFilter, ExitReason, Registry};
+    use retinue_store::{DelegationConfig, DeliveryFilter, ExitReason, Claims};
     use serde_json::json;
 
     use super::{Fx, ParentContext, parent};

@@ -18,8 +18,8 @@ use retinue_interop::{
 };
 use retinue_lineage::{Authority, Denial, LineageAuthority, RootError, lineage_chain, root};
 use retinue_store::{
-    ChildManifest, DelegationConfig, DeliveryFilter, Message, NewSession, Registry, SessionGraph,
-    SessionStore, Store, StoreOptions, SystemClock,
+    ChildManifest, Claims, DelegationConfig, DeliveryFilter, Message, NewSession, RegistryRead,
+    SessionGraph, SessionStore, Store, StoreOptions, SystemClock, UnitLifecycle,
 };
 use serde_json::{Value, json};
 

@@ -5,7 +5,7 @@
 //! by walking parents back through proven compression continuations only,
 //! failing closed on every doubt — and only within the same profile, and never
 //! the child itself. The rules are pure functions over the store's
-//! [`SessionGraph`] and [`Registry`] seams: no SQL, no IO of their own, no
+//! [`SessionGraph`] and [`RegistryRead`] seams: no SQL, no IO of their own, no
 //! caching across calls.
 //!
 //! * [`root`], [`lineage_chain`], [`check_hop`]: spec §5.2.
@@ -23,7 +23,7 @@ mod walk;
 
 use std::sync::Arc;
 
-use retinue_store::{Registry, RetainedChild, SessionGraph};
+use retinue_store::{RegistryRead, RetainedChild, SessionGraph};
 
 pub use authority::{Denial, LineageCause, check_follow_up_authority, check_profile, is_self};
 pub use retinue_store::MAX_HOPS;
@@ -61,7 +61,7 @@ pub trait LineageAuthority: Send + Sync {
 /// [`LineageAuthority`] over shared store seams (a `Store` serves as both).
 #[derive(Clone)]
 pub struct Authority {
-    registry: Arc<dyn Registry>,
+    registry: Arc<dyn RegistryRead>,
     graph: Arc<dyn SessionGraph>,
     profile: String,
 }
@@ -76,7 +76,7 @@ impl Authority {
     /// The rules over `registry` and `graph` for the current process profile
     /// `profile` (`''` = none).
     pub fn new(
-        registry: Arc<dyn Registry>,
+        registry: Arc<dyn RegistryRead>,
         graph: Arc<dyn SessionGraph>,
         profile: impl Into<String>,
     ) -> Authority {

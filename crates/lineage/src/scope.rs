@@ -2,7 +2,7 @@
 //! Unscoped store functions remain for the operator CLI.
 
 use retinue_store::{
-    Lookup, Registry, RetainedChild, SessionGraph, TombstoneReason, Unaddressable,
+    Lookup, RegistryRead, RetainedChild, SessionGraph, TombstoneReason, Unaddressable,
 };
 
 use crate::authority::{Denial, RootMemo, check_with};
@@ -32,7 +32,7 @@ pub enum Resolution {
 /// registry's order. Each root is computed once per call. A registry read
 /// error is returned; a session-graph error denies the entries it concerns.
 pub fn list_for(
-    registry: &dyn Registry,
+    registry: &dyn RegistryRead,
     graph: &dyn SessionGraph,
     requester: Option<&str>,
     current_profile: &str,
@@ -48,7 +48,7 @@ pub fn list_for(
 /// The addressable entry for `id` if `requester` may address it; `None` for
 /// foreign and missing alike. A registry read error is returned.
 pub fn find_for(
-    registry: &dyn Registry,
+    registry: &dyn RegistryRead,
     graph: &dyn SessionGraph,
     requester: Option<&str>,
     id: &str,
@@ -64,7 +64,7 @@ pub fn find_for(
 /// are told only after authority passes; a registry error is
 /// [`Resolution::NotAddressable`] (fail closed).
 pub fn resolve_for(
-    registry: &dyn Registry,
+    registry: &dyn RegistryRead,
     graph: &dyn SessionGraph,
     requester: Option<&str>,
     id: &str,

@@ -437,3 +437,21 @@ fn forbidden_sources_fold_case_and_trim() {
         assert_eq!(check_hop(source, None), Ok(()), "{source:?}");
     }
 }
+
+/// Failure injection at the `RegistryRead` seam: a registry error is returned
+/// by the listing calls and fails closed on the tool path.
+#[test]
+fn registry_read_errors_fail_closed() {
+    let mut registry = retinue_store::MockRegistryRead::new();
+    registry
+        .expect_list_retained_children()
+        .returning(|| Err(Error::Invalid("injected storage failure".into())));
+    registry
+        .expect_find_retained_child()
+        .returning(|_| Err(Error::Invalid("injected storage failure".into())));
+    registry.expect_lookup().returning(|_| Err(Error::Invalid("injected storage failure".into())));
+    let graph = mock_graph(vec![row("P", "cli", None, None)]);
+    assert!(list_for(&registry, &graph, Some("P"), "").is_err());
+    assert!(find_for(&registry, &graph, Some("P"), "sa-0-x", "").is_err());
+    assert_eq!(resolve_for(&registry, &graph, Some("P"), "sa-0-x", ""), Resolution::NotAddressable);
+}

@@ -8,7 +8,8 @@ use retinue_lineage::{
     check_follow_up_authority, find_for, lineage_chain, list_for, resolve_for, root,
 };
 use retinue_store::{
-    ChildManifest, Registry, RetainedChild, SessionGraph, SessionRow, Store, TombstoneReason,
+    ChildManifest, RegistryRead, RetainedChild, Retention, SessionGraph, SessionRow, Store,
+    TombstoneReason,
 };
 // The store's own mocks (feature `mocks`) do not compile at the moment, so
 // the session-graph mock is declared here.
@@ -384,7 +385,7 @@ fn scoped_list_and_find() {
     let by_b = unit_by(&store, "B", "me", "b0000000");
     let by_s = unit_by(&store, "S", "me", "s0000000");
     let foreign = unit_by(&store, "A", "someone-else", "f0000000");
-    let (r, g): (&dyn Registry, &dyn SessionGraph) = (store.as_ref(), store.as_ref());
+    let (r, g): (&dyn RegistryRead, &dyn SessionGraph) = (store.as_ref(), store.as_ref());
 
     assert_eq!(list_for(r, g, Some("C"), "me").unwrap(), vec![by_b.clone()]);
     assert_eq!(list_for(r, g, Some("S"), "me").unwrap(), vec![by_s.clone()]);
@@ -414,7 +415,7 @@ fn scoped_resolve() {
     let (_home, store) = setup("me");
     let by_b = unit_by(&store, "B", "me", "b0000000");
     unit_by(&store, "A", "someone-else", "f0000000");
-    let (r, g): (&dyn Registry, &dyn SessionGraph) = (store.as_ref(), store.as_ref());
+    let (r, g): (&dyn RegistryRead, &dyn SessionGraph) = (store.as_ref(), store.as_ref());
 
     assert_eq!(resolve_for(r, g, Some("C"), "sa-0-b0000000", "me"), Resolution::Addressable(by_b));
     assert_eq!(resolve_for(r, g, Some("S"), "sa-0-b0000000", "me"), Resolution::NotAddressable);

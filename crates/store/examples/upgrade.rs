@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use retinue_store::{Registry, Store, SystemClock, hermes_home};
+use retinue_store::{RegistryRead, Store, SystemClock, hermes_home};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let home = std::env::args_os().nth(1).map_or_else(hermes_home, std::path::PathBuf::from);

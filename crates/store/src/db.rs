@@ -9,14 +9,14 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, pa
 
 use crate::clock::{Clock, SystemClock};
 use crate::config::{DelegationConfig, JournalMode, LoadedConfig, Synchronous};
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, SqlResult, is_retryable, migration, sql};
 
 mod embedded {
     refinery::embed_migrations!("migrations");
 }
 
 /// Highest migration version this binary embeds.
-pub(crate) const SCHEMA_VERSION: i64 = 1;
+pub(crate) const SCHEMA_VERSION: i64 = 2;
 
 const SQLITE_MAGIC: &[u8; 16] = b"SQLite format 3\0";
 
@@ -92,6 +92,10 @@ pub(crate) struct Pool {
 
 impl Pool {
     fn connect(&self) -> Result<Connection> {
+        self.connect_raw().map_err(|e| e.during("opening a connection"))
+    }
+
+    fn connect_raw(&self) -> SqlResult<Connection> {
         let flags = if self.read_only {
             OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX
         } else {
@@ -104,14 +108,18 @@ impl Pool {
         Ok(conn)
     }
 
-    /// Runs `f` on a pooled connection.
-    pub(crate) fn with<T>(&self, f: impl FnOnce(&mut Connection) -> Result<T>) -> Result<T> {
+    /// Runs `f` on a pooled connection; a failure names `op`.
+    pub(crate) fn with<T>(
+        &self,
+        op: &'static str,
+        f: impl FnOnce(&mut Connection) -> SqlResult<T>,
+    ) -> Result<T> {
         let taken = self.idle.lock().unwrap_or_else(PoisonError::into_inner).pop();
         let mut conn = match taken {
             Some(c) => c,
             None => self.connect()?,
         };
-        let out = f(&mut conn);
+        let out = f(&mut conn).map_err(|e| e.during(op));
         // A connection left inside a transaction (it should never be) is dropped.
         if conn.is_autocommit() {
             let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
@@ -122,12 +130,13 @@ impl Pool {
         out
     }
 
-    /// Runs `f` inside one `BEGIN IMMEDIATE` transaction.
+    /// Runs `f` inside one `BEGIN IMMEDIATE` transaction; a failure names `op`.
     pub(crate) fn write<T>(
         &self,
-        f: impl FnOnce(&rusqlite::Transaction<'_>) -> Result<T>,
+        op: &'static str,
+        f: impl FnOnce(&rusqlite::Transaction<'_>) -> SqlResult<T>,
     ) -> Result<T> {
-        self.with(|conn| {
+        self.with(op, |conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let out = f(&tx)?;
             tx.commit()?;
@@ -136,14 +145,22 @@ impl Pool {
     }
 
     /// Runs a single-statement read `f` (atomic on its own: no explicit transaction).
-    pub(crate) fn query<T>(&self, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
-        self.with(|conn| f(conn))
+    pub(crate) fn query<T>(
+        &self,
+        op: &'static str,
+        f: impl FnOnce(&Connection) -> SqlResult<T>,
+    ) -> Result<T> {
+        self.with(op, |conn| f(conn))
     }
 
     /// Runs `f` inside one deferred (read) transaction.
     /// (`BEGIN`/`COMMIT` are cached statements: no parse per read.)
-    pub(crate) fn read<T>(&self, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
-        self.with(|conn| {
+    pub(crate) fn read<T>(
+        &self,
+        op: &'static str,
+        f: impl FnOnce(&Connection) -> SqlResult<T>,
+    ) -> Result<T> {
+        self.with(op, |conn| {
             conn.prepare_cached("BEGIN DEFERRED")?.execute([])?;
             let out = f(conn);
             // A read transaction has nothing to keep: end it either way.
@@ -164,7 +181,7 @@ fn set_connection_pragmas(
     busy: Duration,
     sync: Synchronous,
     read_only: bool,
-) -> Result<()> {
+) -> SqlResult<()> {
     conn.busy_timeout(busy)?;
     // Every statement of the store fits: no re-prepare on the hot paths.
     conn.set_prepared_statement_cache_capacity(256);
@@ -204,7 +221,7 @@ fn check_header(path: &Path) -> Result<()> {
     Ok(())
 }
 
-fn table_exists(conn: &Connection, name: &str) -> Result<bool> {
+fn table_exists(conn: &Connection, name: &str) -> SqlResult<bool> {
     Ok(conn
         .query_row("SELECT 1 FROM sqlite_master WHERE type='table' AND name=?1", [name], |_| Ok(()))
         .optional()?
@@ -212,11 +229,13 @@ fn table_exists(conn: &Connection, name: &str) -> Result<bool> {
 }
 
 fn check_not_newer(conn: &Connection) -> Result<()> {
-    if !table_exists(conn, "refinery_schema_history")? {
+    const OP: &str = "reading the schema version";
+    if !table_exists(conn, "refinery_schema_history").map_err(|e| e.during(OP))? {
         return Ok(());
     }
-    let found: Option<i64> =
-        conn.query_row("SELECT MAX(version) FROM refinery_schema_history", [], |r| r.get(0))?;
+    let found: Option<i64> = conn
+        .query_row("SELECT MAX(version) FROM refinery_schema_history", [], |r| r.get(0))
+        .map_err(sql(OP))?;
     match found {
         Some(v) if v > SCHEMA_VERSION => {
             Err(Error::SchemaTooNew { found: v, supported: SCHEMA_VERSION })
@@ -304,13 +323,17 @@ const RECONCILE: &[(&str, &[(&str, &str)])] = &[
     ),
 ];
 
-pub(crate) fn column_names(conn: &Connection, table: &str) -> Result<Vec<String>> {
+pub(crate) fn column_names(conn: &Connection, table: &str) -> SqlResult<Vec<String>> {
     let mut stmt = conn.prepare("SELECT name FROM pragma_table_info(?1)")?;
     let names = stmt.query_map([table], |r| r.get::<_, String>(0))?;
     Ok(names.collect::<rusqlite::Result<Vec<_>>>()?)
 }
 
 fn reconcile(conn: &mut Connection) -> Result<()> {
+    reconcile_in(conn).map_err(|e| e.during("adding missing hermes columns"))
+}
+
+fn reconcile_in(conn: &mut Connection) -> SqlResult<()> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     for (table, columns) in RECONCILE {
         if !table_exists(&tx, table)? {
@@ -329,19 +352,8 @@ fn reconcile(conn: &mut Connection) -> Result<()> {
 }
 
 fn migrate(conn: &mut Connection) -> Result<()> {
-    embedded::migrations::runner().set_grouped(true).run(conn)?;
+    embedded::migrations::runner().set_grouped(true).run(conn).map_err(migration)?;
     Ok(())
-}
-
-fn is_retryable(e: &Error) -> bool {
-    match e {
-        Error::Busy(_) | Error::Conflict(_) => true,
-        Error::Migration(m) => {
-            let text = m.to_string();
-            text.contains("locked") || text.contains("busy") || text.contains("UNIQUE")
-        }
-        _ => false,
-    }
 }
 
 /// Opens (creating and upgrading when writable) the database at `path`.
@@ -362,13 +374,15 @@ pub(crate) fn open_pool(path: &Path, opts: &StoreOptions) -> Result<Pool> {
     };
     let mut conn = pool.connect()?;
     // Read-only probes first: a corrupt or newer file is refused untouched.
-    conn.query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get::<_, i64>(0))?;
+    conn.query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get::<_, i64>(0))
+        .map_err(sql("reading the schema"))?;
     check_not_newer(&conn)?;
     if opts.read_only {
         pool.idle.lock().unwrap_or_else(PoisonError::into_inner).push(conn);
         return Ok(pool);
     }
-    set_journal_mode(&conn, opts.config.database.journal_mode)?;
+    set_journal_mode(&conn, opts.config.database.journal_mode)
+        .map_err(|e| e.during("setting the journal mode"))?;
     let mut attempt = 0;
     loop {
         let step = reconcile(&mut conn).and_then(|()| migrate(&mut conn));
@@ -382,19 +396,11 @@ pub(crate) fn open_pool(path: &Path, opts: &StoreOptions) -> Result<Pool> {
             Err(e) => return Err(e),
         }
     }
-    {
-        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-        // Live units only: O(live units), not O(history). A unit another writer
-        // both retained and tombstoned before Retinue ever wrote stays unadopted
-        // (it reads as unknown); adopted units report such tombstones as `external`.
-        crate::registry::backfill(&tx, None)?;
-        tx.commit()?;
-    }
     pool.idle.lock().unwrap_or_else(PoisonError::into_inner).push(conn);
     Ok(pool)
 }
 
-fn set_journal_mode(conn: &Connection, wanted: JournalMode) -> Result<()> {
+fn set_journal_mode(conn: &Connection, wanted: JournalMode) -> SqlResult<()> {
     let current: String = conn.query_row("PRAGMA journal_mode", [], |r| r.get(0))?;
     let current = current.to_ascii_lowercase();
     if current == "wal" || current == "memory" {
@@ -429,7 +435,7 @@ pub(crate) fn random_hex(bytes: usize) -> Result<String> {
 }
 
 /// The `sqlite_master` rows of the schema, for snapshots and checks.
-pub(crate) fn schema_sql(conn: &Connection) -> Result<Vec<(String, String, String)>> {
+pub(crate) fn schema_sql(conn: &Connection) -> SqlResult<Vec<(String, String, String)>> {
     let mut stmt = conn.prepare(
         "SELECT type, name, COALESCE(sql, '') FROM sqlite_master \
          WHERE name NOT LIKE 'sqlite_%' ORDER BY type, name",

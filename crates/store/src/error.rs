@@ -1,6 +1,16 @@
-//! The store's one error enum.
+//! The store's one error enum, and the crate-private bridge from SQLite
+//! errors to it.
+//!
+//! Every variant that wraps a database error says which operation failed
+//! (`operation`), keeps the underlying error as an opaque `#[source]`, and is
+//! chosen by the SQLite *error code*, never by message text. No rusqlite or
+//! refinery type is part of this module's public API.
 
 use std::path::PathBuf;
+
+/// The opaque underlying cause of a storage error (its `Display` and
+/// `source()` chain are kept; its type is not part of the API).
+pub type Source = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// Everything that can go wrong in the store.
 #[derive(Debug, thiserror::Error)]
@@ -14,7 +24,13 @@ pub enum Error {
     },
     /// The database is corrupt or truncated.
     #[error("database is corrupt or truncated")]
-    Corrupt(#[source] rusqlite::Error),
+    Corrupt {
+        /// What the store was doing.
+        operation: &'static str,
+        /// The underlying error.
+        #[source]
+        source: Source,
+    },
     /// The schema history holds migrations this binary does not know.
     #[error("database schema version {found} is newer than this binary supports ({supported})")]
     SchemaTooNew {
@@ -25,19 +41,47 @@ pub enum Error {
     },
     /// A write could not take the lock within the busy timeout.
     #[error("database is busy (another writer held the lock past the busy timeout)")]
-    Busy(#[source] rusqlite::Error),
+    Busy {
+        /// What the store was doing.
+        operation: &'static str,
+        /// The underlying error.
+        #[source]
+        source: Source,
+    },
     /// The database or its directory is read-only.
     #[error("database is read-only")]
-    ReadOnly(#[source] rusqlite::Error),
+    ReadOnly {
+        /// What the store was doing.
+        operation: &'static str,
+        /// The underlying error.
+        #[source]
+        source: Source,
+    },
     /// The disk is full.
     #[error("disk is full")]
-    DiskFull(#[source] rusqlite::Error),
+    DiskFull {
+        /// What the store was doing.
+        operation: &'static str,
+        /// The underlying error.
+        #[source]
+        source: Source,
+    },
     /// A constraint was violated (duplicate id and the like).
-    #[error("write conflicts with existing data")]
-    Conflict(#[source] rusqlite::Error),
+    #[error("write conflicts with existing data while {operation}")]
+    Conflict {
+        /// What the store was doing.
+        operation: &'static str,
+        /// The underlying error.
+        #[source]
+        source: Source,
+    },
     /// A migration failed; nothing of it was applied.
     #[error("schema migration failed")]
-    Migration(#[source] refinery::Error),
+    Migration {
+        /// The underlying error.
+        #[source]
+        source: Source,
+    },
     /// The state directory could not be created or read.
     #[error("cannot prepare state directory {path}")]
     Io {
@@ -67,37 +111,224 @@ pub enum Error {
     /// The secure random source failed.
     #[error("secure random source failed: {0}")]
     Random(String),
-    /// Any other SQLite error.
-    #[error("sqlite error")]
-    Sqlite(#[source] rusqlite::Error),
+    /// Any other database error.
+    #[error("sqlite error while {operation}")]
+    Sqlite {
+        /// What the store was doing.
+        operation: &'static str,
+        /// The underlying error.
+        #[source]
+        source: Source,
+    },
 }
 
-impl From<rusqlite::Error> for Error {
-    fn from(e: rusqlite::Error) -> Self {
-        use rusqlite::ErrorCode;
-        match e.sqlite_error_code() {
-            Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => Error::Busy(e),
-            Some(ErrorCode::ConstraintViolation) => Error::Conflict(e),
-            Some(ErrorCode::NotADatabase | ErrorCode::DatabaseCorrupt) => Error::Corrupt(e),
-            Some(ErrorCode::ReadOnly) => Error::ReadOnly(e),
-            Some(ErrorCode::DiskFull) => Error::DiskFull(e),
-            _ => Error::Sqlite(e),
-        }
-    }
-}
-
-impl From<refinery::Error> for Error {
-    fn from(e: refinery::Error) -> Self {
-        Error::Migration(e)
-    }
+/// The class of an [`Error`], for callers that branch on it (exit codes,
+/// retries) without matching every variant's fields.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// Not a SQLite database.
+    NotADatabase,
+    /// Corrupt or truncated.
+    Corrupt,
+    /// Written by a newer binary.
+    SchemaTooNew,
+    /// The lock was held past the busy timeout.
+    Busy,
+    /// Read-only file or directory.
+    ReadOnly,
+    /// Disk full.
+    DiskFull,
+    /// A constraint was violated.
+    Conflict,
+    /// A migration failed.
+    Migration,
+    /// File-system error.
+    Io,
+    /// Invalid argument.
+    Invalid,
+    /// Missing row.
+    NotFound,
+    /// Lost compare-and-swap.
+    Stale,
+    /// Random source failure.
+    Random,
+    /// Any other database error.
+    Other,
 }
 
 impl Error {
+    /// The class of this error.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::NotADatabase { .. } => ErrorKind::NotADatabase,
+            Error::Corrupt { .. } => ErrorKind::Corrupt,
+            Error::SchemaTooNew { .. } => ErrorKind::SchemaTooNew,
+            Error::Busy { .. } => ErrorKind::Busy,
+            Error::ReadOnly { .. } => ErrorKind::ReadOnly,
+            Error::DiskFull { .. } => ErrorKind::DiskFull,
+            Error::Conflict { .. } => ErrorKind::Conflict,
+            Error::Migration { .. } => ErrorKind::Migration,
+            Error::Io { .. } => ErrorKind::Io,
+            Error::Invalid(_) => ErrorKind::Invalid,
+            Error::NotFound { .. } => ErrorKind::NotFound,
+            Error::Stale { .. } => ErrorKind::Stale,
+            Error::Random(_) => ErrorKind::Random,
+            Error::Sqlite { .. } => ErrorKind::Other,
+        }
+    }
+
     /// Whether retrying the operation later may succeed.
     pub fn is_busy(&self) -> bool {
-        matches!(self, Error::Busy(_))
+        self.kind() == ErrorKind::Busy
+    }
+
+    /// The operation that failed, when the error came from the database.
+    pub fn operation(&self) -> Option<&'static str> {
+        match self {
+            Error::Corrupt { operation, .. }
+            | Error::Busy { operation, .. }
+            | Error::ReadOnly { operation, .. }
+            | Error::DiskFull { operation, .. }
+            | Error::Conflict { operation, .. }
+            | Error::Sqlite { operation, .. } => Some(operation),
+            _ => None,
+        }
     }
 }
 
 /// The store's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A failure inside a store operation, before the operation's context is
+/// attached: a raw SQLite error, or an already classified [`Error`].
+/// Crate-private, so `?` works on rusqlite results without a public
+/// `From<rusqlite::Error>`.
+#[derive(Debug)]
+pub(crate) enum Fail {
+    /// A database error, not yet classified.
+    Sql(rusqlite::Error),
+    /// A domain error.
+    Store(Error),
+}
+
+impl From<rusqlite::Error> for Fail {
+    fn from(e: rusqlite::Error) -> Self {
+        Fail::Sql(e)
+    }
+}
+
+impl From<Error> for Fail {
+    fn from(e: Error) -> Self {
+        Fail::Store(e)
+    }
+}
+
+impl Fail {
+    /// The public error, naming `operation` when the failure came from SQLite.
+    pub(crate) fn during(self, operation: &'static str) -> Error {
+        match self {
+            Fail::Sql(e) => classify(operation, e),
+            Fail::Store(e) => e,
+        }
+    }
+}
+
+/// Result of the inside of a store operation.
+pub(crate) type SqlResult<T> = std::result::Result<T, Fail>;
+
+/// `.map_err(sql("doing x"))`: classifies a SQLite error by its code.
+pub(crate) fn sql(operation: &'static str) -> impl FnOnce(rusqlite::Error) -> Error {
+    move |e| classify(operation, e)
+}
+
+/// Classifies by SQLite error code, never by message text.
+fn classify(operation: &'static str, e: rusqlite::Error) -> Error {
+    use rusqlite::ErrorCode;
+    let code = e.sqlite_error_code();
+    let source: Source = Box::new(e);
+    match code {
+        Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => {
+            Error::Busy { operation, source }
+        }
+        Some(ErrorCode::ConstraintViolation) => Error::Conflict { operation, source },
+        Some(ErrorCode::NotADatabase | ErrorCode::DatabaseCorrupt) => {
+            Error::Corrupt { operation, source }
+        }
+        Some(ErrorCode::ReadOnly) => Error::ReadOnly { operation, source },
+        Some(ErrorCode::DiskFull) => Error::DiskFull { operation, source },
+        _ => Error::Sqlite { operation, source },
+    }
+}
+
+/// A migration failure: a busy/locked/constraint error underneath (another
+/// process migrating at the same instant) is retryable, found by walking the
+/// source chain to the SQLite error and reading its code.
+pub(crate) fn migration(e: refinery::Error) -> Error {
+    Error::Migration { source: Box::new(e) }
+}
+
+/// Whether an open step may be retried: busy, locked or a constraint race,
+/// judged by the SQLite code of the error or of a migration's cause.
+pub(crate) fn is_retryable(e: &Error) -> bool {
+    use rusqlite::ErrorCode;
+    match e {
+        Error::Busy { .. } | Error::Conflict { .. } => true,
+        Error::Migration { source } => {
+            let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(source.as_ref());
+            while let Some(err) = cur {
+                if let Some(code) = err
+                    .downcast_ref::<rusqlite::Error>()
+                    .and_then(rusqlite::Error::sqlite_error_code)
+                {
+                    return matches!(
+                        code,
+                        ErrorCode::DatabaseBusy
+                            | ErrorCode::DatabaseLocked
+                            | ErrorCode::ConstraintViolation
+                    );
+                }
+                cur = err.source();
+            }
+            false
+        }
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rusqlite::ffi;
+
+    use super::{Error, ErrorKind, Fail, is_retryable};
+
+    fn from_code(code: i32) -> Error {
+        Fail::Sql(rusqlite::Error::SqliteFailure(ffi::Error::new(code), None))
+            .during("testing the classification")
+    }
+
+    #[test]
+    fn classified_by_code_with_the_operation() {
+        for (code, kind) in [
+            (ffi::SQLITE_BUSY, ErrorKind::Busy),
+            (ffi::SQLITE_LOCKED, ErrorKind::Busy),
+            (ffi::SQLITE_CONSTRAINT, ErrorKind::Conflict),
+            (ffi::SQLITE_CORRUPT, ErrorKind::Corrupt),
+            (ffi::SQLITE_NOTADB, ErrorKind::Corrupt),
+            (ffi::SQLITE_READONLY, ErrorKind::ReadOnly),
+            (ffi::SQLITE_FULL, ErrorKind::DiskFull),
+            (ffi::SQLITE_IOERR, ErrorKind::Other),
+        ] {
+            let e = from_code(code);
+            assert_eq!(e.kind(), kind, "{code}");
+            assert_eq!(e.operation(), Some("testing the classification"));
+            assert!(std::error::Error::source(&e).is_some(), "{code}: source kept");
+        }
+        assert_eq!(
+            from_code(ffi::SQLITE_IOERR).to_string(),
+            "sqlite error while testing the classification"
+        );
+        assert!(is_retryable(&from_code(ffi::SQLITE_BUSY)));
+        assert!(!is_retryable(&from_code(ffi::SQLITE_FULL)));
+    }
+}

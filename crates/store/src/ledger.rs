@@ -15,9 +15,10 @@ use rusqlite::{OptionalExtension, Transaction, params};
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::Store;
-use crate::error::Result;
+use crate::error::{Result, SqlResult};
 use crate::model::{SessionCost, parse_json_opt};
+use crate::rows::json_column;
+use crate::store::Store;
 
 /// The three ledger totals, as floats (hermes's API shape).
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize)]
@@ -149,7 +150,7 @@ pub trait UsageLedger: Send + Sync {
     fn write_session_cost(&self, session: &str, cost: &SessionCost) -> Result<bool>;
 }
 
-fn totals_row(tx: &rusqlite::Connection, parent: &str) -> Result<Option<(UsageTotals, i64)>> {
+fn totals_row(tx: &rusqlite::Connection, parent: &str) -> SqlResult<Option<(UsageTotals, i64)>> {
     Ok(tx
         .prepare_cached(
             "SELECT cost_usd, input_tokens, output_tokens, covered_id \
@@ -173,7 +174,7 @@ fn add_totals(
     parent: &str,
     delta: &UsageTotals,
     covered_id: i64,
-) -> Result<()> {
+) -> SqlResult<()> {
     tx.prepare_cached(
         "INSERT INTO retinue_usage_totals \
          (parent_session_id, cost_usd, input_tokens, output_tokens, covered_id) \
@@ -199,7 +200,7 @@ fn record_in(
     draft: &AttributionDraft,
     totals: &TotalsUpdate,
     now: f64,
-) -> Result<bool> {
+) -> SqlResult<bool> {
     let parent = draft.parent_session_id.as_str();
     if let Some(key) = &draft.key {
         let fresh = tx
@@ -258,22 +259,22 @@ impl UsageLedger for Store {
             return Ok(false);
         }
         let now = self.clock.now();
-        self.pool.write(|tx| record_in(tx, draft, totals, now))
+        self.pool.write("recording child usage", |tx| record_in(tx, draft, totals, now))
     }
 
     fn usage_attributions(&self, parent: &str) -> Result<Vec<UsageAttribution>> {
         if parent.is_empty() {
             return Ok(Vec::new());
         }
-        self.pool.read(|tx| {
+        self.pool.read("reading usage attributions", |tx| {
             let mut stmt = tx.prepare_cached(
                 "SELECT id, parent_session_id, parent_turn_id, child_session_id, usage_json, \
                  aggregate_json, created_at FROM delegation_child_usage \
                  WHERE parent_session_id = ?1 ORDER BY id",
             )?;
             let rows = stmt.query_map([parent], |r| {
-                let usage = crate::model::json_column(r, 4)?;
-                let aggregate = crate::model::json_column(r, 5)?;
+                let usage = json_column(r, 4)?;
+                let aggregate = json_column(r, 5)?;
                 Ok(UsageAttribution {
                     id: r.get(0)?,
                     parent_session_id: r.get(1)?,
@@ -293,7 +294,7 @@ impl UsageLedger for Store {
         if parent.is_empty() {
             return Ok(TotalsSnapshot::default());
         }
-        self.pool.read(|tx| {
+        self.pool.read("reading usage totals", |tx| {
             let (maintained, covered_id) = totals_row(tx, parent)?.unwrap_or_default();
             let mut stmt = tx.prepare_cached(
                 "SELECT id, usage_json FROM delegation_child_usage \
@@ -303,7 +304,7 @@ impl UsageLedger for Store {
                 .query_map(params![parent, covered_id], |r| {
                     Ok(PendingUsage {
                         id: r.get(0)?,
-                        usage_json: crate::model::json_column(r, 1)?.unwrap_or_default(),
+                        usage_json: json_column(r, 1)?.unwrap_or_default(),
                     })
                 })?
                 .collect::<rusqlite::Result<Vec<_>>>()?;
@@ -312,7 +313,7 @@ impl UsageLedger for Store {
     }
 
     fn session_cost(&self, session: &str) -> Result<Option<SessionCost>> {
-        self.pool.read(|tx| {
+        self.pool.read("reading a session cost", |tx| {
             Ok(tx
                 .prepare_cached(
                     "SELECT estimated_cost_usd, cost_status, cost_source FROM sessions WHERE id = ?1",
@@ -329,7 +330,7 @@ impl UsageLedger for Store {
     }
 
     fn write_session_cost(&self, session: &str, cost: &SessionCost) -> Result<bool> {
-        self.pool.write(|tx| {
+        self.pool.write("writing a session cost", |tx| {
             let n = tx
                 .prepare_cached(
                     "UPDATE sessions SET \

@@ -173,20 +173,6 @@ pub fn parse_json_opt(text: Option<&str>) -> Option<Value> {
     text.and_then(|s| serde_json::from_str(s).ok())
 }
 
-/// Reads a JSON text column the way spec §2.7 reads JSON: corruption-tolerant.
-/// NULL, and text or a BLOB that is not UTF-8, read as absent (malformed);
-/// numbers read as their text. Never an error for the value itself, so one
-/// bad row cannot fail a whole read, open or write.
-pub(crate) fn json_column(r: &rusqlite::Row<'_>, idx: usize) -> rusqlite::Result<Option<String>> {
-    use rusqlite::types::ValueRef;
-    Ok(match r.get_ref(idx)? {
-        ValueRef::Null => None,
-        ValueRef::Integer(i) => Some(i.to_string()),
-        ValueRef::Real(f) => Some(f.to_string()),
-        ValueRef::Text(b) | ValueRef::Blob(b) => std::str::from_utf8(b).ok().map(str::to_owned),
-    })
-}
-
 /// Why a child was de-registered from follow-ups.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TombstoneReason {

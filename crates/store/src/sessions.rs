@@ -4,9 +4,9 @@
 use rusqlite::{Connection, OptionalExtension, Row, Transaction, params};
 use serde_json::Value;
 
-use crate::Store;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, SqlResult};
 use crate::model::{Message, NewSession, SessionRow};
+use crate::store::Store;
 
 /// Most sessions any lineage walk visits (the root walk, the forward walk
 /// and the compression-tip walk): a start 99 links below its root resolves,
@@ -70,14 +70,16 @@ mockall::mock! {
     }
 }
 
-pub(crate) fn insert_session(tx: &Transaction<'_>, s: &NewSession, now: f64) -> Result<()> {
+pub(crate) fn insert_session(tx: &Transaction<'_>, s: &NewSession, now: f64) -> SqlResult<()> {
     if s.id.trim().is_empty() {
-        return Err(Error::Invalid("session id must not be empty".to_owned()));
+        return Err(Error::Invalid("session id must not be empty".to_owned()).into());
     }
     let model_config = match &s.model_config {
         None | Some(Value::Null) => None,
         Some(v @ Value::Object(_)) => Some(v.to_string()),
-        Some(_) => return Err(Error::Invalid("model_config must be a JSON object".to_owned())),
+        Some(_) => {
+            return Err(Error::Invalid("model_config must be a JSON object".to_owned()).into());
+        }
     };
     // A parent that is not (yet) a row is not linked (the foreign key would
     // refuse it): the subquery yields NULL for it, in the same statement.
@@ -130,7 +132,7 @@ pub(crate) fn session_in(
     tx: &Connection,
     has_system_prompt: bool,
     id: &str,
-) -> Result<Option<SessionRow>> {
+) -> SqlResult<Option<SessionRow>> {
     let sql = format!("SELECT {} FROM sessions WHERE id = ?1", session_cols(has_system_prompt));
     Ok(tx.prepare_cached(&sql)?.query_row([id], read_session).optional()?)
 }
@@ -139,7 +141,7 @@ pub(crate) fn children_in(
     tx: &Connection,
     has_system_prompt: bool,
     parent: &str,
-) -> Result<Vec<SessionRow>> {
+) -> SqlResult<Vec<SessionRow>> {
     let sql = format!(
         "SELECT {} FROM sessions WHERE parent_session_id = ?1 ORDER BY started_at, id",
         session_cols(has_system_prompt)
@@ -179,12 +181,12 @@ fn has_marker(model_config: Option<&str>) -> bool {
 impl SessionGraph for Store {
     fn session(&self, id: &str) -> Result<Option<SessionRow>> {
         let sp = self.has_system_prompt;
-        self.pool.query(|conn| session_in(conn, sp, id))
+        self.pool.query("reading a session", |conn| session_in(conn, sp, id))
     }
 
     fn child_sessions(&self, parent: &str) -> Result<Vec<SessionRow>> {
         let sp = self.has_system_prompt;
-        self.pool.query(|conn| children_in(conn, sp, parent))
+        self.pool.query("reading child sessions", |conn| children_in(conn, sp, parent))
     }
 
     fn neighbourhood(&self, id: &str, max_hops: usize) -> Result<Option<Vec<SessionRow>>> {
@@ -208,7 +210,7 @@ impl SessionGraph for Store {
              started_at, ended_at, end_reason, NULL, NULL, NULL, NULL, NULL \
              FROM sessions WHERE parent_session_id = ?1";
         let hops = i64::try_from(max_hops).unwrap_or(i64::MAX);
-        let ancestors = |conn: &Connection| -> Result<(Vec<SessionRow>, Vec<String>)> {
+        let ancestors = |conn: &Connection| -> SqlResult<(Vec<SessionRow>, Vec<String>)> {
             let mut crowded: Vec<String> = Vec::new();
             let mut stmt = conn.prepare_cached(SQL)?;
             let mapped = stmt.query_map(params![id, hops], |r| {
@@ -230,12 +232,13 @@ impl SessionGraph for Store {
             Ok((rows, crowded))
         };
         // Common case, one statement (atomic on its own): no parent has siblings.
-        let (rows, crowded) = self.pool.query(|conn| ancestors(conn))?;
+        let (rows, crowded) =
+            self.pool.query("walking the session neighbourhood", |conn| ancestors(conn))?;
         if crowded.is_empty() {
             return Ok(Some(rows));
         }
         // Otherwise read the ancestors and the siblings from one snapshot.
-        self.pool.read(|conn| {
+        self.pool.read("reading the session neighbourhood", |conn| {
             let (mut rows, crowded) = ancestors(conn)?;
             let mut stmt = conn.prepare_cached(SIBLINGS)?;
             for parent in &crowded {
@@ -252,16 +255,16 @@ impl SessionGraph for Store {
 impl SessionStore for Store {
     fn create_session(&self, session: &NewSession) -> Result<()> {
         let now = self.clock.now();
-        self.pool.write(|tx| insert_session(tx, session, now))
+        self.pool.write("creating a session", |tx| insert_session(tx, session, now))
     }
 
     fn append_message(&self, session_id: &str, m: &Message) -> Result<i64> {
         let now = self.clock.now();
-        self.pool.write(|tx| {
+        self.pool.write("appending a message", |tx| {
             let exists =
                 tx.prepare_cached("SELECT 1 FROM sessions WHERE id = ?1")?.exists([session_id])?;
             if !exists {
-                return Err(Error::NotFound { what: "session", id: session_id.to_owned() });
+                return Err(Error::NotFound { what: "session", id: session_id.to_owned() }.into());
             }
             tx.prepare_cached(
                 "INSERT INTO messages (session_id, role, content, timestamp, active, tool_call_id, \
@@ -291,7 +294,7 @@ impl SessionStore for Store {
 
     fn end_session(&self, id: &str, reason: &str) -> Result<bool> {
         let now = self.clock.now();
-        self.pool.write(|tx| {
+        self.pool.write("ending a session", |tx| {
             let n = tx
                 .prepare_cached(
                     "UPDATE sessions SET ended_at = ?1, end_reason = ?2 \
@@ -303,7 +306,7 @@ impl SessionStore for Store {
     }
 
     fn reopen_session(&self, id: &str) -> Result<bool> {
-        self.pool.write(|tx| {
+        self.pool.write("reopening a session", |tx| {
             let n = tx
                 .prepare_cached(
                     "UPDATE sessions SET ended_at = NULL, end_reason = NULL WHERE id = ?1",
@@ -314,7 +317,7 @@ impl SessionStore for Store {
     }
 
     fn conversation(&self, id: &str) -> Result<Vec<Message>> {
-        self.pool.query(|conn| {
+        self.pool.query("reading a conversation", |conn| {
             let mut stmt = conn.prepare_cached(
                 "SELECT id, role, content, timestamp, tool_call_id, tool_calls, tool_name, \
                  token_count, finish_reason FROM messages \
@@ -339,7 +342,7 @@ impl SessionStore for Store {
 
     fn compression_tip(&self, id: &str) -> Result<String> {
         let sp = self.has_system_prompt;
-        self.pool.read(|tx| {
+        self.pool.read("following the compression tip", |tx| {
             let mut has_messages = tx.prepare_cached(
                 "SELECT 1 FROM messages WHERE session_id = ?1 AND COALESCE(active, 1) = 1",
             )?;

@@ -28,7 +28,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use retinue_store::{
-    ChildManifest, NewSession, Registry, SessionStore, Store, StoreOptions, UnitDraft,
+    ChildManifest, NewSession, SessionStore, Store, StoreOptions, UnitDraft, UnitLifecycle,
 };
 use serde_json::Value;
 
@@ -345,7 +345,7 @@ impl<'a> SessionGraphBuilder<'a> {
 /// # Panics
 /// If the store fails.
 #[track_caller]
-pub fn dispatch_and_retain(registry: &dyn Registry, parent_session_id: &str) -> String {
+pub fn dispatch_and_retain(registry: &dyn UnitLifecycle, parent_session_id: &str) -> String {
     retain_unit(
         registry,
         parent_session_id,
@@ -367,7 +367,7 @@ pub fn dispatch_and_retain(registry: &dyn Registry, parent_session_id: &str) -> 
 /// If the store fails.
 #[track_caller]
 pub fn retain_unit(
-    registry: &dyn Registry,
+    registry: &dyn UnitLifecycle,
     parent_session_id: &str,
     owner_profile: &str,
     children: Vec<ChildManifest>,

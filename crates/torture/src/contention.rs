@@ -23,8 +23,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use retinue_store::{
-    AttributionDraft, ChildManifest, Completion, DeliveryFilter, Error, NewSession, Registry,
-    ResumeClaim, SessionStore as _, Store, TombstoneReason, UnitDraft,
+    AttributionDraft, ChildManifest, Claims, Completion, DeliveryFilter, Error, NewSession,
+    RegistryRead, ResumeClaim, Retention, SessionStore as _, Store, TombstoneReason, UnitDraft,
+    UnitLifecycle,
 };
 use serde_json::{Value, json};
 

@@ -13,8 +13,8 @@ use std::io::Write as _;
 use std::path::Path;
 
 use retinue_store::{
-    AttributionDraft, ChildManifest, Completion, NewSession, Registry, ResumeClaim, Store,
-    UnitDraft, current_owner,
+    AttributionDraft, ChildManifest, Claims, Completion, NewSession, RegistryRead, ResumeClaim,
+    Retention, Store, UnitDraft, UnitLifecycle, current_owner,
 };
 use retinue_usage::record_child_usage_attribution;
 use serde_json::{Value, json};

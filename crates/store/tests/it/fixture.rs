@@ -3,7 +3,9 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use retinue_store::{ChildManifest, DelegationConfig, ManualClock, Registry, Store, StoreOptions};
+use retinue_store::{
+    ChildManifest, DelegationConfig, ManualClock, RegistryRead, Store, StoreOptions, UnitLifecycle,
+};
 use serde_json::json;
 
 pub(crate) const T0: f64 = 1_800_000_000.0;

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use retinue_store::{
-    DelegationConfig, Lookup, ManualClock, Registry, TombstoneReason, Unaddressable,
+    DelegationConfig, Lookup, ManualClock, RegistryRead, TombstoneReason, Unaddressable,
 };
 
 use super::fixture::{T0, open};
@@ -143,7 +143,7 @@ fn all_columns_present_without_refinery_history() {
     drop(raw);
     let store = open(&path, &clock, DelegationConfig::default());
     assert_eq!(count(&path, "SELECT count(*) FROM sessions"), 1);
-    assert_eq!(count(&path, "SELECT count(*) FROM refinery_schema_history"), 1);
+    assert_eq!(count(&path, "SELECT count(*) FROM refinery_schema_history"), 2);
     drop(store);
 }
 

@@ -1,7 +1,8 @@
 //! The retained registry: the seed's tests and the spec's further cases.
 
 use retinue_store::{
-    Completion, DelegationConfig, Lookup, PruneCount, Registry, TombstoneReason, Unaddressable,
+    Completion, DelegationConfig, Lookup, PruneCount, RegistryRead, Retention, TombstoneReason,
+    Unaddressable, UnitLifecycle,
 };
 use serde_json::json;
 
@@ -313,7 +314,7 @@ fn lookup_query_plans_use_indexes() {
 
 mod invariant {
     use proptest::prelude::*;
-    use retinue_store::{DelegationConfig, Registry};
+    use retinue_store::{DelegationConfig, RegistryRead, Retention};
 
     use super::super::fixture::{Fx, child};
 
@@ -454,7 +455,7 @@ fn a_failing_unit_write_leaves_nothing_behind() {
         ..UnitDraft::default()
     };
     let err = fx.store.insert_unit(&draft).expect_err("the second child session exists");
-    assert!(matches!(err, retinue_store::Error::Conflict(_)), "{err:?}");
+    assert!(matches!(err, retinue_store::Error::Conflict { .. }), "{err:?}");
     let count = |sql: &str| -> i64 { fx.raw().query_row(sql, [], |r| r.get(0)).expect("count") };
     assert_eq!(count("SELECT count(*) FROM async_delegations"), 0);
     assert_eq!(count("SELECT count(*) FROM retinue_children"), 0);

@@ -1,8 +1,8 @@
 //! Delivery hand-off, resume claims, restart recovery and the history pruner.
 
 use retinue_store::{
-    Completion, DeliveryFilter, OwnerProbe, ProcProbe, ProcessState, Registry, ResumeClaim,
-    TombstoneReason, UsageSwap, current_owner,
+    Claims, Completion, DeliveryFilter, OwnerProbe, ProcProbe, ProcessState, RegistryRead,
+    ResumeClaim, Retention, TombstoneReason, UnitLifecycle, UsageSwap, current_owner,
 };
 use serde_json::json;
 
@@ -437,4 +437,38 @@ fn delivery_by_unit_and_unreadable_events_are_left_alone() {
         )
         .expect("row");
     assert_eq!(state, "pending");
+}
+
+/// The history pruner reads only non-retained rows through an index (the
+/// partial history index, or the `retained IS NULL` range of the retention
+/// index): never a scan of the retained units or of the child rows.
+#[test]
+fn history_pruner_uses_the_history_index() {
+    let fx = Fx::new();
+    let plan = |sql: &str| -> String {
+        let raw = fx.raw();
+        let mut stmt = raw.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).expect("plan");
+        let rows = stmt.query_map([], |r| r.get::<_, String>(3)).expect("rows");
+        rows.collect::<rusqlite::Result<Vec<_>>>().expect("collect").join("\n")
+    };
+    let terminal = "retained IS NULL AND state NOT IN ('running', 'finalizing')";
+    for sql in [
+        format!(
+            "SELECT 1 FROM async_delegations WHERE {terminal} AND delivery_state = 'delivered' \
+             AND COALESCE(delivered_at, updated_at) < 1"
+        ),
+        format!(
+            "SELECT 1 FROM async_delegations WHERE {terminal} AND delivery_state = 'pending' \
+             ORDER BY updated_at"
+        ),
+        format!(
+            "SELECT count(*) FROM async_delegations WHERE {terminal} AND delivery_state != 'pending'"
+        ),
+    ] {
+        let p = plan(&sql);
+        let indexed = p.contains("USING INDEX retinue_idx_async_history")
+            || p.contains("USING INDEX retinue_idx_async_retained (retained=?)");
+        assert!(indexed, "{sql}\n{p}");
+    }
+    assert_eq!(fx.store.prune_history().expect("prune"), 0);
 }

@@ -14,8 +14,8 @@ use retinue_delegate::{
 };
 use retinue_lineage::Authority;
 use retinue_store::{
-    AttributionDraft, DelegationConfig, DeliveryFilter, Registry, SessionGraph, SessionStore,
-    TombstoneReason, UsageLedger, parse_children_json,
+    AttributionDraft, Claims, DelegationConfig, DeliveryFilter, RegistryRead, Retention,
+    SessionGraph, SessionStore, TombstoneReason, UsageLedger, parse_children_json,
 };
 use retinue_testkit::SessionGraphBuilder;
 use serde_json::{Value, json};

@@ -7,8 +7,8 @@ use std::process::Command;
 use std::sync::Arc;
 
 use retinue_store::{
-    AttributionDraft, ChildManifest, Error, ManualClock, NewSession, Registry, SessionStore, Store,
-    StoreOptions, TombstoneReason, UnitDraft,
+    AttributionDraft, ChildManifest, Error, ManualClock, NewSession, RegistryRead, Retention,
+    SessionStore, Store, StoreOptions, TombstoneReason, UnitDraft, UnitLifecycle,
 };
 use serde_json::json;
 
@@ -73,7 +73,7 @@ fn non_sqlite_files_are_refused_byte_identical() {
         for opts in [StoreOptions::default(), read_only()] {
             let err = Store::open(&path, opts).expect_err(what);
             assert!(
-                matches!(err, Error::NotADatabase { .. } | Error::Corrupt(_)),
+                matches!(err, Error::NotADatabase { .. } | Error::Corrupt { .. }),
                 "{what}: {err:?}"
             );
             assert_eq!(bytes(&path), content, "{what}: the refused file was modified");
@@ -103,7 +103,7 @@ fn truncated_databases_are_refused_byte_identical() {
                 ),
             };
             assert!(
-                matches!(err, Error::NotADatabase { .. } | Error::Corrupt(_)),
+                matches!(err, Error::NotADatabase { .. } | Error::Corrupt { .. }),
                 "cut {cut}: {err:?}"
             );
             assert_eq!(bytes(&path), original[..cut], "cut {cut}: the refused file was modified");
@@ -144,7 +144,7 @@ fn read_only_file_refuses_writes_unchanged() {
     let original = bytes(&path);
     if permissions_bind(&path) {
         let err = Store::open(&path, StoreOptions::default()).expect_err("0444 file");
-        assert!(matches!(err, Error::ReadOnly(_)), "{err:?}");
+        assert!(matches!(err, Error::ReadOnly { .. }), "{err:?}");
         assert_eq!(bytes(&path), original);
     } else {
         println!(
@@ -189,7 +189,7 @@ fn read_only_file_refuses_writes_unchanged() {
     ];
     for (what, res) in writes {
         let err = res.expect_err(what);
-        assert!(matches!(err, Error::ReadOnly(_)), "{what}: {err:?}");
+        assert!(matches!(err, Error::ReadOnly { .. }), "{what}: {err:?}");
     }
     let report = store.recover_abandoned_delegations(&retinue_store::ProcProbe);
     assert!(report.error.is_some() || report.abandoned == 0);
@@ -256,7 +256,7 @@ fn full_disk_gives_disk_full_and_keeps_the_database() {
         match store.insert_unit(&big_unit(u)) {
             Ok(_) => assert_eq!(refused, 0, "a write succeeded after the disk filled"),
             Err(e) => {
-                assert!(matches!(e, Error::DiskFull(_)), "unit {u}: {e:?}");
+                assert!(matches!(e, Error::DiskFull { .. }), "unit {u}: {e:?}");
                 println!("tmpfs 1 MB: unit {u} refused: {e}");
                 assert_eq!(before, dump(&path), "a refused write left a trace");
                 refused += 1;
@@ -271,12 +271,13 @@ fn full_disk_gives_disk_full_and_keeps_the_database() {
     store.list_retained_children().expect("reads still work");
     drop(store);
     let reopened = open(&path, &clock);
-    assert!(matches!(reopened, Ok(_) | Err(Error::DiskFull(_))), "{reopened:?}");
+    assert!(matches!(reopened, Ok(_) | Err(Error::DiskFull { .. })), "{reopened:?}");
 }
 
 /// Where no tmpfs can be mounted: a raw connection capped by
-/// `max_page_count` hits `SQLITE_FULL`, which the store maps to
-/// `Error::DiskFull`, and the failed transaction leaves nothing behind.
+/// `max_page_count` hits `SQLITE_FULL` (which the store classifies as
+/// `Error::DiskFull` by that code; see the store's error tests), and the
+/// failed transaction leaves nothing behind.
 fn simulated_full_disk() {
     let fx = Fx::new();
     let conn = fx.raw();
@@ -287,8 +288,8 @@ fn simulated_full_disk() {
         "BEGIN IMMEDIATE; INSERT INTO delegation_child_usage (parent_session_id, usage_json, \
          created_at) VALUES ('A', printf('%.*c', 200000, 'x'), 1); COMMIT;",
     );
-    let err = Error::from(res.expect_err("capped database accepted a write"));
-    assert!(matches!(err, Error::DiskFull(_)), "{err:?}");
+    let err = res.expect_err("capped database accepted a write");
+    assert_eq!(err.sqlite_error_code(), Some(rusqlite::ErrorCode::DiskFull), "{err:?}");
     let _ = conn.execute_batch("ROLLBACK");
     assert_eq!(before, fx.dump());
 }

@@ -4,69 +4,19 @@
 use rusqlite::params;
 use serde_json::{Map, Value, json};
 
-use crate::error::Result;
-use crate::{RecoveryReport, Registry, Store};
-
-/// What a liveness probe says about a process id.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ProcessState {
-    /// Running, with its start-time fingerprint when known.
-    Alive {
-        /// hermes's fingerprint (Linux stat field 22).
-        started_at: Option<i64>,
-    },
-    /// No such process.
-    Dead,
-}
-
-/// Probes whether a unit's owner process still runs.
-#[cfg_attr(any(test, feature = "mocks"), mockall::automock)]
-pub trait OwnerProbe: Send + Sync {
-    /// `None` when liveness cannot be probed on this platform.
-    fn probe(&self, pid: i64) -> Option<ProcessState>;
-}
-
-/// The `/proc` probe (Linux); elsewhere it reports "cannot probe".
-#[derive(Debug, Default, Clone, Copy)]
-pub struct ProcProbe;
-
-/// Field 22 (`starttime`) of `/proc/<pid>/stat`.
-fn proc_start_time(pid: i64) -> std::io::Result<Option<i64>> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    // The command name (field 2) may contain spaces and parentheses: split after the last ')'.
-    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    // `rest` starts at field 3, so field 22 is index 19.
-    Ok(rest.split_whitespace().nth(19).and_then(|f| f.parse().ok()))
-}
-
-impl OwnerProbe for ProcProbe {
-    fn probe(&self, pid: i64) -> Option<ProcessState> {
-        if !std::path::Path::new("/proc/self/stat").exists() {
-            return None;
-        }
-        if pid <= 0 {
-            return Some(ProcessState::Dead);
-        }
-        match proc_start_time(pid) {
-            Ok(started_at) => Some(ProcessState::Alive { started_at }),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some(ProcessState::Dead),
-            Err(_) => None,
-        }
-    }
-}
-
-/// This process's id and fingerprint, for `owner_pid`/`owner_started_at`.
-pub fn current_owner() -> (i64, Option<i64>) {
-    let pid = i64::from(std::process::id());
-    (pid, proc_start_time(pid).ok().flatten())
-}
+use crate::error::{Result, SqlResult};
+use crate::model::{RecoveryReport, parse_json_opt};
+use crate::probe::{OwnerProbe, ProcessState};
+use crate::registry::Retention;
+use crate::rows::json_column;
+use crate::store::Store;
 
 const UNKNOWN_ERROR: &str =
     "Delegation owner exited before recording a terminal result; outcome unknown.";
 
 fn classify(store: &Store, probe: &dyn OwnerProbe) -> Result<usize> {
     let now = store.clock.now();
-    store.pool.write(|tx| {
+    store.pool.write("classifying abandoned units", |tx| -> SqlResult<usize> {
         type Row = (String, Option<i64>, Option<i64>, Value);
         let rows: Vec<Row> = {
             let mut stmt = tx.prepare_cached(
@@ -89,8 +39,7 @@ fn classify(store: &Store, probe: &dyn OwnerProbe) -> Result<usize> {
                     );
                 }
                 ev.insert("parent_session_id".into(), json!(r.get::<_, Option<String>>(6)?));
-                let task =
-                    crate::model::parse_json_opt(crate::model::json_column(r, 7)?.as_deref());
+                let task = parse_json_opt(json_column(r, 7)?.as_deref());
                 if let Some(Value::Object(task)) = task {
                     for (k, v) in task {
                         ev.entry(k).or_insert(v);

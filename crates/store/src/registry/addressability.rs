@@ -1,0 +1,161 @@
+//! Addressability (spec §3.1): lookups and lists evaluated through indexes,
+//! with the TTL and cap limits applied at read time (a child a prune at that
+//! instant would tombstone is never returned). Reads only.
+
+use rusqlite::{Connection, OptionalExtension, params};
+use serde_json::Value;
+
+use crate::error::{Result, SqlResult};
+use crate::model::{Lookup, RetainedChild, TombstoneReason, Unaddressable, parse_json_opt};
+use crate::registry::RegistryRead;
+use crate::rows::{
+    CHILD_COLS, CHILD_RETAINED_AT, ChildRow, Limits, json_column, read_child_row, read_child_row_at,
+};
+use crate::store::Store;
+
+/// Every child row matching `id` as a subagent id (kind 0), a child session
+/// id (1) or a delegation id (2): one statement, a multi-index OR.
+fn candidates(conn: &Connection, id: &str) -> SqlResult<Vec<(u8, ChildRow)>> {
+    const SQL: &str = concat!(
+        "SELECT CASE WHEN c.subagent_id = ?1 THEN 0 WHEN c.child_session_id = ?1 THEN 1 ELSE 2 END, ",
+        "c.delegation_id, c.child_index, c.subagent_id, c.child_session_id, c.manifest_json, ",
+        "COALESCE(c.retained_at, CASE WHEN u.retained = 1 THEN u.retained_at END), c.tombstoned_at, ",
+        "c.tombstone_reason, u.parent_session_id, u.owner_profile, u.state, u.completed_at, u.retained, ",
+        "u.retained_at, u.tombstoned_at FROM retinue_children c ",
+        "JOIN async_delegations u ON u.delegation_id = c.delegation_id ",
+        "WHERE c.subagent_id = ?1 OR c.child_session_id = ?1 OR c.delegation_id = ?1"
+    );
+    let mut stmt = conn.prepare_cached(SQL)?;
+    let rows = stmt.query_map([id], |r| {
+        let kind: i64 = r.get(0)?;
+        Ok((u8::try_from(kind).unwrap_or(u8::MAX), read_child_row_at(r, 1)?))
+    })?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+/// Number of live units ranked strictly above a unit, capped at `max`.
+fn rank_of(conn: &Connection, id: &str, retained_at: Option<f64>, lim: Limits) -> SqlResult<u32> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT count(*) FROM (SELECT 1 FROM async_delegations u \
+         WHERE u.retained = 1 AND u.tombstoned_at IS NULL \
+           AND (u.retained_at > ?1 OR (u.retained_at IS ?1 AND u.delegation_id > ?2) \
+                OR (?1 IS NULL AND u.retained_at IS NOT NULL)) \
+           AND EXISTS (SELECT 1 FROM retinue_children c WHERE c.delegation_id = u.delegation_id \
+                       AND c.tombstoned_at IS NULL \
+                       AND COALESCE(c.retained_at, u.retained_at) >= ?3) \
+         LIMIT ?4)",
+    )?;
+    let n: i64 =
+        stmt.query_row(params![retained_at, id, lim.cutoff(), lim.max_retained], |r| r.get(0))?;
+    Ok(u32::try_from(n).unwrap_or(u32::MAX))
+}
+
+/// Status without the cap rank: `Some(status)` when not live, `None` when
+/// live (the caller then checks the rank).
+fn live_status(row: &ChildRow, lim: Limits) -> Option<Unaddressable> {
+    if let Some(at) = row.child_tombstoned_at {
+        let reason = TombstoneReason::parse(row.child_tombstone_reason.as_deref());
+        return Some(Unaddressable::Tombstoned { at, reason });
+    }
+    if let Some(at) = row.unit_tombstoned_at {
+        return Some(Unaddressable::Tombstoned { at, reason: TombstoneReason::External });
+    }
+    let Some(retained_at) = row.entry.retained_at.filter(|_| row.unit_retained) else {
+        return Some(Unaddressable::NeverRetained);
+    };
+    if retained_at < lim.cutoff() {
+        let at = retained_at + lim.ttl_hours * 3600.0;
+        return Some(Unaddressable::Tombstoned { at, reason: TombstoneReason::Ttl });
+    }
+    None
+}
+
+pub(crate) fn lookup_in(conn: &Connection, id: &str, lim: Limits) -> SqlResult<Lookup> {
+    let id = id.trim();
+    if id.is_empty() {
+        return Ok(Lookup::Unknown);
+    }
+    let mut scored: Vec<(Option<Unaddressable>, u8, ChildRow)> = candidates(conn, id)?
+        .into_iter()
+        .map(|(kind, row)| (live_status(&row, lim), kind, row))
+        .collect();
+    let order = |a: &(Option<Unaddressable>, u8, ChildRow),
+                 b: &(Option<Unaddressable>, u8, ChildRow)| {
+        a.0.is_some()
+            .cmp(&b.0.is_some())
+            .then(a.1.cmp(&b.1))
+            .then(
+                b.2.unit_retained_at
+                    .unwrap_or(f64::NEG_INFINITY)
+                    .total_cmp(&a.2.unit_retained_at.unwrap_or(f64::NEG_INFINITY)),
+            )
+            .then(b.2.entry.delegation_id.cmp(&a.2.entry.delegation_id))
+            .then(a.2.entry.child_index.cmp(&b.2.entry.child_index))
+    };
+    scored.sort_by(order);
+    // The cap rank is read only for live candidates, best first, until one is within the cap.
+    for item in scored.iter_mut().filter(|s| s.0.is_none()) {
+        if rank_of(conn, &item.2.entry.delegation_id, item.2.unit_retained_at, lim)?
+            < lim.max_retained
+        {
+            break;
+        }
+        item.0 = Some(Unaddressable::Tombstoned { at: lim.now, reason: TombstoneReason::Cap });
+    }
+    scored.sort_by(order);
+    Ok(match scored.into_iter().next() {
+        None => Lookup::Unknown,
+        Some((None, _, row)) => Lookup::Addressable(row.into_entry()),
+        Some((Some(status), _, row)) => Lookup::NotAddressable(row.into_entry(), status),
+    })
+}
+
+pub(crate) fn list_in(tx: &Connection, lim: Limits) -> SqlResult<Vec<RetainedChild>> {
+    let sql = format!(
+        "WITH top AS (SELECT u.delegation_id AS id, u.retained_at AS rat FROM async_delegations u \
+           WHERE u.retained = 1 AND u.tombstoned_at IS NULL AND EXISTS (SELECT 1 FROM \
+             retinue_children c WHERE c.delegation_id = u.delegation_id \
+             AND c.tombstoned_at IS NULL AND COALESCE(c.retained_at, u.retained_at) >= ?1) \
+           ORDER BY u.retained_at DESC, u.delegation_id DESC LIMIT ?2) \
+         SELECT {CHILD_COLS} FROM top \
+           JOIN retinue_children c ON c.delegation_id = top.id \
+           JOIN async_delegations u ON u.delegation_id = top.id \
+         WHERE c.tombstoned_at IS NULL AND {CHILD_RETAINED_AT} >= ?1 \
+         ORDER BY top.rat DESC, top.id DESC, c.child_index"
+    );
+    let mut stmt = tx.prepare_cached(&sql)?;
+    let rows = stmt.query_map(params![lim.cutoff(), lim.max_retained], read_child_row)?;
+    Ok(rows.map(|r| r.map(ChildRow::into_entry)).collect::<rusqlite::Result<_>>()?)
+}
+
+impl RegistryRead for Store {
+    fn list_retained_children(&self) -> Result<Vec<RetainedChild>> {
+        let lim = self.limits();
+        self.pool.query("listing retained children", |conn| list_in(conn, lim))
+    }
+
+    fn find_retained_child(&self, id: &str) -> Result<Option<RetainedChild>> {
+        Ok(match self.lookup(id)? {
+            Lookup::Addressable(entry) => Some(entry),
+            _ => None,
+        })
+    }
+
+    fn lookup(&self, id: &str) -> Result<Lookup> {
+        let lim = self.limits();
+        // Candidates and ranks come from one snapshot.
+        self.pool.read("looking up a retained child", |tx| lookup_in(tx, id, lim))
+    }
+
+    fn unit_usage(&self, id: &str) -> Result<Option<Value>> {
+        self.pool.read("reading a unit's usage", |tx| {
+            let raw: Option<Option<String>> = tx
+                .prepare_cached(
+                    "SELECT usage_json FROM async_delegations WHERE delegation_id = ?1",
+                )?
+                .query_row([id], |r| json_column(r, 0))
+                .optional()?;
+            Ok(parse_json_opt(raw.flatten().as_deref()))
+        })
+    }
+}

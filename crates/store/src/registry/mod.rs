@@ -1,0 +1,158 @@
+//! The retained-subagent registry (spec §3), split by role into four seam
+//! traits, plus the umbrella [`Registry`] for the composition root.
+//!
+//! The traits are what a storage backend implements: synchronous,
+//! object-safe, `Send + Sync`, and free of any SQLite notion (no connection,
+//! row or pragma type). Every method is one transaction. Lookups are
+//! unscoped; the lineage crate adds the owner scope on top.
+//!
+//! This file holds the traits only; the SQLite implementation on
+//! [`crate::store::Store`] lives in one file per role:
+//!
+//! * `addressability.rs` — [`RegistryRead`]: lookups, lists, the §3.1 predicate;
+//! * `units.rs` — [`UnitLifecycle`]: insert, manifest, completion, retain;
+//! * `retention.rs` — [`Retention`]: tombstones, TTL/cap pruning, rehydration;
+//! * `recovery.rs` — restart recovery (spec §3.8);
+//! * `history.rs` — the history pruner (spec §3.6);
+//! * `claims.rs` — [`Claims`]: resume claims, delivery claims, finishing a follow-up;
+//! * `backfill.rs` — adoption of hermes-retained units, run by every write.
+
+pub(crate) mod addressability;
+pub(crate) mod backfill;
+pub(crate) mod claims;
+pub(crate) mod history;
+pub(crate) mod recovery;
+pub(crate) mod retention;
+pub(crate) mod units;
+
+use serde_json::Value;
+
+use crate::error::Result;
+use crate::model::{
+    ChildManifest, Completion, DeliveryClaim, DeliveryFilter, Lookup, PruneCount, RecoveryReport,
+    ResumeClaim, RetainedChild, TombstoneReason, UnitDraft, UsageSwap,
+};
+use crate::probe::OwnerProbe;
+
+/// Reading the registry: what lineage (and the tool's listing) needs.
+#[cfg_attr(any(test, feature = "mocks"), mockall::automock)]
+pub trait RegistryRead: Send + Sync {
+    /// Every addressable child, newest unit first, then by child index.
+    fn list_retained_children(&self) -> Result<Vec<RetainedChild>>;
+    /// The addressable child for a subagent, session or delegation id.
+    fn find_retained_child(&self, id: &str) -> Result<Option<RetainedChild>>;
+    /// The unscoped status of an id.
+    fn lookup(&self, id: &str) -> Result<Lookup>;
+    /// The unit's `usage_json` (malformed = `None`).
+    fn unit_usage(&self, id: &str) -> Result<Option<Value>>;
+}
+
+/// A unit's life from dispatch to retention.
+#[cfg_attr(any(test, feature = "mocks"), mockall::automock)]
+pub trait UnitLifecycle: Send + Sync {
+    /// Writes a new `running` unit with its manifest and child sessions; returns its id.
+    fn insert_unit(&self, draft: &UnitDraft) -> Result<String>;
+    /// Records a unit's children manifest; `false` if the unit is missing.
+    fn record_dispatched_children(&self, id: &str, children: &[ChildManifest]) -> Result<bool>;
+    /// Retains a unit (never a tombstoned one) and prunes; `false` if nothing changed.
+    #[allow(clippy::needless_lifetimes)] // mockall needs the named lifetime
+    fn retain_completed_delegation<'a>(&self, id: &str, usage: Option<&'a Value>) -> Result<bool>;
+    /// Records a terminal result; retains iff the status is exactly `completed`.
+    fn persist_completion(&self, completion: &Completion) -> Result<bool>;
+}
+
+/// Tombstones, pruning, rehydration, restart recovery and history.
+#[cfg_attr(any(test, feature = "mocks"), mockall::automock)]
+pub trait Retention: Send + Sync {
+    /// Tombstones an untombstoned child of a retained, untombstoned unit (for a
+    /// delegation id: all of them), reason as given; `false` if none changed.
+    fn tombstone_retained_child(&self, id: &str, reason: &TombstoneReason) -> Result<bool>;
+    /// TTL and cap pruning; explicit limits are floored at 1 and 0.
+    fn prune_retained_children(
+        &self,
+        max_retained: Option<u32>,
+        ttl_hours: Option<f64>,
+    ) -> Result<PruneCount>;
+    /// Prunes with the configured limits and counts addressable children.
+    fn rehydrate_retained_children(&self) -> Result<usize>;
+    /// Restart recovery (spec §3.8).
+    fn recover_abandoned_delegations(&self, probe: &dyn OwnerProbe) -> RecoveryReport;
+    /// Deletes old non-retained history (spec §3.6); returns the rows deleted.
+    fn prune_history(&self) -> Result<usize>;
+}
+
+/// Leases: delivery claims, single-use resume claims, finishing a follow-up.
+#[cfg_attr(any(test, feature = "mocks"), mockall::automock)]
+pub trait Claims: Send + Sync {
+    /// Claims the oldest deliverable completion.
+    fn claim_delivery(&self, filter: &DeliveryFilter) -> Result<Option<DeliveryClaim>>;
+    /// Acknowledges a claimed delivery; `false` if the lease was lost.
+    fn ack_delivery(&self, id: &str, token: &str) -> Result<bool>;
+    /// Takes the single-use resume claim of one child.
+    fn claim_resume(&self, id: &str, child_index: u32) -> Result<ResumeClaim>;
+    /// Renews a held resume claim; `false` if it is no longer ours.
+    fn renew_resume(&self, id: &str, child_index: u32, token: &str) -> Result<bool>;
+    /// Releases a held resume claim; `false` if it is no longer ours.
+    fn release_resume(&self, id: &str, child_index: u32, token: &str) -> Result<bool>;
+    /// After a follow-up: refresh `retained_at` (never un-tombstoning), swap
+    /// the unit's `usage_json` if given, and release the claim — one
+    /// transaction. A swap whose `expected` no longer matches fails with
+    /// [`crate::Error::Stale`] and changes nothing (re-read, re-merge, retry).
+    #[allow(clippy::needless_lifetimes)]
+    fn finish_follow_up<'a>(
+        &self,
+        id: &str,
+        child_index: u32,
+        token: &str,
+        usage: Option<&'a UsageSwap>,
+    ) -> Result<bool>;
+}
+
+/// The whole registry, for the composition root: every role at once.
+/// Implemented for every type that implements the four roles.
+pub trait Registry: RegistryRead + UnitLifecycle + Retention + Claims {}
+
+impl<T: RegistryRead + UnitLifecycle + Retention + Claims + ?Sized> Registry for T {}
+
+#[cfg(any(test, feature = "mocks"))]
+mockall::mock! {
+    /// A mock of the whole [`Registry`] (all four roles on one object).
+    pub Registry {}
+    impl RegistryRead for Registry {
+        fn list_retained_children(&self) -> Result<Vec<RetainedChild>>;
+        fn find_retained_child(&self, id: &str) -> Result<Option<RetainedChild>>;
+        fn lookup(&self, id: &str) -> Result<Lookup>;
+        fn unit_usage(&self, id: &str) -> Result<Option<Value>>;
+    }
+    impl UnitLifecycle for Registry {
+        fn insert_unit(&self, draft: &UnitDraft) -> Result<String>;
+        fn record_dispatched_children(&self, id: &str, children: &[ChildManifest]) -> Result<bool>;
+        fn retain_completed_delegation<'a>(&self, id: &str, usage: Option<&'a Value>) -> Result<bool>;
+        fn persist_completion(&self, completion: &Completion) -> Result<bool>;
+    }
+    impl Retention for Registry {
+        fn tombstone_retained_child(&self, id: &str, reason: &TombstoneReason) -> Result<bool>;
+        fn prune_retained_children(
+            &self,
+            max_retained: Option<u32>,
+            ttl_hours: Option<f64>,
+        ) -> Result<PruneCount>;
+        fn rehydrate_retained_children(&self) -> Result<usize>;
+        fn recover_abandoned_delegations(&self, probe: &dyn OwnerProbe) -> RecoveryReport;
+        fn prune_history(&self) -> Result<usize>;
+    }
+    impl Claims for Registry {
+        fn claim_delivery(&self, filter: &DeliveryFilter) -> Result<Option<DeliveryClaim>>;
+        fn ack_delivery(&self, id: &str, token: &str) -> Result<bool>;
+        fn claim_resume(&self, id: &str, child_index: u32) -> Result<ResumeClaim>;
+        fn renew_resume(&self, id: &str, child_index: u32, token: &str) -> Result<bool>;
+        fn release_resume(&self, id: &str, child_index: u32, token: &str) -> Result<bool>;
+        fn finish_follow_up<'a>(
+            &self,
+            id: &str,
+            child_index: u32,
+            token: &str,
+            usage: Option<&'a UsageSwap>,
+        ) -> Result<bool>;
+    }
+}

@@ -1,0 +1,173 @@
+//! Retention (spec §3.5): per-child tombstones, TTL and cap pruning,
+//! rehydration; the entry points of restart recovery and history pruning.
+
+use rusqlite::{Connection, Transaction, params};
+
+use crate::error::{Error, Result, SqlResult};
+use crate::model::{PruneCount, RecoveryReport, TombstoneReason};
+use crate::probe::OwnerProbe;
+use crate::registry::Retention;
+use crate::registry::addressability::list_in;
+use crate::registry::backfill::backfill;
+use crate::rows::Limits;
+use crate::store::Store;
+
+/// TTL then cap pruning inside the caller's transaction (spec §3.5).
+/// Whether a prune at `lim` has anything to write (one read statement).
+pub(crate) fn prune_due(conn: &Connection, lim: Limits) -> SqlResult<bool> {
+    const SQL: &str = concat!(
+        "SELECT EXISTS (SELECT 1 FROM async_delegations u WHERE u.retained = 1 ",
+        "  AND u.tombstoned_at IS NULL AND (",
+        "    NOT EXISTS (SELECT 1 FROM retinue_children c WHERE c.delegation_id = u.delegation_id ",
+        "                AND c.tombstoned_at IS NULL) ",
+        "    OR EXISTS (SELECT 1 FROM retinue_children c WHERE c.delegation_id = u.delegation_id ",
+        "               AND c.tombstoned_at IS NULL AND (c.retained_at IS NULL OR c.retained_at < ?1)))) ",
+        "OR (SELECT count(*) FROM (SELECT 1 FROM async_delegations WHERE retained = 1 ",
+        "    AND tombstoned_at IS NULL LIMIT ?2 + 1)) > ?2"
+    );
+    Ok(conn
+        .prepare_cached(SQL)?
+        .query_row(params![lim.cutoff(), lim.max_retained], |r| r.get(0))?)
+}
+
+pub(crate) fn prune_in(tx: &Transaction<'_>, lim: Limits) -> SqlResult<PruneCount> {
+    let t = lim.now;
+    let mut count = PruneCount::default();
+    count.children += tx
+        .prepare_cached(
+            "UPDATE retinue_children SET tombstoned_at = ?1, tombstone_reason = 'ttl' \
+             WHERE delegation_id IN (SELECT delegation_id FROM async_delegations \
+                                     WHERE retained = 1 AND tombstoned_at IS NULL) \
+               AND tombstoned_at IS NULL AND (retained_at IS NULL OR retained_at < ?2)",
+        )?
+        .execute(params![t, lim.cutoff()])?;
+    count.units += tx
+        .prepare_cached(
+            "UPDATE async_delegations SET tombstoned_at = ?1, updated_at = ?1 \
+             WHERE retained = 1 AND tombstoned_at IS NULL AND NOT EXISTS (SELECT 1 FROM \
+               retinue_children c WHERE c.delegation_id = async_delegations.delegation_id \
+               AND c.tombstoned_at IS NULL)",
+        )?
+        .execute([t])?;
+    // Cap: live units ranked at or beyond `max_retained`, set-based.
+    const OVER_CAP: &str = "SELECT delegation_id FROM async_delegations WHERE retained = 1 \
+         AND tombstoned_at IS NULL ORDER BY retained_at DESC, delegation_id DESC LIMIT -1 OFFSET ?2";
+    count.children += tx
+        .prepare_cached(&format!(
+            "UPDATE retinue_children SET tombstoned_at = ?1, tombstone_reason = 'cap' \
+             WHERE tombstoned_at IS NULL AND delegation_id IN ({OVER_CAP})"
+        ))?
+        .execute(params![t, lim.max_retained])?;
+    count.units += tx
+        .prepare_cached(&format!(
+            "UPDATE async_delegations SET tombstoned_at = ?1, updated_at = ?1 \
+             WHERE delegation_id IN ({OVER_CAP})"
+        ))?
+        .execute(params![t, lim.max_retained])?;
+    Ok(count)
+}
+
+impl Retention for Store {
+    fn tombstone_retained_child(&self, id: &str, reason: &TombstoneReason) -> Result<bool> {
+        let id = id.trim();
+        if id.is_empty() {
+            return Ok(false);
+        }
+        let lim = self.limits();
+        let t = lim.now;
+        self.pool.write("tombstoning a retained child", |tx| {
+            backfill(tx, None)?;
+            // Ordered by preference: subagent, then session, then delegation id.
+            let mut units: Vec<String> = Vec::new();
+            let mut changed = 0;
+            for column in ["subagent_id", "child_session_id", "delegation_id"] {
+                let sql = format!(
+                    "UPDATE retinue_children SET tombstoned_at = ?1, tombstone_reason = ?2 \
+                     WHERE {column} = ?3 AND tombstoned_at IS NULL \
+                     AND EXISTS (SELECT 1 FROM async_delegations u \
+                       WHERE u.delegation_id = retinue_children.delegation_id \
+                       AND u.retained = 1 AND u.tombstoned_at IS NULL) \
+                     RETURNING delegation_id"
+                );
+                let mut stmt = tx.prepare_cached(&sql)?;
+                let rows =
+                    stmt.query_map(params![t, reason.as_str(), id], |r| r.get::<_, String>(0))?;
+                for unit in rows {
+                    let unit = unit?;
+                    changed += 1;
+                    if !units.contains(&unit) {
+                        units.push(unit);
+                    }
+                }
+                if changed > 0 {
+                    break;
+                }
+            }
+            for unit in &units {
+                let any_live: bool = tx
+                    .prepare_cached(
+                        "SELECT 1 FROM retinue_children WHERE delegation_id = ?1 \
+                         AND tombstoned_at IS NULL AND retained_at >= ?2",
+                    )?
+                    .exists(params![unit, lim.cutoff()])?;
+                if !any_live {
+                    tx.prepare_cached(
+                        "UPDATE retinue_children SET tombstoned_at = ?1, tombstone_reason = 'ttl' \
+                         WHERE delegation_id = ?2 AND tombstoned_at IS NULL",
+                    )?
+                    .execute(params![t, unit])?;
+                    tx.prepare_cached(
+                        "UPDATE async_delegations SET tombstoned_at = ?1, updated_at = ?1 \
+                         WHERE delegation_id = ?2 AND tombstoned_at IS NULL",
+                    )?
+                    .execute(params![t, unit])?;
+                }
+            }
+            Ok(changed > 0)
+        })
+    }
+
+    fn prune_retained_children(
+        &self,
+        max_retained: Option<u32>,
+        ttl_hours: Option<f64>,
+    ) -> Result<PruneCount> {
+        let mut lim = self.limits();
+        if let Some(m) = max_retained {
+            lim.max_retained = m.max(1);
+        }
+        if let Some(h) = ttl_hours {
+            if !h.is_finite() {
+                return Err(Error::Invalid(format!("ttl_hours must be finite, got {h}")));
+            }
+            lim.ttl_hours = h.max(0.0);
+        }
+        // Nothing due (the common case): no write transaction at all.
+        if !self.pool.query("checking whether a prune is due", |conn| prune_due(conn, lim))? {
+            return Ok(PruneCount::default());
+        }
+        self.pool.write("pruning retained children", |tx| {
+            backfill(tx, None)?;
+            prune_in(tx, lim)
+        })
+    }
+
+    fn rehydrate_retained_children(&self) -> Result<usize> {
+        let lim = self.limits();
+        let n = self.pool.write("rehydrating retained children", |tx| {
+            backfill(tx, None)?;
+            prune_in(tx, lim)?;
+            Ok(list_in(tx, lim)?.len())
+        })?;
+        log::info!("rehydrated {n} addressable retained children");
+        Ok(n)
+    }
+
+    fn recover_abandoned_delegations(&self, probe: &dyn OwnerProbe) -> RecoveryReport {
+        super::recovery::recover(self, probe)
+    }
+
+    fn prune_history(&self) -> Result<usize> {
+        super::history::prune(self)
+    }
+}

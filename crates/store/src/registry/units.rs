@@ -1,0 +1,202 @@
+//! A unit's lifecycle (spec §3.2–§3.4): insert with its manifest and child
+//! sessions, record dispatched children, persist the completion, retain.
+
+use rusqlite::{Transaction, params};
+use serde_json::Value;
+
+use crate::error::{Error, Result, SqlResult};
+use crate::model::{ChildManifest, Completion, UnitDraft, children_json, truncate_chars};
+use crate::registry::UnitLifecycle;
+use crate::registry::backfill::backfill;
+use crate::registry::retention::prune_in;
+use crate::rows::Limits;
+use crate::store::Store;
+
+fn retain_in(
+    tx: &Transaction<'_>,
+    id: &str,
+    usage: Option<&Value>,
+    lim: Limits,
+) -> SqlResult<bool> {
+    let now = lim.now;
+    let changed = match usage {
+        Some(u) => tx
+            .prepare_cached(
+                "UPDATE async_delegations SET retained = 1, retained_at = ?1, updated_at = ?1, \
+                 usage_json = ?2 WHERE delegation_id = ?3 AND tombstoned_at IS NULL",
+            )?
+            .execute(params![now, u.to_string(), id])?,
+        None => tx
+            .prepare_cached(
+                "UPDATE async_delegations SET retained = 1, retained_at = ?1, updated_at = ?1 \
+                 WHERE delegation_id = ?2 AND tombstoned_at IS NULL",
+            )?
+            .execute(params![now, id])?,
+    };
+    if changed == 0 {
+        return Ok(false);
+    }
+    backfill(tx, None)?;
+    // Live children only: one past its TTL (not yet pruned) is not revived.
+    tx.prepare_cached(
+        "UPDATE retinue_children SET retained_at = ?1 WHERE delegation_id = ?2 \
+         AND tombstoned_at IS NULL AND (retained_at IS NULL OR retained_at >= ?3)",
+    )?
+    .execute(params![now, id, lim.cutoff()])?;
+    prune_in(tx, lim)?;
+    Ok(true)
+}
+
+fn upsert_children(tx: &Transaction<'_>, id: &str, children: &[ChildManifest]) -> SqlResult<()> {
+    let mut stmt = tx.prepare_cached(
+        "INSERT INTO retinue_children (delegation_id, child_index, subagent_id, \
+         child_session_id, model, provider, goal, manifest_json) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) \
+         ON CONFLICT(delegation_id, child_index) DO UPDATE SET subagent_id = excluded.subagent_id, \
+           child_session_id = excluded.child_session_id, model = excluded.model, \
+           provider = excluded.provider, goal = excluded.goal, \
+           manifest_json = excluded.manifest_json",
+    )?;
+    for (i, child) in children.iter().enumerate() {
+        stmt.execute(params![
+            id,
+            i64::try_from(i).unwrap_or(i64::MAX),
+            child.subagent_id,
+            child.session_id,
+            child.model,
+            child.provider,
+            child.goal.as_deref().map(|g| truncate_chars(g, 200)),
+            child.to_json().to_string(),
+        ])?;
+    }
+    Ok(())
+}
+
+fn lone_child_session(children: &[ChildManifest]) -> Option<String> {
+    match children {
+        [only] => Some(only.session_id.clone()),
+        _ => None,
+    }
+}
+
+impl Store {
+    /// Inserts the unit under `id`; `false` (nothing written) if the id is taken.
+    fn insert_unit_in(&self, tx: &Transaction<'_>, draft: &UnitDraft, id: &str) -> SqlResult<bool> {
+        let taken = tx
+            .prepare_cached("SELECT 1 FROM async_delegations WHERE delegation_id = ?1")?
+            .exists([id])?;
+        if taken {
+            return Ok(false);
+        }
+        let now = self.clock.now();
+        let is_batch = draft.children.len() != 1;
+        tx.prepare_cached(
+            "INSERT INTO async_delegations (delegation_id, origin_session, origin_ui_session_id, \
+             parent_session_id, state, dispatched_at, updated_at, delivery_state, \
+             delivery_attempts, owner_pid, owner_started_at, task_json, origin_session_id, \
+             child_session_id, children_json, owner_profile) \
+             VALUES (?1, ?2, ?3, ?4, 'running', ?5, ?5, 'pending', 0, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+        )?
+        .execute(params![
+            id,
+            draft.origin_session,
+            draft.origin_ui_session_id,
+            draft.parent_session_id,
+            now,
+            draft.owner_pid,
+            draft.owner_started_at,
+            draft.task.to_string(),
+            draft.origin_session_id,
+            if is_batch { None } else { lone_child_session(&draft.children) },
+            children_json(&draft.children),
+            draft.owner_profile,
+        ])?;
+        upsert_children(tx, id, &draft.children)?;
+        for session in &draft.child_sessions {
+            crate::sessions::insert_session(tx, session, now)?;
+        }
+        Ok(true)
+    }
+}
+
+impl UnitLifecycle for Store {
+    fn insert_unit(&self, draft: &UnitDraft) -> Result<String> {
+        for _ in 0..8 {
+            let id = format!("deleg_{}", crate::db::random_hex(4)?);
+            // An id already taken is seen inside the same write transaction
+            // (no message text is ever inspected), and a new id is drawn.
+            if self.pool.write("inserting a unit", |tx| self.insert_unit_in(tx, draft, &id))? {
+                return Ok(id);
+            }
+        }
+        Err(Error::Invalid("could not allocate a unique delegation id".to_owned()))
+    }
+
+    fn record_dispatched_children(&self, id: &str, children: &[ChildManifest]) -> Result<bool> {
+        if id.trim().is_empty() {
+            return Ok(false);
+        }
+        let now = self.clock.now();
+        let profile = self.profile.clone();
+        self.pool.write("recording dispatched children", |tx| {
+            backfill(tx, None)?;
+            let is_batch = children.len() > 1;
+            let lone = if is_batch {
+                None
+            } else {
+                Some(lone_child_session(children).unwrap_or_default())
+            };
+            let changed = tx
+                .prepare_cached(
+                    "UPDATE async_delegations SET children_json = ?1, child_session_id = ?2, \
+                     owner_profile = ?3, updated_at = ?4 WHERE delegation_id = ?5",
+                )?
+                .execute(params![children_json(children), lone, profile, now, id])?;
+            if changed == 0 {
+                return Ok(false);
+            }
+            upsert_children(tx, id, children)?;
+            Ok(true)
+        })
+    }
+
+    #[allow(clippy::needless_lifetimes)]
+    fn retain_completed_delegation<'a>(&self, id: &str, usage: Option<&'a Value>) -> Result<bool> {
+        let lim = self.limits();
+        self.pool.write("retaining a unit", |tx| retain_in(tx, id, usage, lim))
+    }
+
+    fn persist_completion(&self, c: &Completion) -> Result<bool> {
+        let lim = self.limits();
+        let now = lim.now;
+        let status = if c.status.trim().is_empty() { "completed" } else { c.status.as_str() };
+        self.pool.write("persisting a completion", |tx| {
+            backfill(tx, None)?;
+            let (delivery, delivered_at) =
+                if c.background { ("pending", None) } else { ("delivered", Some(now)) };
+            let changed = tx
+                .prepare_cached(
+                    "UPDATE async_delegations SET state = ?1, completed_at = ?2, updated_at = ?2, \
+                     event_json = ?3, result_json = ?4, usage_json = COALESCE(?5, usage_json), \
+                     delivery_state = ?6, delivered_at = ?7 WHERE delegation_id = ?8",
+                )?
+                .execute(params![
+                    status,
+                    now,
+                    c.event.to_string(),
+                    c.result.to_string(),
+                    c.usage.as_ref().map(Value::to_string),
+                    delivery,
+                    delivered_at,
+                    c.delegation_id,
+                ])?;
+            if changed == 0 {
+                return Ok(false);
+            }
+            if status == "completed" {
+                retain_in(tx, &c.delegation_id, None, lim)?;
+            }
+            Ok(true)
+        })
+    }
+}

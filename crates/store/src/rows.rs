@@ -1,0 +1,112 @@
+//! Shared row-reading helpers of the registry: the child-row projection
+//! joined with its unit, lenient JSON columns, and the retention limits in
+//! force. The bottom layer of the registry: it imports nothing above
+//! `model`/`config`.
+
+use rusqlite::Row;
+
+use crate::config::DelegationConfig;
+use crate::model::{ChildManifest, RetainedChild};
+
+/// Reads a JSON text column the way spec §2.7 reads JSON: corruption-tolerant.
+/// NULL, and text or a BLOB that is not UTF-8, read as absent (malformed);
+/// numbers read as their text. Never an error for the value itself, so one
+/// bad row cannot fail a whole read, open or write.
+pub(crate) fn json_column(r: &rusqlite::Row<'_>, idx: usize) -> rusqlite::Result<Option<String>> {
+    use rusqlite::types::ValueRef;
+    Ok(match r.get_ref(idx)? {
+        ValueRef::Null => None,
+        ValueRef::Integer(i) => Some(i.to_string()),
+        ValueRef::Real(f) => Some(f.to_string()),
+        ValueRef::Text(b) | ValueRef::Blob(b) => std::str::from_utf8(b).ok().map(str::to_owned),
+    })
+}
+
+/// A child's TTL clock: its own `retained_at`, else (rows recorded before another
+/// writer retained the unit) the unit's.
+pub(crate) const CHILD_RETAINED_AT: &str =
+    "COALESCE(c.retained_at, CASE WHEN u.retained = 1 THEN u.retained_at END)";
+
+pub(crate) const CHILD_COLS: &str = "c.delegation_id, c.child_index, c.subagent_id, c.child_session_id, \
+     c.manifest_json, COALESCE(c.retained_at, CASE WHEN u.retained = 1 THEN u.retained_at END), \
+     c.tombstoned_at, c.tombstone_reason, \
+     u.parent_session_id, u.owner_profile, u.state, u.completed_at, u.retained, \
+     u.retained_at, u.tombstoned_at";
+
+/// A child row joined with its unit.
+pub(crate) struct ChildRow {
+    /// The entry, its `manifest` not yet parsed (see [`ChildRow::into_entry`]).
+    pub(crate) entry: RetainedChild,
+    pub(crate) manifest_json: Option<String>,
+    pub(crate) child_tombstoned_at: Option<f64>,
+    pub(crate) child_tombstone_reason: Option<String>,
+    pub(crate) unit_retained: bool,
+    pub(crate) unit_retained_at: Option<f64>,
+    pub(crate) unit_tombstoned_at: Option<f64>,
+}
+
+impl ChildRow {
+    /// The entry with its manifest parsed (only for rows that are returned).
+    pub(crate) fn into_entry(self) -> RetainedChild {
+        let mut entry = self.entry;
+        entry.manifest =
+            self.manifest_json.as_deref().and_then(ChildManifest::parse).unwrap_or_default();
+        entry
+    }
+}
+
+pub(crate) fn read_child_row(r: &Row<'_>) -> rusqlite::Result<ChildRow> {
+    read_child_row_at(r, 0)
+}
+
+/// Reads the [`CHILD_COLS`] columns starting at column `o`.
+pub(crate) fn read_child_row_at(r: &Row<'_>, o: usize) -> rusqlite::Result<ChildRow> {
+    let manifest_json = json_column(r, o + 4)?;
+
+    let index: i64 = r.get(o + 1)?;
+    let retained: Option<i64> = r.get(o + 12)?;
+    Ok(ChildRow {
+        entry: RetainedChild {
+            delegation_id: r.get(o)?,
+            child_index: u32::try_from(index).unwrap_or(u32::MAX),
+            subagent_id: r.get::<_, Option<String>>(o + 2)?.unwrap_or_default(),
+            child_session_id: r.get::<_, Option<String>>(o + 3)?.unwrap_or_default(),
+            retained_at: r.get(o + 5)?,
+            parent_session_id: r.get::<_, Option<String>>(o + 8)?.unwrap_or_default(),
+            owner_profile: r.get::<_, Option<String>>(o + 9)?.unwrap_or_default(),
+            state: r.get::<_, Option<String>>(o + 10)?.unwrap_or_default(),
+            completed_at: r.get(o + 11)?,
+            manifest: ChildManifest::default(),
+        },
+        manifest_json,
+        child_tombstoned_at: r.get(o + 6)?,
+        child_tombstone_reason: r.get(o + 7)?,
+        unit_retained: retained == Some(1),
+        unit_retained_at: r.get(o + 13)?,
+        unit_tombstoned_at: r.get(o + 14)?,
+    })
+}
+
+/// Limits in force for one evaluation.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limits {
+    pub(crate) now: f64,
+    pub(crate) max_retained: u32,
+    pub(crate) ttl_hours: f64,
+}
+
+impl Limits {
+    /// The configured limits at `now` (`max_retained` floored at 1, the TTL at 0).
+    pub(crate) fn new(now: f64, d: &DelegationConfig) -> Limits {
+        Limits {
+            now,
+            max_retained: d.max_retained.max(1),
+            ttl_hours: d.retained_ttl_hours.max(0.0),
+        }
+    }
+
+    /// Children retained before this instant are past their TTL.
+    pub(crate) fn cutoff(self) -> f64 {
+        self.now - self.ttl_hours * 3600.0
+    }
+}

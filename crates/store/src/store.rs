@@ -1,0 +1,113 @@
+//! The SQLite-backed [`Store`]: the one type implementing every seam trait
+//! of this crate. Opening it runs the open sequence of [`crate::db`] and then
+//! adopts hermes-retained units (the backfill).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::clock::Clock;
+use crate::config::{LoadedConfig, default_profile_key};
+use crate::db::{self, StoreOptions};
+use crate::error::Result;
+use crate::rows::Limits;
+
+/// The SQLite-backed store. Cheap to share behind an `Arc`; each operation
+/// takes a pooled connection.
+pub struct Store {
+    pub(crate) pool: db::Pool,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) config: LoadedConfig,
+    pub(crate) profile: String,
+    pub(crate) has_system_prompt: bool,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("path", &self.pool.path())
+            .field("profile", &self.profile)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Store {
+    /// Opens `path`: creates it and its directory, sets the pragmas, upgrades
+    /// a hermes file in place and backfills. Idempotent.
+    pub fn open(path: impl AsRef<Path>, opts: StoreOptions) -> Result<Store> {
+        let pool = db::open_pool(path.as_ref(), &opts)?;
+        if !opts.read_only {
+            // Live units only: O(live units), not O(history). A unit another writer
+            // both retained and tombstoned before Retinue ever wrote stays unadopted
+            // (it reads as unknown); adopted units report such tombstones as `external`.
+            pool.write("adopting hermes-retained units", |tx| {
+                crate::registry::backfill::backfill(tx, None)
+            })?;
+        }
+        let has_system_prompt = pool.with("reading the sessions columns", |conn| {
+            Ok(db::column_names(conn, "sessions")?.iter().any(|c| c == "system_prompt"))
+        })?;
+        Ok(Store {
+            pool,
+            clock: opts.clock,
+            config: opts.config,
+            profile: opts.profile,
+            has_system_prompt,
+        })
+    }
+
+    /// Opens `<home>/state.db` with `<home>/config.yaml` and the home's profile key.
+    pub fn open_home(home: impl AsRef<Path>, clock: Arc<dyn Clock>) -> Result<Store> {
+        let home = home.as_ref();
+        let opts = StoreOptions {
+            config: LoadedConfig::load(home),
+            clock,
+            profile: default_profile_key(home),
+            ..StoreOptions::default()
+        };
+        Store::open(home.join("state.db"), opts)
+    }
+
+    /// The database file.
+    pub fn path(&self) -> PathBuf {
+        self.pool.path().to_path_buf()
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &LoadedConfig {
+        &self.config
+    }
+
+    /// The profile key written to new units.
+    pub fn profile(&self) -> &str {
+        &self.profile
+    }
+
+    /// The clock.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
+    }
+
+    /// The retention limits in force now.
+    pub(crate) fn limits(&self) -> Limits {
+        Limits::new(self.clock.now(), &self.config.delegation)
+    }
+
+    /// `PRAGMA integrity_check` result (`"ok"` when healthy).
+    pub fn integrity_check(&self) -> Result<String> {
+        self.pool.with("checking integrity", |conn| {
+            let mut stmt = conn.prepare("PRAGMA integrity_check")?;
+            let rows = stmt.query_map([], |r| r.get::<_, String>(0))?;
+            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?.join("\n"))
+        })
+    }
+
+    /// The schema as `type name sql` lines (for snapshots and audits).
+    pub fn schema_dump(&self) -> Result<String> {
+        self.pool.with("dumping the schema", |conn| {
+            Ok(db::schema_sql(conn)?
+                .into_iter()
+                .map(|(t, n, sql)| format!("-- {t} {n}\n{sql}\n"))
+                .collect::<String>())
+        })
+    }
+}
