@@ -496,7 +496,7 @@ pub(crate) fn run(env: &Env, home: Option<&Path>) -> Result<Output> {
         return Err(failed("recovery", e));
     }
     let state = match store.lookup(INFLIGHT_SUBAGENT)? {
-        Lookup::Addressable(e) | Lookup::NotAddressable(e, _) => e.state,
+        Lookup::Addressable(e) | Lookup::NotAddressable(e, _) => e.state.to_string(),
         Lookup::Unknown => "-".to_owned(),
     };
     let filter = DeliveryFilter {

@@ -38,7 +38,7 @@ fn try_steer(
         delegation_id: String::new(),
         parent_session_id: owner.to_owned(),
         owner_profile: live.owner_profile.clone(),
-        state: UnitState::Running.as_str().to_owned(),
+        state: UnitState::Running,
         retained_at: None,
         completed_at: None,
         child_index: 0,

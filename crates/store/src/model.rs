@@ -5,6 +5,8 @@ use serde::ser::SerializeMap;
 use serde::{Serialize, Serializer};
 use serde_json::{Map, Value};
 
+use crate::status::UnitState;
+
 /// Longest goal kept in a manifest, in Unicode scalars.
 pub const GOAL_MAX_CHARS: usize = 200;
 
@@ -226,7 +228,7 @@ pub struct RetainedChild {
     /// The unit's profile (`''` for NULL).
     pub owner_profile: String,
     /// The unit's state.
-    pub state: String,
+    pub state: UnitState,
     /// The child's retention time.
     pub retained_at: Option<f64>,
     /// The unit's completion time.

@@ -5,6 +5,7 @@
 
 use rusqlite::Row;
 
+use crate::status::UnitState;
 use crate::config::DelegationConfig;
 use crate::model::{ChildManifest, RetainedChild};
 
@@ -74,7 +75,7 @@ pub(crate) fn read_child_row_at(r: &Row<'_>, o: usize) -> rusqlite::Result<Child
             retained_at: r.get(o + 5)?,
             parent_session_id: r.get::<_, Option<String>>(o + 8)?.unwrap_or_default(),
             owner_profile: r.get::<_, Option<String>>(o + 9)?.unwrap_or_default(),
-            state: r.get::<_, Option<String>>(o + 10)?.unwrap_or_default(),
+            state: UnitState::parse(&r.get::<_, Option<String>>(o + 10)?.unwrap_or_default()),
             completed_at: r.get(o + 11)?,
             manifest: ChildManifest::default(),
         },

@@ -205,7 +205,7 @@ fn recover_abandoned_delegations_rehydrates_retained() {
         ["child-sess-1"]
     );
     // Retained rows keep their state even though they were `running` with no owner.
-    assert_eq!(entries[0].state, "running");
+    assert_eq!(entries[0].state, retinue_store::UnitState::Running);
 }
 
 #[test]
