@@ -960,7 +960,7 @@ mod sinks {
         MockCompletionSink, MockTranscriptSink, RunInput, SinkError,
     };
     use retinue_lineage::Authority;
-    use retinue_store::{DelegationConfig, DeliveryFilter, ExitReason, Claims};
+    use retinue_store::{Claims, DelegationConfig, DeliveryFilter, ExitReason};
     use serde_json::json;
 
     use super::{Fx, ParentContext, parent};

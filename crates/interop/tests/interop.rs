@@ -401,7 +401,9 @@ fn adopt_and_follow_up(store: &Arc<Store>, tool: &Delegator, runtime: &ScriptedR
         listed.iter().map(|c| c.child_session_id.as_str()).collect::<Vec<_>>(),
         [sid("k1"), sid("k2")]
     );
-    assert!(listed.iter().all(|c| c.parent_session_id == sid("c1") && c.state == retinue_store::UnitState::Completed));
+    assert!(listed.iter().all(
+        |c| c.parent_session_id == sid("c1") && c.state == retinue_store::UnitState::Completed
+    ));
 
     // Authority over hermes' graph: the lineage may, everyone else may not.
     let authority = Authority::new(store.clone(), store.clone(), "");

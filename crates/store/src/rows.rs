@@ -5,9 +5,9 @@
 
 use rusqlite::Row;
 
-use crate::status::UnitState;
 use crate::config::DelegationConfig;
 use crate::model::{ChildManifest, RetainedChild};
+use crate::status::UnitState;
 
 /// Reads a JSON text column the way spec §2.7 reads JSON: corruption-tolerant.
 /// NULL, and text or a BLOB that is not UTF-8, read as absent (malformed);
