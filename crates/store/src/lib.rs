@@ -34,7 +34,7 @@ use std::sync::Arc;
 
 pub use clock::{Clock, ManualClock, SystemClock, iso8601};
 pub use config::{
-    DatabaseConfig, DelegationConfig, JournalMode, LoadedConfig, Synchronous, default_profile_key,
+    DatabaseConfig, DelegationConfig, JournalMode, LoadedConfig, ModelPrice, Synchronous, default_profile_key,
     hermes_home,
 };
 pub use db::StoreOptions;
