@@ -34,8 +34,8 @@ use std::sync::Arc;
 
 pub use clock::{Clock, ManualClock, SystemClock, iso8601};
 pub use config::{
-    DatabaseConfig, DelegationConfig, JournalMode, LoadedConfig, ModelPrice, Synchronous, default_profile_key,
-    hermes_home,
+    DatabaseConfig, DelegationConfig, JournalMode, LoadedConfig, ModelPrice, Synchronous,
+    default_profile_key, hermes_home,
 };
 pub use db::StoreOptions;
 pub use delivery::MAX_DELIVERY_ATTEMPTS;

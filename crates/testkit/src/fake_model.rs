@@ -481,10 +481,7 @@ struct Head {
 }
 
 /// Reads one request; `None` at EOF, on a malformed request, or when stopped.
-fn read_request(
-    reader: &mut BufReader<TcpStream>,
-    out: &mut TcpStream,
-) -> Option<(Head, Vec<u8>)> {
+fn read_request(reader: &mut BufReader<TcpStream>, out: &mut TcpStream) -> Option<(Head, Vec<u8>)> {
     let mut line = String::new();
     let mut head_len = 0usize;
     // Request line (skip stray blank lines between requests).
@@ -523,14 +520,26 @@ fn read_request(
     let head = Head { method, path, headers };
     let get = |n: &str| head.headers.iter().find(|(k, _)| k == n).map(|(_, v)| v.as_str());
     if get("transfer-encoding").is_some() {
-        let _ = write_response(out, 411, "application/json", br#"{"error":{"message":"Content-Length required"}}"#, &[]);
+        let _ = write_response(
+            out,
+            411,
+            "application/json",
+            br#"{"error":{"message":"Content-Length required"}}"#,
+            &[],
+        );
         return None;
     }
     let len = match get("content-length").map(str::parse::<usize>) {
         None => 0,
         Some(Ok(n)) if n <= MAX_BODY => n,
         Some(_) => {
-            let _ = write_response(out, 400, "application/json", br#"{"error":{"message":"bad Content-Length"}}"#, &[]);
+            let _ = write_response(
+                out,
+                400,
+                "application/json",
+                br#"{"error":{"message":"bad Content-Length"}}"#,
+                &[],
+            );
             return None;
         }
     };
@@ -607,7 +616,9 @@ fn serve_connection(stream: TcpStream, shared: &Arc<Shared>) {
         }
         if !recorded.path.ends_with("/chat/completions") || recorded.method != "POST" {
             let body = json!({"error": {"message": format!("no route for {} {}", recorded.method, recorded.path), "type": "invalid_request_error"}});
-            if write_response(&mut out, 404, "application/json", body.to_string().as_bytes(), &[]).is_err() {
+            if write_response(&mut out, 404, "application/json", body.to_string().as_bytes(), &[])
+                .is_err()
+            {
                 break;
             }
             continue;
@@ -710,7 +721,8 @@ fn stream_message(
             json!({"tool_calls": [{"index": i, "id": c.id, "type": "function", "function": {"name": c.name, "arguments": ""}}]}),
             None,
         ));
-        let half = c.arguments.char_indices().nth(c.arguments.chars().count() / 2).map_or(0, |(b, _)| b);
+        let half =
+            c.arguments.char_indices().nth(c.arguments.chars().count() / 2).map_or(0, |(b, _)| b);
         for part in [&c.arguments[..half], &c.arguments[half..]] {
             events.push(chunk(
                 model,
@@ -765,7 +777,10 @@ mod tests {
         server.push(Reply::text("first").with_usage(Usage::new(3, 4).cost(0.5)));
         server.push(Reply::rate_limited(2));
         let a = post(&server, r#"{"model":"m","messages":[]}"#);
-        assert!(a.starts_with("HTTP/1.1 200") && a.contains("\"first\"") && a.contains("\"cost\":0.5"), "{a}");
+        assert!(
+            a.starts_with("HTTP/1.1 200") && a.contains("\"first\"") && a.contains("\"cost\":0.5"),
+            "{a}"
+        );
         let b = post(&server, "{}");
         assert!(b.starts_with("HTTP/1.1 429") && b.contains("retry-after: 2"), "{b}");
         let c = post(&server, "not json");
