@@ -16,6 +16,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("retinue-lineage", &["retinue-store", "retinue-usage"]),
     ("retinue-usage", &["retinue-store"]),
     ("retinue-delegate", &["retinue-store", "retinue-lineage", "retinue-usage"]),
+    ("retinue-runtime", &["retinue-store", "retinue-delegate"]),
     ("retinue-cli", &["retinue-store", "retinue-lineage", "retinue-usage", "retinue-delegate"]),
     ("retinue-bench", &["retinue-store", "retinue-lineage", "retinue-usage"]),
     ("retinue-torture", &["retinue-store", "retinue-lineage", "retinue-usage", "retinue-delegate"]),

@@ -5,6 +5,8 @@
 //! affected keys take their defaults and a warning naming the file and key is
 //! recorded in [`LoadedConfig::warnings`] (and logged).
 
+use std::collections::BTreeMap;
+use std::fmt;
 use std::path::{Path, PathBuf};
 
 use serde_yaml_ng::Value;
@@ -39,8 +41,21 @@ pub struct DatabaseConfig {
     pub synchronous: Synchronous,
 }
 
+/// One model's price (`delegation.pricing.MODEL`), in US dollars per million tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct ModelPrice {
+    /// Prompt tokens not served from the cache.
+    pub input_per_mtok: f64,
+    /// Completion tokens (reasoning included).
+    pub output_per_mtok: f64,
+    /// Cached prompt tokens; `None` bills them at `input_per_mtok`.
+    pub cached_input_per_mtok: Option<f64>,
+}
+
 /// The `delegation:` section, every key with its default (spec §8).
-#[derive(Debug, Clone, PartialEq)]
+///
+/// `Debug` never prints the API key (it shows whether one is set).
+#[derive(Clone, PartialEq)]
 pub struct DelegationConfig {
     /// Child model; empty = inherit the parent's.
     pub model: String,
@@ -50,6 +65,15 @@ pub struct DelegationConfig {
     pub base_url: String,
     /// Child API key; never logged or stored.
     pub api_key: String,
+    /// The environment variable holding the API key when `api_key` is empty;
+    /// empty = `OPENAI_API_KEY`.
+    pub api_key_env: String,
+    /// Whether children stream model responses (server-sent events).
+    pub stream: bool,
+    /// Prices per model (`delegation.pricing: {MODEL: {input_per_mtok,
+    /// output_per_mtok, cached_input_per_mtok}}`), used when the provider
+    /// reports no cost.
+    pub pricing: BTreeMap<String, ModelPrice>,
     /// `chat_completions`, `codex_responses`, `anthropic_messages` or empty.
     pub api_mode: String,
     /// Reasoning effort; empty = inherit, `"off"` when YAML says `false`.
@@ -83,6 +107,9 @@ impl Default for DelegationConfig {
             provider: String::new(),
             base_url: String::new(),
             api_key: String::new(),
+            api_key_env: String::new(),
+            stream: false,
+            pricing: BTreeMap::new(),
             api_mode: String::new(),
             reasoning_effort: String::new(),
             inherit_mcp_toolsets: true,
@@ -96,6 +123,33 @@ impl Default for DelegationConfig {
             max_retained: 10,
             retained_ttl_hours: 72.0,
         }
+    }
+}
+
+impl fmt::Debug for DelegationConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let key = if self.api_key.is_empty() { "" } else { "[redacted]" };
+        f.debug_struct("DelegationConfig")
+            .field("model", &self.model)
+            .field("provider", &self.provider)
+            .field("base_url", &self.base_url)
+            .field("api_key", &key)
+            .field("api_key_env", &self.api_key_env)
+            .field("stream", &self.stream)
+            .field("pricing", &self.pricing)
+            .field("api_mode", &self.api_mode)
+            .field("reasoning_effort", &self.reasoning_effort)
+            .field("inherit_mcp_toolsets", &self.inherit_mcp_toolsets)
+            .field("max_iterations", &self.max_iterations)
+            .field("max_summary_chars", &self.max_summary_chars)
+            .field("child_timeout_seconds", &self.child_timeout_seconds)
+            .field("max_concurrent_children", &self.max_concurrent_children)
+            .field("max_spawn_depth", &self.max_spawn_depth)
+            .field("orchestrator_enabled", &self.orchestrator_enabled)
+            .field("subagent_auto_approve", &self.subagent_auto_approve)
+            .field("max_retained", &self.max_retained)
+            .field("retained_ttl_hours", &self.retained_ttl_hours)
+            .finish()
     }
 }
 
@@ -185,6 +239,9 @@ impl LoadedConfig {
         r.string("provider", &mut d.provider);
         r.string("base_url", &mut d.base_url);
         r.string("api_key", &mut d.api_key);
+        r.string("api_key_env", &mut d.api_key_env);
+        r.boolean("stream", &mut d.stream);
+        r.pricing(&mut d.pricing);
         r.string("api_mode", &mut d.api_mode);
         if !d.api_mode.is_empty()
             && !matches!(
@@ -332,6 +389,66 @@ impl Reader<'_> {
             Some(_) => {
                 self.bad(key);
                 None
+            }
+        }
+    }
+
+    /// `pricing: {MODEL: {input_per_mtok, output_per_mtok, cached_input_per_mtok}}`;
+    /// a model whose entry is not a mapping of non-negative numbers is skipped
+    /// with a warning (never priced by a guess).
+    fn pricing(&mut self, out: &mut BTreeMap<String, ModelPrice>) {
+        let Some(section) = self.v.get("pricing") else { return };
+        if section.is_null() {
+            return;
+        }
+        let Some(models) = section.as_mapping() else {
+            self.bad("pricing");
+            return;
+        };
+        for (model, entry) in models {
+            let name = match model {
+                Value::String(s) => s.trim().to_owned(),
+                Value::Number(n) => n.to_string(),
+                _ => {
+                    self.bad("pricing");
+                    continue;
+                }
+            };
+            let number = |key: &str| -> Result<Option<f64>, ()> {
+                match entry.get(key) {
+                    None | Some(Value::Null) => Ok(None),
+                    Some(Value::Number(n)) => match n.as_f64() {
+                        Some(f) if f.is_finite() && f >= 0.0 => Ok(Some(f)),
+                        _ => Err(()),
+                    },
+                    Some(_) => Err(()),
+                }
+            };
+            let parsed = if entry.is_mapping() {
+                match (
+                    number("input_per_mtok"),
+                    number("output_per_mtok"),
+                    number("cached_input_per_mtok"),
+                ) {
+                    (Ok(Some(input)), Ok(Some(output)), Ok(cached)) => Some(ModelPrice {
+                        input_per_mtok: input,
+                        output_per_mtok: output,
+                        cached_input_per_mtok: cached,
+                    }),
+                    _ => None,
+                }
+            } else {
+                None
+            };
+            match parsed {
+                Some(price) if !name.is_empty() => {
+                    out.insert(name, price);
+                }
+                _ => self.warnings.push(format!(
+                    "{}: delegation.pricing.{name} needs non-negative numbers input_per_mtok and \
+                     output_per_mtok (cached_input_per_mtok optional); model left unpriced",
+                    self.origin.display()
+                )),
             }
         }
     }

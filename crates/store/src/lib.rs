@@ -32,8 +32,8 @@ mod store;
 
 pub use clock::{Clock, ManualClock, SystemClock, iso8601};
 pub use config::{
-    DatabaseConfig, DelegationConfig, JournalMode, LoadedConfig, Synchronous, default_profile_key,
-    hermes_home,
+    DatabaseConfig, DelegationConfig, JournalMode, LoadedConfig, ModelPrice, Synchronous,
+    default_profile_key, hermes_home,
 };
 pub use db::StoreOptions;
 pub use error::{Error, ErrorKind, Result, Source};

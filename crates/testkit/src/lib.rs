@@ -7,7 +7,10 @@
 //!   compression continuations, branches, delegate children, tool sessions,
 //!   strangers, and — through raw SQL — links the store would refuse: missing
 //!   parents, cycles, malformed `model_config` text);
-//! * [`dispatch_and_retain`]: the spec §10.1 fixture unit.
+//! * [`dispatch_and_retain`]: the spec §10.1 fixture unit;
+//! * [`fake_model::FakeModel`]: a scripted OpenAI-compatible model server on
+//!   127.0.0.1 (text, tool calls, SSE streams, usage, delays, 429/5xx/401,
+//!   malformed bodies, dropped connections), recording every request.
 //!
 //! Helpers panic (with the failing operation in the message) instead of
 //! returning errors: they are meant for tests, where a failed fixture is a
@@ -32,7 +35,9 @@ use retinue_store::{
 };
 use serde_json::Value;
 
+pub mod fake_model;
 pub mod hermes;
+pub use fake_model::{FakeModel, FakeToolCall, RecordedRequest, Reply, Usage};
 pub use hermes::{HermesDb, HermesFixture, HermesSession, HermesUnit};
 pub use retinue_store::{Clock, ManualClock};
 /// The raw SQLite driver, for tests that must write what the store refuses.

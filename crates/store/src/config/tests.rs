@@ -65,3 +65,40 @@ fn deprecated_and_large_concurrency_warn() {
     assert_eq!(c.delegation.max_concurrent_children, 12);
     assert_eq!(c.warnings.len(), 2, "{:?}", c.warnings);
 }
+
+#[test]
+fn runtime_keys_stream_api_key_env_and_pricing() {
+    let c = load(
+        "delegation:\n  stream: true\n  api_key_env: MY_KEY\n  api_key: sk-secret\n  pricing:\n    \
+         gpt-x: {input_per_mtok: 2.5, output_per_mtok: 10, cached_input_per_mtok: 1.25}\n    \
+         cheap: {input_per_mtok: 0.1, output_per_mtok: 0.2}\n    \
+         broken: {input_per_mtok: -1, output_per_mtok: 1}\n    \
+         words: free\n",
+    );
+    let d = &c.delegation;
+    assert!(d.stream);
+    assert_eq!(d.api_key_env, "MY_KEY");
+    assert_eq!(
+        d.pricing.get("gpt-x"),
+        Some(&ModelPrice {
+            input_per_mtok: 2.5,
+            output_per_mtok: 10.0,
+            cached_input_per_mtok: Some(1.25)
+        })
+    );
+    assert_eq!(d.pricing.get("cheap").and_then(|p| p.cached_input_per_mtok), None);
+    assert!(!d.pricing.contains_key("broken") && !d.pricing.contains_key("words"));
+    assert_eq!(c.warnings.len(), 2, "{:?}", c.warnings);
+    assert!(c.warnings.iter().all(|w| w.contains("delegation.pricing.")));
+    let shown = format!("{d:?}");
+    assert!(!shown.contains("sk-secret") && shown.contains("[redacted]"), "{shown}");
+}
+
+#[test]
+fn runtime_keys_default_off_and_mistyped_pricing_warns() {
+    let d = DelegationConfig::default();
+    assert!(!d.stream && d.api_key_env.is_empty() && d.pricing.is_empty());
+    let c = load("delegation:\n  pricing: [1, 2]\n  stream: maybe\n");
+    assert!(c.delegation.pricing.is_empty() && !c.delegation.stream);
+    assert_eq!(c.warnings.len(), 2, "{:?}", c.warnings);
+}

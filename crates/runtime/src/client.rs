@@ -1,0 +1,425 @@
+//! One model call over HTTP: request, retries, response and SSE parsing.
+
+use std::io::{BufRead, BufReader};
+use std::time::Duration;
+
+use retinue_delegate::{CancelToken, RunTokens};
+use serde_json::Value;
+
+use crate::error::scrub;
+use crate::{Error, RuntimeConfig};
+
+/// Largest non-streamed response body read.
+const MAX_BODY: u64 = 64 * 1024 * 1024;
+
+/// One tool call of an assistant message.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub(crate) struct ToolCall {
+    pub(crate) id: String,
+    pub(crate) name: String,
+    pub(crate) arguments: String,
+}
+
+/// A model call's answer.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub(crate) struct Completion {
+    pub(crate) content: Option<String>,
+    pub(crate) tool_calls: Vec<ToolCall>,
+    pub(crate) finish_reason: Option<String>,
+    pub(crate) tokens: RunTokens,
+    /// The provider-reported cost (`usage.cost`).
+    pub(crate) cost: Option<f64>,
+}
+
+/// How a call ended.
+#[derive(Debug)]
+pub(crate) enum CallOutcome {
+    /// An answer.
+    Done(Completion),
+    /// The cancel token fired (explicit cancel or deadline).
+    Stopped,
+    /// An error that retrying did not (or could not) cure.
+    Failed(Error),
+}
+
+/// One attempt's failure.
+enum Attempt {
+    Retry { why: String, retry_after: Option<Duration> },
+    Fatal(Error),
+    Stopped,
+}
+
+/// What one request needs.
+pub(crate) struct Call<'a> {
+    pub(crate) agent: &'a ureq::Agent,
+    pub(crate) config: &'a RuntimeConfig,
+    pub(crate) base_url: &'a str,
+    pub(crate) model: &'a str,
+    pub(crate) body: &'a str,
+    pub(crate) stream: bool,
+    pub(crate) cancel: &'a CancelToken,
+}
+
+impl Call<'_> {
+    fn url(&self) -> String {
+        format!("{}/chat/completions", self.base_url.trim_end_matches('/'))
+    }
+
+    fn key(&self) -> Option<&str> {
+        self.config.api_key.as_deref()
+    }
+
+    /// Sends the request, retrying what may be retried.
+    pub(crate) fn run(&self) -> CallOutcome {
+        let policy = self.config.retry;
+        let mut attempt: u32 = 0;
+        loop {
+            if self.cancel.is_cancelled() {
+                return CallOutcome::Stopped;
+            }
+            attempt += 1;
+            match self.attempt() {
+                Ok(c) => return CallOutcome::Done(c),
+                Err(Attempt::Stopped) => return CallOutcome::Stopped,
+                Err(Attempt::Fatal(e)) => return CallOutcome::Failed(e),
+                Err(Attempt::Retry { why, retry_after }) => {
+                    let why = scrub(&why, self.key());
+                    if attempt > policy.max_retries {
+                        return CallOutcome::Failed(Error::Exhausted {
+                            attempts: attempt,
+                            last: why,
+                        });
+                    }
+                    let pause = retry_after
+                        .unwrap_or_else(|| backoff(policy.base_delay, attempt))
+                        .min(policy.max_delay);
+                    log::warn!(
+                        "model call to {} failed ({why}); retry {attempt}/{} in {:?}",
+                        self.url(),
+                        policy.max_retries,
+                        pause
+                    );
+                    if self.cancel.sleep(pause) {
+                        return CallOutcome::Stopped;
+                    }
+                }
+            }
+        }
+    }
+
+    fn attempt(&self) -> Result<Completion, Attempt> {
+        let mut timeout = self.config.request_timeout;
+        if let Some(left) = self.cancel.remaining() {
+            if left.is_zero() {
+                return Err(Attempt::Stopped);
+            }
+            timeout = timeout.min(left);
+        }
+        let url = self.url();
+        let mut req = self
+            .agent
+            .post(&url)
+            .header("content-type", "application/json")
+            .header("accept", if self.stream { "text/event-stream" } else { "application/json" });
+        if let Some(key) = self.key() {
+            req = req.header("authorization", format!("Bearer {key}"));
+        }
+        let sent = req.config().timeout_global(Some(timeout)).build().send(self.body);
+        let response = match sent {
+            Ok(r) => r,
+            Err(e) => return Err(self.transport(&e)),
+        };
+        let status = response.status().as_u16();
+        let retry_after = response
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .filter(|s| s.is_finite() && *s >= 0.0)
+            .map(Duration::from_secs_f64);
+        let is_sse = response
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/event-stream"));
+        let mut body = response.into_body();
+        if status == 200 && is_sse {
+            return self.read_stream(body.into_reader());
+        }
+        let text = match body.with_config().limit(MAX_BODY).read_to_string() {
+            Ok(t) => t,
+            Err(e) => return Err(self.transport(&e)),
+        };
+        if status == 200 {
+            let v: Value = serde_json::from_str(&text).map_err(|e| {
+                Attempt::Fatal(Error::Malformed(format!("the body is not JSON ({e})")))
+            })?;
+            return parse_completion(&v).map_err(|e| Attempt::Fatal(Error::Malformed(e)));
+        }
+        let message = scrub(&provider_message(&text), self.key());
+        Err(match status {
+            401 | 403 => Attempt::Fatal(Error::KeyRejected {
+                status,
+                base_url: self.base_url.to_owned(),
+                origin: self.config.api_key_origin.clone(),
+            }),
+            404 => Attempt::Fatal(Error::NotFound { url, model: self.model.to_owned(), message }),
+            400 => Attempt::Fatal(Error::BadRequest { message }),
+            408 | 409 | 429 | 500..=599 => {
+                Attempt::Retry { why: format!("HTTP {status}: {message}"), retry_after }
+            }
+            _ => Attempt::Fatal(Error::Status { status, message }),
+        })
+    }
+
+    fn transport(&self, e: &ureq::Error) -> Attempt {
+        if self.cancel.is_cancelled() {
+            return Attempt::Stopped;
+        }
+        let text = scrub(&e.to_string(), self.key());
+        match e {
+            ureq::Error::Timeout(_) => {
+                Attempt::Retry { why: format!("request timed out ({text})"), retry_after: None }
+            }
+            ureq::Error::Io(_)
+            | ureq::Error::ConnectionFailed
+            | ureq::Error::Protocol(_)
+            | ureq::Error::BodyStalled => {
+                Attempt::Retry { why: format!("connection error: {text}"), retry_after: None }
+            }
+            ureq::Error::BadUri(_) | ureq::Error::HostNotFound | ureq::Error::Http(_) => {
+                Attempt::Fatal(Error::Unreachable { url: self.url(), message: text })
+            }
+            _ => Attempt::Fatal(Error::Malformed(text)),
+        }
+    }
+
+    /// Reads an SSE stream, assembling the message; checks cancellation
+    /// between lines.
+    fn read_stream(&self, reader: impl std::io::Read) -> Result<Completion, Attempt> {
+        let mut lines = BufReader::new(reader);
+        let mut acc = StreamAcc::default();
+        let mut line = String::new();
+        loop {
+            if self.cancel.is_cancelled() {
+                return Err(Attempt::Stopped);
+            }
+            line.clear();
+            match lines.read_line(&mut line) {
+                Ok(0) => {
+                    return Err(Attempt::Retry {
+                        why: "the stream ended before `data: [DONE]`".to_owned(),
+                        retry_after: None,
+                    });
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    if self.cancel.is_cancelled() {
+                        return Err(Attempt::Stopped);
+                    }
+                    return Err(Attempt::Retry {
+                        why: format!("stream interrupted: {}", scrub(&e.to_string(), self.key())),
+                        retry_after: None,
+                    });
+                }
+            }
+            let Some(data) = line.trim_end().strip_prefix("data:") else { continue };
+            let data = data.trim_start();
+            if data == "[DONE]" {
+                return Ok(acc.finish());
+            }
+            let chunk: Value = serde_json::from_str(data).map_err(|e| {
+                Attempt::Fatal(Error::Malformed(format!("a stream chunk is not JSON ({e})")))
+            })?;
+            acc.add(&chunk, self.key()).map_err(Attempt::Fatal)?;
+        }
+    }
+}
+
+/// `base * 2^(attempt-1)`, times a jitter factor in [0.5, 1.0).
+fn backoff(base: Duration, attempt: u32) -> Duration {
+    let exp = base.saturating_mul(1u32 << attempt.saturating_sub(1).min(16));
+    let r = getrandom::u32().unwrap_or(0);
+    let factor = 0.5 + f64::from(r) / (f64::from(u32::MAX) * 2.0);
+    exp.mul_f64(factor)
+}
+
+/// The provider's `error.message`, or the body (shortened).
+fn provider_message(body: &str) -> String {
+    let parsed: Option<Value> = serde_json::from_str(body).ok();
+    let msg = parsed.as_ref().and_then(|v| {
+        v["error"]["message"]
+            .as_str()
+            .or_else(|| v["error"].as_str())
+            .or_else(|| v["message"].as_str())
+            .map(str::to_owned)
+    });
+    msg.unwrap_or_else(|| {
+        let t = body.trim();
+        if t.chars().count() > 300 {
+            t.chars().take(300).collect::<String>() + "…"
+        } else {
+            t.to_owned()
+        }
+    })
+}
+
+fn u(v: &Value) -> u64 {
+    v.as_u64().unwrap_or(0)
+}
+
+/// Reads a `usage` object.
+pub(crate) fn parse_usage(usage: &Value) -> (RunTokens, Option<f64>) {
+    let tokens = RunTokens {
+        input: u(&usage["prompt_tokens"]),
+        output: u(&usage["completion_tokens"]),
+        cached_input: u(&usage["prompt_tokens_details"]["cached_tokens"]),
+        reasoning: u(&usage["completion_tokens_details"]["reasoning_tokens"]),
+    };
+    let cost = usage["cost"].as_f64().filter(|c| c.is_finite() && *c >= 0.0);
+    (tokens, cost)
+}
+
+/// Reads a non-streamed Chat Completions response.
+pub(crate) fn parse_completion(v: &Value) -> Result<Completion, String> {
+    if let Some(err) = v.get("error").filter(|e| !e.is_null()) {
+        let msg = err["message"].as_str().unwrap_or("unknown error");
+        return Err(format!("the provider answered with an error: {msg}"));
+    }
+    let choice = v["choices"].get(0).ok_or("no `choices[0]` in the response")?;
+    let message =
+        choice.get("message").filter(|m| m.is_object()).ok_or("no `message` in `choices[0]`")?;
+    let content = match &message["content"] {
+        Value::Null => None,
+        Value::String(s) => Some(s.clone()),
+        other => Some(other.to_string()),
+    };
+    let mut tool_calls = Vec::new();
+    if let Some(calls) = message["tool_calls"].as_array() {
+        for c in calls {
+            let name =
+                c["function"]["name"].as_str().ok_or("a tool call has no `function.name`")?;
+            let arguments = match &c["function"]["arguments"] {
+                Value::String(s) => s.clone(),
+                Value::Null => String::new(),
+                other => other.to_string(),
+            };
+            tool_calls.push(ToolCall {
+                id: c["id"].as_str().unwrap_or_default().to_owned(),
+                name: name.to_owned(),
+                arguments,
+            });
+        }
+    }
+    let (tokens, cost) = parse_usage(&v["usage"]);
+    Ok(Completion {
+        content,
+        tool_calls,
+        finish_reason: choice["finish_reason"].as_str().map(str::to_owned),
+        tokens,
+        cost,
+    })
+}
+
+/// Assembles streamed deltas.
+#[derive(Default)]
+struct StreamAcc {
+    content: Option<String>,
+    calls: Vec<ToolCall>,
+    finish_reason: Option<String>,
+    tokens: RunTokens,
+    cost: Option<f64>,
+}
+
+impl StreamAcc {
+    fn add(&mut self, chunk: &Value, key: Option<&str>) -> Result<(), Error> {
+        if let Some(err) = chunk.get("error").filter(|e| !e.is_null()) {
+            let msg = err["message"].as_str().unwrap_or("unknown error");
+            return Err(Error::Malformed(format!(
+                "the provider sent an error mid-stream: {}",
+                scrub(msg, key)
+            )));
+        }
+        if let Some(usage) = chunk.get("usage").filter(|u| u.is_object()) {
+            let (t, c) = parse_usage(usage);
+            self.tokens = t;
+            self.cost = c;
+        }
+        let Some(choice) = chunk["choices"].get(0) else { return Ok(()) };
+        if let Some(reason) = choice["finish_reason"].as_str() {
+            self.finish_reason = Some(reason.to_owned());
+        }
+        let delta = &choice["delta"];
+        if let Some(text) = delta["content"].as_str() {
+            self.content.get_or_insert_with(String::new).push_str(text);
+        }
+        for d in delta["tool_calls"].as_array().into_iter().flatten() {
+            let index = d["index"]
+                .as_u64()
+                .and_then(|i| usize::try_from(i).ok())
+                .unwrap_or(self.calls.len());
+            if index > self.calls.len() + 128 {
+                return Err(Error::Malformed(format!("tool call index {index} out of range")));
+            }
+            while self.calls.len() <= index {
+                self.calls.push(ToolCall::default());
+            }
+            let call = &mut self.calls[index];
+            if let Some(id) = d["id"].as_str() {
+                call.id = id.to_owned();
+            }
+            if let Some(name) = d["function"]["name"].as_str() {
+                call.name.push_str(name);
+            }
+            if let Some(args) = d["function"]["arguments"].as_str() {
+                call.arguments.push_str(args);
+            }
+        }
+        Ok(())
+    }
+
+    fn finish(self) -> Completion {
+        Completion {
+            content: self.content.filter(|c| !c.is_empty()),
+            tool_calls: self.calls.into_iter().filter(|c| !c.name.is_empty()).collect(),
+            finish_reason: self.finish_reason,
+            tokens: self.tokens,
+            cost: self.cost,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn malformed_shapes_are_errors_not_panics() {
+        for v in [
+            json!({}),
+            json!({"choices": []}),
+            json!({"choices": [{"message": 3}]}),
+            json!({"choices": [{"message": {"tool_calls": [{"function": {}}]}}]}),
+            json!({"error": {"message": "x"}}),
+        ] {
+            assert!(parse_completion(&v).is_err(), "{v}");
+        }
+    }
+
+    #[test]
+    fn backoff_doubles_with_jitter() {
+        let b = Duration::from_millis(100);
+        for attempt in 1..5 {
+            let d = backoff(b, attempt);
+            let full = b * (1 << (attempt - 1));
+            assert!(d >= full / 2 && d <= full, "{d:?} vs {full:?}");
+        }
+    }
+
+    #[test]
+    fn provider_message_prefers_error_message() {
+        assert_eq!(provider_message(r#"{"error":{"message":"too long"}}"#), "too long");
+        assert_eq!(provider_message("plain"), "plain");
+    }
+}

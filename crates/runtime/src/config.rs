@@ -1,0 +1,248 @@
+//! The runtime's configuration.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+use retinue_store::{DelegationConfig, ModelPrice};
+
+use crate::Error;
+
+/// The `api_mode` values this runtime implements (empty means the first).
+pub const SUPPORTED_API_MODES: &[&str] = &["chat_completions"];
+
+/// The environment variable read for the API key when neither
+/// `delegation.api_key` nor `delegation.api_key_env` is set.
+pub const DEFAULT_KEY_ENV: &str = "OPENAI_API_KEY";
+
+/// How failed model calls are retried (429, 5xx, timeouts, dropped connections).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Retries after the first attempt (0: no retry).
+    pub max_retries: u32,
+    /// The first backoff; doubled at each retry, with jitter.
+    pub base_delay: Duration,
+    /// The longest pause, `Retry-After` included.
+    pub max_delay: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> RetryPolicy {
+        RetryPolicy {
+            max_retries: 4,
+            base_delay: Duration::from_millis(500),
+            max_delay: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Everything the runtime needs to call the model.
+///
+/// `Debug` never prints the API key.
+#[derive(Clone, PartialEq)]
+pub struct RuntimeConfig {
+    /// The API root, e.g. `https://api.openai.com/v1` (the runtime posts to
+    /// `{base_url}/chat/completions`).
+    pub base_url: String,
+    /// The model.
+    pub model: String,
+    /// The bearer token; `None` sends no `Authorization` header (local servers).
+    pub api_key: Option<String>,
+    /// Where the key came from, for error texts (`delegation.api_key`,
+    /// `environment variable OPENAI_API_KEY`, …).
+    pub api_key_origin: String,
+    /// `chat_completions` or empty; anything else is refused.
+    pub api_mode: String,
+    /// Stream responses (server-sent events).
+    pub stream: bool,
+    /// Model calls per run (a child's `max_iterations` overrides it when set).
+    pub max_iterations: u32,
+    /// Prices per model, used when the provider reports no cost.
+    pub pricing: BTreeMap<String, ModelPrice>,
+    /// Retries.
+    pub retry: RetryPolicy,
+    /// The longest one HTTP request may take (further bounded by the
+    /// child's deadline).
+    pub request_timeout: Duration,
+}
+
+impl fmt::Debug for RuntimeConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RuntimeConfig")
+            .field("base_url", &self.base_url)
+            .field("model", &self.model)
+            .field("api_key", &self.api_key.as_ref().map(|_| "[redacted]"))
+            .field("api_key_origin", &self.api_key_origin)
+            .field("api_mode", &self.api_mode)
+            .field("stream", &self.stream)
+            .field("max_iterations", &self.max_iterations)
+            .field("pricing", &self.pricing)
+            .field("retry", &self.retry)
+            .field("request_timeout", &self.request_timeout)
+            .finish()
+    }
+}
+
+impl RuntimeConfig {
+    /// A configuration for `model` at `base_url`: no key, no streaming, 50
+    /// iterations, no prices, default retries, 10-minute request timeout.
+    pub fn new(base_url: impl Into<String>, model: impl Into<String>) -> RuntimeConfig {
+        RuntimeConfig {
+            base_url: base_url.into(),
+            model: model.into(),
+            api_key: None,
+            api_key_origin: "nowhere (no key configured)".to_owned(),
+            api_mode: String::new(),
+            stream: false,
+            max_iterations: 50,
+            pricing: BTreeMap::new(),
+            retry: RetryPolicy::default(),
+            request_timeout: Duration::from_secs(600),
+        }
+    }
+
+    /// With `key` as the API key (origin: set by the embedder).
+    #[must_use]
+    pub fn with_api_key(mut self, key: impl Into<String>) -> RuntimeConfig {
+        self.api_key = Some(key.into());
+        self.api_key_origin = "the embedder's configuration".to_owned();
+        self
+    }
+
+    /// From `config.yaml`'s `delegation:` section, reading the process
+    /// environment for the key (see [`RuntimeConfig::from_delegation_with_env`]).
+    pub fn from_delegation(d: &DelegationConfig) -> Result<RuntimeConfig, Error> {
+        RuntimeConfig::from_delegation_with_env(d, &|name| std::env::var(name).ok())
+    }
+
+    /// From the `delegation:` section: `base_url` (or the provider's known
+    /// endpoint for `openai`, `openrouter`, `ollama`), `model`, `api_mode`,
+    /// `stream`, `max_iterations`, `pricing`; the key from
+    /// `delegation.api_key`, else the variable named by
+    /// `delegation.api_key_env`, else `OPENAI_API_KEY` (looked up with `env`).
+    /// An empty model or endpoint is allowed here (a child may name them);
+    /// building a child without them fails with a text naming the keys.
+    pub fn from_delegation_with_env(
+        d: &DelegationConfig,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<RuntimeConfig, Error> {
+        check_api_mode(&d.api_mode)?;
+        let base_url = if d.base_url.is_empty() {
+            provider_base_url(&d.provider).unwrap_or_default().to_owned()
+        } else {
+            d.base_url.clone()
+        };
+        let mut c = RuntimeConfig::new(base_url, d.model.clone());
+        c.api_mode = d.api_mode.clone();
+        c.stream = d.stream;
+        if d.max_iterations > 0 {
+            c.max_iterations = d.max_iterations;
+        }
+        c.pricing = d.pricing.clone();
+        if !d.api_key.is_empty() {
+            c.api_key = Some(d.api_key.clone());
+            c.api_key_origin = "`delegation.api_key` in config.yaml".to_owned();
+        } else {
+            let var = if d.api_key_env.is_empty() { DEFAULT_KEY_ENV } else { &d.api_key_env };
+            match env(var).map(|k| k.trim().to_owned()).filter(|k| !k.is_empty()) {
+                Some(key) => {
+                    c.api_key = Some(key);
+                    c.api_key_origin = format!("the environment variable `{var}`");
+                }
+                None => {
+                    c.api_key_origin =
+                        format!("nowhere (`delegation.api_key` is empty and `{var}` is not set)");
+                }
+            }
+        }
+        Ok(c)
+    }
+
+    /// Checks what can be checked before a call (the `api_mode`).
+    pub fn check(&self) -> Result<(), Error> {
+        check_api_mode(&self.api_mode)
+    }
+}
+
+/// The known endpoint of a provider name.
+fn provider_base_url(provider: &str) -> Option<&'static str> {
+    match provider.trim().to_ascii_lowercase().as_str() {
+        "openai" => Some("https://api.openai.com/v1"),
+        "openrouter" => Some("https://openrouter.ai/api/v1"),
+        "ollama" => Some("http://127.0.0.1:11434/v1"),
+        _ => None,
+    }
+}
+
+pub(crate) fn check_api_mode(mode: &str) -> Result<(), Error> {
+    let mode = mode.trim();
+    if mode.is_empty() || SUPPORTED_API_MODES.contains(&mode) {
+        Ok(())
+    } else {
+        Err(Error::Config(format!(
+            "api_mode `{mode}` is not supported by this runtime; supported: {} (or leave \
+             `delegation.api_mode` empty)",
+            SUPPORTED_API_MODES.join(", ")
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(vars: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
+        move |name| vars.iter().find(|(k, _)| *k == name).map(|(_, v)| (*v).to_owned())
+    }
+
+    #[test]
+    fn key_comes_from_config_then_named_env_then_openai_env() {
+        let mut d = DelegationConfig {
+            model: "m".into(),
+            base_url: "http://x/v1".into(),
+            ..DelegationConfig::default()
+        };
+        let e = env(&[("OPENAI_API_KEY", "sk-default"), ("MINE", "sk-mine")]);
+        let c = RuntimeConfig::from_delegation_with_env(&d, &e).expect("config");
+        assert_eq!(c.api_key.as_deref(), Some("sk-default"));
+        assert!(c.api_key_origin.contains("OPENAI_API_KEY"));
+        d.api_key_env = "MINE".into();
+        let c = RuntimeConfig::from_delegation_with_env(&d, &e).expect("config");
+        assert_eq!(c.api_key.as_deref(), Some("sk-mine"));
+        d.api_key = "sk-config".into();
+        let c = RuntimeConfig::from_delegation_with_env(&d, &e).expect("config");
+        assert_eq!(c.api_key.as_deref(), Some("sk-config"));
+        assert!(!format!("{c:?}").contains("sk-config"));
+        d.api_key.clear();
+        d.api_key_env = "UNSET".into();
+        let c = RuntimeConfig::from_delegation_with_env(&d, &e).expect("config");
+        assert_eq!(c.api_key, None);
+        assert!(c.api_key_origin.contains("UNSET"));
+    }
+
+    #[test]
+    fn unsupported_api_mode_names_the_supported_ones() {
+        let d = DelegationConfig {
+            api_mode: "anthropic_messages".into(),
+            ..DelegationConfig::default()
+        };
+        let err = RuntimeConfig::from_delegation_with_env(&d, &|_| None).err();
+        let text = err.map(|e| e.to_string()).unwrap_or_default();
+        assert!(text.contains("anthropic_messages") && text.contains("chat_completions"), "{text}");
+    }
+
+    #[test]
+    fn provider_gives_a_default_endpoint_and_fields_carry_over() {
+        let d = DelegationConfig {
+            provider: "openrouter".into(),
+            model: "x/y".into(),
+            stream: true,
+            max_iterations: 7,
+            ..DelegationConfig::default()
+        };
+        let c = RuntimeConfig::from_delegation_with_env(&d, &|_| None).expect("config");
+        assert_eq!(c.base_url, "https://openrouter.ai/api/v1");
+        assert!(c.stream);
+        assert_eq!(c.max_iterations, 7);
+    }
+}

@@ -1,0 +1,412 @@
+//! [`ChatRuntime`]: the run loop.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use retinue_delegate::{
+    CancelReason, CancelToken, ChildHandle, ChildOutcome, ChildRuntime, ChildSpec, RunInput,
+    RunTokens, RuntimeError, TranscriptSink,
+};
+use retinue_store::{ExitReason, Message};
+use serde_json::{Value, json};
+
+use crate::client::{Call, CallOutcome, Completion};
+use crate::config::check_api_mode;
+use crate::error::scrub;
+use crate::tools::tool_names;
+use crate::{Error, RuntimeConfig, ToolExecutor};
+
+/// hermes's marker for structured (JSON) message content.
+const JSON_CONTENT: &str = "\u{0}json:";
+
+/// What the runtime keeps per built child.
+#[derive(Debug, Clone)]
+struct Child {
+    base_url: String,
+    model: String,
+    max_iterations: u32,
+    steers: Vec<String>,
+    /// Accepting steers (built, not finished).
+    open: bool,
+}
+
+/// A [`ChildRuntime`] over an OpenAI-compatible Chat Completions endpoint.
+///
+/// One value serves many children at once (each `run` on its caller's
+/// thread; HTTP connections are pooled but never shared by two in-flight
+/// calls).
+pub struct ChatRuntime {
+    config: RuntimeConfig,
+    agent: ureq::Agent,
+    tools: Arc<dyn ToolExecutor>,
+    children: Mutex<HashMap<String, Child>>,
+}
+
+impl fmt::Debug for ChatRuntime {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ChatRuntime").field("config", &self.config).finish_non_exhaustive()
+    }
+}
+
+impl ChatRuntime {
+    /// A runtime calling the endpoint of `config`, running tools through `tools`.
+    ///
+    /// Fails with [`Error::Config`] for an unsupported `api_mode`.
+    pub fn new(config: RuntimeConfig, tools: Arc<dyn ToolExecutor>) -> Result<ChatRuntime, Error> {
+        config.check()?;
+        let agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .max_idle_connections(256)
+            .max_idle_connections_per_host(256)
+            .build()
+            .new_agent();
+        Ok(ChatRuntime { config, agent, tools, children: Mutex::new(HashMap::new()) })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &RuntimeConfig {
+        &self.config
+    }
+
+    fn children(&self) -> std::sync::MutexGuard<'_, HashMap<String, Child>> {
+        self.children.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The child's settings; a handle never built gets the configuration's.
+    fn child_settings(&self, child: &ChildHandle) -> Child {
+        self.children().get(&child.subagent_id).cloned().unwrap_or_else(|| Child {
+            base_url: self.config.base_url.clone(),
+            model: self.config.model.clone(),
+            max_iterations: self.config.max_iterations,
+            steers: Vec::new(),
+            open: true,
+        })
+    }
+
+    fn take_steers(&self, child: &ChildHandle) -> Vec<String> {
+        self.children()
+            .get_mut(&child.subagent_id)
+            .map(|c| std::mem::take(&mut c.steers))
+            .unwrap_or_default()
+    }
+
+    /// Closes the child to steering; returns what was still queued.
+    fn close(&self, child: &ChildHandle) -> Vec<String> {
+        match self.children().get_mut(&child.subagent_id) {
+            Some(c) => {
+                c.open = false;
+                std::mem::take(&mut c.steers)
+            }
+            None => Vec::new(),
+        }
+    }
+
+    fn cost_of(&self, model: &str, c: &Completion) -> f64 {
+        if let Some(cost) = c.cost {
+            return cost;
+        }
+        let t = &c.tokens;
+        if t.input == 0 && t.output == 0 {
+            return 0.0;
+        }
+        match self.config.pricing.get(model) {
+            Some(p) => {
+                let cached = t.cached_input.min(t.input);
+                let fresh = t.input - cached;
+                let cached_price = p.cached_input_per_mtok.unwrap_or(p.input_per_mtok);
+                (fresh as f64 * p.input_per_mtok
+                    + cached as f64 * cached_price
+                    + t.output as f64 * p.output_per_mtok)
+                    / 1e6
+            }
+            None => {
+                log::warn!(
+                    "no price for model `{model}` and the provider reported no cost; billing 0 \
+                     (set `delegation.pricing.{model}` in config.yaml)"
+                );
+                0.0
+            }
+        }
+    }
+}
+
+/// A transcript row as the Chat Completions API wants it.
+fn to_wire(m: &Message) -> Option<Value> {
+    let content = m.content.as_deref().map(|c| match c.strip_prefix(JSON_CONTENT) {
+        Some(json) => serde_json::from_str(json).unwrap_or_else(|_| Value::String(c.to_owned())),
+        None => Value::String(c.to_owned()),
+    });
+    match m.role.as_str() {
+        "assistant" => {
+            let mut v = json!({"role": "assistant", "content": content});
+            if let Some(calls) = m
+                .tool_calls
+                .as_deref()
+                .and_then(|t| serde_json::from_str::<Value>(t).ok())
+                .filter(|c| c.as_array().is_some_and(|a| !a.is_empty()))
+            {
+                v["tool_calls"] = calls;
+            }
+            Some(v)
+        }
+        "tool" => Some(json!({
+            "role": "tool",
+            "tool_call_id": m.tool_call_id.clone().unwrap_or_default(),
+            "content": content.unwrap_or(Value::String(String::new())),
+        })),
+        "user" | "system" => Some(
+            json!({"role": m.role, "content": content.unwrap_or(Value::String(String::new()))}),
+        ),
+        _ => None,
+    }
+}
+
+fn add(total: &mut RunTokens, t: &RunTokens) {
+    total.input += t.input;
+    total.output += t.output;
+    total.cached_input += t.cached_input;
+    total.reasoning += t.reasoning;
+}
+
+fn stopped_reason(cancel: &CancelToken) -> ExitReason {
+    match cancel.reason() {
+        Some(CancelReason::Timeout) => ExitReason::Timeout,
+        _ => ExitReason::Interrupted,
+    }
+}
+
+/// The running state of one run.
+struct Run<'a> {
+    rt: &'a ChatRuntime,
+    child: &'a ChildHandle,
+    settings: Child,
+    sink: &'a dyn TranscriptSink,
+    cancel: &'a CancelToken,
+    outcome: ChildOutcome,
+}
+
+impl Run<'_> {
+    fn append(&self, m: &Message) -> Result<(), ExitReason> {
+        self.sink.append(m).map_err(|e| match e {
+            retinue_delegate::SinkError::Closed { .. } => stopped_reason(self.cancel),
+            retinue_delegate::SinkError::Storage { .. } => ExitReason::Error,
+        })
+    }
+
+    fn fail(&mut self, reason: ExitReason, error: Option<String>) {
+        self.outcome.exit_reason = reason;
+        self.outcome.error = error.map(|e| scrub(&e, self.rt.config.api_key.as_deref()));
+    }
+
+    fn stop(&mut self) {
+        let reason = stopped_reason(self.cancel);
+        let text = if reason == ExitReason::Timeout {
+            "the child's deadline passed"
+        } else {
+            "the run was cancelled"
+        };
+        self.fail(reason, Some(text.to_owned()));
+    }
+
+    fn sink_failed(&mut self, reason: ExitReason) {
+        if reason == ExitReason::Error {
+            self.fail(
+                reason,
+                Some(Error::Transcript("the store refused a message".into()).to_string()),
+            );
+        } else {
+            self.stop();
+        }
+    }
+
+    fn go(&mut self, input: &RunInput) {
+        let rt = self.rt;
+        let definitions = rt.tools.definitions(self.child);
+        let names = tool_names(&definitions);
+        let mut messages: Vec<Value> = Vec::new();
+        if let Some(system) = input.system_prompt.as_deref().filter(|s| !s.is_empty()) {
+            messages.push(json!({"role": "system", "content": system}));
+        }
+        messages.extend(input.history.iter().filter(|m| m.role != "system").filter_map(to_wire));
+        messages.push(json!({"role": "user", "content": input.user_message}));
+        let max = self.settings.max_iterations.max(1);
+        let mut calls: u32 = 0;
+        loop {
+            for steer in rt.take_steers(self.child) {
+                let m = Message {
+                    role: "user".into(),
+                    content: Some(steer.clone()),
+                    ..Message::default()
+                };
+                if let Err(reason) = self.append(&m) {
+                    return self.sink_failed(reason);
+                }
+                messages.push(json!({"role": "user", "content": steer}));
+            }
+            if self.cancel.is_cancelled() {
+                return self.stop();
+            }
+            if calls >= max {
+                return self.fail(
+                    ExitReason::MaxIterations,
+                    Some(format!("stopped after {calls} model calls (max_iterations = {max})")),
+                );
+            }
+            calls += 1;
+            let mut body = json!({
+                "model": self.settings.model,
+                "messages": messages,
+            });
+            if !definitions.is_empty() {
+                body["tools"] = Value::Array(definitions.clone());
+            }
+            if rt.config.stream {
+                body["stream"] = Value::Bool(true);
+                body["stream_options"] = json!({"include_usage": true});
+            }
+            let text = body.to_string();
+            let call = Call {
+                agent: &rt.agent,
+                config: &rt.config,
+                base_url: &self.settings.base_url,
+                model: &self.settings.model,
+                body: &text,
+                stream: rt.config.stream,
+                cancel: self.cancel,
+            };
+            let completion = match call.run() {
+                CallOutcome::Done(c) => c,
+                CallOutcome::Stopped => return self.stop(),
+                CallOutcome::Failed(e) => return self.fail(ExitReason::Error, Some(e.to_string())),
+            };
+            self.outcome.api_calls += 1;
+            add(&mut self.outcome.tokens, &completion.tokens);
+            self.outcome.cost_usd += rt.cost_of(&self.settings.model, &completion);
+            let wire_calls: Vec<Value> = completion
+                .tool_calls
+                .iter()
+                .map(|c| json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}))
+                .collect();
+            let assistant = Message {
+                role: "assistant".into(),
+                content: completion.content.clone(),
+                tool_calls: (!wire_calls.is_empty())
+                    .then(|| Value::Array(wire_calls.clone()).to_string()),
+                finish_reason: completion.finish_reason.clone(),
+                ..Message::default()
+            };
+            if let Err(reason) = self.append(&assistant) {
+                return self.sink_failed(reason);
+            }
+            let mut wire = json!({"role": "assistant", "content": completion.content});
+            if !wire_calls.is_empty() {
+                wire["tool_calls"] = Value::Array(wire_calls);
+            }
+            messages.push(wire);
+            if completion.tool_calls.is_empty() {
+                self.outcome.final_response = completion.content.filter(|c| !c.trim().is_empty());
+                self.outcome.exit_reason = ExitReason::Completed;
+                if self.outcome.final_response.is_none() {
+                    self.outcome.error = Some("the model gave an empty final answer".into());
+                }
+                return;
+            }
+            for call in &completion.tool_calls {
+                if self.cancel.is_cancelled() {
+                    return self.stop();
+                }
+                let output = if !names.contains(&call.name) {
+                    format!(
+                        "error: unknown tool `{}`; available tools: {}",
+                        call.name,
+                        if names.is_empty() { "none".to_owned() } else { names.join(", ") }
+                    )
+                } else {
+                    let args = if call.arguments.trim().is_empty() {
+                        Ok(json!({}))
+                    } else {
+                        serde_json::from_str::<Value>(&call.arguments)
+                    };
+                    match args {
+                        Err(e) => format!("error: the arguments are not valid JSON ({e})"),
+                        Ok(args) => match rt.tools.execute(self.child, &call.name, &args) {
+                            Ok(out) => out,
+                            Err(e) => format!("error: {e}"),
+                        },
+                    }
+                };
+                let result = Message {
+                    role: "tool".into(),
+                    content: Some(output.clone()),
+                    tool_call_id: Some(call.id.clone()),
+                    tool_name: Some(call.name.clone()),
+                    ..Message::default()
+                };
+                if let Err(reason) = self.append(&result) {
+                    return self.sink_failed(reason);
+                }
+                messages.push(json!({"role": "tool", "tool_call_id": call.id, "content": output}));
+            }
+        }
+    }
+}
+
+impl ChildRuntime for ChatRuntime {
+    fn build(&self, spec: &ChildSpec) -> Result<ChildHandle, RuntimeError> {
+        let pick = |child: &Option<String>, ours: &str| {
+            child.as_deref().map(str::trim).filter(|s| !s.is_empty()).unwrap_or(ours).to_owned()
+        };
+        let api_mode = pick(&spec.api_mode, &self.config.api_mode);
+        check_api_mode(&api_mode).map_err(|e| RuntimeError::Config(e.to_string()))?;
+        let model = pick(&spec.model, &self.config.model);
+        let base_url = pick(&spec.base_url, &self.config.base_url);
+        let mut missing = Vec::new();
+        if model.is_empty() {
+            missing.push("`delegation.model` (or --model)");
+        }
+        if base_url.is_empty() {
+            missing.push("`delegation.base_url` (or --base-url, or a known `delegation.provider`)");
+        }
+        if !missing.is_empty() {
+            return Err(RuntimeError::Config(format!(
+                "no model endpoint configured: set {} in config.yaml",
+                missing.join(" and ")
+            )));
+        }
+        let max_iterations =
+            if spec.max_iterations > 0 { spec.max_iterations } else { self.config.max_iterations };
+        let session_id = spec.resume_session_id.clone().unwrap_or_else(|| spec.session_id.clone());
+        self.children().insert(
+            spec.subagent_id.clone(),
+            Child { base_url, model, max_iterations, steers: Vec::new(), open: true },
+        );
+        Ok(ChildHandle { subagent_id: spec.subagent_id.clone(), session_id })
+    }
+
+    fn run(
+        &self,
+        child: &ChildHandle,
+        input: &RunInput,
+        sink: &dyn TranscriptSink,
+        cancel: &CancelToken,
+    ) -> ChildOutcome {
+        let settings = self.child_settings(child);
+        let mut run =
+            Run { rt: self, child, settings, sink, cancel, outcome: ChildOutcome::default() };
+        run.go(input);
+        let mut outcome = run.outcome;
+        outcome.missed_steers = self.close(child);
+        outcome
+    }
+
+    fn steer(&self, child: &ChildHandle, message: &str) -> bool {
+        match self.children().get_mut(&child.subagent_id) {
+            Some(c) if c.open => {
+                c.steers.push(message.to_owned());
+                true
+            }
+            _ => false,
+        }
+    }
+}

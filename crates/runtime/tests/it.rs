@@ -1,0 +1,514 @@
+//! The runtime against the testkit's fake model server, over real HTTP.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use retinue_delegate::{
+    CancelToken, ChildHandle, ChildRuntime, ChildSpec, RunInput, SinkError, TranscriptSink,
+};
+use retinue_runtime::{ChatRuntime, ModelPrice, NoTools, RetryPolicy, RuntimeConfig, ToolExecutor};
+use retinue_store::{ExitReason, Message};
+use retinue_testkit::fake_model::{FakeModel, FakeToolCall, Reply, Usage};
+use serde_json::{Value, json};
+
+const KEY: &str = "sk-test-SECRET-0123456789";
+
+#[derive(Default)]
+struct Transcript(Mutex<Vec<Message>>);
+
+impl TranscriptSink for Transcript {
+    fn append(&self, message: &Message) -> Result<(), SinkError> {
+        self.0.lock().expect("lock").push(message.clone());
+        Ok(())
+    }
+}
+
+impl Transcript {
+    fn roles(&self) -> Vec<String> {
+        self.0.lock().expect("lock").iter().map(|m| m.role.clone()).collect()
+    }
+    fn all(&self) -> Vec<Message> {
+        self.0.lock().expect("lock").clone()
+    }
+}
+
+/// Tools: `add` sums `a` and `b`; `fail` errors.
+struct Calc;
+
+impl ToolExecutor for Calc {
+    fn definitions(&self, _child: &ChildHandle) -> Vec<Value> {
+        vec![
+            json!({"type": "function", "function": {"name": "add", "description": "a+b", "parameters": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}}}}),
+            json!({"type": "function", "function": {"name": "fail", "parameters": {"type": "object"}}}),
+        ]
+    }
+    fn execute(&self, _child: &ChildHandle, name: &str, args: &Value) -> Result<String, String> {
+        match name {
+            "add" => {
+                Ok((args["a"].as_i64().unwrap_or(0) + args["b"].as_i64().unwrap_or(0)).to_string())
+            }
+            _ => Err("the tool broke".into()),
+        }
+    }
+}
+
+fn config(server: &FakeModel) -> RuntimeConfig {
+    let mut c = RuntimeConfig::new(server.base_url(), "fake/model").with_api_key(KEY);
+    c.retry = RetryPolicy {
+        max_retries: 2,
+        base_delay: Duration::from_millis(5),
+        max_delay: Duration::from_millis(50),
+    };
+    c.request_timeout = Duration::from_secs(10);
+    c
+}
+
+fn runtime(c: RuntimeConfig, tools: Arc<dyn ToolExecutor>) -> ChatRuntime {
+    ChatRuntime::new(c, tools).expect("runtime")
+}
+
+fn spec(id: &str) -> ChildSpec {
+    ChildSpec {
+        subagent_id: id.into(),
+        session_id: format!("s-{id}"),
+        max_iterations: 0,
+        ..ChildSpec::default()
+    }
+}
+
+fn input(user: &str) -> RunInput {
+    RunInput {
+        user_message: user.into(),
+        history: Vec::new(),
+        system_prompt: Some("You are a child.".into()),
+    }
+}
+
+#[test]
+fn spawn_sends_system_and_user_and_records_the_answer() {
+    let server = FakeModel::start();
+    server.push(Reply::text("the answer").with_usage(Usage::new(10, 3)));
+    let rt = runtime(config(&server), Arc::new(NoTools));
+    let child = rt.build(&spec("sa-0-a")).expect("build");
+    let sink = Transcript::default();
+    let out = rt.run(&child, &input("do it"), &sink, &CancelToken::new());
+    assert_eq!(out.exit_reason, ExitReason::Completed, "{out:?}");
+    assert_eq!(out.final_response.as_deref(), Some("the answer"));
+    assert_eq!(out.api_calls, 1);
+    assert_eq!((out.tokens.input, out.tokens.output), (10, 3));
+    let reqs = server.requests();
+    assert_eq!(reqs.len(), 1);
+    assert_eq!(reqs[0].path, "/v1/chat/completions");
+    assert_eq!(reqs[0].header("authorization"), Some(format!("Bearer {KEY}").as_str()));
+    assert_eq!(reqs[0].body["model"], "fake/model");
+    assert_eq!(reqs[0].body.get("tools"), None);
+    assert_eq!(
+        reqs[0].messages(),
+        vec![
+            json!({"role": "system", "content": "You are a child."}),
+            json!({"role": "user", "content": "do it"})
+        ]
+    );
+    assert_eq!(sink.roles(), vec!["assistant"]);
+    assert_eq!(sink.all()[0].finish_reason.as_deref(), Some("stop"));
+}
+
+#[test]
+fn resume_sends_prior_transcript_in_order_with_tool_calls_and_new_turn_last() {
+    let server = FakeModel::start();
+    server.push(Reply::text("again"));
+    let rt = runtime(config(&server), Arc::new(NoTools));
+    let child = rt
+        .build(&ChildSpec { resume_session_id: Some("old".into()), ..spec("sa-0-b") })
+        .expect("build");
+    assert_eq!(child.session_id, "old");
+    let calls = json!([{"id": "c1", "type": "function", "function": {"name": "add", "arguments": "{\"a\":1}"}}]);
+    let m = |role: &str, content: Option<&str>| Message {
+        role: role.into(),
+        content: content.map(str::to_owned),
+        ..Message::default()
+    };
+    let history = vec![
+        m("system", Some("stored system row (not resent)")),
+        m("user", Some("first goal")),
+        Message { tool_calls: Some(calls.to_string()), ..m("assistant", None) },
+        Message {
+            tool_call_id: Some("c1".into()),
+            tool_name: Some("add".into()),
+            ..m("tool", Some("1"))
+        },
+        m("assistant", Some("first answer")),
+    ];
+    let sink = Transcript::default();
+    let out =
+        rt.run(&child, &RunInput { history, ..input("follow up") }, &sink, &CancelToken::new());
+    assert_eq!(out.exit_reason, ExitReason::Completed);
+    let sent = server.requests()[0].messages();
+    assert_eq!(
+        sent,
+        vec![
+            json!({"role": "system", "content": "You are a child."}),
+            json!({"role": "user", "content": "first goal"}),
+            json!({"role": "assistant", "content": null, "tool_calls": calls}),
+            json!({"role": "tool", "tool_call_id": "c1", "content": "1"}),
+            json!({"role": "assistant", "content": "first answer"}),
+            json!({"role": "user", "content": "follow up"}),
+        ]
+    );
+}
+
+#[test]
+fn three_step_tool_loop_with_unknown_tool_and_tool_error() {
+    let server = FakeModel::start();
+    server.push_all([
+        Reply::tool_call("c1", "add", json!({"a": 2, "b": 3})).with_usage(Usage::new(10, 1)),
+        Reply::tool_calls(vec![
+            FakeToolCall::new("c2", "nope", &json!({})),
+            FakeToolCall::new("c3", "fail", &json!({})),
+        ])
+        .with_usage(Usage::new(20, 2)),
+        Reply::text("5, and nope is unknown").with_usage(Usage::new(30, 3)),
+    ]);
+    let rt = runtime(config(&server), Arc::new(Calc));
+    let child = rt.build(&spec("sa-0-c")).expect("build");
+    let sink = Transcript::default();
+    let out = rt.run(&child, &input("add"), &sink, &CancelToken::new());
+    assert_eq!(out.exit_reason, ExitReason::Completed, "{out:?}");
+    assert_eq!(out.api_calls, 3);
+    assert_eq!((out.tokens.input, out.tokens.output), (60, 6));
+    assert_eq!(sink.roles(), vec!["assistant", "tool", "assistant", "tool", "tool", "assistant"]);
+    let t = sink.all();
+    assert_eq!(t[1].content.as_deref(), Some("5"));
+    assert_eq!(t[1].tool_call_id.as_deref(), Some("c1"));
+    assert!(t[0].tool_calls.as_deref().is_some_and(|c| c.contains("\"add\"")));
+    let reqs = server.requests();
+    assert_eq!(reqs[0].body["tools"].as_array().map(Vec::len), Some(2));
+    let third = reqs[2].messages();
+    let unknown = third.iter().find(|m| m["tool_call_id"] == "c2").expect("c2 result");
+    assert!(
+        unknown["content"]
+            .as_str()
+            .is_some_and(|c| c.contains("unknown tool `nope`") && c.contains("add, fail")),
+        "{unknown}"
+    );
+    let failed = third.iter().find(|m| m["tool_call_id"] == "c3").expect("c3 result");
+    assert_eq!(failed["content"], "error: the tool broke");
+    assert_eq!(third[2]["tool_calls"][0]["id"], "c1");
+}
+
+/// Steers the child from inside its first tool call.
+struct Steerer(Mutex<Option<(Arc<ChatRuntime>, ChildHandle)>>);
+
+impl ToolExecutor for Steerer {
+    fn definitions(&self, _c: &ChildHandle) -> Vec<Value> {
+        vec![
+            json!({"type": "function", "function": {"name": "wait", "parameters": {"type": "object"}}}),
+        ]
+    }
+    fn execute(&self, _c: &ChildHandle, _n: &str, _a: &Value) -> Result<String, String> {
+        if let Some((rt, child)) = self.0.lock().expect("lock").take() {
+            assert!(rt.steer(&child, "also check the tests"));
+        }
+        Ok("waited".into())
+    }
+}
+
+#[test]
+fn a_steer_lands_between_iterations_and_a_late_one_is_missed() {
+    let server = FakeModel::start();
+    server.push_all([Reply::tool_call("c1", "wait", json!({})), Reply::text("done")]);
+    let tools = Arc::new(Steerer(Mutex::new(None)));
+    let rt = Arc::new(runtime(config(&server), tools.clone()));
+    let child = rt.build(&spec("sa-0-d")).expect("build");
+    *tools.0.lock().expect("lock") = Some((rt.clone(), child.clone()));
+    let sink = Transcript::default();
+    let out = rt.run(&child, &input("go"), &sink, &CancelToken::new());
+    assert_eq!(out.exit_reason, ExitReason::Completed);
+    assert!(out.missed_steers.is_empty());
+    assert_eq!(sink.roles(), vec!["assistant", "tool", "user", "assistant"]);
+    let second = server.requests()[1].messages();
+    assert_eq!(second.last(), Some(&json!({"role": "user", "content": "also check the tests"})));
+    assert!(!rt.steer(&child, "too late"), "a finished child refuses steers");
+}
+
+#[test]
+fn timeout_cancels_the_in_flight_request_and_bills_earlier_calls() {
+    let server = FakeModel::start();
+    server.push_all([
+        Reply::tool_call("c1", "add", json!({"a": 1, "b": 1}))
+            .with_usage(Usage::new(100, 10).cost(0.25)),
+        Reply::text("too slow").delayed(Duration::from_secs(20)),
+    ]);
+    let rt = runtime(config(&server), Arc::new(Calc));
+    let child = rt.build(&spec("sa-0-e")).expect("build");
+    let sink = Transcript::default();
+    let started = Instant::now();
+    let out = rt.run(
+        &child,
+        &input("go"),
+        &sink,
+        &CancelToken::with_timeout(Some(Duration::from_millis(300))),
+    );
+    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+    assert_eq!(out.exit_reason, ExitReason::Timeout, "{out:?}");
+    assert_eq!(out.api_calls, 1);
+    assert_eq!(out.tokens.input, 100);
+    assert!((out.cost_usd - 0.25).abs() < 1e-9);
+    assert_eq!(sink.roles(), vec!["assistant", "tool"]);
+}
+
+#[test]
+fn explicit_cancel_stops_between_calls_as_interrupted() {
+    let server = FakeModel::start();
+    let rt = runtime(config(&server), Arc::new(NoTools));
+    let child = rt.build(&spec("sa-0-f")).expect("build");
+    let cancel = CancelToken::new();
+    cancel.cancel();
+    let out = rt.run(&child, &input("go"), &Transcript::default(), &cancel);
+    assert_eq!(out.exit_reason, ExitReason::Interrupted);
+    assert_eq!(server.request_count(), 0);
+}
+
+#[test]
+fn rate_limit_with_retry_after_then_success() {
+    let server = FakeModel::start();
+    server.push_all([Reply::rate_limited(0), Reply::text("ok now")]);
+    let rt = runtime(config(&server), Arc::new(NoTools));
+    let child = rt.build(&spec("sa-0-g")).expect("build");
+    let out = rt.run(&child, &input("go"), &Transcript::default(), &CancelToken::new());
+    assert_eq!(out.exit_reason, ExitReason::Completed, "{out:?}");
+    assert_eq!(server.request_count(), 2);
+    assert_eq!(out.api_calls, 1);
+}
+
+#[test]
+fn retry_after_is_honoured_but_bounded_by_the_deadline() {
+    let server = FakeModel::start();
+    server.push_all([Reply::rate_limited(60), Reply::text("never")]);
+    let mut c = config(&server);
+    c.retry.max_delay = Duration::from_secs(60);
+    let rt = runtime(c, Arc::new(NoTools));
+    let child = rt.build(&spec("sa-0-g2")).expect("build");
+    let started = Instant::now();
+    let out = rt.run(
+        &child,
+        &input("go"),
+        &Transcript::default(),
+        &CancelToken::with_timeout(Some(Duration::from_millis(200))),
+    );
+    assert_eq!(out.exit_reason, ExitReason::Timeout);
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert_eq!(server.request_count(), 1);
+}
+
+#[test]
+fn server_errors_exhaust_the_retries() {
+    let server = FakeModel::start();
+    server.set_default(Reply::server_error(503));
+    let rt = runtime(config(&server), Arc::new(NoTools));
+    let child = rt.build(&spec("sa-0-h")).expect("build");
+    let out = rt.run(&child, &input("go"), &Transcript::default(), &CancelToken::new());
+    assert_eq!(out.exit_reason, ExitReason::Error);
+    assert_eq!(server.request_count(), 3, "1 attempt + 2 retries");
+    let e = out.error.unwrap_or_default();
+    assert!(e.contains("3 attempt") && e.contains("503"), "{e}");
+}
+
+#[test]
+fn unauthorized_says_the_key_was_rejected_without_the_key() {
+    let server = FakeModel::start();
+    server.push(Reply::status(401, &format!("Incorrect API key provided: {KEY}")));
+    let d = retinue_store::DelegationConfig {
+        base_url: server.base_url(),
+        model: "m".into(),
+        api_key_env: "MY_KEY".into(),
+        ..Default::default()
+    };
+    let c =
+        RuntimeConfig::from_delegation_with_env(&d, &|n| (n == "MY_KEY").then(|| KEY.to_owned()))
+            .expect("config");
+    let rt = runtime(c, Arc::new(NoTools));
+    let child = rt.build(&spec("sa-0-i")).expect("build");
+    let sink = Transcript::default();
+    let out = rt.run(&child, &input("go"), &sink, &CancelToken::new());
+    assert_eq!(out.exit_reason, ExitReason::Error);
+    assert_eq!(server.request_count(), 1, "401 is not retried");
+    let e = out.error.unwrap_or_default();
+    assert!(
+        e.contains("API key was rejected")
+            && e.contains("MY_KEY")
+            && e.contains("delegation.api_key"),
+        "{e}"
+    );
+    assert!(!e.contains(KEY) && !format!("{rt:?}").contains(KEY));
+    assert!(sink.all().is_empty());
+}
+
+#[test]
+fn not_found_and_bad_request_say_what_to_fix() {
+    let server = FakeModel::start();
+    server.push_all([
+        Reply::status(404, "The model `fake/model` does not exist"),
+        Reply::status(400, "maximum context length is 8192 tokens"),
+    ]);
+    let rt = runtime(config(&server), Arc::new(NoTools));
+    let child = rt.build(&spec("sa-0-j")).expect("build");
+    let a = rt
+        .run(&child, &input("go"), &Transcript::default(), &CancelToken::new())
+        .error
+        .unwrap_or_default();
+    assert!(
+        a.contains("404") && a.contains("unknown model") && a.contains("delegation.base_url"),
+        "{a}"
+    );
+    let b = rt
+        .run(&child, &input("go"), &Transcript::default(), &CancelToken::new())
+        .error
+        .unwrap_or_default();
+    assert!(b.contains("400") && b.contains("maximum context length"), "{b}");
+}
+
+#[test]
+fn malformed_json_is_an_error_not_a_panic() {
+    let server = FakeModel::start();
+    server.push_all([Reply::malformed(), Reply::raw(r#"{"choices": []}"#)]);
+    let rt = runtime(config(&server), Arc::new(NoTools));
+    let child = rt.build(&spec("sa-0-k")).expect("build");
+    for _ in 0..2 {
+        let out = rt.run(&child, &input("go"), &Transcript::default(), &CancelToken::new());
+        assert_eq!(out.exit_reason, ExitReason::Error);
+        assert!(out.error.unwrap_or_default().contains("malformed response"));
+    }
+}
+
+#[test]
+fn a_dropped_connection_is_retried() {
+    let server = FakeModel::start();
+    server.push_all([Reply::drop_connection(), Reply::text("second try")]);
+    let rt = runtime(config(&server), Arc::new(NoTools));
+    let child = rt.build(&spec("sa-0-l")).expect("build");
+    let out = rt.run(&child, &input("go"), &Transcript::default(), &CancelToken::new());
+    assert_eq!(out.exit_reason, ExitReason::Completed, "{out:?}");
+    assert_eq!(out.final_response.as_deref(), Some("second try"));
+}
+
+#[test]
+fn usage_is_summed_and_cost_comes_from_provider_then_price_table_then_zero() {
+    let server = FakeModel::start();
+    let mut c = config(&server);
+    c.pricing = BTreeMap::from([(
+        "priced".to_owned(),
+        ModelPrice { input_per_mtok: 2.0, output_per_mtok: 10.0, cached_input_per_mtok: Some(1.0) },
+    )]);
+    let rt = runtime(c, Arc::new(Calc));
+    let run = |model: &str, replies: Vec<Reply>| {
+        server.push_all(replies);
+        let child = rt
+            .build(&ChildSpec { model: Some(model.into()), ..spec(&format!("sa-{model}")) })
+            .expect("build");
+        rt.run(&child, &input("go"), &Transcript::default(), &CancelToken::new())
+    };
+    // Provider-reported cost wins.
+    let out = run(
+        "priced",
+        vec![
+            Reply::tool_call("c", "add", json!({}))
+                .with_usage(Usage::new(1000, 100).cached(400).reasoning(50).cost(0.5)),
+            Reply::text("x").with_usage(Usage::new(2000, 200).cost(0.25)),
+        ],
+    );
+    assert_eq!(
+        out.tokens,
+        retinue_delegate::RunTokens { input: 3000, output: 300, cached_input: 400, reasoning: 50 }
+    );
+    assert!((out.cost_usd - 0.75).abs() < 1e-12, "{}", out.cost_usd);
+    // Price table: 600 fresh * 2 + 400 cached * 1 + 100 out * 10 per million.
+    let out = run("priced", vec![Reply::text("x").with_usage(Usage::new(1000, 100).cached(400))]);
+    assert!(
+        (out.cost_usd - (600.0 * 2.0 + 400.0 + 1000.0) / 1e6).abs() < 1e-12,
+        "{}",
+        out.cost_usd
+    );
+    // Unknown price: 0, never a guess.
+    let out = run("unpriced", vec![Reply::text("x").with_usage(Usage::new(1000, 100))]);
+    assert_eq!(out.cost_usd, 0.0);
+    assert_eq!(out.tokens.input, 1000);
+}
+
+#[test]
+fn streaming_assembles_text_and_tool_calls_with_usage() {
+    let server = FakeModel::start();
+    server.push_all([
+        Reply::tool_call("c1", "add", json!({"a": 40, "b": 2})).with_usage(Usage::new(5, 1)),
+        Reply::text("forty-two, streamed")
+            .with_usage(Usage::new(7, 4).reasoning(2))
+            .chunk_delay(Duration::from_millis(2)),
+    ]);
+    let mut c = config(&server);
+    c.stream = true;
+    let rt = runtime(c, Arc::new(Calc));
+    let child = rt.build(&spec("sa-0-m")).expect("build");
+    let sink = Transcript::default();
+    let out = rt.run(&child, &input("go"), &sink, &CancelToken::new());
+    assert_eq!(out.exit_reason, ExitReason::Completed, "{out:?}");
+    assert_eq!(out.final_response.as_deref(), Some("forty-two, streamed"));
+    assert_eq!((out.tokens.input, out.tokens.output, out.tokens.reasoning), (12, 5, 2));
+    let t = sink.all();
+    assert_eq!(t.len(), 3, "each message written once, when complete");
+    assert_eq!(t[1].content.as_deref(), Some("42"));
+    let reqs = server.requests();
+    assert_eq!(reqs[0].body["stream"], true);
+    assert_eq!(reqs[0].body["stream_options"]["include_usage"], true);
+}
+
+#[test]
+fn a_stream_is_cancelled_between_chunks() {
+    let server = FakeModel::start();
+    server.push(Reply::text("a very long streamed answer").chunk_delay(Duration::from_millis(400)));
+    let mut c = config(&server);
+    c.stream = true;
+    let rt = runtime(c, Arc::new(NoTools));
+    let child = rt.build(&spec("sa-0-n")).expect("build");
+    let sink = Transcript::default();
+    let started = Instant::now();
+    let out = rt.run(
+        &child,
+        &input("go"),
+        &sink,
+        &CancelToken::with_timeout(Some(Duration::from_millis(250))),
+    );
+    assert_eq!(out.exit_reason, ExitReason::Timeout, "{out:?}");
+    assert!(started.elapsed() < Duration::from_secs(3));
+    assert!(sink.all().is_empty(), "partial text is never written");
+}
+
+#[test]
+fn max_iterations_stops_the_loop() {
+    let server = FakeModel::start();
+    server.set_default(Reply::tool_call("c", "add", json!({"a": 1, "b": 1})));
+    let rt = runtime(config(&server), Arc::new(Calc));
+    let child = rt.build(&ChildSpec { max_iterations: 2, ..spec("sa-0-o") }).expect("build");
+    let out = rt.run(&child, &input("go"), &Transcript::default(), &CancelToken::new());
+    assert_eq!(out.exit_reason, ExitReason::MaxIterations);
+    assert_eq!(out.api_calls, 2);
+    assert_eq!(server.request_count(), 2);
+}
+
+#[test]
+fn build_refuses_missing_endpoint_and_unsupported_api_mode() {
+    let rt = runtime(RuntimeConfig::new("", ""), Arc::new(NoTools));
+    let e = rt.build(&spec("sa-0-p")).err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(e.contains("delegation.model") && e.contains("delegation.base_url"), "{e}");
+    let e = rt
+        .build(&ChildSpec {
+            api_mode: Some("codex_responses".into()),
+            model: Some("m".into()),
+            base_url: Some("http://x".into()),
+            ..spec("sa-0-q")
+        })
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(e.contains("codex_responses") && e.contains("chat_completions"), "{e}");
+}
