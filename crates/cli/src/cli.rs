@@ -17,8 +17,8 @@ const GLOBAL: &str = "Global options";
     long_about = "Operate the retained subagents of a hermes-agent state.db: list, show, \
                   tombstone and prune retained children, check who may follow them up, \
                   resolve compression lineages, read the usage ledger, recover after a \
-                  restart, run delegate_task with a scripted runtime, or watch the whole \
-                  lifecycle in a demo.",
+                  restart, run delegate_task with children on a real model, or watch the \
+                  whole lifecycle in a demo.",
     after_help = "Exit codes: 0 ok, 2 bad usage, 3 denied, 4 not found, 1 any other error \
                   (message on stderr)."
 )]
@@ -80,7 +80,7 @@ pub(crate) enum Command {
     /// Restart recovery: abandoned delegations become `unknown`, retained children rehydrate
     Recover,
 
-    /// Run delegate_task as SESSION with the scripted (offline) child runtime
+    /// Run delegate_task: children talk to the configured OpenAI-compatible model
     Delegate(DelegateArgs),
 
     /// The whole lifecycle on a fresh home, as a story (or JSON events with --json)
@@ -136,9 +136,17 @@ pub(crate) enum ChildrenCommand {
 #[derive(Debug, Args)]
 #[command(group(ArgGroup::new("work").required(true).args(["goal", "tasks"])))]
 pub(crate) struct DelegateArgs {
-    /// The calling parent session
+    /// The calling parent session [default: a new top-level `cli` session, whose id is printed]
     #[arg(long, value_name = "SESSION", value_parser = non_blank)]
-    pub(crate) parent: String,
+    pub(crate) parent: Option<String>,
+
+    /// The children's model (overrides delegation.model)
+    #[arg(long, value_name = "MODEL", value_parser = non_blank)]
+    pub(crate) model: Option<String>,
+
+    /// The OpenAI-compatible endpoint, e.g. http://127.0.0.1:11434/v1 (overrides delegation.base_url)
+    #[arg(long, value_name = "URL", value_parser = non_blank)]
+    pub(crate) base_url: Option<String>,
 
     /// One task's goal (with --follow-up: the message for the child)
     #[arg(long, value_name = "TEXT")]

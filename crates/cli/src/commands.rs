@@ -4,15 +4,16 @@
 
 use std::sync::Arc;
 
-use retinue_delegate::scripted::{RecordingSink, ScriptedRuntime};
 use retinue_delegate::{
-    CancelToken, DelegateError, DelegateRequest, Delegator, DelegatorParts, ErrorKind,
-    ParentContext,
+    CancelToken, ChildRuntime, DelegateError, DelegateRequest, Delegator, DelegatorParts,
+    ErrorKind, ParentContext,
 };
 use retinue_lineage::{Authority, Denial, check_follow_up_authority, lineage_chain, list_for};
+use retinue_runtime::{ChatRuntime, NoTools, RuntimeConfig};
 use retinue_store::{
-    Lookup, ProcProbe, RegistryRead, RetainedChild, Retention, SessionGraph, Store, SystemClock,
-    TombstoneReason, Unaddressable, UsageAttribution, UsageTotals, iso8601,
+    Clock, DelegationConfig, LoadedConfig, Lookup, NewSession, ProcProbe, RegistryRead,
+    RetainedChild, Retention, SessionGraph, SessionStore, Store, SystemClock, TombstoneReason,
+    Unaddressable, UsageAttribution, UsageTotals, iso8601,
 };
 use retinue_usage::{
     fold_usage, load_child_usage_attributions, load_child_usage_totals, load_lineage_usage_totals,
@@ -399,10 +400,11 @@ pub(crate) fn delegate_human(out: &Value) -> String {
     text
 }
 
-/// A [`Delegator`] over `store` with the scripted runtime.
-pub(crate) fn scripted_delegator(
+/// A [`Delegator`] over `store` with `runtime` and the `delegation:` settings `config`.
+pub(crate) fn delegator(
     store: &Arc<Store>,
-    runtime: Arc<ScriptedRuntime>,
+    runtime: Arc<dyn ChildRuntime>,
+    config: DelegationConfig,
     profile: &str,
 ) -> Delegator {
     Delegator::new(DelegatorParts {
@@ -411,16 +413,64 @@ pub(crate) fn scripted_delegator(
         ledger: store.clone(),
         authority: Arc::new(Authority::new(store.clone(), store.clone(), profile)),
         runtime,
-        completions: Some(Arc::new(RecordingSink::default())),
-        config: store.config().delegation.clone(),
+        completions: None,
+        config,
         profile: profile.to_owned(),
     })
 }
 
-/// `retinue delegate --parent SESSION (--goal TEXT | --tasks JSON) [--follow-up ID]`.
+/// The real child runtime for the home's `delegation:` settings (with the
+/// command's overrides), or a usage error saying which keys to set. Nothing
+/// is opened or written before this succeeds.
+fn configured_runtime(env: &Env, args: &DelegateArgs) -> Result<(ChatRuntime, DelegationConfig)> {
+    let mut config = LoadedConfig::load(&env.home).delegation;
+    if let Some(model) = &args.model {
+        config.model.clone_from(model);
+    }
+    if let Some(url) = &args.base_url {
+        config.base_url.clone_from(url);
+    }
+    let runtime_config =
+        RuntimeConfig::from_delegation(&config).map_err(|e| CliError::Usage(e.to_string()))?;
+    if runtime_config.model.trim().is_empty() || runtime_config.base_url.trim().is_empty() {
+        return Err(CliError::Usage(format!(
+            "no model is configured for children: set delegation.model and delegation.base_url \
+             (or delegation.provider: openai, openrouter or ollama) in {}, or pass --model and \
+             --base-url; the API key comes from delegation.api_key, delegation.api_key_env or \
+             OPENAI_API_KEY",
+            env.home.join("config.yaml").display()
+        )));
+    }
+    let runtime = ChatRuntime::new(runtime_config, Arc::new(NoTools))
+        .map_err(|e| CliError::Usage(e.to_string()))?;
+    Ok((runtime, config))
+}
+
+/// A new top-level session (source `cli`) to act as the parent.
+fn new_parent(store: &Store) -> Result<String> {
+    let mut bytes = [0u8; 6];
+    getrandom::fill(&mut bytes)
+        .map_err(|e| CliError::Failed(format!("secure random source failed: {e}")))?;
+    let id = format!("cli_{}", bytes.iter().map(|b| format!("{b:02x}")).collect::<String>());
+    store.create_session(&NewSession {
+        id: id.clone(),
+        source: "cli".to_owned(),
+        started_at: Some(SystemClock.now()),
+        ..NewSession::default()
+    })?;
+    Ok(id)
+}
+
+/// `retinue delegate [--parent SESSION] (--goal TEXT | --tasks JSON) [--follow-up ID]
+/// [--model M] [--base-url URL]`.
 pub(crate) fn delegate(env: &Env, args: &DelegateArgs) -> Result<Output> {
+    let (runtime, config) = configured_runtime(env, args)?;
     let store = open(env)?;
-    let tool = scripted_delegator(&store, Arc::new(ScriptedRuntime::new()), &env.profile);
+    let (parent_id, created) = match &args.parent {
+        Some(p) => (p.trim().to_owned(), false),
+        None => (new_parent(&store)?, true),
+    };
+    let tool = delegator(&store, Arc::new(runtime), config, &env.profile);
     let mut call = serde_json::Map::new();
     if let Some(goal) = &args.goal {
         call.insert("goal".into(), json!(goal));
@@ -431,9 +481,9 @@ pub(crate) fn delegate(env: &Env, args: &DelegateArgs) -> Result<Output> {
     if let Some(target) = &args.follow_up {
         call.insert("follow_up".into(), json!(target));
     }
-    let parent_row = store.session(args.parent.trim())?;
+    let parent_row = store.session(&parent_id)?;
     let parent = ParentContext {
-        session_id: Some(args.parent.clone()),
+        session_id: Some(parent_id.clone()),
         model: parent_row.as_ref().and_then(|r| r.model.clone()),
         ..ParentContext::default()
     };
@@ -442,8 +492,15 @@ pub(crate) fn delegate(env: &Env, args: &DelegateArgs) -> Result<Output> {
     tool.wait_background();
     Ok(match outcome {
         Ok(outcome) => {
-            let out = outcome.to_json();
-            Output { human: delegate_human(&out), json: Some(out), code: EXIT_OK, stderr: None }
+            let mut out = outcome.to_json();
+            let mut human = delegate_human(&out);
+            if created {
+                out["parent_session_id"] = json!(parent_id);
+                human = format!(
+                    "parent session {parent_id} (new; follow up later with --parent {parent_id})\n{human}"
+                );
+            }
+            Output { human, json: Some(out), code: EXIT_OK, stderr: None }
         }
         Err(e) => Output {
             json: Some(json!({ "error": e.to_string(), "code": delegate_error_kind(&e) })),

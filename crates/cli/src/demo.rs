@@ -1,5 +1,6 @@
 //! `retinue demo`: the whole retained-subagent lifecycle on a fresh home, in
-//! a few seconds and with no network (manual clock, scripted runtime), told
+//! a few seconds and with no network (manual clock, children on the real
+//! runtime against a fake model server on 127.0.0.1), told
 //! step by step with what is now in the database — or, with `--json`, one
 //! JSON event per line.
 
@@ -7,19 +8,19 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use retinue_delegate::ParentContext;
-use retinue_delegate::scripted::{Script, ScriptedRuntime};
 use retinue_lineage::{check_follow_up_authority, lineage_chain, root};
+use retinue_runtime::{ChatRuntime, NoTools, RuntimeConfig};
+use retinue_store::DelegationConfig;
 use retinue_store::{
     ChildManifest, Claims, Clock, DeliveryFilter, Lookup, ManualClock, NewSession, OwnerProbe,
     ProcProbe, ProcessState, RegistryRead, RetainedChild, Retention, SessionStore, Store,
     SystemClock, TombstoneReason, Unaddressable, UnitDraft, UnitLifecycle, current_owner, iso8601,
 };
+use retinue_testkit::fake_model::{FakeModel, Reply, Usage};
 use retinue_usage::{load_child_usage_attributions, load_lineage_usage_totals};
 use serde_json::{Value, json};
 
-use crate::commands::{
-    children_table, delegate_human, denial_kind, scripted_delegator, usage_human, when,
-};
+use crate::commands::{children_table, delegate_human, delegator, denial_kind, usage_human, when};
 use crate::env::{Env, open_store};
 use crate::error::{CliError, Result};
 use crate::table::{Table, clip, key_values, wrap};
@@ -37,7 +38,7 @@ const BRANCH: &str = "demo-branch";
 const STRANGER: &str = "demo-stranger";
 const INFLIGHT_SUBAGENT: &str = "sa-0-0ff11e00";
 const INFLIGHT_SESSION: &str = "demo-inflight-child";
-const MODEL: &str = "demo/scripted-model";
+const MODEL: &str = "demo/fake-model";
 
 const TASKS: [(&str, &str, u64, u64, f64); 3] = [
     (
@@ -66,21 +67,42 @@ const FOLLOW_UP: &str = "Follow-up: which index answers a lookup by subagent id?
 const FOLLOW_UP_REPLY: &str =
     "retinue_idx_children_subagent: a lookup by id never scans children_json.";
 
-fn runtime() -> ScriptedRuntime {
-    let script = |reply: &str, input: u64, output: u64, cost: f64| Script {
-        reply: Some(reply.to_owned()),
-        input_tokens: input,
-        output_tokens: output,
-        cost_usd: cost,
-        accept_steer: true,
-        ..Script::default()
+/// The demo's model: testkit's fake OpenAI-compatible server on 127.0.0.1,
+/// answering each task (and the follow-up) with its scripted reply and usage.
+/// The children reach it through the real runtime, over real HTTP.
+fn fake_model() -> FakeModel {
+    let model = FakeModel::start();
+    model.set_handler(|request| {
+        let messages = request.messages();
+        let last = messages.iter().rev().find(|m| m["role"] == "user")?;
+        let text = last["content"].as_str().unwrap_or_default();
+        let (reply, input, output, cost) = if text.contains("Follow-up:") {
+            (FOLLOW_UP_REPLY, 400, 90, 0.004)
+        } else {
+            TASKS
+                .iter()
+                .find(|t| text.contains(t.0))
+                .map(|t| (t.1, t.2, t.3, t.4))
+                .unwrap_or(("Done.", 100, 20, 0.001))
+        };
+        Some(Reply::text(reply).with_usage(Usage::new(input, output).cost(cost)))
+    });
+    model
+}
+
+/// The runtime over `model`, and the `delegation:` settings the story pins
+/// (whatever a `config.yaml` in the home says).
+fn demo_runtime(model: &FakeModel) -> Result<(ChatRuntime, DelegationConfig)> {
+    let config = DelegationConfig {
+        model: MODEL.to_owned(),
+        base_url: model.base_url(),
+        api_key: "demo-key".to_owned(),
+        ..DelegationConfig::default()
     };
-    let mut rt =
-        ScriptedRuntime::new().with_script("Follow-up:", script(FOLLOW_UP_REPLY, 400, 90, 0.004));
-    for (goal, reply, input, output, cost) in TASKS {
-        rt = rt.with_script(goal, script(reply, input, output, cost));
-    }
-    rt
+    let runtime = RuntimeConfig::from_delegation(&config)
+        .and_then(|c| ChatRuntime::new(c, Arc::new(NoTools)))
+        .map_err(|e| CliError::Failed(format!("cannot start the demo's runtime: {e}")))?;
+    Ok((runtime, config))
 }
 
 /// After the "restart", the process that owned the in-flight unit is gone.
@@ -218,14 +240,16 @@ pub(crate) fn run(env: &Env, home: Option<&Path>) -> Result<Output> {
             ("home", home.display().to_string()),
             ("database", format!("{} (hermes tables + retinue_* tables)", db.display())),
             ("clock", format!("{} (manual: moves only when the demo says so)", iso8601(t0))),
-            ("runtime", "scripted children, no network".to_owned()),
+            ("runtime", "real HTTP to a fake OpenAI-compatible model on 127.0.0.1".to_owned()),
             ("parent", format!("{PARENT} (cli session, live)")),
         ])),
         json!({ "home": home.display().to_string(), "parent_session_id": PARENT }),
     )?;
 
     // 2. The parent delegates a batch of three tasks.
-    let tool = scripted_delegator(&store, Arc::new(runtime()), &profile);
+    let model = fake_model();
+    let (runtime, config) = demo_runtime(&model)?;
+    let tool = delegator(&store, Arc::new(runtime), config, &profile);
     let tasks: Vec<Value> = TASKS.iter().map(|t| json!({ "goal": t.0 })).collect();
     let out = tool_ok(
         "delegate_task",

@@ -8,6 +8,7 @@ use std::process::Command;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use retinue_store::{Store, StoreOptions};
+use retinue_testkit::fake_model::{FakeModel, Reply, Usage};
 use retinue_testkit::hermes::HERMES_TABLES;
 use retinue_testkit::{HermesDb, HermesFixture, TempHome};
 use serde_json::{Value, json};
@@ -24,6 +25,30 @@ struct Fx {
     home: TempHome,
     fx: HermesFixture,
     before: Snapshot,
+    /// The children's model: the home's config.yaml points `delegation` at it.
+    model: FakeModel,
+}
+
+/// A fake model that answers `Done: <first line of the last user turn>`
+/// with 100/20 tokens and $0.01, like the scripted runtime it replaced.
+fn done_model() -> FakeModel {
+    let model = FakeModel::start();
+    model.set_handler(|request| {
+        let messages = request.messages();
+        let last = messages.iter().rev().find(|m| m["role"] == "user")?;
+        let first = last["content"].as_str().unwrap_or_default().lines().next().unwrap_or_default();
+        Some(Reply::text(&format!("Done: {first}")).with_usage(Usage::new(100, 20).cost(0.01)))
+    });
+    model
+}
+
+/// Points `home`'s `delegation:` section at `model`.
+fn configure_model(home: &Path, model: &FakeModel) {
+    let yaml = format!(
+        "delegation:\n  model: test/fake-model\n  base_url: {}\n  api_key: sk-test-secret\n",
+        model.base_url()
+    );
+    std::fs::write(home.join("config.yaml"), yaml).expect("config.yaml");
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -59,7 +84,9 @@ impl Fx {
         let home = TempHome::new();
         let fx = HermesDb::standard(&home.db_path(), now());
         let before = snapshot(&home.db_path(), None);
-        Fx { home, fx, before }
+        let model = done_model();
+        configure_model(home.path(), &model);
+        Fx { home, fx, before, model }
     }
 
     fn cmd(&self, args: &[&str]) -> Command {
@@ -522,7 +549,64 @@ fn recover_marks_abandoned_and_rehydrates() {
 // ---------------------------------------------------------------- delegate
 
 #[test]
-fn delegate_spawns_with_the_scripted_runtime() {
+fn delegate_without_a_model_says_which_keys_to_set_and_writes_nothing() {
+    let home = TempHome::new();
+    let out = Command::new(BIN)
+        .arg("--home")
+        .arg(home.path())
+        .args(["delegate", "--goal", "anything"])
+        .env_remove("OPENAI_API_KEY")
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("set delegation.model and delegation.base_url"), "{err}");
+    assert!(!home.db_path().exists(), "nothing may be written");
+    std::fs::write(home.path().join("config.yaml"), "delegation:\n  api_mode: codex_responses\n")
+        .expect("config");
+    let out = Command::new(BIN)
+        .arg("--home")
+        .arg(home.path())
+        .args(["delegate", "--goal", "x", "--model", "m", "--base-url", "http://127.0.0.1:9/v1"])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("chat_completions"), "{err}");
+    assert!(!home.db_path().exists(), "nothing may be written");
+}
+
+#[test]
+fn delegate_without_a_parent_starts_one_and_it_can_follow_up_later() {
+    let fx = Fx::new();
+    let v = fx.ok(0, &["delegate", "--goal", "Draft the notes"]);
+    let parent = v["parent_session_id"].as_str().expect("new parent").to_owned();
+    assert!(parent.starts_with("cli_"), "{parent}");
+    let child = v["results"][0]["subagent_id"].as_str().expect("child").to_owned();
+    assert_eq!(v["results"][0]["summary"], "Done: Draft the notes");
+    let again =
+        fx.ok(0, &["delegate", "--parent", &parent, "--follow-up", &child, "--goal", "And then?"]);
+    assert_eq!(again["mode"], "follow_up");
+    assert_eq!(again["results"][0]["summary"], "Done: And then?");
+    // The follow-up sent the child's whole transcript, in order, the new turn last.
+    let requests = fx.model.requests();
+    let last = requests.last().expect("a request").messages();
+    let roles: Vec<&str> = last.iter().filter_map(|m| m["role"].as_str()).collect();
+    assert_eq!(roles, ["system", "user", "assistant", "user"]);
+    assert_eq!(last[3]["content"], "And then?");
+    // The key went to the model, and nowhere into the file.
+    assert_eq!(requests[0].header("authorization"), Some("Bearer sk-test-secret"));
+    let bytes = std::fs::read(fx.db()).expect("db");
+    assert!(!bytes.windows(14).any(|w| w == b"sk-test-secret"));
+    let usage = fx.ok(0, &["usage", &parent]);
+    assert_eq!(usage["totals"]["input_tokens"], 200.0);
+    let (code, text, _) = fx.human(&["delegate", "--goal", "x"]);
+    assert_eq!(code, 0);
+    assert!(text.starts_with("parent session cli_"), "{text}");
+}
+
+#[test]
+fn delegate_spawns_on_the_configured_model() {
     let fx = Fx::new();
     let v =
         fx.ok(0, &["delegate", "--parent", fx.fx.continuation, "--goal", "Summarise the release"]);
