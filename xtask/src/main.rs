@@ -25,7 +25,8 @@ tasks:
   tidy    source hygiene and crate-boundary checks
   interop share a state.db with the published Python hermes-agent (downloads its wheel)
   reliability  kill -9, contention and lineage-oracle harnesses (--full: release, full size)
-  bench   the registry benchmark (pass --quick for a smoke run, --json FILE to save figures)
+  bench   the registry benchmark, then the child runtime's (pass --quick for a smoke run,
+          --json FILE to save the registry figures)
 ";
 
 fn root() -> PathBuf {
@@ -87,7 +88,15 @@ fn doc() -> Result<(), String> {
 fn bench(args: &[String]) -> Result<(), String> {
     let mut cmd = cargo();
     cmd.args(["run", "--release", "--locked", "-p", "retinue-bench", "--"]).args(args);
-    run(&mut cmd)
+    run(&mut cmd)?;
+    // The child runtime against the fake model server: overhead per model
+    // call next to a bare HTTP request, and 32 children at once.
+    let quick: Vec<&String> = args.iter().filter(|a| *a == "--quick").collect();
+    let mut runtime = cargo();
+    runtime
+        .args(["run", "--release", "--locked", "-p", "retinue-bench", "--example", "runtime", "--"])
+        .args(quick);
+    run(&mut runtime)
 }
 
 fn main() -> ExitCode {

@@ -598,8 +598,11 @@ fn delegate_without_a_parent_starts_one_and_it_can_follow_up_later() {
     assert_eq!(requests[0].header("authorization"), Some("Bearer sk-test-secret"));
     let bytes = std::fs::read(fx.db()).expect("db");
     assert!(!bytes.windows(14).any(|w| w == b"sk-test-secret"));
+    // Exactly one keyed ledger row per run (a spawn and a follow-up).
     let usage = fx.ok(0, &["usage", &parent]);
+    assert_eq!(usage["records"].as_array().map(Vec::len), Some(2), "{usage}");
     assert_eq!(usage["totals"]["input_tokens"], 200.0);
+    assert_eq!(usage["totals"]["output_tokens"], 40.0);
     let (code, text, _) = fx.human(&["delegate", "--goal", "x"]);
     assert_eq!(code, 0);
     assert!(text.starts_with("parent session cli_"), "{text}");
@@ -923,4 +926,55 @@ mod hostile_arguments {
         }
         fx.assert_additive(&[]);
     }
+}
+
+#[test]
+fn kill_9_mid_run_keeps_the_transcript_and_recovery_marks_the_unit_unknown() {
+    let fx = Fx::new();
+    // The first call asks for a tool (this runtime has none: the error goes
+    // back as the tool result); the second never answers in time.
+    let model = FakeModel::start();
+    model.push(Reply::tool_call("call_1", "lookup", json!({"q": "x"})));
+    model.set_default(Reply::text("never written").delayed(std::time::Duration::from_secs(60)));
+    configure_model(fx.home.path(), &model);
+    let mut run = fx
+        .cmd(&["delegate", "--parent", fx.fx.root, "--goal", "A long job"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn");
+    let started = std::time::Instant::now();
+    while model.request_count() < 2 && started.elapsed() < std::time::Duration::from_secs(30) {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(model.request_count(), 2, "the second model call never started");
+    run.kill().expect("SIGKILL");
+    run.wait().expect("reaped");
+
+    let units = HermesDb::table_rows_of(
+        &fx.db(),
+        "async_delegations",
+        &["delegation_id", "state", "children_json"],
+    );
+    let unit = units
+        .iter()
+        .find(|u| u["children_json"].as_str().is_some_and(|c| c.contains("A long job")))
+        .expect("the unit was recorded before the child started")
+        .clone();
+    let children: Value =
+        serde_json::from_str(unit["children_json"].as_str().unwrap_or("[]")).expect("children");
+    let session = children[0]["session_id"].as_str().expect("child session").to_owned();
+    let messages =
+        HermesDb::table_rows_of(&fx.db(), "messages", &["session_id", "role", "content"]);
+    let transcript: Vec<&Value> = messages.iter().filter(|m| m["session_id"] == session).collect();
+    let roles: Vec<&str> = transcript.iter().filter_map(|m| m["role"].as_str()).collect();
+    // Everything up to the last completed step, nothing of the interrupted call.
+    assert_eq!(roles, ["system", "user", "assistant", "tool"], "{transcript:?}");
+    assert!(transcript.iter().all(|m| m["content"] != "never written"));
+
+    let v = fx.ok(0, &["recover"]);
+    assert!(v["abandoned"].as_u64().unwrap_or(0) >= 1, "{v}");
+    let after = HermesDb::table_rows_of(&fx.db(), "async_delegations", &["delegation_id", "state"]);
+    let state = after.iter().find(|u| u["delegation_id"] == unit["delegation_id"]).expect("unit");
+    assert_eq!(state["state"], "unknown");
 }
