@@ -11,6 +11,8 @@ use std::path::{Path, PathBuf};
 
 use serde_yaml_ng::Value;
 
+use crate::spend::BudgetLimit;
+
 /// Journal mode of the database.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum JournalMode {
@@ -98,6 +100,13 @@ pub struct DelegationConfig {
     pub max_retained: u32,
     /// Hours a retained child stays addressable (floor 1.0).
     pub retained_ttl_hours: f64,
+    /// `delegation.budget: {max_cost_usd, max_tokens}`: the spending cap of a
+    /// whole compression lineage, children and follow-ups included
+    /// (absent = unlimited).
+    pub budget: BudgetLimit,
+    /// `delegation.max_resume_tokens`: a follow-up whose resume would send
+    /// more input tokens is refused; 0 = off.
+    pub max_resume_tokens: u64,
 }
 
 impl Default for DelegationConfig {
@@ -122,6 +131,8 @@ impl Default for DelegationConfig {
             subagent_auto_approve: false,
             max_retained: 10,
             retained_ttl_hours: 72.0,
+            budget: BudgetLimit::default(),
+            max_resume_tokens: 0,
         }
     }
 }
@@ -149,6 +160,8 @@ impl fmt::Debug for DelegationConfig {
             .field("subagent_auto_approve", &self.subagent_auto_approve)
             .field("max_retained", &self.max_retained)
             .field("retained_ttl_hours", &self.retained_ttl_hours)
+            .field("budget", &self.budget)
+            .field("max_resume_tokens", &self.max_resume_tokens)
             .finish()
     }
 }
@@ -242,6 +255,10 @@ impl LoadedConfig {
         r.string("api_key_env", &mut d.api_key_env);
         r.boolean("stream", &mut d.stream);
         r.pricing(&mut d.pricing);
+        r.budget(&mut d.budget);
+        if let Some(n) = r.u64("max_resume_tokens") {
+            d.max_resume_tokens = n;
+        }
         r.string("api_mode", &mut d.api_mode);
         if !d.api_mode.is_empty()
             && !matches!(
@@ -390,6 +407,31 @@ impl Reader<'_> {
                 self.bad(key);
                 None
             }
+        }
+    }
+
+    /// `budget: {max_cost_usd, max_tokens}`: positive numbers; anything else
+    /// is ignored with a warning (that measure stays unlimited).
+    fn budget(&mut self, out: &mut BudgetLimit) {
+        let Some(section) = self.v.get("budget") else { return };
+        if section.is_null() {
+            return;
+        }
+        if !section.is_mapping() {
+            self.bad("budget");
+            return;
+        }
+        match section.get("max_cost_usd") {
+            None | Some(Value::Null) => {}
+            Some(Value::Number(n)) if n.as_f64().is_some_and(|f| f.is_finite() && f >= 0.0) => {
+                out.max_cost_usd = n.as_f64();
+            }
+            Some(_) => self.bad("budget.max_cost_usd"),
+        }
+        match section.get("max_tokens") {
+            None | Some(Value::Null) => {}
+            Some(Value::Number(n)) if n.as_u64().is_some() => out.max_tokens = n.as_u64(),
+            Some(_) => self.bad("budget.max_tokens"),
         }
     }
 

@@ -15,8 +15,16 @@ mod embedded {
     refinery::embed_migrations!("migrations");
 }
 
-/// Highest migration version this binary embeds.
-pub(crate) const SCHEMA_VERSION: i64 = 2;
+/// Highest migration version this binary embeds (read from the embedded
+/// migrations, so adding a migration file is all it takes).
+pub(crate) fn schema_version() -> i64 {
+    embedded::migrations::runner()
+        .get_migrations()
+        .iter()
+        .map(|m| i64::from(m.version()))
+        .max()
+        .unwrap_or(0)
+}
 
 const SQLITE_MAGIC: &[u8; 16] = b"SQLite format 3\0";
 
@@ -237,8 +245,8 @@ fn check_not_newer(conn: &Connection) -> Result<()> {
         .query_row("SELECT MAX(version) FROM refinery_schema_history", [], |r| r.get(0))
         .map_err(sql(OP))?;
     match found {
-        Some(v) if v > SCHEMA_VERSION => {
-            Err(Error::SchemaTooNew { found: v, supported: SCHEMA_VERSION })
+        Some(v) if v > schema_version() => {
+            Err(Error::SchemaTooNew { found: v, supported: schema_version() })
         }
         _ => Ok(()),
     }

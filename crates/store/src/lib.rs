@@ -17,6 +17,7 @@
 //! # Ok::<(), retinue_store::Error>(())
 //! ```
 
+mod budget;
 mod clock;
 mod config;
 mod db;
@@ -27,9 +28,12 @@ mod probe;
 mod registry;
 mod rows;
 mod sessions;
+mod spend;
 mod status;
 mod store;
 
+pub use budget::Budgets;
+pub use spend::{BudgetLimit, BudgetStatus, Reservation, ReservationDraft, Spend};
 pub use clock::{Clock, ManualClock, SystemClock, iso8601};
 pub use config::{
     DatabaseConfig, DelegationConfig, JournalMode, LoadedConfig, ModelPrice, Synchronous,
@@ -47,6 +51,8 @@ pub use sessions::{MAX_HOPS, SessionGraph, SessionStore};
 pub use status::{ChildStatus, ExitReason, Role, UnitState};
 pub use store::Store;
 
+#[cfg(any(test, feature = "mocks"))]
+pub use budget::MockBudgets;
 #[cfg(any(test, feature = "mocks"))]
 pub use clock::MockClock;
 #[cfg(any(test, feature = "mocks"))]

@@ -1,6 +1,7 @@
 //! Integration tests of the store against real SQLite files.
 
 mod it {
+    mod budget;
     pub(crate) mod fixture;
     mod legacy;
     mod registry;

@@ -102,3 +102,19 @@ fn runtime_keys_default_off_and_mistyped_pricing_warns() {
     assert!(c.delegation.pricing.is_empty() && !c.delegation.stream);
     assert_eq!(c.warnings.len(), 2, "{:?}", c.warnings);
 }
+
+#[test]
+fn budget_and_resume_guard() {
+    let d = DelegationConfig::default();
+    assert!(d.budget.is_unlimited() && d.max_resume_tokens == 0);
+    let c = load(
+        "delegation:\n  budget: {max_cost_usd: 2.5, max_tokens: 1000000}\n  max_resume_tokens: 50000\n",
+    );
+    assert_eq!(c.delegation.budget.max_cost_usd, Some(2.5));
+    assert_eq!(c.delegation.budget.max_tokens, Some(1_000_000));
+    assert_eq!(c.delegation.max_resume_tokens, 50_000);
+    assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+    let bad = load("delegation:\n  budget: {max_cost_usd: lots, max_tokens: -3}\n");
+    assert!(bad.delegation.budget.is_unlimited());
+    assert_eq!(bad.warnings.len(), 2, "{:?}", bad.warnings);
+}

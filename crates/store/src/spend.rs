@@ -1,0 +1,131 @@
+//! The plain records of budgets: limits, amounts of spend, a lineage's
+//! budget status and reservation requests (the [`crate::Budgets`] seam's
+//! vocabulary; no IO here).
+
+/// A spending limit; `None` = no limit on that measure.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct BudgetLimit {
+    /// Most US dollars.
+    pub max_cost_usd: Option<f64>,
+    /// Most tokens (input + output).
+    pub max_tokens: Option<u64>,
+}
+
+impl BudgetLimit {
+    /// Whether neither measure is limited.
+    pub fn is_unlimited(&self) -> bool {
+        self.max_cost_usd.is_none() && self.max_tokens.is_none()
+    }
+
+    /// The narrower of two limits, measure by measure (a limit can only narrow).
+    #[must_use]
+    pub fn narrowed_by(self, other: BudgetLimit) -> BudgetLimit {
+        fn min_opt<T: PartialOrd + Copy>(a: Option<T>, b: Option<T>) -> Option<T> {
+            match (a, b) {
+                (Some(x), Some(y)) => Some(if y < x { y } else { x }),
+                (x, y) => x.or(y),
+            }
+        }
+        BudgetLimit {
+            max_cost_usd: min_opt(self.max_cost_usd, other.max_cost_usd),
+            max_tokens: min_opt(self.max_tokens, other.max_tokens),
+        }
+    }
+}
+
+/// An amount of spend: dollars and tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Spend {
+    /// US dollars.
+    pub cost_usd: f64,
+    /// Tokens (input + output).
+    pub tokens: u64,
+}
+
+/// A lineage's budget at one instant.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct BudgetStatus {
+    /// The limit.
+    pub limit: BudgetLimit,
+    /// What the lineage's ledger rows add up to.
+    pub spent: Spend,
+    /// What open reservations hold.
+    pub reserved: Spend,
+}
+
+impl BudgetStatus {
+    /// What is left: `limit - spent - reserved`, floored at zero (`None`
+    /// where the measure is unlimited).
+    pub fn remaining(&self) -> (Option<f64>, Option<u64>) {
+        let cost = self
+            .limit
+            .max_cost_usd
+            .map(|m| (m - self.spent.cost_usd - self.reserved.cost_usd).max(0.0));
+        let tokens = self
+            .limit
+            .max_tokens
+            .map(|m| m.saturating_sub(self.spent.tokens).saturating_sub(self.reserved.tokens));
+        (cost, tokens)
+    }
+
+    /// What a reservation between `minimum` and `maximum` gets now: all
+    /// that is left of each limited measure, at most `maximum`, at least
+    /// `minimum` (the caller checks [`BudgetStatus::fits`] first).
+    pub fn grant(&self, minimum: Spend, maximum: Option<Spend>) -> Spend {
+        let (cost, tokens) = self.remaining();
+        let cost = match (cost, maximum) {
+            (Some(left), Some(m)) => left.min(m.cost_usd),
+            (Some(left), None) => left,
+            (None, Some(m)) => m.cost_usd,
+            (None, None) => 0.0,
+        };
+        let tokens = match (tokens, maximum) {
+            (Some(left), Some(m)) => left.min(m.tokens),
+            (Some(left), None) => left,
+            (None, Some(m)) => m.tokens,
+            (None, None) => 0,
+        };
+        Spend { cost_usd: cost.max(minimum.cost_usd), tokens: tokens.max(minimum.tokens) }
+    }
+
+    /// Whether `want` more fits under the limit.
+    pub fn fits(&self, want: Spend) -> bool {
+        let (cost, tokens) = self.remaining();
+        // A tiny epsilon so 0.1 + 0.2 style sums do not refuse an exact fit.
+        cost.is_none_or(|c| want.cost_usd <= c + 1e-9) && tokens.is_none_or(|t| want.tokens <= t)
+    }
+}
+
+/// A reservation to make.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ReservationDraft {
+    /// The lineage root: the budget's key.
+    pub lineage_root: String,
+    /// Every session of the lineage (root first): whose ledger rows count as spent.
+    pub sessions: Vec<String>,
+    /// The limit in force.
+    pub limit: BudgetLimit,
+    /// The least the run needs: refused when less than this is left.
+    pub minimum: Spend,
+    /// The most to hold (`None`: all that is left of each limited measure).
+    pub maximum: Option<Spend>,
+    /// The unit it is for, if known.
+    pub delegation_id: Option<String>,
+}
+
+/// What `reserve` did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Reservation {
+    /// Held; settle it with this id when the run's usage is recorded.
+    Held {
+        /// The reservation id.
+        id: String,
+        /// What it holds: the run's allowance.
+        granted: Spend,
+        /// The budget just before this reservation.
+        before: BudgetStatus,
+    },
+    /// It does not fit; nothing was written.
+    Refused(BudgetStatus),
+}
+
