@@ -77,6 +77,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         registry: store.clone(),
         sessions: store.clone(),
         ledger: store.clone(),
+        budgets: Some(store.clone()),
         authority: authority.clone(),
         runtime: Arc::new(MyRuntime),
         completions: None, // background results: pass your CompletionSink

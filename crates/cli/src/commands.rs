@@ -11,12 +11,13 @@ use retinue_delegate::{
 use retinue_lineage::{Authority, Denial, check_follow_up_authority, lineage_chain, list_for};
 use retinue_runtime::{ChatRuntime, NoTools, RuntimeConfig};
 use retinue_store::{
-    Clock, DelegationConfig, LoadedConfig, Lookup, NewSession, ProcProbe, RegistryRead,
+    Budgets, Clock, DelegationConfig, LoadedConfig, Lookup, NewSession, ProcProbe, RegistryRead,
     RetainedChild, Retention, SessionGraph, SessionStore, Store, SystemClock, TombstoneReason,
     Unaddressable, UsageAttribution, UsageTotals, iso8601,
 };
 use retinue_usage::{
-    fold_usage, load_child_usage_attributions, load_child_usage_totals, load_lineage_usage_totals,
+    budget_json, child_breakdown, fold_usage, load_child_usage_attributions,
+    load_child_usage_totals, load_lineage_usage_totals,
 };
 use serde_json::{Value, json};
 
@@ -305,18 +306,66 @@ pub(crate) fn usage(env: &Env, session: &str, lineage: bool) -> Result<Output> {
         "records": serde_json::to_value(&records)
             .map_err(|e| CliError::Failed(format!("cannot encode the records: {e}")))?,
     });
+    let mut human = usage_human(&totals, &sessions, &records);
     if let Some(resolved) = resolved {
         json["sessions"] = json!(sessions);
         json["lineage_resolved"] = json!(resolved);
+        // The per-child breakdown: each child's spawn and follow-ups.
+        let children = child_breakdown(&records);
+        json["children"] = serde_json::to_value(&children)
+            .map_err(|e| CliError::Failed(format!("cannot encode the breakdown: {e}")))?;
+        if !children.is_empty() {
+            let mut t = Table::new(&["CHILD SESSION", "RUNS", "COST USD", "IN", "OUT"]);
+            for c in &children {
+                t.row(vec![
+                    c.child_session_id.clone(),
+                    c.runs.to_string(),
+                    format!("{:.4}", c.totals.cost_usd),
+                    format!("{:.0}", c.totals.input_tokens),
+                    format!("{:.0}", c.totals.output_tokens),
+                ]);
+            }
+            human.push('\n');
+            human.push_str(&t.render());
+        }
+        // The lineage's budget, when delegation.budget sets one.
+        let limit = store.config().delegation.budget;
+        if !limit.is_unlimited() {
+            let root = sessions.first().cloned().unwrap_or_else(|| session.to_owned());
+            let status = store.budget_status(&root, &sessions, limit)?;
+            let (cost_left, tokens_left) = status.remaining();
+            let show = |cost: Option<f64>, tokens: Option<u64>| match (cost, tokens) {
+                (Some(c), Some(t)) => format!("${c:.4} / {t} tokens"),
+                (Some(c), None) => format!("${c:.4}"),
+                (None, Some(t)) => format!("{t} tokens"),
+                (None, None) => "-".to_owned(),
+            };
+            let limited = |cost: f64, tokens: u64| {
+                show(limit.max_cost_usd.map(|_| cost), limit.max_tokens.map(|_| tokens))
+            };
+            human.push('\n');
+            human.push_str(&key_values(&[
+                ("budget limit", show(limit.max_cost_usd, limit.max_tokens)),
+                ("spent", limited(status.spent.cost_usd, status.spent.tokens)),
+                ("reserved", limited(status.reserved.cost_usd, status.reserved.tokens)),
+                ("remaining", show(cost_left, tokens_left)),
+            ]));
+            json["budget"] = budget_json(&status);
+        }
     }
-    Ok(Output::ok(json, usage_human(&totals, &sessions, &records)))
+    Ok(Output::ok(json, human))
 }
 
 /// `retinue recover`.
 pub(crate) fn recover(env: &Env) -> Result<Output> {
     let store = open(env)?;
     let report = store.recover_abandoned_delegations(&ProcProbe);
-    let json = json!({ "abandoned": report.abandoned, "retained": report.addressable });
+    let mut json = json!({ "abandoned": report.abandoned, "retained": report.addressable });
+    // Budget reservations held by processes that are gone are given back.
+    let released = store.release_abandoned_reservations(&ProcProbe)?;
+    if released > 0 {
+        json["released_reservations"] = json!(released);
+    }
     let human = format!(
         "{} abandoned delegation(s) marked unknown; {} retained child(ren) addressable\n",
         report.abandoned, report.addressable
@@ -411,6 +460,7 @@ pub(crate) fn delegator(
         registry: store.clone(),
         sessions: store.clone(),
         ledger: store.clone(),
+        budgets: Some(store.clone()),
         authority: Arc::new(Authority::new(store.clone(), store.clone(), profile)),
         runtime,
         completions: None,

@@ -978,3 +978,43 @@ fn kill_9_mid_run_keeps_the_transcript_and_recovery_marks_the_unit_unknown() {
     let state = after.iter().find(|u| u["delegation_id"] == unit["delegation_id"]).expect("unit");
     assert_eq!(state["state"], "unknown");
 }
+
+#[test]
+fn two_processes_racing_for_the_last_dollar_never_overspend() {
+    let fx = Fx::new();
+    // Each child run costs $0.01 (the fake model reports it); the lineage may spend $0.01.
+    let yaml = format!(
+        "delegation:\n  model: test/fake-model\n  base_url: {}\n  budget:\n    max_cost_usd: 0.01\n",
+        fx.model.base_url()
+    );
+    std::fs::write(fx.home.path().join("config.yaml"), yaml).expect("config.yaml");
+    for round in 0..3 {
+        let parent = format!("race-{round}");
+        let spawn = || {
+            fx.cmd(&["--json", "delegate", "--parent", &parent, "--goal", "the last dollar"])
+                .output()
+                .expect("run")
+        };
+        let (a, b) = std::thread::scope(|s| {
+            let a = s.spawn(spawn);
+            let b = s.spawn(spawn);
+            (a.join().expect("a"), b.join().expect("b"))
+        });
+        let outs: Vec<Value> = [&a, &b]
+            .iter()
+            .map(|o| serde_json::from_slice(&o.stdout).unwrap_or(Value::Null))
+            .collect();
+        let completed = outs.iter().filter(|v| v["results"][0]["status"] == "completed").count();
+        assert!(completed <= 1, "both spent the last dollar: {outs:?}");
+        let usage = fx.ok(0, &["usage", &parent]);
+        let spent = usage["totals"]["cost_usd"].as_f64().unwrap_or(f64::NAN);
+        assert!(spent <= 0.01 + 1e-9, "overspent: {usage}");
+        // The loser was told why, with the numbers.
+        let loser = outs
+            .iter()
+            .find(|v| v["results"][0]["status"] != "completed")
+            .expect("one of the two lost");
+        let why = loser["error"].as_str().or_else(|| loser["results"][0]["error"].as_str());
+        assert!(why.is_some_and(|w| w.contains("budget") || w.contains("Budget")), "{loser}");
+    }
+}

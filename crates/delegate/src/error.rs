@@ -76,6 +76,23 @@ pub enum DelegateError {
         /// The session.
         session_id: String,
     },
+    /// The budget cannot cover the call (or cannot be enforced); nothing ran.
+    #[error("{message}")]
+    Budget {
+        /// What was spent, reserved, the limit and what remains.
+        message: String,
+    },
+    /// Resuming the child would send more input tokens than
+    /// `delegation.max_resume_tokens` allows; nothing ran.
+    #[error("{}", texts::resume_too_large(target, *estimate, *max))]
+    ResumeTooLarge {
+        /// The id as given.
+        target: String,
+        /// The estimated input tokens of the resume.
+        estimate: u64,
+        /// `delegation.max_resume_tokens`.
+        max: u64,
+    },
     /// The unit could not be recorded; no child was started.
     #[error("{}", texts::PERSIST_FAILED)]
     Storage(#[source] retinue_store::Error),
@@ -91,7 +108,8 @@ pub enum ErrorKind {
     Usage,
     /// Not allowed to address the target (foreign, missing, self).
     Denied,
-    /// A limit refuses the call (spawn depth, paused spawning).
+    /// A limit refuses the call (spawn depth, paused spawning, budget,
+    /// resume size).
     Limit,
     /// Known, but gone (tombstoned).
     NotFound,
@@ -107,7 +125,10 @@ impl DelegateError {
         match self {
             DelegateError::NoParent | DelegateError::InvalidArguments(_) => ErrorKind::Usage,
             DelegateError::NotAddressable { .. } | DelegateError::SelfTarget => ErrorKind::Denied,
-            DelegateError::DepthExceeded { .. } | DelegateError::Paused => ErrorKind::Limit,
+            DelegateError::DepthExceeded { .. }
+            | DelegateError::Paused
+            | DelegateError::Budget { .. }
+            | DelegateError::ResumeTooLarge { .. } => ErrorKind::Limit,
             DelegateError::Tombstoned { .. } => ErrorKind::NotFound,
             DelegateError::Busy { .. } => ErrorKind::Busy,
             DelegateError::NoChildSession

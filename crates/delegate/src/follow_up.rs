@@ -6,9 +6,12 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use retinue_lineage::Resolution;
-use retinue_store::{Message, ResumeClaim, RetainedChild, UnitState, UsageSwap};
+use retinue_store::{
+    BudgetLimit, Message, ResumeClaim, RetainedChild, Spend, UnitState, UsageSwap,
+};
 
 use crate::args::FollowUp;
+use crate::budget;
 use crate::error::DelegateError;
 use crate::request::{DelegateOutcome, FollowUpReport};
 use crate::runtime::{CancelToken, ChildSpec, RunInput};
@@ -142,8 +145,26 @@ fn resume(
     if system_prompt.is_none() {
         system_prompt = parts.sessions.session(&tip).ok().flatten().and_then(|s| s.system_prompt);
     }
-    let m = &entry.manifest;
+    // The resume-cost guard, then the budget: both before any model call.
     let config = &parts.config;
+    let estimate = budget::resume_estimate(&history, &fu.text)
+        .saturating_add(budget::tokens_of(system_prompt.as_deref().unwrap_or_default()));
+    if config.max_resume_tokens > 0 && estimate > config.max_resume_tokens {
+        return Err(DelegateError::ResumeTooLarge {
+            target: fu.target.clone(),
+            estimate,
+            max: config.max_resume_tokens,
+        });
+    }
+    let held = budget::reserve(
+        inner,
+        requester(parent),
+        BudgetLimit::default(),
+        Spend { cost_usd: budget::MIN_COST_USD, tokens: estimate },
+        Some(&entry.delegation_id),
+    )?;
+    let metered = held.as_ref().map_or_else(|| cancel.clone(), |h| h.token(cancel));
+    let m = &entry.manifest;
     let pick = |v: &Option<String>, fallback: &str| {
         v.clone()
             .filter(|s| !s.is_empty())
@@ -164,10 +185,20 @@ fn resume(
         max_iterations: config.max_iterations,
         resume_session_id: Some(tip.clone()),
     };
-    parts.sessions.reopen_session(&tip).map_err(|e| transcript_error(&tip, e))?;
-    let user =
-        Message { role: "user".to_owned(), content: Some(fu.text.clone()), ..Message::default() };
-    parts.sessions.append_message(&tip, &user).map_err(|e| transcript_error(&tip, e))?;
+    let opened = parts.sessions.reopen_session(&tip).and_then(|_| {
+        let user = Message {
+            role: "user".to_owned(),
+            content: Some(fu.text.clone()),
+            ..Message::default()
+        };
+        parts.sessions.append_message(&tip, &user)
+    });
+    if let Err(e) = opened {
+        if let Some(h) = held {
+            h.release();
+        }
+        return Err(transcript_error(&tip, e));
+    }
     let input = RunInput { user_message: fu.text.clone(), history, system_prompt };
     // Renew the claim while the child runs.
     let (stop_tx, stop_rx) = mpsc::channel::<()>();
@@ -180,7 +211,7 @@ fn resume(
             }
         }
     });
-    let result = execute(inner, &spec, input, false, parent.session_id.clone(), cancel);
+    let result = execute(inner, &spec, input, false, parent.session_id.clone(), &metered);
     drop(stop_tx);
     let _ = renewer.join();
     let results = [result];
@@ -216,7 +247,9 @@ fn resume(
         let _ = parts.registry.release_resume(&entry.delegation_id, entry.child_index, token);
     }
     let [result] = results;
+    let budget = held.and_then(budget::Held::settle);
     Ok(DelegateOutcome::FollowedUp(Box::new(FollowUpReport {
+        budget,
         child_id: entry.child_id().to_owned(),
         child_session_id: tip,
         delegation_id: entry.delegation_id.clone(),

@@ -12,6 +12,7 @@
 //! [`ChildRuntime`] trait.
 
 mod args;
+mod budget;
 mod error;
 mod follow_up;
 mod live;
@@ -28,7 +29,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use retinue_lineage::LineageAuthority;
-use retinue_store::{DelegationConfig, Registry, SessionStore, UsageLedger};
+use retinue_store::{Budgets, DelegationConfig, Registry, SessionStore, UsageLedger};
 use serde_json::{Value, json};
 
 pub use args::{FollowUp, TaskSpec, parse_follow_up, parse_tasks};
@@ -39,8 +40,8 @@ pub use request::{
 };
 pub use results::ChildReport;
 pub use runtime::{
-    CancelReason, CancelToken, ChildHandle, ChildOutcome, ChildRuntime, ChildSpec, CompletionSink,
-    RunInput, RunTokens, RuntimeError, SinkError, TranscriptSink,
+    BudgetMeter, CancelReason, CancelToken, ChildHandle, ChildOutcome, ChildRuntime, ChildSpec,
+    CompletionSink, RunInput, RunTokens, RuntimeError, SinkError, TranscriptSink,
 };
 #[cfg(any(test, feature = "mocks"))]
 pub use runtime::{MockChildRuntime, MockCompletionSink, MockTranscriptSink};
@@ -74,6 +75,9 @@ pub struct DelegatorParts {
     pub sessions: Arc<dyn SessionStore>,
     /// The usage ledger.
     pub ledger: Arc<dyn UsageLedger>,
+    /// Budget reservations; required when `config.budget` (or a call's
+    /// `budget`) limits spending — without it such calls are refused.
+    pub budgets: Option<Arc<dyn Budgets>>,
     /// Follow-up authority.
     pub authority: Arc<dyn LineageAuthority>,
     /// The child runtime.

@@ -4,7 +4,7 @@
 //! [`DelegateOutcome::to_json`] its rendering half; between them sits
 //! [`crate::Delegator::delegate`].
 
-use retinue_store::Role;
+use retinue_store::{BudgetLimit, Role};
 use serde_json::{Value, json};
 
 use crate::args::{FollowUp, TaskSpec, parse_follow_up, parse_tasks};
@@ -21,6 +21,9 @@ pub struct SpawnRequest {
     pub role: Role,
     /// Run in the background (when the parent can receive detached results).
     pub background: bool,
+    /// The call's own budget for its children (it can only narrow
+    /// `delegation.budget`, never widen it).
+    pub budget: BudgetLimit,
 }
 
 /// One `delegate_task` call.
@@ -41,7 +44,9 @@ impl DelegateRequest {
             return fu.map(DelegateRequest::FollowUp).map_err(DelegateError::InvalidArguments);
         }
         let tasks = parse_tasks(args, usize::MAX).map_err(DelegateError::InvalidArguments)?;
+        let budget = crate::budget::parse_call_budget(args)?;
         Ok(DelegateRequest::Spawn(SpawnRequest {
+            budget,
             tasks,
             role: args.get("role").and_then(Value::as_str).map_or(Role::Leaf, Role::parse),
             background: args.get("background").and_then(Value::as_bool).unwrap_or(false),
@@ -60,6 +65,9 @@ pub struct UnitReport {
     pub total_duration_seconds: f64,
     /// Notes (ran synchronously because …), joined by a space.
     pub note: Option<String>,
+    /// The lineage budget after the run (`limit`, `spent`, `reserved`,
+    /// `remaining`), when one is configured.
+    pub budget: Option<Value>,
 }
 
 /// A child started in the background.
@@ -99,6 +107,8 @@ pub struct FollowUpReport {
     pub result: ChildReport,
     /// Wall time.
     pub total_duration_seconds: f64,
+    /// The lineage budget after the run, when one is configured.
+    pub budget: Option<Value>,
 }
 
 /// What a successful call did.
@@ -137,6 +147,9 @@ impl DelegateOutcome {
                 if let Some(note) = &unit.note {
                     out["note"] = json!(note);
                 }
+                if let Some(budget) = &unit.budget {
+                    out["budget"] = budget.clone();
+                }
                 out
             }
             DelegateOutcome::Dispatched(d) => json!({
@@ -159,15 +172,21 @@ impl DelegateOutcome {
                 "child_id": child_id,
                 "receipt": texts::STEER_RECEIPT,
             }),
-            DelegateOutcome::FollowedUp(f) => json!({
-                "mode": "follow_up",
-                "child_id": f.child_id,
-                "child_session_id": f.child_session_id,
-                "delegation_id": f.delegation_id,
-                "results": [f.result.to_json()],
-                "total_duration_seconds": seconds(f.total_duration_seconds),
-                "note": texts::RESUME_NOTE,
-            }),
+            DelegateOutcome::FollowedUp(f) => {
+                let mut out = json!({
+                    "mode": "follow_up",
+                    "child_id": f.child_id,
+                    "child_session_id": f.child_session_id,
+                    "delegation_id": f.delegation_id,
+                    "results": [f.result.to_json()],
+                    "total_duration_seconds": seconds(f.total_duration_seconds),
+                    "note": texts::RESUME_NOTE,
+                });
+                if let Some(budget) = &f.budget {
+                    out["budget"] = budget.clone();
+                }
+                out
+            }
         }
     }
 

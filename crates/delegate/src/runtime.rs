@@ -5,7 +5,7 @@
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use retinue_store::{ExitReason, Message};
+use retinue_store::{ExitReason, Message, Spend};
 use serde_json::Value;
 
 /// Everything a runtime needs to build one child.
@@ -173,6 +173,51 @@ pub enum CancelReason {
     Timeout,
     /// Someone cancelled the run (the parent's call was cancelled).
     Cancelled,
+    /// The run's budget allowance is spent.
+    Budget,
+}
+
+/// The spending allowance of the runs under one budget reservation, shared
+/// by their tokens: runtimes [`CancelToken::charge`] each model call's usage
+/// and ask [`CancelToken::would_exceed`] before the next one.
+#[derive(Debug)]
+pub struct BudgetMeter {
+    cap: Spend,
+    spent: Mutex<Spend>,
+}
+
+impl BudgetMeter {
+    /// A meter allowing `cap` (an unlimited measure: `f64::INFINITY` / `u64::MAX`).
+    pub fn new(cap: Spend) -> Arc<BudgetMeter> {
+        Arc::new(BudgetMeter { cap, spent: Mutex::new(Spend::default()) })
+    }
+
+    /// What was charged so far.
+    pub fn spent(&self) -> Spend {
+        *self.spent.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// What is left of the allowance.
+    pub fn left(&self) -> Spend {
+        let spent = self.spent();
+        Spend {
+            cost_usd: (self.cap.cost_usd - spent.cost_usd).max(0.0),
+            tokens: self.cap.tokens.saturating_sub(spent.tokens),
+        }
+    }
+
+    fn charge(&self, cost_usd: f64, tokens: u64) {
+        let mut spent = self.spent.lock().unwrap_or_else(PoisonError::into_inner);
+        if cost_usd.is_finite() && cost_usd > 0.0 {
+            spent.cost_usd += cost_usd;
+        }
+        spent.tokens = spent.tokens.saturating_add(tokens);
+    }
+
+    fn exhausted(&self) -> bool {
+        let spent = self.spent();
+        spent.cost_usd >= self.cap.cost_usd || spent.tokens >= self.cap.tokens
+    }
 }
 
 #[derive(Debug, Default)]
@@ -181,12 +226,13 @@ struct CancelState {
     changed: Condvar,
 }
 
-/// A run's stop signal: a deadline plus an explicit cancel. Cheap to clone;
-/// all clones share one state.
+/// A run's stop signal: a deadline, an explicit cancel and, under a budget,
+/// a spending allowance. Cheap to clone; all clones share one state.
 #[derive(Debug, Clone, Default)]
 pub struct CancelToken {
     state: Arc<CancelState>,
     deadline: Option<Instant>,
+    budget: Option<Arc<BudgetMeter>>,
 }
 
 impl CancelToken {
@@ -199,7 +245,37 @@ impl CancelToken {
     /// large to represent, means no deadline (never a panic).
     pub fn with_timeout(timeout: Option<Duration>) -> CancelToken {
         let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
-        CancelToken { state: Arc::default(), deadline }
+        CancelToken { state: Arc::default(), deadline, budget: None }
+    }
+
+    /// This token, with runs charged against `meter` (a run stops with
+    /// [`CancelReason::Budget`] once it is spent).
+    #[must_use]
+    pub fn with_budget(mut self, meter: Arc<BudgetMeter>) -> CancelToken {
+        self.budget = Some(meter);
+        self
+    }
+
+    /// The budget meter, if the run is under a budget.
+    pub fn budget(&self) -> Option<&Arc<BudgetMeter>> {
+        self.budget.as_ref()
+    }
+
+    /// Charges one model call's usage to the run's budget (no-op without one).
+    pub fn charge(&self, cost_usd: f64, tokens: u64) {
+        if let Some(meter) = &self.budget {
+            meter.charge(cost_usd, tokens);
+        }
+    }
+
+    /// Whether a next call expected to use `next` (tokens, and dollars where
+    /// a price is known) would cross the allowance (always `false` without a
+    /// budget).
+    pub fn would_exceed(&self, next: Spend) -> bool {
+        self.budget.as_ref().is_some_and(|m| {
+            let left = m.left();
+            m.exhausted() || next.tokens > left.tokens || next.cost_usd > left.cost_usd
+        })
     }
 
     /// A token sharing this one's cancel state with an earlier (never later)
@@ -211,7 +287,7 @@ impl CancelToken {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        CancelToken { state: Arc::clone(&self.state), deadline }
+        CancelToken { state: Arc::clone(&self.state), deadline, budget: self.budget.clone() }
     }
 
     /// Stops the run (idempotent; the first reason wins).
@@ -230,9 +306,13 @@ impl CancelToken {
     /// Why the run must stop, if it must.
     pub fn reason(&self) -> Option<CancelReason> {
         let fired = *self.state.reason.lock().unwrap_or_else(PoisonError::into_inner);
-        fired.or_else(|| {
-            self.deadline.filter(|d| Instant::now() >= *d).map(|_| CancelReason::Timeout)
-        })
+        fired
+            .or_else(|| {
+                self.deadline.filter(|d| Instant::now() >= *d).map(|_| CancelReason::Timeout)
+            })
+            .or_else(|| {
+                self.budget.as_ref().filter(|m| m.exhausted()).map(|_| CancelReason::Budget)
+            })
     }
 
     /// Whether the run must stop now.
@@ -303,6 +383,27 @@ mod tests {
         assert_eq!(t.reason(), Some(CancelReason::Timeout));
         assert!(t.sleep(Duration::from_secs(600)));
         assert_eq!(t.remaining(), Some(Duration::ZERO));
+    }
+
+    #[test]
+    fn a_spent_budget_stops_the_run_and_is_shared_by_children() {
+        let meter = BudgetMeter::new(Spend { cost_usd: 1.0, tokens: u64::MAX });
+        let t = CancelToken::new().with_budget(meter.clone());
+        let child = t.child(None);
+        let tokens = |n: u64| Spend { cost_usd: 0.0, tokens: n };
+        assert!(!child.is_cancelled() && !child.would_exceed(tokens(10)));
+        assert!(child.would_exceed(Spend { cost_usd: 1.5, tokens: 0 }));
+        child.charge(0.6, 100);
+        t.charge(0.5, 0);
+        assert_eq!(t.reason(), Some(CancelReason::Budget));
+        assert!(child.would_exceed(tokens(0)));
+        let tokens = CancelToken::new()
+            .with_budget(BudgetMeter::new(Spend { cost_usd: f64::INFINITY, tokens: 50 }));
+        let t = tokens;
+        let n = |n: u64| Spend { cost_usd: 0.0, tokens: n };
+        assert!(t.would_exceed(n(51)) && !t.would_exceed(n(50)));
+        t.charge(f64::NAN, 10);
+        assert_eq!(t.budget().map(|m| m.left().tokens), Some(40));
     }
 
     #[test]

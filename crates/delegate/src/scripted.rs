@@ -5,7 +5,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use retinue_store::{ExitReason, Message};
+use retinue_store::{ExitReason, Message, Spend};
 use serde_json::Value;
 
 use crate::runtime::{
@@ -151,6 +151,15 @@ impl ChildRuntime for ScriptedRuntime {
         if let Some(text) = &script.panic {
             panic!("{text}");
         }
+        // The scripted "model" knows its price: under a budget, a call that
+        // would cross the allowance is never made.
+        let next = Spend { cost_usd: script.cost_usd, tokens: tokens.input + tokens.output };
+        if cancel.would_exceed(next) {
+            return ChildOutcome::failed(
+                ExitReason::Budget,
+                "the next model call would cross the budget allowance",
+            );
+        }
         let missed_steers: Vec<String> = if script.miss_steers {
             self.steers.lock().unwrap_or_else(PoisonError::into_inner)[steers_before..]
                 .iter()
@@ -183,6 +192,7 @@ impl ChildRuntime for ScriptedRuntime {
                 format!("transcript write failed: {e}"),
             );
         }
+        cancel.charge(script.cost_usd, tokens.input + tokens.output);
         ChildOutcome {
             final_response: Some(reply),
             exit_reason: ExitReason::Completed,

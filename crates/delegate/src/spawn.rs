@@ -8,11 +8,12 @@ use std::time::{Duration, Instant};
 
 use retinue_store::{
     ChildManifest, ChildStatus, Completion, DeliveryFilter, ExitReason, Message, NewSession, Role,
-    UnitDraft, current_owner, truncate_chars,
+    Spend, UnitDraft, current_owner, truncate_chars,
 };
 use retinue_usage::{ChildRun, FinalizeContext, FinalizeEntry, ParentCost, Tokens};
 use serde_json::json;
 
+use crate::budget;
 use crate::error::DelegateError;
 use crate::live::LiveChild;
 use crate::request::{DelegateOutcome, Dispatch, DispatchedChild, SpawnRequest, UnitReport};
@@ -163,6 +164,10 @@ fn run_child(
         Some(CancelReason::Cancelled) => {
             outcome.exit_reason = ExitReason::Interrupted;
             outcome.error.get_or_insert_with(|| texts::CANCELLED.to_owned());
+        }
+        Some(CancelReason::Budget) => {
+            outcome.exit_reason = ExitReason::Budget;
+            outcome.error = Some(texts::BUDGET_SPENT.to_owned());
         }
         None => {}
     }
@@ -347,6 +352,27 @@ pub(crate) fn run(
         };
         planned.push(Planned { spec, input });
     }
+    // Under a budget: reserve before anything is written or started.
+    let minimum = Spend {
+        cost_usd: budget::MIN_COST_USD,
+        tokens: planned
+            .iter()
+            .map(|p| {
+                budget::tokens_of(p.input.system_prompt.as_deref().unwrap_or_default())
+                    + budget::tokens_of(&p.input.user_message)
+            })
+            .fold(0, u64::saturating_add),
+    };
+    let held = match budget::reserve(inner, parent_id.as_deref(), request.budget, minimum, None) {
+        Ok(h) => h,
+        Err(e) => {
+            if took_slot {
+                inner.background_slots.fetch_sub(1, Ordering::SeqCst);
+            }
+            return Err(e);
+        }
+    };
+    let cancel = held.as_ref().map_or_else(|| cancel.clone(), |h| h.token(cancel));
     let (pid, fingerprint) = current_owner();
     let draft = UnitDraft {
         origin_session: parent_id.clone().unwrap_or_default(),
@@ -399,6 +425,9 @@ pub(crate) fn run(
             if took_slot {
                 inner.background_slots.fetch_sub(1, Ordering::SeqCst);
             }
+            if let Some(h) = held {
+                h.release();
+            }
             return Err(DelegateError::Storage(e));
         }
     };
@@ -424,6 +453,9 @@ pub(crate) fn run(
             let started = Instant::now();
             let results = run_children(&worker, planned, &parent_owned, &token);
             complete(&worker, &parent_owned, &id, results, started, true);
+            if let Some(h) = held {
+                h.settle();
+            }
             worker.background_slots.fetch_sub(1, Ordering::SeqCst);
         });
         match handle {
@@ -442,8 +474,9 @@ pub(crate) fn run(
         return Ok(DelegateOutcome::Dispatched(dispatch));
     }
     let started = Instant::now();
-    let results = run_children(inner, planned, parent, cancel);
+    let results = run_children(inner, planned, parent, &cancel);
     let mut unit = complete(inner, parent, &delegation_id, results, started, false);
+    unit.budget = held.and_then(budget::Held::settle);
     if !notes.is_empty() {
         unit.note = Some(notes.join(" "));
     }
@@ -531,6 +564,7 @@ fn complete(
         results,
         total_duration_seconds: started.elapsed().as_secs_f64(),
         note: None,
+        budget: None,
     };
     let out = unit.body();
     let event = json!({

@@ -109,3 +109,56 @@ pub const CANCELLED: &str = "Subagent was cancelled; its partial work is kept.";
 
 /// How many characters of a goal a background dispatch echoes.
 pub const GOAL_PREVIEW_CHARS: usize = 200;
+
+/// A child stopped because its budget allowance was spent.
+pub const BUDGET_SPENT: &str = "Subagent stopped: its budget allowance is spent (delegation.budget); its partial work is kept and billed.";
+
+/// A malformed `budget` argument.
+pub const BAD_BUDGET: &str =
+    "budget must be an object {\"max_cost_usd\": number >= 0, \"max_tokens\": integer >= 0}.";
+/// A budget is configured but the embedder gave the delegator no budget store.
+pub const NO_BUDGET_STORE: &str = "A delegation budget is configured, but this delegate_task has no budget store to enforce it; refusing rather than spending unmetered.";
+/// A budget needs a paying session.
+pub const NO_BUDGET_PAYER: &str =
+    "A delegation budget is configured, but this call has no parent session to bill; refusing.";
+
+fn money_tokens(cost: Option<f64>, tokens: Option<u64>) -> String {
+    match (cost, tokens) {
+        (Some(c), Some(t)) => format!("${c:.4} and {t} tokens"),
+        (Some(c), None) => format!("${c:.4}"),
+        (None, Some(t)) => format!("{t} tokens"),
+        (None, None) => "unlimited".to_owned(),
+    }
+}
+
+/// A spawn or follow-up refused before any model call: it would exceed the budget.
+pub fn budget_refused(
+    root: &str,
+    status: &retinue_store::BudgetStatus,
+    needs: retinue_store::Spend,
+) -> String {
+    let (cost_left, tokens_left) = status.remaining();
+    let limited = |cost: f64, tokens: u64| {
+        money_tokens(
+            status.limit.max_cost_usd.map(|_| cost),
+            status.limit.max_tokens.map(|_| tokens),
+        )
+    };
+    format!(
+        "Budget exceeded for the session lineage rooted at '{}': spent {}, reserved by running children {}, limit {}, remaining {}; this call needs at least {}. Raise delegation.budget, pass a smaller budget, or wait for running children to finish.",
+        shown_id(root),
+        limited(status.spent.cost_usd, status.spent.tokens),
+        limited(status.reserved.cost_usd, status.reserved.tokens),
+        money_tokens(status.limit.max_cost_usd, status.limit.max_tokens),
+        money_tokens(cost_left, tokens_left),
+        limited(needs.cost_usd, needs.tokens),
+    )
+}
+
+/// A follow-up whose resume would send too many input tokens.
+pub fn resume_too_large(id: &str, estimate: u64, max: u64) -> String {
+    format!(
+        "follow_up target '{}' was not resumed: resuming it would send about {estimate} input tokens (its whole transcript), above delegation.max_resume_tokens ({max}). Start a fresh child instead and pass a summary of what it found as context.",
+        shown_id(id)
+    )
+}

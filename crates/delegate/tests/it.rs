@@ -34,6 +34,7 @@ fn tool_over(
         registry: store.clone(),
         sessions: store.clone(),
         ledger: store.clone(),
+        budgets: Some(store.clone()),
         authority: Arc::new(Authority::new(store.clone(), store.clone(), "")),
         runtime: runtime.clone(),
         completions: Some(sink.clone()),
@@ -700,6 +701,7 @@ mod seams {
             registry: Arc::new(registry),
             sessions: Arc::new(MockSessionStore::new()),
             ledger: Arc::new(MockUsageLedger::new()),
+            budgets: None,
             authority: Arc::new(authority),
             runtime: Arc::new(runtime),
             completions: None,
@@ -997,6 +999,7 @@ mod sinks {
             registry: fx.store.clone(),
             sessions: fx.store.clone(),
             ledger: fx.store.clone(),
+            budgets: Some(fx.store.clone()),
             authority: Arc::new(Authority::new(fx.store.clone(), fx.store.clone(), "")),
             runtime: Arc::new(ScriptedRuntime::new()),
             completions: Some(Arc::new(refusing)),
@@ -1021,10 +1024,126 @@ fn tool_with_runtime(fx: &Fx, runtime: Arc<dyn retinue_delegate::ChildRuntime>) 
         registry: fx.store.clone(),
         sessions: fx.store.clone(),
         ledger: fx.store.clone(),
+        budgets: Some(fx.store.clone()),
         authority: Arc::new(Authority::new(fx.store.clone(), fx.store.clone(), "")),
         runtime,
         completions: None,
         config: DelegationConfig::default(),
         profile: String::new(),
     })
+}
+
+/// Budgets across a lineage (issue "Budgets"), on a real store with the
+/// scripted runtime ($0.01, 100 + 20 tokens per child run).
+mod budgets {
+    use retinue_delegate::scripted::ScriptedRuntime;
+    use retinue_store::{BudgetLimit, Claims, DelegationConfig, ResumeClaim, SessionStore};
+    use serde_json::{Value, json};
+
+    use super::{Fx, err, parent};
+
+    fn dollars(max: f64) -> DelegationConfig {
+        DelegationConfig {
+            budget: BudgetLimit { max_cost_usd: Some(max), max_tokens: None },
+            ..DelegationConfig::default()
+        }
+    }
+
+    fn remaining(out: &Value) -> f64 {
+        out["budget"]["remaining"]["cost_usd"].as_f64().unwrap_or(f64::NAN)
+    }
+
+    #[test]
+    fn a_lineage_budget_is_shared_by_its_continuation_and_refuses_when_spent() {
+        let fx = Fx::with(dollars(0.02), ScriptedRuntime::new());
+        fx.session("A", "cli", None, None);
+        let first = fx.call(json!({"goal": "one"}), &parent("A"));
+        assert_eq!(first["results"][0]["status"], "completed", "{first}");
+        assert!((remaining(&first) - 0.01).abs() < 1e-9, "{first}");
+        assert_eq!(first["budget"]["reserved"]["cost_usd"], 0.0);
+        // The compression continuation is the same conversation: one budget.
+        fx.store.end_session("A", "compression").expect("end");
+        fx.session("A2", "cli", Some("A"), None);
+        let second = fx.call(json!({"goal": "two"}), &parent("A2"));
+        assert_eq!(second["results"][0]["status"], "completed", "{second}");
+        assert!(remaining(&second).abs() < 1e-9, "{second}");
+        let refused = fx.call(json!({"goal": "three"}), &parent("A2"));
+        let text = err(&refused);
+        assert!(
+            text.starts_with("Budget exceeded for the session lineage rooted at 'A'"),
+            "{text}"
+        );
+        assert!(text.contains("spent $0.0200") && text.contains("limit $0.0200"), "{text}");
+        assert!(text.contains("remaining $0.0000"), "{text}");
+        // Nothing was recorded for the refused call.
+        let units = retinue_testkit::HermesDb::table_rows_of(
+            &fx.dir.path().join("state.db"),
+            "async_delegations",
+            &["delegation_id"],
+        );
+        assert_eq!(units.len(), 2);
+        // A stranger's lineage has its own budget.
+        fx.session("S", "cli", None, None);
+        let other = fx.call(json!({"goal": "elsewhere"}), &parent("S"));
+        assert_eq!(other["results"][0]["status"], "completed", "{other}");
+    }
+
+    #[test]
+    fn a_child_that_would_cross_the_budget_stops_with_exit_reason_budget() {
+        let fx = Fx::with(dollars(0.015), ScriptedRuntime::new());
+        fx.session("A", "cli", None, None);
+        let first = fx.call(json!({"goal": "one"}), &parent("A"));
+        assert_eq!(first["results"][0]["status"], "completed");
+        let second = fx.call(json!({"goal": "two"}), &parent("A"));
+        assert_eq!(second["results"][0]["exit_reason"], "budget", "{second}");
+        assert_eq!(second["results"][0]["status"], "error");
+        // Nothing was spent past the limit.
+        let totals = retinue_usage::load_child_usage_totals(&*fx.store, "A").expect("totals");
+        assert!(totals.cost_usd <= 0.015 + 1e-9, "{totals:?}");
+    }
+
+    #[test]
+    fn a_call_budget_narrows_and_never_widens() {
+        let fx = Fx::with(DelegationConfig::default(), ScriptedRuntime::new());
+        fx.session("A", "cli", None, None);
+        let narrowed =
+            fx.call(json!({"goal": "g", "budget": {"max_cost_usd": 0.005}}), &parent("A"));
+        assert_eq!(narrowed["results"][0]["exit_reason"], "budget", "{narrowed}");
+        assert!(narrowed.get("budget").is_none(), "no lineage budget to report: {narrowed}");
+        let bad = fx.call(json!({"goal": "g", "budget": {"max_cost_usd": -1}}), &parent("A"));
+        assert!(err(&bad).starts_with("budget must be an object"));
+
+        let fx = Fx::with(dollars(0.01), ScriptedRuntime::new());
+        fx.session("A", "cli", None, None);
+        let wide = fx.call(json!({"goal": "g", "budget": {"max_cost_usd": 5.0}}), &parent("A"));
+        assert_eq!(wide["results"][0]["status"], "completed", "{wide}");
+        let again = fx.call(json!({"goal": "g", "budget": {"max_cost_usd": 5.0}}), &parent("A"));
+        assert!(err(&again).starts_with("Budget exceeded"), "{again}");
+    }
+
+    #[test]
+    fn a_huge_resume_is_refused_with_its_estimate_and_frees_its_claim() {
+        let config = DelegationConfig { max_resume_tokens: 5, ..DelegationConfig::default() };
+        let fx = Fx::with(config, ScriptedRuntime::new());
+        let id = fx.resumable();
+        let out =
+            fx.call(json!({"goal": "tell me more", "follow_up": "child-sess-1"}), &parent("A"));
+        let text = err(&out);
+        assert!(text.contains("would send about"), "{text}");
+        assert!(text.contains("delegation.max_resume_tokens (5)"), "{text}");
+        assert!(text.contains("Start a fresh child"), "{text}");
+        // The claim was given back: the child can be resumed at once.
+        assert!(matches!(fx.store.claim_resume(&id, 0), Ok(ResumeClaim::Claimed { .. })));
+    }
+
+    #[test]
+    fn a_follow_up_is_billed_against_the_requesters_budget() {
+        let fx = Fx::with(dollars(0.01), ScriptedRuntime::new());
+        fx.resumable();
+        let ok = fx.call(json!({"goal": "more", "follow_up": "child-sess-1"}), &parent("A"));
+        assert_eq!(ok["mode"], "follow_up", "{ok}");
+        assert!(remaining(&ok).abs() < 1e-9, "{ok}");
+        let refused = fx.call(json!({"goal": "more", "follow_up": "child-sess-1"}), &parent("A"));
+        assert!(err(&refused).starts_with("Budget exceeded"), "{refused}");
+    }
 }

@@ -346,6 +346,7 @@ fn delegator(store: &Arc<Store>, runtime: &Arc<ScriptedRuntime>) -> Delegator {
         registry: store.clone(),
         sessions: store.clone(),
         ledger: store.clone(),
+        budgets: Some(store.clone()),
         authority: Arc::new(Authority::new(store.clone(), store.clone(), "")),
         runtime: runtime.clone(),
         completions: Some(Arc::new(RecordingSink::default())),

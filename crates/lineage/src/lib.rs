@@ -39,6 +39,8 @@ pub use walk::{CompressionWalk, lineage_sessions};
 pub trait LineageAuthority: Send + Sync {
     /// The lineage root of a session ([`root`]).
     fn root(&self, session_id: &str) -> Result<String, RootError>;
+    /// The sessions of the session's compression lineage, root first ([`lineage_sessions`]).
+    fn lineage_sessions(&self, session_id: &str) -> Result<Vec<String>, RootError>;
     /// May `requester` address `entry`? ([`check_follow_up_authority`]).
     fn check_follow_up_authority<'a>(
         &self,
@@ -92,6 +94,10 @@ impl Authority {
 impl LineageAuthority for Authority {
     fn root(&self, session_id: &str) -> Result<String, RootError> {
         root(self.graph.as_ref(), session_id)
+    }
+
+    fn lineage_sessions(&self, session_id: &str) -> Result<Vec<String>, RootError> {
+        lineage_sessions(self.graph.as_ref(), session_id)
     }
 
     fn check_follow_up_authority(

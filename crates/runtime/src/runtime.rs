@@ -8,7 +8,7 @@ use retinue_delegate::{
     CancelReason, CancelToken, ChildHandle, ChildOutcome, ChildRuntime, ChildSpec, RunInput,
     RunTokens, RuntimeError, TranscriptSink,
 };
-use retinue_store::{ExitReason, Message};
+use retinue_store::{ExitReason, Message, Spend};
 use serde_json::{Value, json};
 
 use crate::client::{Call, CallOutcome, Completion};
@@ -102,6 +102,12 @@ impl ChatRuntime {
         }
     }
 
+    /// What sending `tokens` prompt tokens costs at the price table (0 when
+    /// the model has no price: the budget then meters it by tokens only).
+    fn prompt_cost(&self, model: &str, tokens: u64) -> f64 {
+        self.config.pricing.get(model).map_or(0.0, |p| tokens as f64 * p.input_per_mtok / 1e6)
+    }
+
     fn cost_of(&self, model: &str, c: &Completion) -> f64 {
         if let Some(cost) = c.cost {
             return cost;
@@ -172,8 +178,15 @@ fn add(total: &mut RunTokens, t: &RunTokens) {
 fn stopped_reason(cancel: &CancelToken) -> ExitReason {
     match cancel.reason() {
         Some(CancelReason::Timeout) => ExitReason::Timeout,
+        Some(CancelReason::Budget) => ExitReason::Budget,
         _ => ExitReason::Interrupted,
     }
+}
+
+/// A rough token count of a request body (4 characters a token): what the
+/// next call will at least send, for the budget check before it.
+fn estimated_tokens(body: &str) -> u64 {
+    u64::try_from(body.chars().count() / 4).unwrap_or(u64::MAX)
 }
 
 /// The running state of one run.
@@ -201,10 +214,10 @@ impl Run<'_> {
 
     fn stop(&mut self) {
         let reason = stopped_reason(self.cancel);
-        let text = if reason == ExitReason::Timeout {
-            "the child's deadline passed"
-        } else {
-            "the run was cancelled"
+        let text = match reason {
+            ExitReason::Timeout => "the child's deadline passed",
+            ExitReason::Budget => "the budget allowance is spent",
+            _ => "the run was cancelled",
         };
         self.fail(reason, Some(text.to_owned()));
     }
@@ -266,6 +279,17 @@ impl Run<'_> {
                 body["stream_options"] = json!({"include_usage": true});
             }
             let text = body.to_string();
+            // Under a budget: a call whose prompt alone would cross the
+            // allowance is never made.
+            let prompt = estimated_tokens(&text);
+            let next =
+                Spend { cost_usd: rt.prompt_cost(&self.settings.model, prompt), tokens: prompt };
+            if self.cancel.would_exceed(next) {
+                return self.fail(
+                    ExitReason::Budget,
+                    Some("the next model call would cross the budget allowance".to_owned()),
+                );
+            }
             let call = Call {
                 agent: &rt.agent,
                 config: &rt.config,
@@ -282,7 +306,9 @@ impl Run<'_> {
             };
             self.outcome.api_calls += 1;
             add(&mut self.outcome.tokens, &completion.tokens);
-            self.outcome.cost_usd += rt.cost_of(&self.settings.model, &completion);
+            let cost = rt.cost_of(&self.settings.model, &completion);
+            self.outcome.cost_usd += cost;
+            self.cancel.charge(cost, completion.tokens.input + completion.tokens.output);
             let wire_calls: Vec<Value> = completion
                 .tool_calls
                 .iter()

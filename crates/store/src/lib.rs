@@ -33,7 +33,6 @@ mod status;
 mod store;
 
 pub use budget::Budgets;
-pub use spend::{BudgetLimit, BudgetStatus, Reservation, ReservationDraft, Spend};
 pub use clock::{Clock, ManualClock, SystemClock, iso8601};
 pub use config::{
     DatabaseConfig, DelegationConfig, JournalMode, LoadedConfig, ModelPrice, Synchronous,
@@ -48,6 +47,7 @@ pub use registry::claims::{LEASE_SECS, MAX_DELIVERY_ATTEMPTS};
 pub use registry::history::{DELIVERED_MAX_AGE_SECS, PENDING_KEEP, TERMINAL_KEEP};
 pub use registry::{Claims, Registry, RegistryRead, Retention, UnitLifecycle};
 pub use sessions::{MAX_HOPS, SessionGraph, SessionStore};
+pub use spend::{BudgetLimit, BudgetStatus, Reservation, ReservationDraft, Spend};
 pub use status::{ChildStatus, ExitReason, Role, UnitState};
 pub use store::Store;
 

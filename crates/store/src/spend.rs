@@ -70,20 +70,20 @@ impl BudgetStatus {
 
     /// What a reservation between `minimum` and `maximum` gets now: all
     /// that is left of each limited measure, at most `maximum`, at least
-    /// `minimum` (the caller checks [`BudgetStatus::fits`] first).
+    /// `minimum` (the caller checks [`BudgetStatus::fits`] first); an
+    /// unlimited measure holds only the minimum.
     pub fn grant(&self, minimum: Spend, maximum: Option<Spend>) -> Spend {
         let (cost, tokens) = self.remaining();
         let cost = match (cost, maximum) {
             (Some(left), Some(m)) => left.min(m.cost_usd),
             (Some(left), None) => left,
-            (None, Some(m)) => m.cost_usd,
-            (None, None) => 0.0,
+            // An unlimited measure holds nothing.
+            (None, _) => 0.0,
         };
         let tokens = match (tokens, maximum) {
             (Some(left), Some(m)) => left.min(m.tokens),
             (Some(left), None) => left,
-            (None, Some(m)) => m.tokens,
-            (None, None) => 0,
+            (None, _) => 0,
         };
         Spend { cost_usd: cost.max(minimum.cost_usd), tokens: tokens.max(minimum.tokens) }
     }
@@ -128,4 +128,3 @@ pub enum Reservation {
     /// It does not fit; nothing was written.
     Refused(BudgetStatus),
 }
-

@@ -31,7 +31,7 @@ pub use cost::{
     finalize_child_results,
 };
 pub use error::{Error, Result};
-pub use fold::{fold_usage, fold_usage_text, number};
+pub use fold::{ChildSpend, budget_json, child_breakdown, fold_usage, fold_usage_text, number};
 pub use ledger::{
     LineageTotals, LineageWalk, load_child_usage_attributions, load_child_usage_totals,
     load_lineage_usage_totals, record_child_usage_attribution,

@@ -40,7 +40,8 @@ const ONE_DOLLAR: BudgetLimit = BudgetLimit { max_cost_usd: Some(1.0), max_token
 fn a_reservation_that_does_not_fit_is_refused_with_the_numbers() {
     let fx = Fx::new();
     bill(&fx.store, "R-cont", 0.25, 100, 10);
-    let Ok(Reservation::Held { id, before, .. }) = fx.store.reserve(&draft("R", 0.5, 0, ONE_DOLLAR))
+    let Ok(Reservation::Held { id, before, .. }) =
+        fx.store.reserve(&draft("R", 0.5, 0, ONE_DOLLAR))
     else {
         panic!("the first half dollar fits");
     };
@@ -53,7 +54,8 @@ fn a_reservation_that_does_not_fit_is_refused_with_the_numbers() {
     bill(&fx.store, "R", 0.1, 10, 0);
     assert!(fx.store.settle(&id, "settled").expect("settle"));
     assert!(!fx.store.settle(&id, "settled").expect("settle twice"));
-    let now = fx.store.budget_status("R", &["R".into(), "R-cont".into()], ONE_DOLLAR).expect("status");
+    let now =
+        fx.store.budget_status("R", &["R".into(), "R-cont".into()], ONE_DOLLAR).expect("status");
     assert!((now.spent.cost_usd - 0.35).abs() < 1e-9 && now.reserved == Spend::default());
     assert!(matches!(
         fx.store.reserve(&draft("R", 0.5, 0, ONE_DOLLAR)),
@@ -82,10 +84,7 @@ fn token_limits_count_input_and_output() {
     let fx = Fx::new();
     let limit = BudgetLimit { max_cost_usd: None, max_tokens: Some(1000) };
     bill(&fx.store, "T", 0.0, 600, 300);
-    assert!(matches!(
-        fx.store.reserve(&draft("T", 0.0, 101, limit)),
-        Ok(Reservation::Refused(_))
-    ));
+    assert!(matches!(fx.store.reserve(&draft("T", 0.0, 101, limit)), Ok(Reservation::Refused(_))));
     assert!(matches!(fx.store.reserve(&draft("T", 0.0, 100, limit)), Ok(Reservation::Held { .. })));
 }
 

@@ -103,3 +103,15 @@ pub(crate) fn ids(store: &Store) -> Vec<String> {
         .map(|e| e.child_id().to_owned())
         .collect()
 }
+
+/// How many migrations this build embeds (the files of `migrations/`): one
+/// history row each, and the highest version the store supports.
+pub(crate) fn migration_count() -> i64 {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
+    let n = std::fs::read_dir(dir)
+        .expect("migrations dir")
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".sql"))
+        .count();
+    i64::try_from(n).expect("count")
+}

@@ -185,6 +185,7 @@ pub(crate) fn delegator(fx: &Fx) -> Delegator {
         registry: fx.store.clone(),
         sessions: fx.store.clone(),
         ledger: fx.store.clone(),
+        budgets: Some(fx.store.clone()),
         authority: Arc::new(Authority::new(fx.store.clone(), fx.store.clone(), "")),
         runtime: Arc::new(ScriptedRuntime::new()),
         completions: Some(Arc::new(RecordingSink::default())),
