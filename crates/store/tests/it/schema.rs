@@ -57,7 +57,7 @@ fn opening_twice_is_a_no_op() {
         .raw()
         .query_row("SELECT count(*) FROM refinery_schema_history", [], |r| r.get(0))
         .expect("history");
-    assert_eq!(history, 2, "one row per migration");
+    assert_eq!(history, 3, "one row per migration");
     assert_eq!(super::fixture::ids(&again), vec!["sa-0-abc12345"]);
 }
 
@@ -97,7 +97,7 @@ fn newer_schema_is_refused_untouched() {
     let before = fx.store.schema_dump().expect("dump");
     drop(fx.store.schema_dump());
     let err = Store::open(fx.db(), StoreOptions::default()).expect_err("must refuse");
-    assert!(matches!(err, Error::SchemaTooNew { found: 99, supported: 2 }), "{err:?}");
+    assert!(matches!(err, Error::SchemaTooNew { found: 99, supported: 3 }), "{err:?}");
     assert!(err.to_string().contains("newer"));
     assert_eq!(fx.store.schema_dump().expect("dump"), before);
 }
