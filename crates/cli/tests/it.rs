@@ -159,6 +159,15 @@ impl Fx {
     }
 }
 
+/// The stored tombstone note of the child row with this subagent id.
+fn stored_note(db: &Path, subagent: &str) -> String {
+    HermesDb::table_rows_of(db, "retinue_children", &["subagent_id", "tombstone_note"])
+        .into_iter()
+        .find(|r| r["subagent_id"] == subagent)
+        .and_then(|r| r["tombstone_note"].as_str().map(str::to_owned))
+        .unwrap_or_default()
+}
+
 fn ids(v: &Value) -> Vec<String> {
     v.as_array()
         .expect("array")
@@ -336,7 +345,10 @@ fn children_tombstone_one_child() {
     assert!(!listed.contains(&target.to_owned()));
     let (code, _, err) = fx.json(&["children", "show", target]);
     assert_eq!(code, 4);
-    assert!(err.contains("(reason: operator cleanup)"), "{err}");
+    // `--reason` is a note: the reason stays `manual` (ttl/cap/external are the system's).
+    assert!(err.contains("(reason: manual)"), "{err}");
+    let note = stored_note(&fx.db(), target);
+    assert_eq!(note, "operator cleanup");
     let (code, _, _) = fx.json(&["children", "tombstone", target]);
     assert_eq!(code, 4);
     let (code, _, _) = fx.json(&["children", "tombstone", "nope"]);
@@ -699,7 +711,7 @@ fn delegate_follow_up_resumes_a_hermes_child() {
     let (code, v, _) =
         fx.json(&["delegate", "--parent", fx.fx.continuation, "--follow-up", sa2, "--goal", "hi"]);
     assert_eq!(code, 4);
-    assert!(v["error"].as_str().expect("error").contains("(reason: done with it)"), "{v}");
+    assert!(v["error"].as_str().expect("error").contains("(reason: manual)"), "{v}");
     // The followed-up unit's retention was refreshed (its row may change).
     // The resumed child session (reopened, ended again) and the paying parent's
     // cost fields change.

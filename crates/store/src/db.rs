@@ -586,13 +586,15 @@ fn connect_read_only(path: &Path, busy: Duration) -> SqlResult<Connection> {
 fn base_table_ddl(table: &str) -> Option<String> {
     const V1: &str = include_str!("../migrations/V1__retinue_base.sql");
     let head = format!("CREATE TABLE IF NOT EXISTS {table} (");
-    V1.split(';')
+    // Comments first (they may hold a `;`), then statements.
+    let code: String = V1
+        .lines()
+        .map(|l| l.split_once("--").map_or(l, |(code, _)| code))
+        .collect::<Vec<_>>()
+        .join("\n");
+    code.split(';')
         .map(str::trim)
-        .map(|stmt| {
-            // Drop the leading comment lines.
-            stmt.lines().filter(|l| !l.trim_start().starts_with("--")).collect::<Vec<_>>().join("\n")
-        })
-        .find(|stmt| stmt.trim_start().starts_with(&head))
+        .find(|stmt| stmt.starts_with(&head))
         .map(|stmt| stmt.trim().replacen("CREATE TABLE IF NOT EXISTS", "CREATE TEMP TABLE", 1))
 }
 
@@ -637,6 +639,32 @@ fn read_view(conn: &Connection) -> SqlResult<()> {
             && let Some(ddl) = base_table_ddl(table)
         {
             conn.execute_batch(&ddl)?;
+        }
+    }
+    // A hermes table lacking columns the reconcile step would add reads
+    // through a TEMP view that supplies them (their default, else NULL).
+    for (table, columns) in RECONCILE {
+        if !main_exists(table)? {
+            continue;
+        }
+        let present = conn
+            .prepare("SELECT name FROM pragma_table_info(?1, 'main')")?
+            .query_map([table], |r| r.get::<_, String>(0))?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        let missing: Vec<String> = columns
+            .iter()
+            .filter(|(name, _)| !present.iter().any(|p| p.eq_ignore_ascii_case(name)))
+            .map(|(name, decl)| {
+                let default = decl.split_once("DEFAULT ").map_or("NULL", |(_, d)| d.trim());
+                format!("{default} AS \"{name}\"")
+            })
+            .collect();
+        if !missing.is_empty() {
+            // Identifiers and defaults come from the constant table, never from input.
+            conn.execute_batch(&format!(
+                "CREATE TEMP VIEW \"{table}\" AS SELECT *, {} FROM main.\"{table}\"",
+                missing.join(", ")
+            ))?;
         }
     }
     if !main_exists("retinue_usage_totals")? || !trigger_exists(conn, "retinue_usage_totals_del")? {
