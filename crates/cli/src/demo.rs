@@ -12,10 +12,10 @@ use retinue_lineage::{check_follow_up_authority, lineage_chain, root};
 use retinue_runtime::{ChatRuntime, NoTools, RuntimeConfig};
 use retinue_store::DelegationConfig;
 use retinue_store::{
-    ChildManifest, Claims, Clock, DeliveryFilter, Lookup, ManualClock, NewSession, OwnerProbe,
-    ProcProbe, ProcessState, RegistryRead, RetainedChild, Retention, SessionStore, Store,
-    StoreOptions, SystemClock, TombstoneReason, Unaddressable, UnitDraft, UnitLifecycle,
-    LoadedConfig, current_owner, iso8601,
+    ChildManifest, Claims, Clock, DeliveryFilter, LoadedConfig, Lookup, ManualClock, NewSession,
+    OwnerProbe, ProcProbe, ProcessState, RegistryRead, RetainedChild, Retention, SessionStore,
+    Store, StoreOptions, SystemClock, TombstoneReason, Unaddressable, UnitDraft, UnitLifecycle,
+    current_owner, iso8601,
 };
 use retinue_testkit::fake_model::{FakeModel, Reply, Usage};
 use retinue_usage::{load_child_usage_attributions, load_lineage_usage_totals};

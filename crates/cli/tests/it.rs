@@ -1030,7 +1030,8 @@ fn missing_state_db_is_not_found_and_nothing_is_created() {
             .expect("run");
         assert_eq!(out.status.code(), Some(4), "{args:?}");
         let v: Value = serde_json::from_slice(&out.stdout).expect("json");
-        let text = v["error"].as_str().expect("error").replace(&home.display().to_string(), "[HOME]");
+        let text =
+            v["error"].as_str().expect("error").replace(&home.display().to_string(), "[HOME]");
         assert_eq!(text, "no state.db at [HOME]/state.db", "{args:?}");
         assert_eq!(v["code"], "not_found");
         assert!(!home.exists(), "{args:?} created the home");
@@ -1122,7 +1123,9 @@ fn foreign_and_corrupt_files_are_refused_unmodified() {
     let foreign = cwd.join("foreign.db");
     {
         let db = HermesDb::open(&foreign);
-        db.connection().execute_batch("CREATE TABLE notes (x TEXT); INSERT INTO notes VALUES ('a');").expect("ddl");
+        db.connection()
+            .execute_batch("CREATE TABLE notes (x TEXT); INSERT INTO notes VALUES ('a');")
+            .expect("ddl");
     }
     let before = std::fs::read(&foreign).expect("read");
     let mut seen = Vec::new();
@@ -1156,7 +1159,9 @@ fn foreign_and_corrupt_files_are_refused_unmodified() {
         assert_eq!(std::fs::read(home.db_path()).expect("read"), bytes, "{args:?} wrote");
     }
     // Reads meet the damage as an error (`corrupt`), never as a wrong or empty answer.
-    for (args, (code0, out0)) in [&["children", "list"][..], &["usage", "h-root"][..]].iter().zip(&intact) {
+    for (args, (code0, out0)) in
+        [&["children", "list"][..], &["usage", "h-root"][..]].iter().zip(&intact)
+    {
         let (code, text, kind) = db_error(cwd, &home.db_path(), args);
         if code == 0 {
             assert_eq!((code, stdout_of(cwd, &home.db_path(), args)), (*code0, out0.clone()));

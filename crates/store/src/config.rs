@@ -219,7 +219,8 @@ pub(crate) fn passwd_home(passwd: &str, uid: u32) -> Option<String> {
 mod home_tests {
     #[test]
     fn passwd_home_picks_the_uid_line() {
-        let passwd = "root:x:0:0:root:/root:/bin/sh\n# c\nbad\nann:x:1000:1000::/home/ann:/bin/sh\n";
+        let passwd =
+            "root:x:0:0:root:/root:/bin/sh\n# c\nbad\nann:x:1000:1000::/home/ann:/bin/sh\n";
         assert_eq!(super::passwd_home(passwd, 1000).as_deref(), Some("/home/ann"));
         assert_eq!(super::passwd_home(passwd, 0).as_deref(), Some("/root"));
         assert_eq!(super::passwd_home(passwd, 7), None);

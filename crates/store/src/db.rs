@@ -469,11 +469,8 @@ fn needs_upgrade(conn: &Connection) -> SqlResult<bool> {
     if !table_exists(conn, "refinery_schema_history")? {
         return Ok(true);
     }
-    let v: Option<i64> = conn.query_row(
-        "SELECT MAX(version) FROM refinery_schema_history",
-        [],
-        |r| r.get(0),
-    )?;
+    let v: Option<i64> =
+        conn.query_row("SELECT MAX(version) FROM refinery_schema_history", [], |r| r.get(0))?;
     Ok(v.is_none_or(|v| v < SCHEMA_VERSION))
 }
 
@@ -513,9 +510,7 @@ pub(crate) fn open_pool(path: &Path, opts: &StoreOptions) -> Result<Pool> {
         .map_err(sql("reading the journal mode"))?;
     let wal_wanted = opts.config.database.journal_mode == JournalMode::Wal;
     let switch = wal_wanted && !journal.eq_ignore_ascii_case("wal");
-    if exists
-        && (switch || needs_upgrade(&conn).map_err(|e| e.during("reading the schema"))?)
-    {
+    if exists && (switch || needs_upgrade(&conn).map_err(|e| e.during("reading the schema"))?) {
         check_intact(&conn)?;
     }
     set_journal_mode(&conn, opts.config.database.journal_mode)
@@ -632,9 +627,13 @@ fn read_view(conn: &Connection) -> SqlResult<()> {
             .optional()?
             .is_some())
     };
-    for table in
-        ["sessions", "messages", "async_delegations", "delegation_child_usage", "retinue_usage_keys"]
-    {
+    for table in [
+        "sessions",
+        "messages",
+        "async_delegations",
+        "delegation_child_usage",
+        "retinue_usage_keys",
+    ] {
         if !main_exists(table)?
             && let Some(ddl) = base_table_ddl(table)
         {
@@ -667,10 +666,10 @@ fn read_view(conn: &Connection) -> SqlResult<()> {
             ))?;
         }
     }
-    if !main_exists("retinue_usage_totals")? || !trigger_exists(conn, "retinue_usage_totals_del")? {
-        if let Some(ddl) = base_table_ddl("retinue_usage_totals") {
-            conn.execute_batch(&ddl)?;
-        }
+    let totals_trusted =
+        main_exists("retinue_usage_totals")? && trigger_exists(conn, "retinue_usage_totals_del")?;
+    if !totals_trusted && let Some(ddl) = base_table_ddl("retinue_usage_totals") {
+        conn.execute_batch(&ddl)?;
     }
     let has_children = main_exists("retinue_children")?;
     let unadopted = !has_children

@@ -109,7 +109,8 @@ pub(crate) fn read_child_row_at(r: &Row<'_>, o: usize) -> rusqlite::Result<Child
         (!matches!(r.get_ref(o + 14), Ok(rusqlite::types::ValueRef::Null))).then_some(0.0)
     });
     #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // range-checked
-    let child_index = index.filter(|i| (0.0..=f64::from(u32::MAX)).contains(i)).map_or(u32::MAX, |i| i as u32);
+    let child_index =
+        index.filter(|i| (0.0..=f64::from(u32::MAX)).contains(i)).map_or(u32::MAX, |i| i as u32);
     Ok(ChildRow {
         rowid: r.get(o + 15)?,
         malformed,

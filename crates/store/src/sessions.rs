@@ -111,13 +111,27 @@ fn session_cols(has_system_prompt: bool) -> &'static str {
     }
 }
 
+/// `model_config` decides authority, so anything but NULL or UTF-8 text
+/// (a number, a BLOB, invalid UTF-8) reads as unparseable text: the
+/// lineage rules then fail closed on that row, and the rest of the read goes on.
+fn model_config_column(r: &Row<'_>, idx: usize) -> rusqlite::Result<Option<String>> {
+    use rusqlite::types::ValueRef;
+    Ok(match r.get_ref(idx)? {
+        ValueRef::Null => None,
+        ValueRef::Text(b) => {
+            Some(std::str::from_utf8(b).map_or_else(|_| "<unreadable>".to_owned(), str::to_owned))
+        }
+        _ => Some("<unreadable>".to_owned()),
+    })
+}
+
 fn read_session(r: &Row<'_>) -> rusqlite::Result<SessionRow> {
     // hermes-written values: an unreadable one reads as absent (spec §2.7).
     Ok(SessionRow {
         id: text_column(r, 0)?.unwrap_or_default(),
         source: text_column(r, 1)?.unwrap_or_default(),
         model: text_column(r, 2)?,
-        model_config: json_column(r, 3)?,
+        model_config: model_config_column(r, 3)?,
         parent_session_id: text_column(r, 4)?,
         started_at: real_column(r, 5)?.unwrap_or(0.0),
         ended_at: real_column(r, 6)?,

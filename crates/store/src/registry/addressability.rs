@@ -35,7 +35,10 @@ fn candidates(conn: &Connection, id: &str) -> SqlResult<Vec<(u8, ChildRow)>> {
         .into_iter()
         .filter(|(_, row)| {
             if row.malformed {
-                log::warn!("retinue_children rowid {} is malformed (unreadable id); skipped", row.rowid);
+                log::warn!(
+                    "retinue_children rowid {} is malformed (unreadable id); skipped",
+                    row.rowid
+                );
             }
             !row.malformed
         })
@@ -149,7 +152,10 @@ pub(crate) fn list_in(tx: &Connection, lim: Limits) -> SqlResult<Vec<RetainedChi
         .into_iter()
         .filter(|row| {
             if row.malformed {
-                log::warn!("retinue_children rowid {} is malformed (unreadable id); skipped", row.rowid);
+                log::warn!(
+                    "retinue_children rowid {} is malformed (unreadable id); skipped",
+                    row.rowid
+                );
             }
             !row.malformed
         })

@@ -70,7 +70,12 @@ pub(crate) fn prune_in(tx: &Transaction<'_>, lim: Limits) -> SqlResult<PruneCoun
 }
 
 /// Tombstones the row `id` resolves to (lookup order), if addressable.
-fn tombstone_in(tx: &Transaction<'_>, id: &str, note: Option<&str>, lim: Limits) -> SqlResult<bool> {
+fn tombstone_in(
+    tx: &Transaction<'_>,
+    id: &str,
+    note: Option<&str>,
+    lim: Limits,
+) -> SqlResult<bool> {
     let Some((kind, None, row)) = resolve_in(tx, id, lim)? else {
         return Ok(false);
     };
@@ -78,12 +83,15 @@ fn tombstone_in(tx: &Transaction<'_>, id: &str, note: Option<&str>, lim: Limits)
     let unit = row.entry.delegation_id.as_str();
     let changed = if kind == 2 {
         // A delegation id: that unit's live children only.
-        tx.prepare_cached(&format!(
-            "UPDATE retinue_children SET tombstoned_at = ?1, tombstone_reason = 'manual', \
+        tx.prepare_cached(
+            &format!(
+                "UPDATE retinue_children SET tombstoned_at = ?1, tombstone_reason = 'manual', \
              tombstone_note = ?2 WHERE delegation_id = ?3 AND tombstoned_at IS NULL \
              AND (SELECT {CHILD_RETAINED_AT} FROM async_delegations u \
                   WHERE u.delegation_id = retinue_children.delegation_id) >= ?4"
-        ).replace("c.retained_at", "retinue_children.retained_at"))?
+            )
+            .replace("c.retained_at", "retinue_children.retained_at"),
+        )?
         .execute(params![t, note, unit, lim.cutoff()])?
     } else {
         tx.prepare_cached(

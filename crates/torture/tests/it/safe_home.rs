@@ -18,7 +18,13 @@ fn sql_sum(conn: &rusqlite::Connection, parent: &str) -> UsageTotals {
          COALESCE(SUM(json_extract(usage_json, '$.tokens.output')), 0) \
          FROM delegation_child_usage WHERE parent_session_id = ?1",
         [parent],
-        |r| Ok(UsageTotals { cost_usd: r.get(0)?, input_tokens: r.get(1)?, output_tokens: r.get(2)? }),
+        |r| {
+            Ok(UsageTotals {
+                cost_usd: r.get(0)?,
+                input_tokens: r.get(1)?,
+                output_tokens: r.get(2)?,
+            })
+        },
     )
     .expect("sum")
 }
@@ -162,16 +168,29 @@ fn malformed_rows_never_hide_healthy_ones() {
     let fx = retinue_testkit::HermesDb::standard(&path, 1_800_000_000.0);
     let batch = fx.batch;
     drop(fx);
-    let store = Store::open(&path, StoreOptions::default().with_clock(Arc::new(ManualClock::new(1_800_000_000.0)))).expect("open");
+    let store = Store::open(
+        &path,
+        StoreOptions::default().with_clock(Arc::new(ManualClock::new(1_800_000_000.0))),
+    )
+    .expect("open");
     let healthy = store.list_retained_children().expect("list").len();
     assert!(healthy >= 2);
     let raw = rusqlite::Connection::open(&path).expect("raw");
     // Text in a time column, a BLOB id, a non-finite number.
-    raw.execute("UPDATE retinue_children SET subagent_id = x'ff00fe', child_session_id = x'fffe' \
-                 WHERE delegation_id = ?1 AND child_index = 0", [batch]).expect("blob");
-    raw.execute("UPDATE retinue_children SET retained_at = 'yesterday' \
-                 WHERE delegation_id = ?1 AND child_index = 1", [batch]).expect("text");
-    raw.execute("UPDATE sessions SET started_at = 'soon', estimated_cost_usd = 9e999", []).expect("inf");
+    raw.execute(
+        "UPDATE retinue_children SET subagent_id = x'ff00fe', child_session_id = x'fffe' \
+                 WHERE delegation_id = ?1 AND child_index = 0",
+        [batch],
+    )
+    .expect("blob");
+    raw.execute(
+        "UPDATE retinue_children SET retained_at = 'yesterday' \
+                 WHERE delegation_id = ?1 AND child_index = 1",
+        [batch],
+    )
+    .expect("text");
+    raw.execute("UPDATE sessions SET started_at = 'soon', estimated_cost_usd = 9e999", [])
+        .expect("inf");
     let listed = store.list_retained_children().expect("a bad row never fails the list");
     assert!(!listed.is_empty() && listed.len() < healthy, "{} of {healthy}", listed.len());
     let ro = Store::open_read_only(&path, StoreOptions::default()).expect("ro");
