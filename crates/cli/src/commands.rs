@@ -23,14 +23,20 @@ use serde_json::{Value, json};
 
 use crate::Output;
 use crate::cli::DelegateArgs;
-use crate::env::Env;
+use crate::env::{Access, Env};
 use crate::error::{
     CliError, EXIT_DENIED, EXIT_FAILED, EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, Result,
 };
 use crate::table::{Table, clip, key_values};
 
-fn open(env: &Env) -> Result<Arc<Store>> {
-    env.open(Arc::new(SystemClock))
+/// Opens the database read-only (read commands never write, lock or wait).
+fn open_read(env: &Env) -> Result<Arc<Store>> {
+    env.open(Arc::new(SystemClock), Access::Read)
+}
+
+/// Opens an existing database for writing (a missing one is not found).
+fn open_write(env: &Env) -> Result<Arc<Store>> {
+    env.open(Arc::new(SystemClock), Access::WriteExisting)
 }
 
 /// An optional epoch time as ISO-8601, or `-`.
@@ -104,7 +110,7 @@ fn not_addressable(store: &Store, id: &str) -> Result<CliError> {
 
 /// `retinue children list [--owner SESSION]`.
 pub(crate) fn children_list(env: &Env, owner: Option<&str>) -> Result<Output> {
-    let store = open(env)?;
+    let store = open_read(env)?;
     let entries = match owner {
         Some(owner) => list_for(&*store, &*store, Some(owner), &env.profile)?,
         None => store.list_retained_children()?,
@@ -115,7 +121,7 @@ pub(crate) fn children_list(env: &Env, owner: Option<&str>) -> Result<Output> {
 
 /// `retinue children show ID`.
 pub(crate) fn children_show(env: &Env, id: &str) -> Result<Output> {
-    let store = open(env)?;
+    let store = open_read(env)?;
     match store.find_retained_child(id)? {
         Some(entry) => Ok(Output::ok(entry.to_json(), entry_block(&entry))),
         None => Err(not_addressable(&store, id)?),
@@ -124,12 +130,14 @@ pub(crate) fn children_show(env: &Env, id: &str) -> Result<Output> {
 
 /// `retinue children tombstone ID [--reason TEXT]`.
 pub(crate) fn children_tombstone(env: &Env, id: &str, reason: Option<&str>) -> Result<Output> {
-    let store = open(env)?;
+    let store = open_write(env)?;
     let entry = match store.lookup(id)? {
         Lookup::Addressable(entry) => entry,
         _ => return Err(not_addressable(&store, id)?),
     };
-    let reason = reason.map_or(TombstoneReason::Manual, |r| TombstoneReason::Other(r.to_owned()));
+    // The reason is `manual`; `--reason` is the tombstone's note.
+    let note = reason.map(str::trim).filter(|r| !r.is_empty());
+    let reason = note.map_or(TombstoneReason::Manual, |r| TombstoneReason::Other(r.to_owned()));
     if !store.tombstone_retained_child(id, &reason)? {
         return Err(not_addressable(&store, id)?);
     }
@@ -138,7 +146,10 @@ pub(crate) fn children_tombstone(env: &Env, id: &str, reason: Option<&str>) -> R
     } else {
         format!("{} (delegation {})", entry.child_id(), entry.delegation_id)
     };
-    let human = format!("tombstoned {what}, reason: {}\n", reason.as_str());
+    let human = match note {
+        Some(note) => format!("tombstoned {what}, reason: manual, note: {}\n", clip(note, 128)),
+        None => format!("tombstoned {what}, reason: manual\n"),
+    };
     Ok(Output::ok(json!({ "tombstoned": true }), human))
 }
 
@@ -148,7 +159,7 @@ pub(crate) fn children_prune(
     ttl_hours: Option<f64>,
     max_retained: Option<u32>,
 ) -> Result<Output> {
-    let store = open(env)?;
+    let store = open_write(env)?;
     let count = store.prune_retained_children(max_retained, ttl_hours)?;
     let d = &store.config().delegation;
     let human = format!(
@@ -172,7 +183,7 @@ pub(crate) fn denial_kind(d: &Denial) -> &'static str {
 
 /// `retinue authority ID --caller SESSION`.
 pub(crate) fn authority(env: &Env, id: &str, caller: &str) -> Result<Output> {
-    let store = open(env)?;
+    let store = open_read(env)?;
     let entry = match store.lookup(id)? {
         Lookup::Addressable(entry) => entry,
         _ => return Err(not_addressable(&store, id)?),
@@ -204,7 +215,7 @@ pub(crate) fn authority(env: &Env, id: &str, caller: &str) -> Result<Output> {
 
 /// `retinue lineage SESSION`.
 pub(crate) fn lineage(env: &Env, session: &str) -> Result<Output> {
-    let store = open(env)?;
+    let store = open_read(env)?;
     let session = session.trim();
     if session.is_empty() || store.session(session)?.is_none() {
         return Err(CliError::NotFound(format!("no session '{}'", clip(session, 128))));
@@ -279,7 +290,7 @@ pub(crate) fn usage_human(
 
 /// `retinue usage SESSION [--lineage]`.
 pub(crate) fn usage(env: &Env, session: &str, lineage: bool) -> Result<Output> {
-    let store = open(env)?;
+    let store = open_read(env)?;
     let session = session.trim();
     let (totals, sessions, resolved) = if lineage {
         let walk = retinue_lineage::CompressionWalk::new(&*store);
@@ -358,7 +369,7 @@ pub(crate) fn usage(env: &Env, session: &str, lineage: bool) -> Result<Output> {
 
 /// `retinue recover`.
 pub(crate) fn recover(env: &Env) -> Result<Output> {
-    let store = open(env)?;
+    let store = open_write(env)?;
     let report = store.recover_abandoned_delegations(&ProcProbe);
     let mut json = json!({ "abandoned": report.abandoned, "retained": report.addressable });
     // Budget reservations held by processes that are gone are given back.
@@ -515,7 +526,7 @@ fn new_parent(store: &Store) -> Result<String> {
 /// [--model M] [--base-url URL]`.
 pub(crate) fn delegate(env: &Env, args: &DelegateArgs) -> Result<Output> {
     let (runtime, config) = configured_runtime(env, args)?;
-    let store = open(env)?;
+    let store = env.open(Arc::new(SystemClock), Access::WriteOrCreate)?;
     let (parent_id, created) = match &args.parent {
         Some(p) => (p.trim().to_owned(), false),
         None => (new_parent(&store)?, true),

@@ -12,16 +12,17 @@ use retinue_lineage::{check_follow_up_authority, lineage_chain, root};
 use retinue_runtime::{ChatRuntime, NoTools, RuntimeConfig};
 use retinue_store::DelegationConfig;
 use retinue_store::{
-    ChildManifest, Claims, Clock, DeliveryFilter, Lookup, ManualClock, NewSession, OwnerProbe,
-    ProcProbe, ProcessState, RegistryRead, RetainedChild, Retention, SessionStore, Store,
-    SystemClock, TombstoneReason, Unaddressable, UnitDraft, UnitLifecycle, current_owner, iso8601,
+    ChildManifest, Claims, Clock, DeliveryFilter, LoadedConfig, Lookup, ManualClock, NewSession,
+    OwnerProbe, ProcProbe, ProcessState, RegistryRead, RetainedChild, Retention, SessionStore,
+    Store, StoreOptions, SystemClock, TombstoneReason, Unaddressable, UnitDraft, UnitLifecycle,
+    current_owner, iso8601,
 };
 use retinue_testkit::fake_model::{FakeModel, Reply, Usage};
 use retinue_usage::{load_child_usage_attributions, load_lineage_usage_totals};
 use serde_json::{Value, json};
 
 use crate::commands::{children_table, delegate_human, delegator, denial_kind, usage_human, when};
-use crate::env::{Env, open_store};
+use crate::env::Env;
 use crate::error::{CliError, Result};
 use crate::table::{Table, clip, key_values, wrap};
 use crate::{Output, print_stdout};
@@ -221,8 +222,42 @@ fn demo_home(home: Option<&Path>) -> Result<(Option<tempfile::TempDir>, PathBuf)
     }
 }
 
-/// `retinue demo [--home DIR]`.
+/// The demo's store: the limits its story needs are pinned (the default
+/// `delegation:` and `database:` settings), whatever a `config.yaml` in the
+/// home says.
+fn demo_store(db: &Path, profile: &str, clock: Arc<ManualClock>) -> Result<Arc<Store>> {
+    let opts = StoreOptions {
+        config: LoadedConfig::default(),
+        clock,
+        profile: profile.to_owned(),
+        ..StoreOptions::default()
+    };
+    Ok(Arc::new(Store::open(db, opts)?))
+}
+
+/// `retinue demo [--home DIR]`. When the story fails, nothing half-built is
+/// left in `--home DIR`: the database (and its companions) is removed, and
+/// the directory too if the demo created it.
 pub(crate) fn run(env: &Env, home: Option<&Path>) -> Result<Output> {
+    let created_dir = home.is_some_and(|d| !d.exists());
+    // Only a database this run creates is ever removed.
+    let fresh = home.is_some_and(|d| !d.join("state.db").exists());
+    let out = run_story(env, home);
+    if out.is_err()
+        && fresh
+        && let Some(dir) = home
+    {
+        for name in ["state.db", "state.db-wal", "state.db-shm", "state.db-journal"] {
+            let _ = std::fs::remove_file(dir.join(name));
+        }
+        if created_dir {
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+    out
+}
+
+fn run_story(env: &Env, home: Option<&Path>) -> Result<Output> {
     let (tmp, home) = demo_home(home)?;
     let db = home.join("state.db");
     let profile = env.profile.clone();
@@ -231,7 +266,7 @@ pub(crate) fn run(env: &Env, home: Option<&Path>) -> Result<Output> {
     let mut story = Story { json: env.json, n: 0 };
 
     // 1. A fresh home.
-    let store = open_store(&home, &db, &profile, clock.clone())?;
+    let store = demo_store(&db, &profile, clock.clone())?;
     session(&store, PARENT, None, None)?;
     story.step(
         "setup",
@@ -514,7 +549,7 @@ pub(crate) fn run(env: &Env, home: Option<&Path>) -> Result<Output> {
     })?;
     drop(tool);
     drop(store);
-    let store = open_store(&home, &db, &profile, clock.clone())?;
+    let store = demo_store(&db, &profile, clock.clone())?;
     let report = store.recover_abandoned_delegations(&SimulatedRestart { old_pid: pid });
     if let Some(e) = &report.error {
         return Err(failed("recovery", e));

@@ -42,6 +42,7 @@ impl CliError {
         match self {
             CliError::Usage(_) => EXIT_USAGE,
             CliError::NotFound(_) => EXIT_NOT_FOUND,
+            CliError::Store(e) if e.kind() == retinue_store::ErrorKind::Missing => EXIT_NOT_FOUND,
             CliError::Failed(_) | CliError::Store(_) | CliError::Ledger(_) | CliError::Io(_) => {
                 EXIT_FAILED
             }
@@ -57,10 +58,12 @@ impl CliError {
             CliError::Failed(_) => "internal",
             CliError::Io(_) => "io",
             CliError::Store(e) | CliError::Ledger(retinue_usage::Error::Store(e)) => match e {
+                S::Missing { .. } => "not_found",
                 S::Busy { .. } => "busy",
                 S::Corrupt { .. } | S::NotADatabase { .. } => "corrupt",
                 S::ReadOnly { .. } => "read_only",
-                S::Io { .. } | S::DiskFull { .. } => "io",
+                S::Io { .. } | S::DiskFull { .. } | S::NotAFile { .. } => "io",
+                S::Foreign { .. } => "corrupt",
                 _ => "internal",
             },
             CliError::Ledger(_) => "internal",

@@ -46,7 +46,7 @@ impl Output {
 }
 
 fn run(cli: &Cli) -> error::Result<Output> {
-    let env = Env::from_cli(cli);
+    let env = Env::from_cli(cli)?;
     match &cli.command {
         Command::Children(sub) => match sub {
             ChildrenCommand::List { owner } => commands::children_list(&env, owner.as_deref()),

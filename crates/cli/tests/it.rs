@@ -159,6 +159,15 @@ impl Fx {
     }
 }
 
+/// The stored tombstone note of the child row with this subagent id.
+fn stored_note(db: &Path, subagent: &str) -> String {
+    HermesDb::table_rows_of(db, "retinue_children", &["subagent_id", "tombstone_note"])
+        .into_iter()
+        .find(|r| r["subagent_id"] == subagent)
+        .and_then(|r| r["tombstone_note"].as_str().map(str::to_owned))
+        .unwrap_or_default()
+}
+
 fn ids(v: &Value) -> Vec<String> {
     v.as_array()
         .expect("array")
@@ -336,7 +345,10 @@ fn children_tombstone_one_child() {
     assert!(!listed.contains(&target.to_owned()));
     let (code, _, err) = fx.json(&["children", "show", target]);
     assert_eq!(code, 4);
-    assert!(err.contains("(reason: operator cleanup)"), "{err}");
+    // `--reason` is a note: the reason stays `manual` (ttl/cap/external are the system's).
+    assert!(err.contains("(reason: manual)"), "{err}");
+    let note = stored_note(&fx.db(), target);
+    assert_eq!(note, "operator cleanup");
     let (code, _, _) = fx.json(&["children", "tombstone", target]);
     assert_eq!(code, 4);
     let (code, _, _) = fx.json(&["children", "tombstone", "nope"]);
@@ -702,7 +714,7 @@ fn delegate_follow_up_resumes_a_hermes_child() {
     let (code, v, _) =
         fx.json(&["delegate", "--parent", fx.fx.continuation, "--follow-up", sa2, "--goal", "hi"]);
     assert_eq!(code, 4);
-    assert!(v["error"].as_str().expect("error").contains("(reason: done with it)"), "{v}");
+    assert!(v["error"].as_str().expect("error").contains("(reason: manual)"), "{v}");
     // The followed-up unit's retention was refreshed (its row may change).
     // The resumed child session (reopened, ended again) and the paying parent's
     // cost fields change.
@@ -1017,4 +1029,239 @@ fn two_processes_racing_for_the_last_dollar_never_overspend() {
         let why = loser["error"].as_str().or_else(|| loser["results"][0]["error"].as_str());
         assert!(why.is_some_and(|w| w.contains("budget") || w.contains("Budget")), "{loser}");
     }
+}
+
+// ---------------------------------------------------------------- safe on a real hermes home (issue 12)
+
+/// The file's bytes, mtime and the directory's entries.
+fn fingerprint(db: &Path) -> (Vec<u8>, SystemTime, Vec<String>) {
+    let bytes = std::fs::read(db).expect("read db");
+    let mtime = std::fs::metadata(db).and_then(|m| m.modified()).expect("mtime");
+    let mut names: Vec<String> = std::fs::read_dir(db.parent().expect("dir"))
+        .expect("read dir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        // SQLite's own companions of a WAL database are allowed.
+        .filter(|n| !n.ends_with("-wal") && !n.ends_with("-shm"))
+        .collect();
+    names.sort();
+    (bytes, mtime, names)
+}
+
+/// Every read command, with its arguments on the standard fixture.
+fn read_commands(fx: &HermesFixture) -> Vec<Vec<&'static str>> {
+    vec![
+        vec!["children", "list"],
+        vec!["children", "list", "--owner", fx.continuation],
+        vec!["children", "show", fx.batch_subagents[0]],
+        vec!["children", "show", fx.solo],
+        vec!["authority", fx.batch_subagents[1], "--caller", fx.continuation],
+        vec!["lineage", fx.continuation],
+        vec!["usage", fx.root],
+        vec!["usage", fx.continuation, "--lineage"],
+    ]
+}
+
+#[test]
+fn read_commands_never_write_and_answer_as_after_adoption() {
+    let fx = Fx::new();
+    let before = fingerprint(&fx.db());
+    let mut answers = Vec::new();
+    for args in read_commands(&fx.fx) {
+        let (code, v, err) = fx.json(&args);
+        assert!(code == 0 || code == 3, "{args:?}: {code} {v} {err}");
+        answers.push((code, v));
+        assert_eq!(fingerprint(&fx.db()), before, "{args:?} wrote to the file");
+    }
+    // A write command adopts the hermes rows; every read answers the same.
+    fx.ok(0, &["recover"]);
+    let adopted = fingerprint(&fx.db());
+    for (args, (code, v)) in read_commands(&fx.fx).into_iter().zip(&answers) {
+        let (now_code, now_v, _) = fx.json(&args);
+        assert_eq!((now_code, &now_v), (*code, v), "{args:?} differs after adoption");
+        assert_eq!(fingerprint(&fx.db()), adopted, "{args:?} wrote to the adopted file");
+    }
+    // `recover` marked the abandoned hermes unit; nothing else changed.
+    fx.assert_additive(&[("async_delegations", "deleg_h0000005")]);
+}
+
+#[test]
+fn reads_never_wait_for_a_hermes_writer_holding_the_lock() {
+    let fx = Fx::new();
+    let expected = fx.ok(0, &["children", "list"]);
+    let writer = HermesDb::open(&fx.db());
+    writer.connection().execute_batch("BEGIN IMMEDIATE").expect("lock");
+    writer
+        .connection()
+        .execute_batch("UPDATE sessions SET title = 'held' WHERE 0")
+        .expect("write under the lock");
+    // Correctness, not timing: the read answers from the last commit.
+    assert_eq!(fx.ok(0, &["children", "list"]), expected);
+    assert_eq!(fx.ok(0, &["lineage", fx.fx.continuation])["root"], json!(fx.fx.root));
+    writer.connection().execute_batch("ROLLBACK").expect("unlock");
+}
+
+#[test]
+fn missing_state_db_is_not_found_and_nothing_is_created() {
+    let tmp = TempHome::new();
+    let home = tmp.path().join("typo");
+    for args in [
+        vec!["children", "list"],
+        vec!["children", "show", "x"],
+        vec!["lineage", "s"],
+        vec!["usage", "s"],
+        vec!["authority", "x", "--caller", "s"],
+        vec!["children", "tombstone", "x"],
+        vec!["children", "prune"],
+        vec!["recover"],
+    ] {
+        let out = Command::new(BIN)
+            .arg("--home")
+            .arg(&home)
+            .arg("--json")
+            .args(&args)
+            .env_remove("HERMES_HOME")
+            .output()
+            .expect("run");
+        assert_eq!(out.status.code(), Some(4), "{args:?}");
+        let v: Value = serde_json::from_slice(&out.stdout).expect("json");
+        let text =
+            v["error"].as_str().expect("error").replace(&home.display().to_string(), "[HOME]");
+        assert_eq!(text, "no state.db at [HOME]/state.db", "{args:?}");
+        assert_eq!(v["code"], "not_found");
+        assert!(!home.exists(), "{args:?} created the home");
+    }
+}
+
+/// Runs `retinue --json ARGS` with `--db db`, in `cwd`: exit code and the error text
+/// with `db` replaced by `[DB]`.
+fn db_error(cwd: &Path, db: &Path, args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(BIN)
+        .current_dir(cwd)
+        .arg("--home")
+        .arg(cwd)
+        .arg("--db")
+        .arg(db)
+        .arg("--json")
+        .args(args)
+        .env_remove("HERMES_HOME")
+        .output()
+        .expect("run");
+    let v: Value = serde_json::from_slice(&out.stdout).expect("json");
+    let text = v["error"].as_str().unwrap_or_default().replace(&db.display().to_string(), "[DB]");
+    (out.status.code().expect("code"), text, v["code"].as_str().unwrap_or_default().to_owned())
+}
+
+/// The raw `--json` stdout of `retinue --db db ARGS`.
+fn stdout_of(cwd: &Path, db: &Path, args: &[&str]) -> String {
+    let out = Command::new(BIN)
+        .current_dir(cwd)
+        .arg("--home")
+        .arg(cwd)
+        .arg("--db")
+        .arg(db)
+        .arg("--json")
+        .args(args)
+        .env_remove("HERMES_HOME")
+        .output()
+        .expect("run");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn hostile_paths_get_a_clear_answer_at_once() {
+    let tmp = TempHome::new();
+    let cwd = tmp.path();
+    // A directory.
+    let dir = cwd.join("adir");
+    std::fs::create_dir(&dir).expect("dir");
+    let mut seen = Vec::new();
+    for args in [&["children", "list"][..], &["children", "prune"][..]] {
+        seen.push(db_error(cwd, &dir, args));
+    }
+    // A FIFO: refused without opening it (opening would block).
+    let fifo = cwd.join("afifo");
+    let made = Command::new("mkfifo").arg(&fifo).status().map(|s| s.success()).unwrap_or(false);
+    if made {
+        seen.push(db_error(cwd, &fifo, &["children", "list"]));
+        seen.push(db_error(cwd, &fifo, &["recover"]));
+    }
+    // A URL is never a file path: no `postgres:` folder appears.
+    seen.push(db_error(cwd, Path::new("postgres://h/db"), &["children", "list"]));
+    seen.push(db_error(cwd, Path::new("postgres://h/db"), &["recover"]));
+    assert!(!cwd.join("postgres:").exists());
+    // A home that is a file.
+    let file = cwd.join("afile");
+    std::fs::write(&file, b"not a home").expect("file");
+    let out = Command::new(BIN)
+        .arg("--home")
+        .arg(&file)
+        .args(["--json", "children", "list"])
+        .output()
+        .expect("run");
+    let v: Value = serde_json::from_slice(&out.stdout).expect("json");
+    seen.push((
+        out.status.code().expect("code"),
+        v["error"].as_str().unwrap_or_default().replace(&file.display().to_string(), "[HOME]"),
+        v["code"].as_str().unwrap_or_default().to_owned(),
+    ));
+    if made {
+        insta::assert_debug_snapshot!("hostile_paths", seen);
+    }
+}
+
+#[test]
+fn foreign_and_corrupt_files_are_refused_unmodified() {
+    let tmp = TempHome::new();
+    let cwd = tmp.path();
+    // A SQLite file that is neither hermes' nor Retinue's.
+    let foreign = cwd.join("foreign.db");
+    {
+        let db = HermesDb::open(&foreign);
+        db.connection()
+            .execute_batch("CREATE TABLE notes (x TEXT); INSERT INTO notes VALUES ('a');")
+            .expect("ddl");
+    }
+    let before = std::fs::read(&foreign).expect("read");
+    let mut seen = Vec::new();
+    for args in [&["children", "list"][..], &["recover"][..], &["usage", "s"][..]] {
+        seen.push(db_error(cwd, &foreign, args));
+        assert_eq!(std::fs::read(&foreign).expect("read"), before, "{args:?} modified it");
+    }
+    // A hermes file with a damaged page: refused before any schema change, byte-identical.
+    let home = TempHome::new();
+    let fxd = HermesDb::standard(&home.db_path(), now());
+    drop(fxd);
+    let intact: Vec<(i32, String)> = [&["children", "list"][..], &["usage", "h-root"][..]]
+        .iter()
+        .map(|args| {
+            let (code, _, _) = db_error(cwd, &home.db_path(), args);
+            (code, stdout_of(cwd, &home.db_path(), args))
+        })
+        .collect();
+    let mut bytes = std::fs::read(home.db_path()).expect("read");
+    let page = 4096;
+    assert!(bytes.len() > 3 * page, "fixture too small");
+    for b in &mut bytes[2 * page..2 * page + 200] {
+        *b = 0xA5;
+    }
+    std::fs::write(home.db_path(), &bytes).expect("corrupt");
+    for args in [&["recover"][..], &["children", "prune"][..]] {
+        let (code, text, kind) = db_error(cwd, &home.db_path(), args);
+        assert_eq!(code, 1, "{args:?}: {text}");
+        assert!(text.contains("database is corrupt"), "{args:?}: {text}");
+        assert_eq!(kind, "corrupt");
+        assert_eq!(std::fs::read(home.db_path()).expect("read"), bytes, "{args:?} wrote");
+    }
+    // Reads meet the damage as an error (`corrupt`), never as a wrong or empty answer.
+    for (args, (code0, out0)) in
+        [&["children", "list"][..], &["usage", "h-root"][..]].iter().zip(&intact)
+    {
+        let (code, text, kind) = db_error(cwd, &home.db_path(), args);
+        if code == 0 {
+            assert_eq!((code, stdout_of(cwd, &home.db_path(), args)), (*code0, out0.clone()));
+        } else {
+            assert_eq!(kind, "corrupt", "{args:?}: {text}");
+        }
+    }
+    insta::assert_debug_snapshot!("foreign_file", seen);
 }

@@ -39,8 +39,13 @@ pub struct StoreOptions {
     pub profile: String,
     /// Busy timeout for every connection (10 s by default).
     pub busy_timeout: Duration,
-    /// Open `mode=ro`: no upgrade, no writes.
+    /// Open `mode=ro`: no directory or file creation, no journal-mode
+    /// switch, no upgrade, no backfill, no write lock (see
+    /// [`crate::Store::open_read_only`]).
     pub read_only: bool,
+    /// Create a missing file (and its directory) when opening for writing.
+    /// When `false`, a missing file is [`Error::Missing`] and nothing is created.
+    pub create_missing: bool,
 }
 
 impl std::fmt::Debug for StoreOptions {
@@ -49,6 +54,7 @@ impl std::fmt::Debug for StoreOptions {
             .field("profile", &self.profile)
             .field("busy_timeout", &self.busy_timeout)
             .field("read_only", &self.read_only)
+            .field("create_missing", &self.create_missing)
             .finish_non_exhaustive()
     }
 }
@@ -61,6 +67,7 @@ impl Default for StoreOptions {
             profile: String::new(),
             busy_timeout: Duration::from_secs(10),
             read_only: false,
+            create_missing: true,
         }
     }
 }
@@ -104,15 +111,14 @@ impl Pool {
     }
 
     fn connect_raw(&self) -> SqlResult<Connection> {
-        let flags = if self.read_only {
-            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX
-        } else {
-            OpenFlags::SQLITE_OPEN_READ_WRITE
-                | OpenFlags::SQLITE_OPEN_CREATE
-                | OpenFlags::SQLITE_OPEN_NO_MUTEX
-        };
+        if self.read_only {
+            return connect_read_only(&self.path, self.busy_timeout);
+        }
+        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_CREATE
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX;
         let conn = Connection::open_with_flags(&self.path, flags)?;
-        set_connection_pragmas(&conn, self.busy_timeout, self.synchronous, self.read_only)?;
+        set_connection_pragmas(&conn, self.busy_timeout, self.synchronous, false)?;
         Ok(conn)
     }
 
@@ -127,7 +133,14 @@ impl Pool {
             Some(c) => c,
             None => self.connect()?,
         };
-        let out = f(&mut conn).map_err(|e| e.during(op));
+        let started = std::time::Instant::now();
+        let out = f(&mut conn).map_err(|e| e.during(op)).map_err(|mut e| {
+            if let Error::Busy { waited_ms, timeout_ms, .. } = &mut e {
+                *waited_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+                *timeout_ms = u64::try_from(self.busy_timeout.as_millis()).unwrap_or(u64::MAX);
+            }
+            e
+        });
         // A connection left inside a transaction (it should never be) is dropped.
         if conn.is_autocommit() {
             let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
@@ -331,6 +344,14 @@ const RECONCILE: &[(&str, &[(&str, &str)])] = &[
     ),
 ];
 
+/// Columns added to Retinue's own tables after the migrations (a column
+/// cannot be added idempotently in SQL, so it is reconciled like hermes').
+const RECONCILE_AFTER: &[(&str, &[(&str, &str)])] = &[(
+    "retinue_children",
+    // An operator's free-text note on a tombstone; the reason stays `manual`.
+    &[("tombstone_note", "TEXT")],
+)];
+
 pub(crate) fn column_names(conn: &Connection, table: &str) -> SqlResult<Vec<String>> {
     let mut stmt = conn.prepare("SELECT name FROM pragma_table_info(?1)")?;
     let names = stmt.query_map([table], |r| r.get::<_, String>(0))?;
@@ -338,12 +359,12 @@ pub(crate) fn column_names(conn: &Connection, table: &str) -> SqlResult<Vec<Stri
 }
 
 fn reconcile(conn: &mut Connection) -> Result<()> {
-    reconcile_in(conn).map_err(|e| e.during("adding missing hermes columns"))
+    reconcile_in(conn, RECONCILE).map_err(|e| e.during("adding missing hermes columns"))
 }
 
-fn reconcile_in(conn: &mut Connection) -> SqlResult<()> {
+fn reconcile_in(conn: &mut Connection, list: &[(&str, &[(&str, &str)])]) -> SqlResult<()> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    for (table, columns) in RECONCILE {
+    for (table, columns) in list {
         if !table_exists(&tx, table)? {
             continue;
         }
@@ -364,8 +385,109 @@ fn migrate(conn: &mut Connection) -> Result<()> {
     Ok(())
 }
 
+/// What is at `path`: `Ok(false)` when nothing, `Ok(true)` for a regular
+/// file; a directory, FIFO, socket or device is refused at once, without
+/// opening it (opening a FIFO would block).
+pub(crate) fn check_path(path: &Path) -> Result<bool> {
+    let meta = match std::fs::metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(source) => return Err(Error::Io { path: path.to_path_buf(), source }),
+    };
+    let ft = meta.file_type();
+    if ft.is_file() {
+        return Ok(true);
+    }
+    let what = if ft.is_dir() { "directory" } else { special_kind(&ft) };
+    Err(Error::NotAFile { path: path.to_path_buf(), what })
+}
+
+#[cfg(unix)]
+fn special_kind(ft: &std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if ft.is_fifo() {
+        "FIFO (named pipe)"
+    } else if ft.is_socket() {
+        "socket"
+    } else if ft.is_char_device() {
+        "character device"
+    } else if ft.is_block_device() {
+        "block device"
+    } else {
+        "special file"
+    }
+}
+
+#[cfg(not(unix))]
+fn special_kind(_ft: &std::fs::FileType) -> &'static str {
+    "special file"
+}
+
+/// Refuses a SQLite file that has tables but neither hermes' `sessions`
+/// table nor Retinue's own: Retinue adopts only files that are hermes' or its own.
+fn check_ours(conn: &Connection, path: &Path) -> Result<()> {
+    const OP: &str = "reading the schema";
+    let tables: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM main.sqlite_master WHERE type = 'table' \
+             AND name NOT LIKE 'sqlite_%'",
+            [],
+            |r| r.get(0),
+        )
+        .map_err(sql(OP))?;
+    if tables == 0 {
+        return Ok(());
+    }
+    let ours: bool = conn
+        .query_row(
+            "SELECT EXISTS (SELECT 1 FROM main.sqlite_master WHERE type = 'table' \
+             AND (name = 'sessions' OR name LIKE 'retinue\\_%' ESCAPE '\\'))",
+            [],
+            |r| r.get(0),
+        )
+        .map_err(sql(OP))?;
+    if ours { Ok(()) } else { Err(Error::Foreign { path: path.to_path_buf() }) }
+}
+
+/// `PRAGMA quick_check`, run before any schema change: a damaged file is
+/// refused (left byte-identical) instead of being written.
+fn check_intact(conn: &Connection) -> Result<()> {
+    const OP: &str = "checking the file before changing its schema";
+    let mut stmt = conn.prepare("PRAGMA quick_check").map_err(sql(OP))?;
+    let rows = stmt.query_map([], |r| r.get::<_, String>(0)).map_err(sql(OP))?;
+    let lines = rows.collect::<rusqlite::Result<Vec<_>>>().map_err(sql(OP))?;
+    if lines.len() == 1 && lines[0] == "ok" {
+        return Ok(());
+    }
+    Err(Error::Corrupt { operation: OP, source: lines.join("; ").into() })
+}
+
+/// Whether the open sequence would change the schema: a missing column,
+/// a missing Retinue table or a pending migration.
+fn needs_upgrade(conn: &Connection) -> SqlResult<bool> {
+    for (table, columns) in RECONCILE.iter().chain(RECONCILE_AFTER) {
+        if !table_exists(conn, table)? {
+            return Ok(true);
+        }
+        let present = column_names(conn, table)?;
+        if columns.iter().any(|(name, _)| !present.iter().any(|p| p.eq_ignore_ascii_case(name))) {
+            return Ok(true);
+        }
+    }
+    if !table_exists(conn, "refinery_schema_history")? {
+        return Ok(true);
+    }
+    let v: Option<i64> =
+        conn.query_row("SELECT MAX(version) FROM refinery_schema_history", [], |r| r.get(0))?;
+    Ok(v.is_none_or(|v| v < schema_version()))
+}
+
 /// Opens (creating and upgrading when writable) the database at `path`.
 pub(crate) fn open_pool(path: &Path, opts: &StoreOptions) -> Result<Pool> {
+    let exists = check_path(path)?;
+    if !exists && (opts.read_only || !opts.create_missing) {
+        return Err(Error::Missing { path: path.to_path_buf() });
+    }
     check_header(path)?;
     if !opts.read_only
         && let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
@@ -381,19 +503,32 @@ pub(crate) fn open_pool(path: &Path, opts: &StoreOptions) -> Result<Pool> {
         idle: Mutex::new(Vec::new()),
     };
     let mut conn = pool.connect()?;
-    // Read-only probes first: a corrupt or newer file is refused untouched.
-    conn.query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get::<_, i64>(0))
+    // Read-only probes first: a corrupt, foreign or newer file is refused untouched.
+    conn.query_row("SELECT count(*) FROM main.sqlite_master", [], |r| r.get::<_, i64>(0))
         .map_err(sql("reading the schema"))?;
+    check_ours(&conn, path)?;
     check_not_newer(&conn)?;
     if opts.read_only {
         pool.idle.lock().unwrap_or_else(PoisonError::into_inner).push(conn);
         return Ok(pool);
     }
+    // Before the first schema change or journal switch, the file must be intact.
+    let journal: String = conn
+        .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+        .map_err(sql("reading the journal mode"))?;
+    let wal_wanted = opts.config.database.journal_mode == JournalMode::Wal;
+    let switch = wal_wanted && !journal.eq_ignore_ascii_case("wal");
+    if exists && (switch || needs_upgrade(&conn).map_err(|e| e.during("reading the schema"))?) {
+        check_intact(&conn)?;
+    }
     set_journal_mode(&conn, opts.config.database.journal_mode)
         .map_err(|e| e.during("setting the journal mode"))?;
     let mut attempt = 0;
     loop {
-        let step = reconcile(&mut conn).and_then(|()| migrate(&mut conn));
+        let step = reconcile(&mut conn).and_then(|()| migrate(&mut conn)).and_then(|()| {
+            reconcile_in(&mut conn, RECONCILE_AFTER)
+                .map_err(|e| e.during("adding missing retinue columns"))
+        });
         match step {
             Ok(()) => break,
             Err(e) if attempt < 3 && is_retryable(&e) => {
@@ -406,6 +541,182 @@ pub(crate) fn open_pool(path: &Path, opts: &StoreOptions) -> Result<Pool> {
     }
     pool.idle.lock().unwrap_or_else(PoisonError::into_inner).push(conn);
     Ok(pool)
+}
+
+/// The URI of a read-only open of `path` (`immutable` for a WAL file whose
+/// directory forbids the `-shm` companion).
+fn ro_uri(path: &Path, immutable: bool) -> String {
+    let text = path.to_string_lossy();
+    let mut uri = String::from("file:");
+    for b in text.bytes() {
+        match b {
+            b'%' | b'?' | b'#' => uri.push_str(&format!("%{b:02X}")),
+            _ => uri.push(char::from(b)),
+        }
+    }
+    uri.push_str(if immutable { "?mode=ro&immutable=1" } else { "?mode=ro" });
+    uri
+}
+
+/// A read-only connection: `SQLITE_OPEN_READ_ONLY`, no journal switch, and
+/// the connection-local (TEMP, in memory) view that answers as if the file
+/// were adopted. Nothing is written to the file.
+fn connect_read_only(path: &Path, busy: Duration) -> SqlResult<Connection> {
+    let flags = OpenFlags::SQLITE_OPEN_READ_ONLY
+        | OpenFlags::SQLITE_OPEN_NO_MUTEX
+        | OpenFlags::SQLITE_OPEN_URI;
+    let non_utf8 = path.to_str().is_none();
+    let mut conn = Connection::open_with_flags(ro_uri(path, false), flags)?;
+    let probe = |c: &Connection| {
+        c.query_row("SELECT count(*) FROM main.sqlite_master", [], |r| r.get::<_, i64>(0))
+    };
+    if let Err(e) = probe(&conn) {
+        // A WAL file in a read-only directory: without a `-shm` companion SQLite
+        // cannot share memory, and nobody can write it either, so read it immutable.
+        if e.sqlite_error_code() == Some(rusqlite::ErrorCode::CannotOpen) && !non_utf8 {
+            conn = Connection::open_with_flags(ro_uri(path, true), flags)?;
+            probe(&conn)?;
+        } else {
+            return Err(e.into());
+        }
+    }
+    set_connection_pragmas(&conn, busy, Synchronous::Full, true)?;
+    read_view(&conn)?;
+    Ok(conn)
+}
+
+/// The `CREATE TABLE` statement of `table` in the base migration.
+fn base_table_ddl(table: &str) -> Option<String> {
+    const V1: &str = include_str!("../migrations/V1__retinue_base.sql");
+    let head = format!("CREATE TABLE IF NOT EXISTS {table} (");
+    // Comments first (they may hold a `;`), then statements.
+    let code: String = V1
+        .lines()
+        .map(|l| l.split_once("--").map_or(l, |(code, _)| code))
+        .collect::<Vec<_>>()
+        .join("\n");
+    code.split(';')
+        .map(str::trim)
+        .find(|stmt| stmt.starts_with(&head))
+        .map(|stmt| stmt.trim().replacen("CREATE TABLE IF NOT EXISTS", "CREATE TEMP TABLE", 1))
+}
+
+fn trigger_exists(conn: &Connection, name: &str) -> SqlResult<bool> {
+    Ok(conn
+        .query_row(
+            "SELECT 1 FROM main.sqlite_master WHERE type = 'trigger' AND name = ?1",
+            [name],
+            |_| Ok(()),
+        )
+        .optional()?
+        .is_some())
+}
+
+/// The read view of a read-only connection. Everything lives in the
+/// connection's TEMP schema (in memory), which shadows `main` for
+/// unqualified names:
+/// * a table the file lacks (a hermes file Retinue never opened) is an
+///   empty TEMP table, so every read runs unchanged;
+/// * units hermes retained that Retinue never adopted get their child rows
+///   from `children_json` (the same backfill a write runs, into a TEMP copy
+///   of `retinue_children`), hermes-tombstoned ones as `external`;
+/// * maintained usage totals are trusted only when the file's invalidation
+///   triggers exist; otherwise they are shadowed by an empty table and the
+///   totals are folded from the ledger rows.
+fn read_view(conn: &Connection) -> SqlResult<()> {
+    conn.pragma_update(None, "temp_store", "MEMORY")?;
+    let main_exists = |t: &str| -> SqlResult<bool> {
+        Ok(conn
+            .query_row(
+                "SELECT 1 FROM main.sqlite_master WHERE type = 'table' AND name = ?1",
+                [t],
+                |_| Ok(()),
+            )
+            .optional()?
+            .is_some())
+    };
+    for table in [
+        "sessions",
+        "messages",
+        "async_delegations",
+        "delegation_child_usage",
+        "retinue_usage_keys",
+    ] {
+        if !main_exists(table)?
+            && let Some(ddl) = base_table_ddl(table)
+        {
+            conn.execute_batch(&ddl)?;
+        }
+    }
+    // A hermes table lacking columns the reconcile step would add reads
+    // through a TEMP view that supplies them (their default, else NULL).
+    for (table, columns) in RECONCILE {
+        if !main_exists(table)? {
+            continue;
+        }
+        let present = conn
+            .prepare("SELECT name FROM pragma_table_info(?1, 'main')")?
+            .query_map([table], |r| r.get::<_, String>(0))?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        let missing: Vec<String> = columns
+            .iter()
+            .filter(|(name, _)| !present.iter().any(|p| p.eq_ignore_ascii_case(name)))
+            .map(|(name, decl)| {
+                let default = decl.split_once("DEFAULT ").map_or("NULL", |(_, d)| d.trim());
+                format!("{default} AS \"{name}\"")
+            })
+            .collect();
+        if !missing.is_empty() {
+            // Identifiers and defaults come from the constant table, never from input.
+            conn.execute_batch(&format!(
+                "CREATE TEMP VIEW \"{table}\" AS SELECT *, {} FROM main.\"{table}\"",
+                missing.join(", ")
+            ))?;
+        }
+    }
+    let totals_trusted =
+        main_exists("retinue_usage_totals")? && trigger_exists(conn, "retinue_usage_totals_del")?;
+    if !totals_trusted && let Some(ddl) = base_table_ddl("retinue_usage_totals") {
+        conn.execute_batch(&ddl)?;
+    }
+    let has_children = main_exists("retinue_children")?;
+    let unadopted = !has_children
+        || conn.query_row(
+            "SELECT EXISTS (SELECT 1 FROM async_delegations u WHERE u.retained = 1 \
+             AND NOT EXISTS (SELECT 1 FROM main.retinue_children c \
+                             WHERE c.delegation_id = u.delegation_id))",
+            [],
+            |r| r.get::<_, bool>(0),
+        )?;
+    if !unadopted {
+        return Ok(());
+    }
+    let ddl = base_table_ddl("retinue_children").unwrap_or_default();
+    conn.execute_batch(&ddl)?;
+    conn.execute_batch(
+        "ALTER TABLE temp.retinue_children ADD COLUMN tombstone_note TEXT; \
+         CREATE INDEX temp.retinue_tmp_children_subagent ON retinue_children(subagent_id); \
+         CREATE INDEX temp.retinue_tmp_children_session ON retinue_children(child_session_id);",
+    )?;
+    if has_children {
+        let present = column_names(conn, "retinue_children")?;
+        let main_cols = conn
+            .prepare("SELECT name FROM pragma_table_info('retinue_children', 'main')")?
+            .query_map([], |r| r.get::<_, String>(0))?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        let cols: Vec<String> = present
+            .into_iter()
+            .filter(|c| main_cols.iter().any(|m| m.eq_ignore_ascii_case(c)))
+            .map(|c| format!("\"{}\"", c.replace('"', "\"\"")))
+            .collect();
+        let cols = cols.join(", ");
+        // Column names come from the two schemas, never from input.
+        conn.execute_batch(&format!(
+            "INSERT INTO temp.retinue_children ({cols}) SELECT {cols} FROM main.retinue_children"
+        ))?;
+    }
+    crate::registry::backfill::backfill(conn, Some(f64::NEG_INFINITY))?;
+    Ok(())
 }
 
 fn set_journal_mode(conn: &Connection, wanted: JournalMode) -> SqlResult<()> {

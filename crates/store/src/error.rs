@@ -16,6 +16,31 @@ pub type Source = Box<dyn std::error::Error + Send + Sync + 'static>;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
+    /// There is no database file at this path (nothing was created).
+    #[error("no state.db at {path}")]
+    Missing {
+        /// The missing file.
+        path: PathBuf,
+    },
+    /// The path names something that is not a regular file (a directory,
+    /// FIFO, socket or device); it was not opened.
+    #[error("{path} is a {what}, not a database file")]
+    NotAFile {
+        /// The path.
+        path: PathBuf,
+        /// What it is: `directory`, `FIFO`, `socket`, `character device`, …
+        what: &'static str,
+    },
+    /// A SQLite file that is neither hermes' (no `sessions` table) nor
+    /// Retinue's (no `retinue_*` tables); it was left untouched.
+    #[error(
+        "{path} is a SQLite database but not a hermes or Retinue state.db \
+         (no sessions table, no retinue tables); left unmodified"
+    )]
+    Foreign {
+        /// The refused file.
+        path: PathBuf,
+    },
     /// The file exists but is not a SQLite database; it was left untouched.
     #[error("{path} is not a SQLite database (left unmodified)")]
     NotADatabase {
@@ -40,10 +65,18 @@ pub enum Error {
         supported: i64,
     },
     /// A write could not take the lock within the busy timeout.
-    #[error("database is busy (another writer held the lock past the busy timeout)")]
+    #[error(
+        "database is busy: waited {:.1} s for another writer's lock (busy timeout {:.1} s)",
+        *waited_ms as f64 / 1000.0,
+        *timeout_ms as f64 / 1000.0
+    )]
     Busy {
         /// What the store was doing.
         operation: &'static str,
+        /// How long the operation actually waited, in milliseconds.
+        waited_ms: u64,
+        /// The configured busy timeout, in milliseconds.
+        timeout_ms: u64,
         /// The underlying error.
         #[source]
         source: Source,
@@ -127,8 +160,12 @@ pub enum Error {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ErrorKind {
-    /// Not a SQLite database.
+    /// Not a SQLite database, or not a hermes/Retinue one.
     NotADatabase,
+    /// No database file at the path.
+    Missing,
+    /// The path is a directory, FIFO, socket or device.
+    NotAFile,
     /// Corrupt or truncated.
     Corrupt,
     /// Written by a newer binary.
@@ -161,7 +198,9 @@ impl Error {
     /// The class of this error.
     pub fn kind(&self) -> ErrorKind {
         match self {
-            Error::NotADatabase { .. } => ErrorKind::NotADatabase,
+            Error::NotADatabase { .. } | Error::Foreign { .. } => ErrorKind::NotADatabase,
+            Error::Missing { .. } => ErrorKind::Missing,
+            Error::NotAFile { .. } => ErrorKind::NotAFile,
             Error::Corrupt { .. } => ErrorKind::Corrupt,
             Error::SchemaTooNew { .. } => ErrorKind::SchemaTooNew,
             Error::Busy { .. } => ErrorKind::Busy,
@@ -249,7 +288,7 @@ fn classify(operation: &'static str, e: rusqlite::Error) -> Error {
     let source: Source = Box::new(e);
     match code {
         Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => {
-            Error::Busy { operation, source }
+            Error::Busy { operation, waited_ms: 0, timeout_ms: 0, source }
         }
         Some(ErrorCode::ConstraintViolation) => Error::Conflict { operation, source },
         Some(ErrorCode::NotADatabase | ErrorCode::DatabaseCorrupt) => {

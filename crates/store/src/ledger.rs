@@ -17,7 +17,7 @@ use serde_json::Value;
 
 use crate::error::{Result, SqlResult};
 use crate::model::{SessionCost, parse_json_opt};
-use crate::rows::json_column;
+use crate::rows::{json_column, real_column, text_column};
 use crate::store::Store;
 
 /// The three ledger totals, as floats (hermes's API shape).
@@ -157,16 +157,18 @@ fn totals_row(tx: &rusqlite::Connection, parent: &str) -> SqlResult<Option<(Usag
              FROM retinue_usage_totals WHERE parent_session_id = ?1",
         )?
         .query_row([parent], |r| {
-            Ok((
-                UsageTotals {
-                    cost_usd: r.get(0)?,
-                    input_tokens: r.get(1)?,
-                    output_tokens: r.get(2)?,
-                },
-                r.get::<_, i64>(3)?,
-            ))
+            // A cache row someone damaged (text, non-finite) is ignored: the
+            // parent's rows are then folded from scratch.
+            let (Some(cost_usd), Some(input_tokens), Some(output_tokens), Some(covered)) =
+                (real_column(r, 0)?, real_column(r, 1)?, real_column(r, 2)?, real_column(r, 3)?)
+            else {
+                return Ok(None);
+            };
+            #[allow(clippy::cast_possible_truncation)] // ids are integers
+            Ok(Some((UsageTotals { cost_usd, input_tokens, output_tokens }, covered as i64)))
         })
-        .optional()?)
+        .optional()?
+        .flatten())
 }
 
 fn add_totals(
@@ -277,13 +279,13 @@ impl UsageLedger for Store {
                 let aggregate = json_column(r, 5)?;
                 Ok(UsageAttribution {
                     id: r.get(0)?,
-                    parent_session_id: r.get(1)?,
-                    parent_turn_id: r.get::<_, Option<String>>(2)?.unwrap_or_default(),
-                    child_session_id: r.get::<_, Option<String>>(3)?.unwrap_or_default(),
+                    parent_session_id: text_column(r, 1)?.unwrap_or_default(),
+                    parent_turn_id: text_column(r, 2)?.unwrap_or_default(),
+                    child_session_id: text_column(r, 3)?.unwrap_or_default(),
                     usage: parse_json_opt(usage.as_deref())
                         .unwrap_or_else(|| Value::Object(serde_json::Map::new())),
                     aggregate: parse_json_opt(aggregate.as_deref()).filter(|v| !v.is_null()),
-                    created_at: r.get::<_, Option<f64>>(6)?.unwrap_or_default(),
+                    created_at: real_column(r, 6)?.unwrap_or_default(),
                 })
             })?;
             Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)

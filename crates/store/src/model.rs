@@ -131,7 +131,8 @@ impl ChildManifest {
             ("role", &self.role),
         ] {
             if let Some(v) = val {
-                m.insert(key.into(), Value::String(v.clone()));
+                let v = if key == "base_url" { redact_url(v) } else { v.clone() };
+                m.insert(key.into(), Value::String(v));
             }
         }
         if let Some(t) = &self.toolsets {
@@ -212,6 +213,48 @@ impl TombstoneReason {
             Some(other) => TombstoneReason::Other(other.to_owned()),
         }
     }
+}
+
+/// Query parameter names that look like secrets (matched case-insensitively
+/// as substrings): such parameters never reach the file.
+const SECRET_PARAMS: &[&str] =
+    &["key", "token", "secret", "passw", "pwd", "sig", "auth", "credential", "cookie"];
+
+/// `url` without credentials: the userinfo (`user:pass@`) and every
+/// secret-looking query parameter (`key`, `api_key`, `token`, `secret`,
+/// `password`, `sig`, …) are removed. Anything else is kept as written.
+pub fn redact_url(url: &str) -> String {
+    let (scheme, rest) = match url.find("://") {
+        Some(i) => (&url[..i + 3], &url[i + 3..]),
+        None => ("", url),
+    };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let (before_fragment, fragment) = match tail.find('#') {
+        Some(i) => tail.split_at(i),
+        None => (tail, ""),
+    };
+    let (path, query) = match before_fragment.split_once('?') {
+        Some((p, q)) => (p, Some(q)),
+        None => (before_fragment, None),
+    };
+    let mut out = format!("{scheme}{host}{path}");
+    if let Some(q) = query {
+        let kept: Vec<&str> = q
+            .split('&')
+            .filter(|pair| {
+                let name = pair.split('=').next().unwrap_or_default().to_ascii_lowercase();
+                !name.is_empty() && !SECRET_PARAMS.iter().any(|s| name.contains(s))
+            })
+            .collect();
+        if !kept.is_empty() {
+            out.push('?');
+            out.push_str(&kept.join("&"));
+        }
+    }
+    out.push_str(fragment);
+    out
 }
 
 /// One retained child: the registry's entry.
@@ -520,5 +563,23 @@ mod tests {
             ChildManifest::parse(&long).and_then(|m| m.goal).map(|g| g.chars().count()),
             Some(200)
         );
+    }
+}
+
+#[cfg(test)]
+mod redact_tests {
+    use super::redact_url;
+
+    #[test]
+    fn credentials_never_survive() {
+        for (raw, clean) in [
+            ("https://api.example.com/v1", "https://api.example.com/v1"),
+            ("https://u:p@h.example/v1?x=1&api_key=S&Token=T", "https://h.example/v1?x=1"),
+            ("http://user@127.0.0.1:8080/v1#frag", "http://127.0.0.1:8080/v1#frag"),
+            ("https://h/v1?sig=abc&se=2&key=k&password=p&secret=s", "https://h/v1?se=2"),
+            ("https://h/p@q?a=1", "https://h/p@q?a=1"),
+        ] {
+            assert_eq!(redact_url(raw), clean, "{raw}");
+        }
     }
 }

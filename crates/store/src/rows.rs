@@ -23,6 +23,30 @@ pub(crate) fn json_column(r: &rusqlite::Row<'_>, idx: usize) -> rusqlite::Result
     })
 }
 
+/// Reads a time or number column leniently: a finite INTEGER or REAL reads
+/// as itself; NULL, text, a BLOB or a non-finite value reads as absent, so
+/// one malformed row never fails a whole read.
+pub(crate) fn real_column(r: &rusqlite::Row<'_>, idx: usize) -> rusqlite::Result<Option<f64>> {
+    use rusqlite::types::ValueRef;
+    #[allow(clippy::cast_precision_loss)] // epoch seconds fit an f64 exactly
+    Ok(match r.get_ref(idx)? {
+        ValueRef::Integer(i) => Some(i as f64),
+        ValueRef::Real(f) if f.is_finite() => Some(f),
+        _ => None,
+    })
+}
+
+/// Reads an id or text column leniently: valid UTF-8 text reads as itself,
+/// a number as its text; NULL, a BLOB or invalid UTF-8 reads as absent.
+pub(crate) fn text_column(r: &rusqlite::Row<'_>, idx: usize) -> rusqlite::Result<Option<String>> {
+    use rusqlite::types::ValueRef;
+    Ok(match r.get_ref(idx)? {
+        ValueRef::Text(b) => std::str::from_utf8(b).ok().map(str::to_owned),
+        ValueRef::Integer(i) => Some(i.to_string()),
+        _ => None,
+    })
+}
+
 /// A child's TTL clock: its own `retained_at`, else (rows recorded before another
 /// writer retained the unit) the unit's.
 pub(crate) const CHILD_RETAINED_AT: &str =
@@ -32,10 +56,15 @@ pub(crate) const CHILD_COLS: &str = "c.delegation_id, c.child_index, c.subagent_
      c.manifest_json, COALESCE(c.retained_at, CASE WHEN u.retained = 1 THEN u.retained_at END), \
      c.tombstoned_at, c.tombstone_reason, \
      u.parent_session_id, u.owner_profile, u.state, u.completed_at, u.retained, \
-     u.retained_at, u.tombstoned_at";
+     u.retained_at, u.tombstoned_at, c.rowid";
 
 /// A child row joined with its unit.
 pub(crate) struct ChildRow {
+    /// The row's `rowid` in `retinue_children` (for messages about bad rows).
+    pub(crate) rowid: i64,
+    /// Whether an id column was unreadable (BLOB, invalid UTF-8, NULL): such
+    /// a row is skipped by lists and never resolved by lookups.
+    pub(crate) malformed: bool,
     /// The entry, its `manifest` not yet parsed (see [`ChildRow::into_entry`]).
     pub(crate) entry: RetainedChild,
     pub(crate) manifest_json: Option<String>,
@@ -63,28 +92,46 @@ pub(crate) fn read_child_row(r: &Row<'_>) -> rusqlite::Result<ChildRow> {
 /// Reads the [`CHILD_COLS`] columns starting at column `o`.
 pub(crate) fn read_child_row_at(r: &Row<'_>, o: usize) -> rusqlite::Result<ChildRow> {
     let manifest_json = json_column(r, o + 4)?;
-
-    let index: i64 = r.get(o + 1)?;
-    let retained: Option<i64> = r.get(o + 12)?;
+    let delegation_id = text_column(r, o)?;
+    let index = real_column(r, o + 1)?;
+    let subagent_id = text_column(r, o + 2)?;
+    let child_session_id = text_column(r, o + 3)?;
+    let malformed = delegation_id.is_none()
+        || index.is_none()
+        || (subagent_id.is_none() && child_session_id.is_none());
+    let retained = real_column(r, o + 12)?;
+    // A tombstone whose time is unreadable still counts as a tombstone.
+    let child_tombstone_reason = text_column(r, o + 7)?;
+    let child_tombstoned_at = real_column(r, o + 6)?.or_else(|| {
+        (!matches!(r.get_ref(o + 6), Ok(rusqlite::types::ValueRef::Null))).then_some(0.0)
+    });
+    let unit_tombstoned_at = real_column(r, o + 14)?.or_else(|| {
+        (!matches!(r.get_ref(o + 14), Ok(rusqlite::types::ValueRef::Null))).then_some(0.0)
+    });
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // range-checked
+    let child_index =
+        index.filter(|i| (0.0..=f64::from(u32::MAX)).contains(i)).map_or(u32::MAX, |i| i as u32);
     Ok(ChildRow {
+        rowid: r.get(o + 15)?,
+        malformed,
         entry: RetainedChild {
-            delegation_id: r.get(o)?,
-            child_index: u32::try_from(index).unwrap_or(u32::MAX),
-            subagent_id: r.get::<_, Option<String>>(o + 2)?.unwrap_or_default(),
-            child_session_id: r.get::<_, Option<String>>(o + 3)?.unwrap_or_default(),
-            retained_at: r.get(o + 5)?,
-            parent_session_id: r.get::<_, Option<String>>(o + 8)?.unwrap_or_default(),
-            owner_profile: r.get::<_, Option<String>>(o + 9)?.unwrap_or_default(),
-            state: UnitState::parse(&r.get::<_, Option<String>>(o + 10)?.unwrap_or_default()),
-            completed_at: r.get(o + 11)?,
+            delegation_id: delegation_id.unwrap_or_default(),
+            child_index,
+            subagent_id: subagent_id.unwrap_or_default(),
+            child_session_id: child_session_id.unwrap_or_default(),
+            retained_at: real_column(r, o + 5)?,
+            parent_session_id: text_column(r, o + 8)?.unwrap_or_default(),
+            owner_profile: text_column(r, o + 9)?.unwrap_or_default(),
+            state: UnitState::parse(&text_column(r, o + 10)?.unwrap_or_default()),
+            completed_at: real_column(r, o + 11)?,
             manifest: ChildManifest::default(),
         },
         manifest_json,
-        child_tombstoned_at: r.get(o + 6)?,
-        child_tombstone_reason: r.get(o + 7)?,
-        unit_retained: retained == Some(1),
-        unit_retained_at: r.get(o + 13)?,
-        unit_tombstoned_at: r.get(o + 14)?,
+        child_tombstoned_at,
+        child_tombstone_reason,
+        unit_retained: retained == Some(1.0),
+        unit_retained_at: real_column(r, o + 13)?,
+        unit_tombstoned_at,
     })
 }
 

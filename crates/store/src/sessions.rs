@@ -6,6 +6,7 @@ use serde_json::Value;
 
 use crate::error::{Error, Result, SqlResult};
 use crate::model::{Message, NewSession, SessionRow};
+use crate::rows::{json_column, real_column, text_column};
 use crate::store::Store;
 
 /// Most sessions any lineage walk visits (the root walk, the forward walk
@@ -110,21 +111,36 @@ fn session_cols(has_system_prompt: bool) -> &'static str {
     }
 }
 
+/// `model_config` decides authority, so anything but NULL or UTF-8 text
+/// (a number, a BLOB, invalid UTF-8) reads as unparseable text: the
+/// lineage rules then fail closed on that row, and the rest of the read goes on.
+fn model_config_column(r: &Row<'_>, idx: usize) -> rusqlite::Result<Option<String>> {
+    use rusqlite::types::ValueRef;
+    Ok(match r.get_ref(idx)? {
+        ValueRef::Null => None,
+        ValueRef::Text(b) => {
+            Some(std::str::from_utf8(b).map_or_else(|_| "<unreadable>".to_owned(), str::to_owned))
+        }
+        _ => Some("<unreadable>".to_owned()),
+    })
+}
+
 fn read_session(r: &Row<'_>) -> rusqlite::Result<SessionRow> {
+    // hermes-written values: an unreadable one reads as absent (spec §2.7).
     Ok(SessionRow {
-        id: r.get(0)?,
-        source: r.get::<_, Option<String>>(1)?.unwrap_or_default(),
-        model: r.get(2)?,
-        model_config: r.get(3)?,
-        parent_session_id: r.get(4)?,
-        started_at: r.get::<_, Option<f64>>(5)?.unwrap_or(0.0),
-        ended_at: r.get(6)?,
-        end_reason: r.get(7)?,
-        profile_name: r.get(8)?,
-        estimated_cost_usd: r.get(9)?,
-        cost_status: r.get(10)?,
-        cost_source: r.get(11)?,
-        system_prompt: r.get(12)?,
+        id: text_column(r, 0)?.unwrap_or_default(),
+        source: text_column(r, 1)?.unwrap_or_default(),
+        model: text_column(r, 2)?,
+        model_config: model_config_column(r, 3)?,
+        parent_session_id: text_column(r, 4)?,
+        started_at: real_column(r, 5)?.unwrap_or(0.0),
+        ended_at: real_column(r, 6)?,
+        end_reason: text_column(r, 7)?,
+        profile_name: text_column(r, 8)?,
+        estimated_cost_usd: real_column(r, 9)?,
+        cost_status: text_column(r, 10)?,
+        cost_source: text_column(r, 11)?,
+        system_prompt: json_column(r, 12)?,
     })
 }
 
@@ -297,7 +313,9 @@ impl SessionStore for Store {
         self.pool.write("ending a session", |tx| {
             let n = tx
                 .prepare_cached(
-                    "UPDATE sessions SET ended_at = ?1, end_reason = ?2 \
+                    // First reason wins: a compression link is never overwritten.
+                    "UPDATE sessions SET ended_at = ?1, end_reason = CASE \
+                     WHEN end_reason = 'compression' THEN end_reason ELSE ?2 END \
                      WHERE id = ?3 AND ended_at IS NULL",
                 )?
                 .execute(params![now, reason, id])?;
@@ -309,7 +327,11 @@ impl SessionStore for Store {
         self.pool.write("reopening a session", |tx| {
             let n = tx
                 .prepare_cached(
-                    "UPDATE sessions SET ended_at = NULL, end_reason = NULL WHERE id = ?1",
+                    // A session that ended with `compression` keeps that link (spec §6.3).
+                    "UPDATE sessions SET \
+                     ended_at = CASE WHEN end_reason = 'compression' THEN ended_at END, \
+                     end_reason = CASE WHEN end_reason = 'compression' THEN end_reason END \
+                     WHERE id = ?1",
                 )?
                 .execute([id])?;
             Ok(n > 0)

@@ -36,12 +36,23 @@ impl Store {
     pub fn open(path: impl AsRef<Path>, opts: StoreOptions) -> Result<Store> {
         let pool = db::open_pool(path.as_ref(), &opts)?;
         if !opts.read_only {
-            // Live units only: O(live units), not O(history). A unit another writer
-            // both retained and tombstoned before Retinue ever wrote stays unadopted
-            // (it reads as unknown); adopted units report such tombstones as `external`.
-            pool.write("adopting hermes-retained units", |tx| {
-                crate::registry::backfill::backfill(tx, None)
+            // Live units, and units another writer both retained and tombstoned
+            // before Retinue adopted them: they answer tombstoned (`external`),
+            // never unknown. Only units without child rows are visited.
+            let unadopted = pool.query("looking for unadopted units", |conn| {
+                Ok(conn
+                    .prepare_cached(
+                        "SELECT EXISTS (SELECT 1 FROM async_delegations u WHERE u.retained = 1 \
+                         AND NOT EXISTS (SELECT 1 FROM retinue_children c \
+                                         WHERE c.delegation_id = u.delegation_id))",
+                    )?
+                    .query_row([], |r| r.get::<_, bool>(0))?)
             })?;
+            if unadopted {
+                pool.write("adopting hermes-retained units", |tx| {
+                    crate::registry::backfill::backfill(tx, Some(f64::NEG_INFINITY))
+                })?;
+            }
         }
         let has_system_prompt = pool.with("reading the sessions columns", |conn| {
             Ok(db::column_names(conn, "sessions")?.iter().any(|c| c == "system_prompt"))
@@ -53,6 +64,16 @@ impl Store {
             profile: opts.profile,
             has_system_prompt,
         })
+    }
+
+    /// Opens `path` read-only (`SQLITE_OPEN_READ_ONLY`): nothing is created,
+    /// upgraded, adopted or locked for writing; a missing file is
+    /// [`crate::Error::Missing`]. Reads answer as they would after a write
+    /// adopted the file: units another writer retained are read from their
+    /// `children_json` on the fly (a per-connection snapshot taken at
+    /// connect, in memory). Writes through this store fail `ReadOnly`.
+    pub fn open_read_only(path: impl AsRef<Path>, opts: StoreOptions) -> Result<Store> {
+        Store::open(path, StoreOptions { read_only: true, ..opts })
     }
 
     /// Opens `<home>/state.db` with `<home>/config.yaml` and the home's profile key.

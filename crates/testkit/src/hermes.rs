@@ -321,6 +321,19 @@ impl HermesDb {
         HermesDb { conn, path: path.to_path_buf() }
     }
 
+    /// Opens an existing file as another writer would (hermes, a script):
+    /// a second raw connection, e.g. to hold the write lock during a test.
+    ///
+    /// # Panics
+    /// If the file cannot be opened.
+    #[track_caller]
+    pub fn open(path: &Path) -> HermesDb {
+        match Connection::open(path) {
+            Ok(conn) => HermesDb { conn, path: path.to_path_buf() },
+            Err(e) => panic!("cannot open {}: {e}", path.display()),
+        }
+    }
+
     /// The database file.
     pub fn path(&self) -> &Path {
         &self.path

@@ -7,4 +7,5 @@ mod it {
     pub(crate) mod common;
     mod harness;
     mod hostile;
+    mod safe_home;
 }

@@ -21,7 +21,7 @@ fn candidates(conn: &Connection, id: &str) -> SqlResult<Vec<(u8, ChildRow)>> {
         "c.delegation_id, c.child_index, c.subagent_id, c.child_session_id, c.manifest_json, ",
         "COALESCE(c.retained_at, CASE WHEN u.retained = 1 THEN u.retained_at END), c.tombstoned_at, ",
         "c.tombstone_reason, u.parent_session_id, u.owner_profile, u.state, u.completed_at, u.retained, ",
-        "u.retained_at, u.tombstoned_at FROM retinue_children c ",
+        "u.retained_at, u.tombstoned_at, c.rowid FROM retinue_children c ",
         "JOIN async_delegations u ON u.delegation_id = c.delegation_id ",
         "WHERE c.subagent_id = ?1 OR c.child_session_id = ?1 OR c.delegation_id = ?1"
     );
@@ -30,7 +30,19 @@ fn candidates(conn: &Connection, id: &str) -> SqlResult<Vec<(u8, ChildRow)>> {
         let kind: i64 = r.get(0)?;
         Ok((u8::try_from(kind).unwrap_or(u8::MAX), read_child_row_at(r, 1)?))
     })?;
-    Ok(rows.collect::<rusqlite::Result<_>>()?)
+    let rows = rows.collect::<rusqlite::Result<Vec<_>>>()?;
+    Ok(rows
+        .into_iter()
+        .filter(|(_, row)| {
+            if row.malformed {
+                log::warn!(
+                    "retinue_children rowid {} is malformed (unreadable id); skipped",
+                    row.rowid
+                );
+            }
+            !row.malformed
+        })
+        .collect())
 }
 
 /// Number of live units ranked strictly above a unit, capped at `max`.
@@ -70,10 +82,23 @@ fn live_status(row: &ChildRow, lim: Limits) -> Option<Unaddressable> {
     None
 }
 
+/// The resolved row of a lookup: how `id` matched it (0 subagent id, 1 child
+/// session, 2 delegation id), its status (`None`: addressable) and the row.
+pub(crate) type Resolved = (u8, Option<Unaddressable>, ChildRow);
+
 pub(crate) fn lookup_in(conn: &Connection, id: &str, lim: Limits) -> SqlResult<Lookup> {
+    Ok(match resolve_in(conn, id, lim)? {
+        None => Lookup::Unknown,
+        Some((_, None, row)) => Lookup::Addressable(row.into_entry()),
+        Some((_, Some(status), row)) => Lookup::NotAddressable(row.into_entry(), status),
+    })
+}
+
+/// The one row `id` resolves to (spec §3.3 order), or `None`.
+pub(crate) fn resolve_in(conn: &Connection, id: &str, lim: Limits) -> SqlResult<Option<Resolved>> {
     let id = id.trim();
     if id.is_empty() {
-        return Ok(Lookup::Unknown);
+        return Ok(None);
     }
     let mut scored: Vec<(Option<Unaddressable>, u8, ChildRow)> = candidates(conn, id)?
         .into_iter()
@@ -103,11 +128,7 @@ pub(crate) fn lookup_in(conn: &Connection, id: &str, lim: Limits) -> SqlResult<L
         item.0 = Some(Unaddressable::Tombstoned { at: lim.now, reason: TombstoneReason::Cap });
     }
     scored.sort_by(order);
-    Ok(match scored.into_iter().next() {
-        None => Lookup::Unknown,
-        Some((None, _, row)) => Lookup::Addressable(row.into_entry()),
-        Some((Some(status), _, row)) => Lookup::NotAddressable(row.into_entry(), status),
-    })
+    Ok(scored.into_iter().next().map(|(status, kind, row)| (kind, status, row)))
 }
 
 pub(crate) fn list_in(tx: &Connection, lim: Limits) -> SqlResult<Vec<RetainedChild>> {
@@ -125,7 +146,21 @@ pub(crate) fn list_in(tx: &Connection, lim: Limits) -> SqlResult<Vec<RetainedChi
     );
     let mut stmt = tx.prepare_cached(&sql)?;
     let rows = stmt.query_map(params![lim.cutoff(), lim.max_retained], read_child_row)?;
-    Ok(rows.map(|r| r.map(ChildRow::into_entry)).collect::<rusqlite::Result<_>>()?)
+    let rows = rows.collect::<rusqlite::Result<Vec<_>>>()?;
+    // A malformed row (unreadable id) never hides the healthy ones.
+    Ok(rows
+        .into_iter()
+        .filter(|row| {
+            if row.malformed {
+                log::warn!(
+                    "retinue_children rowid {} is malformed (unreadable id); skipped",
+                    row.rowid
+                );
+            }
+            !row.malformed
+        })
+        .map(ChildRow::into_entry)
+        .collect())
 }
 
 impl RegistryRead for Store {

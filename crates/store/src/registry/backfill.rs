@@ -1,17 +1,18 @@
 //! Adoption of hermes-retained units (spec §2.6 step 4): child rows for
 //! `retained=1` units that have none. Run at open and by every write.
 
-use rusqlite::{Transaction, params};
+use rusqlite::{Connection, params};
 
 use crate::error::SqlResult;
 use crate::model::{TombstoneReason, parse_children_json};
 use crate::rows::json_column;
 
 /// Backfills child rows of `retained=1` units that have none (spec §2.6 step 4).
-/// Writes cover untombstoned units; `tombstoned_since` (used at open) also
-/// covers units another writer tombstoned at or after that time, so their
-/// tombstone can be reported. Both are index range scans.
-pub(crate) fn backfill(tx: &Transaction<'_>, tombstoned_since: Option<f64>) -> SqlResult<usize> {
+/// Writes cover untombstoned units; `tombstoned_since` (used at open and by
+/// the read view of a read-only connection) also covers units another writer
+/// tombstoned at or after that time, so their tombstone is reported
+/// (`external`). Both are index range scans.
+pub(crate) fn backfill(tx: &Connection, tombstoned_since: Option<f64>) -> SqlResult<usize> {
     const SQL: &str = "SELECT delegation_id, children_json, child_session_id, retained_at, tombstoned_at \
          FROM async_delegations u WHERE retained = 1 AND tombstoned_at IS NULL AND NOT EXISTS \
          (SELECT 1 FROM retinue_children c WHERE c.delegation_id = u.delegation_id) \

@@ -64,8 +64,13 @@ pub trait UnitLifecycle: Send + Sync {
 /// Tombstones, pruning, rehydration, restart recovery and history.
 #[cfg_attr(any(test, feature = "mocks"), mockall::automock)]
 pub trait Retention: Send + Sync {
-    /// Tombstones an untombstoned child of a retained, untombstoned unit (for a
-    /// delegation id: all of them), reason as given; `false` if none changed.
+    /// Tombstones exactly the child that [`RegistryRead::lookup`] resolves `id`
+    /// to, if addressable (for a delegation id: that unit's live children
+    /// only); `false` if none changed. The stored reason is always `manual`:
+    /// `ttl`, `cap` and `external` are the system's. A
+    /// [`TombstoneReason::Other`] text (or a reserved reason passed here) is
+    /// stored as the tombstone's note. Children already past their TTL keep
+    /// `ttl` and their expiry time.
     fn tombstone_retained_child(&self, id: &str, reason: &TombstoneReason) -> Result<bool>;
     /// TTL and cap pruning; explicit limits are floored at 1 and 0.
     fn prune_retained_children(

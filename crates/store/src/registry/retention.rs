@@ -7,9 +7,9 @@ use crate::error::{Error, Result, SqlResult};
 use crate::model::{PruneCount, RecoveryReport, TombstoneReason};
 use crate::probe::OwnerProbe;
 use crate::registry::Retention;
-use crate::registry::addressability::list_in;
+use crate::registry::addressability::{list_in, resolve_in};
 use crate::registry::backfill::backfill;
-use crate::rows::Limits;
+use crate::rows::{CHILD_RETAINED_AT, Limits};
 use crate::store::Store;
 
 /// TTL then cap pruning inside the caller's transaction (spec §3.5).
@@ -35,12 +35,14 @@ pub(crate) fn prune_in(tx: &Transaction<'_>, lim: Limits) -> SqlResult<PruneCoun
     let mut count = PruneCount::default();
     count.children += tx
         .prepare_cached(
-            "UPDATE retinue_children SET tombstoned_at = ?1, tombstone_reason = 'ttl' \
+            // The time is the child's expiry (as lookups reported it), never later than now.
+            "UPDATE retinue_children SET tombstone_reason = 'ttl', \
+               tombstoned_at = MIN(?1, COALESCE(retained_at + ?3, ?1)) \
              WHERE delegation_id IN (SELECT delegation_id FROM async_delegations \
                                      WHERE retained = 1 AND tombstoned_at IS NULL) \
                AND tombstoned_at IS NULL AND (retained_at IS NULL OR retained_at < ?2)",
         )?
-        .execute(params![t, lim.cutoff()])?;
+        .execute(params![t, lim.cutoff(), lim.ttl_hours * 3600.0])?;
     count.units += tx
         .prepare_cached(
             "UPDATE async_delegations SET tombstoned_at = ?1, updated_at = ?1 \
@@ -67,63 +69,79 @@ pub(crate) fn prune_in(tx: &Transaction<'_>, lim: Limits) -> SqlResult<PruneCoun
     Ok(count)
 }
 
+/// Tombstones the row `id` resolves to (lookup order), if addressable.
+fn tombstone_in(
+    tx: &Transaction<'_>,
+    id: &str,
+    note: Option<&str>,
+    lim: Limits,
+) -> SqlResult<bool> {
+    let Some((kind, None, row)) = resolve_in(tx, id, lim)? else {
+        return Ok(false);
+    };
+    let t = lim.now;
+    let unit = row.entry.delegation_id.as_str();
+    let changed = if kind == 2 {
+        // A delegation id: that unit's live children only.
+        tx.prepare_cached(
+            &format!(
+                "UPDATE retinue_children SET tombstoned_at = ?1, tombstone_reason = 'manual', \
+             tombstone_note = ?2 WHERE delegation_id = ?3 AND tombstoned_at IS NULL \
+             AND (SELECT {CHILD_RETAINED_AT} FROM async_delegations u \
+                  WHERE u.delegation_id = retinue_children.delegation_id) >= ?4"
+            )
+            .replace("c.retained_at", "retinue_children.retained_at"),
+        )?
+        .execute(params![t, note, unit, lim.cutoff()])?
+    } else {
+        tx.prepare_cached(
+            "UPDATE retinue_children SET tombstoned_at = ?1, tombstone_reason = 'manual', \
+             tombstone_note = ?2 WHERE delegation_id = ?3 AND child_index = ?4 \
+             AND tombstoned_at IS NULL",
+        )?
+        .execute(params![t, note, unit, row.entry.child_index])?
+    };
+    // No live child left: the unit is tombstoned; children already past their
+    // TTL keep `ttl` and their expiry time (as lookups reported them).
+    let any_live: bool = tx
+        .prepare_cached(&format!(
+            "SELECT EXISTS (SELECT 1 FROM retinue_children c JOIN async_delegations u \
+             ON u.delegation_id = c.delegation_id WHERE c.delegation_id = ?1 \
+             AND c.tombstoned_at IS NULL AND {CHILD_RETAINED_AT} >= ?2)"
+        ))?
+        .query_row(params![unit, lim.cutoff()], |r| r.get(0))?;
+    if !any_live {
+        tx.prepare_cached(
+            "UPDATE retinue_children SET tombstone_reason = 'ttl', tombstoned_at = \
+             MIN(?1, COALESCE(COALESCE(retained_at, (SELECT u.retained_at FROM async_delegations u \
+               WHERE u.delegation_id = retinue_children.delegation_id)) + ?3, ?1)) \
+             WHERE delegation_id = ?2 AND tombstoned_at IS NULL",
+        )?
+        .execute(params![t, unit, lim.ttl_hours * 3600.0])?;
+        tx.prepare_cached(
+            "UPDATE async_delegations SET tombstoned_at = ?1, updated_at = ?1 \
+             WHERE delegation_id = ?2 AND tombstoned_at IS NULL",
+        )?
+        .execute(params![t, unit])?;
+    }
+    Ok(changed > 0)
+}
+
 impl Retention for Store {
     fn tombstone_retained_child(&self, id: &str, reason: &TombstoneReason) -> Result<bool> {
         let id = id.trim();
         if id.is_empty() {
             return Ok(false);
         }
+        // The reason of an operator's tombstone is `manual`; any text is its note.
+        let note = match reason {
+            TombstoneReason::Manual => None,
+            other => Some(other.as_str().to_owned()),
+        };
         let lim = self.limits();
-        let t = lim.now;
         self.pool.write("tombstoning a retained child", |tx| {
             backfill(tx, None)?;
-            // Ordered by preference: subagent, then session, then delegation id.
-            let mut units: Vec<String> = Vec::new();
-            let mut changed = 0;
-            for column in ["subagent_id", "child_session_id", "delegation_id"] {
-                let sql = format!(
-                    "UPDATE retinue_children SET tombstoned_at = ?1, tombstone_reason = ?2 \
-                     WHERE {column} = ?3 AND tombstoned_at IS NULL \
-                     AND EXISTS (SELECT 1 FROM async_delegations u \
-                       WHERE u.delegation_id = retinue_children.delegation_id \
-                       AND u.retained = 1 AND u.tombstoned_at IS NULL) \
-                     RETURNING delegation_id"
-                );
-                let mut stmt = tx.prepare_cached(&sql)?;
-                let rows =
-                    stmt.query_map(params![t, reason.as_str(), id], |r| r.get::<_, String>(0))?;
-                for unit in rows {
-                    let unit = unit?;
-                    changed += 1;
-                    if !units.contains(&unit) {
-                        units.push(unit);
-                    }
-                }
-                if changed > 0 {
-                    break;
-                }
-            }
-            for unit in &units {
-                let any_live: bool = tx
-                    .prepare_cached(
-                        "SELECT 1 FROM retinue_children WHERE delegation_id = ?1 \
-                         AND tombstoned_at IS NULL AND retained_at >= ?2",
-                    )?
-                    .exists(params![unit, lim.cutoff()])?;
-                if !any_live {
-                    tx.prepare_cached(
-                        "UPDATE retinue_children SET tombstoned_at = ?1, tombstone_reason = 'ttl' \
-                         WHERE delegation_id = ?2 AND tombstoned_at IS NULL",
-                    )?
-                    .execute(params![t, unit])?;
-                    tx.prepare_cached(
-                        "UPDATE async_delegations SET tombstoned_at = ?1, updated_at = ?1 \
-                         WHERE delegation_id = ?2 AND tombstoned_at IS NULL",
-                    )?
-                    .execute(params![t, unit])?;
-                }
-            }
-            Ok(changed > 0)
+            tombstone_in(tx, id, note.as_deref(), lim)
         })
     }
 

@@ -15,6 +15,8 @@ fn legacy_file(extra_sql: &str) -> (tempfile::TempDir, std::path::PathBuf) {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("state.db");
     let raw = rusqlite::Connection::open(&path).expect("open");
+    // Every hermes state.db has its `sessions` table (a file without it is refused).
+    raw.execute_batch(retinue_testkit::hermes::HERMES_SESSIONS_DDL).expect("sessions ddl");
     raw.execute_batch(LEGACY_13).expect("ddl");
     for i in 0..3 {
         raw.execute(
@@ -105,8 +107,16 @@ fn full_hermes_table_with_retained_batch_is_backfilled() {
         .collect();
     assert_eq!(listed, vec!["sa-0-aaaa0000", "sa-1-bbbb1111", "sa-2-cccc2222"]);
     assert!(store.find_retained_child("hs-1").expect("find").is_some());
-    // Never adopted (hermes retained and tombstoned it before Retinue wrote): unknown.
-    assert_eq!(store.lookup("hs-solo").expect("lookup"), Lookup::Unknown);
+    // hermes retained and tombstoned it before Retinue ever opened the file:
+    // tombstoned with reason `external` and hermes' time, never unknown (issue 12).
+    match store.lookup("hs-solo").expect("lookup") {
+        Lookup::NotAddressable(entry, Unaddressable::Tombstoned { at, reason }) => {
+            assert_eq!(entry.delegation_id, "deleg_hermes02");
+            assert_eq!(reason, TombstoneReason::External);
+            assert!((at - (T0 - 30.0)).abs() < 1e-6, "{at}");
+        }
+        other => panic!("unexpected {other:?}"),
+    }
     // An adopted unit that hermes tombstones later reads as `external`, with its time.
     rusqlite::Connection::open(&path)
         .expect("open")

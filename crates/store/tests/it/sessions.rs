@@ -20,7 +20,7 @@ fn say(store: &dyn SessionStore, sid: &str, role: &str, text: &str) {
 }
 
 #[test]
-fn end_reason_first_wins_and_reopen_clears_it() {
+fn end_reason_first_wins_and_reopen_keeps_a_compression_link() {
     let fx = Fx::new();
     fx.store.create_session(&session("A", "cli", None)).expect("create");
     assert!(fx.store.end_session("A", "compression").expect("end"));
@@ -29,8 +29,17 @@ fn end_reason_first_wins_and_reopen_clears_it() {
         fx.store.session("A").expect("s").expect("row").end_reason.as_deref(),
         Some("compression")
     );
+    // A follow-up reopening it never erases the compression link (spec §0, §6.3).
     assert!(fx.store.reopen_session("A").expect("reopen"));
-    assert_eq!(fx.store.session("A").expect("s").expect("row").end_reason, None);
+    assert!(!fx.store.end_session("A", "completed").expect("end"));
+    assert_eq!(
+        fx.store.session("A").expect("s").expect("row").end_reason.as_deref(),
+        Some("compression")
+    );
+    fx.store.create_session(&session("B", "cli", None)).expect("create");
+    assert!(fx.store.end_session("B", "completed").expect("end"));
+    assert!(fx.store.reopen_session("B").expect("reopen"));
+    assert_eq!(fx.store.session("B").expect("s").expect("row").end_reason, None);
     assert!(fx.store.session("nope").expect("s").is_none());
 }
 

@@ -373,22 +373,25 @@ fn review_fixes_hold() {
     );
     assert!(fx.store.release_resume("deleg_test0001", 0, &new).expect("release"));
 
-    // A manual tombstone applies to a child past its TTL that no prune has written down yet.
+    // A child past its TTL that no prune has written down yet keeps `ttl` and
+    // its expiry time: a manual tombstone does not touch it, a prune writes the same.
     let fx = Fx::new();
     fx.seed_unit();
     fx.clock.advance(80.0 * 3600.0);
+    let before = fx.store.lookup("sa-0-abc12345").expect("lookup");
     assert!(
-        fx.store.tombstone_retained_child("sa-0-abc12345", &TombstoneReason::Manual).expect("t")
+        !fx.store.tombstone_retained_child("sa-0-abc12345", &TombstoneReason::Manual).expect("t")
     );
-    match fx.store.lookup("sa-0-abc12345").expect("lookup") {
+    assert_eq!(fx.store.lookup("sa-0-abc12345").expect("lookup"), before);
+    match &before {
         retinue_store::Lookup::NotAddressable(
             _,
             retinue_store::Unaddressable::Tombstoned { reason, .. },
-        ) => {
-            assert_eq!(reason, TombstoneReason::Manual);
-        }
+        ) => assert_eq!(*reason, TombstoneReason::Ttl),
         other => panic!("unexpected {other:?}"),
     }
+    fx.store.prune_retained_children(None, None).expect("prune");
+    assert_eq!(fx.store.lookup("sa-0-abc12345").expect("lookup"), before);
 }
 
 #[test]
