@@ -14,7 +14,11 @@
 //!   creates a witness file with `O_EXCL` while it holds the claim;
 //! * every completion is delivered exactly once: each acknowledged delivery
 //!   creates a witness file with `O_EXCL`, and after a final drain every
-//!   completed unit is `delivered` after exactly one attempt.
+//!   completed unit is `delivered` after exactly one attempt;
+//! * budgets never overspend: threads of every process reserve allowances
+//!   against two lineage budgets of [`BUDGET_USD`] each, bill at most their
+//!   allowance and settle; at the end each lineage spent at most its limit
+//!   and no reservation is left open.
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -36,6 +40,9 @@ use crate::{Context, Outcome};
 /// `max_retained` for the contention store (large: prunes run but the seeded
 /// claim targets stay addressable).
 pub const MAX_RETAINED: u32 = 1000;
+
+/// The limit of each of the two contended lineage budgets, in dollars.
+pub const BUDGET_USD: f64 = 1.0;
 
 /// Seeded retained units (two children each) the resume claims target.
 const SEED_UNITS: usize = 6;
@@ -76,6 +83,12 @@ pub struct ContentionReport {
     pub keys: usize,
     /// Completions delivered.
     pub delivered: usize,
+    /// Budget reservations held.
+    pub budget_held: u64,
+    /// Budget reservations refused (the budget was spent or held).
+    pub budget_refused: u64,
+    /// Dollars spent past a lineage's limit (must be 0).
+    pub overspend_usd: f64,
     /// Wall time of the workload in seconds.
     pub secs: f64,
     /// The seed.
@@ -89,6 +102,8 @@ impl ContentionReport {
             "harness": "contention", "procs": self.procs, "threads": self.threads,
             "ops": self.ops, "counts": self.counts, "busy": self.busy,
             "claim_busy": self.claim_busy, "keys": self.keys, "delivered": self.delivered,
+            "budget_held": self.budget_held, "budget_refused": self.budget_refused,
+            "overspend_usd": self.overspend_usd,
             "secs": self.secs,
             "ops_per_sec": if self.secs > 0.0 { (self.ops as f64 / self.secs).round() } else { 0.0 },
             "seed": self.seed,
@@ -108,6 +123,8 @@ struct Tally {
     tombstoned: Vec<String>,
     keys_written: Vec<String>,
     acked: Vec<String>,
+    budget_held: u64,
+    budget_refused: u64,
 }
 
 impl Tally {
@@ -123,6 +140,8 @@ impl Tally {
         self.tombstoned.extend(o.tombstoned);
         self.keys_written.extend(o.keys_written);
         self.acked.extend(o.acked);
+        self.budget_held += o.budget_held;
+        self.budget_refused += o.budget_refused;
     }
 
     fn to_json(&self) -> Value {
@@ -131,6 +150,7 @@ impl Tally {
             "violations": self.violations, "claim_busy": self.claim_busy,
             "inserted": self.inserted, "tombstoned": self.tombstoned,
             "keys_written": self.keys_written, "acked": self.acked,
+            "budget_held": self.budget_held, "budget_refused": self.budget_refused,
         })
     }
 
@@ -153,6 +173,8 @@ impl Tally {
             tombstoned: strings("tombstoned"),
             keys_written: strings("keys_written"),
             acked: strings("acked"),
+            budget_held: v["budget_held"].as_u64().unwrap_or(0),
+            budget_refused: v["budget_refused"].as_u64().unwrap_or(0),
         }
     }
 
@@ -333,6 +355,52 @@ fn delivery(c: &Ctx<'_>, t: &mut Tally) {
     }
 }
 
+fn budget_root(n: u64) -> String {
+    format!("B{}", n % 2)
+}
+
+const BUDGET: retinue_store::BudgetLimit =
+    retinue_store::BudgetLimit { max_cost_usd: Some(BUDGET_USD), max_tokens: None };
+
+/// Reserves up to $0.20 of a lineage budget, bills at most that, settles.
+fn budget(c: &Ctx<'_>, rng: &mut Rng, t: &mut Tally) {
+    use retinue_store::{Budgets, Reservation, ReservationDraft, Spend};
+    let root = budget_root(rng.next_u64());
+    let want = f64::from(u32::try_from(rng.range(1, 20)).unwrap_or(1)) / 100.0;
+    let draft = ReservationDraft {
+        lineage_root: root.clone(),
+        sessions: vec![root.clone()],
+        limit: BUDGET,
+        minimum: Spend { cost_usd: want, tokens: 0 },
+        maximum: Some(Spend { cost_usd: want, tokens: 0 }),
+        delegation_id: None,
+    };
+    let (id, granted) = match c.store.reserve(&draft) {
+        Ok(Reservation::Held { id, granted, .. }) => (id, granted),
+        Ok(Reservation::Refused(_)) => {
+            t.budget_refused += 1;
+            return;
+        }
+        Err(e) => return t.error("reserve", &e),
+    };
+    t.budget_held += 1;
+    // The run spends some of its allowance (never more: the meter stops it).
+    let pct = f64::from(u32::try_from(rng.range(0, 100)).unwrap_or(0));
+    let row = AttributionDraft {
+        parent_session_id: root,
+        usage: json!({"cost_usd": granted.cost_usd * pct / 100.0, "tokens": {"input": 0, "output": 0}}),
+        ..AttributionDraft::default()
+    };
+    if let Err(e) = retinue_usage::record_child_usage_attribution(c.store, &row) {
+        t.errors.push(format!("budget bill: {e}"));
+    }
+    match c.store.settle(&id, "settled") {
+        Ok(true) => {}
+        Ok(false) => t.violations.push(format!("reservation {id} settled twice")),
+        Err(e) => t.error("settle", &e),
+    }
+}
+
 fn read(c: &Ctx<'_>, rng: &mut Rng, t: &mut Tally) {
     let res = if rng.chance(50) {
         c.store.list_retained_children().map(|_| ())
@@ -372,9 +440,13 @@ fn thread_loop(c: &Ctx<'_>, seed: u64, ops: u64) -> Tally {
                 resume_claim(c, &mut rng, &mut t);
                 "resume_claim"
             }
-            75..90 => {
+            75..88 => {
                 delivery(c, &mut t);
                 "delivery_claim"
+            }
+            88..95 => {
+                budget(c, &mut rng, &mut t);
+                "budget"
             }
             _ => {
                 read(c, &mut rng, &mut t);
@@ -474,7 +546,27 @@ fn seed_db(db: &Path) -> Outcome<()> {
     Ok(())
 }
 
-fn verify(db: &Path, tally: &Tally, keys: u64) -> Outcome<(usize, usize)> {
+/// Each contended lineage spent at most its limit and holds nothing; the
+/// worst overspend in dollars (0 when the budget held).
+fn verify_budgets(store: &Store) -> Outcome<f64> {
+    use retinue_store::Budgets;
+    let mut worst: f64 = 0.0;
+    for n in 0..2 {
+        let root = budget_root(n);
+        let status =
+            store.budget_status(&root, std::slice::from_ref(&root), BUDGET).ctx("budget status")?;
+        worst = worst.max(status.spent.cost_usd - BUDGET_USD);
+        if status.reserved.cost_usd > 0.0 {
+            return Err(format!("{root}: reservations still open: {:?}", status.reserved));
+        }
+    }
+    if worst > 1e-9 {
+        return Err(format!("a lineage budget was overspent by ${worst}"));
+    }
+    Ok(worst.max(0.0))
+}
+
+fn verify(db: &Path, tally: &Tally, keys: u64) -> Outcome<(usize, usize, f64)> {
     if tally.busy > 0 || !tally.errors.is_empty() {
         return Err(format!(
             "{} Busy error(s) reached a caller; errors: {:?}",
@@ -511,6 +603,7 @@ fn verify(db: &Path, tally: &Tally, keys: u64) -> Outcome<(usize, usize)> {
             other => return Err(format!("tombstoned child {sa} reads as {other:?}")),
         }
     }
+    let overspend = verify_budgets(&store)?;
     // Ledger: keys ↔ rows, totals = rows = sum over the keys' usage.
     let mut present = 0usize;
     let mut want: BTreeMap<String, f64> = BTreeMap::new();
@@ -580,7 +673,7 @@ fn verify(db: &Path, tally: &Tally, keys: u64) -> Outcome<(usize, usize)> {
     if claims_held != 0 {
         return Err(format!("{claims_held} resume claims still held"));
     }
-    Ok((present, acked.len()))
+    Ok((present, acked.len(), overspend))
 }
 
 /// Runs the contention harness.
@@ -626,7 +719,7 @@ pub fn run(opts: &ContentionOptions) -> Outcome<ContentionReport> {
         tally.merge(Tally::from_json(&v));
     }
     let secs = crate::secs_since(start);
-    let (keys, delivered) = verify(&db, &tally, key_space(opts.ops, opts.procs))?;
+    let (keys, delivered, overspend_usd) = verify(&db, &tally, key_space(opts.ops, opts.procs))?;
     Ok(ContentionReport {
         procs: opts.procs,
         threads: opts.threads,
@@ -636,6 +729,9 @@ pub fn run(opts: &ContentionOptions) -> Outcome<ContentionReport> {
         claim_busy: tally.claim_busy,
         keys,
         delivered,
+        budget_held: tally.budget_held,
+        budget_refused: tally.budget_refused,
+        overspend_usd,
         secs,
         seed: opts.seed,
     })

@@ -10,7 +10,9 @@
 //! 4. every idempotency key has its one ledger row, every row one key, and
 //!    `load_child_usage_totals` equals the sum of the distinct rows;
 //! 5. restart recovery (`ProcProbe`) marks the dead worker's running units
-//!    `unknown` and leaves every retained unit and child exactly as it was.
+//!    `unknown` and leaves every retained unit and child exactly as it was;
+//! 6. recovery releases the budget reservations the dead worker held, and
+//!    the shared budget was never overspent.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::OpenOptions;
@@ -452,6 +454,22 @@ pub fn check(dir: &Path) -> Outcome<(usize, usize)> {
     let report = store.recover_abandoned_delegations(&retinue_store::ProcProbe);
     if let Some(e) = report.error {
         return Err(format!("recovery failed: {e}"));
+    }
+    {
+        use retinue_store::Budgets;
+        store
+            .release_abandoned_reservations(&retinue_store::ProcProbe)
+            .ctx("release reservations")?;
+        let root = crate::worker::BUDGET_ROOT.to_owned();
+        let status = store
+            .budget_status(&root, std::slice::from_ref(&root), crate::worker::BUDGET)
+            .ctx("budget status")?;
+        if status.reserved.cost_usd > 0.0 {
+            return Err(format!("reservations of a dead worker left open: {status:?}"));
+        }
+        if status.spent.cost_usd > 1.0 + 1e-9 {
+            return Err(format!("the shared budget was overspent: {status:?}"));
+        }
     }
     if report.abandoned != abandoned_ids.len() {
         return Err(format!(

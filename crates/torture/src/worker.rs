@@ -58,6 +58,13 @@ impl OpLog {
     }
 }
 
+/// The lineage whose budget the workers share.
+pub const BUDGET_ROOT: &str = "BUDGET";
+
+/// Its limit: one dollar.
+pub const BUDGET: retinue_store::BudgetLimit =
+    retinue_store::BudgetLimit { max_cost_usd: Some(1.0), max_tokens: None };
+
 /// A protocol violation the worker can see by itself (exit status 3).
 pub const VIOLATION_EXIT: i32 = 3;
 
@@ -221,6 +228,36 @@ impl Worker {
         self.usage(key, parent, n, "").map(|_| ())
     }
 
+    /// Reserves $0.05 of the shared budget, bills at most that, settles: a
+    /// kill in between leaves a reservation that recovery must release.
+    fn budget(&mut self) -> Outcome<()> {
+        use retinue_store::{Budgets, Reservation, ReservationDraft, Spend};
+        let draft = ReservationDraft {
+            lineage_root: BUDGET_ROOT.to_owned(),
+            sessions: vec![BUDGET_ROOT.to_owned()],
+            limit: BUDGET,
+            minimum: Spend { cost_usd: 0.05, tokens: 0 },
+            maximum: Some(Spend { cost_usd: 0.05, tokens: 0 }),
+            delegation_id: None,
+        };
+        let Reservation::Held { id, granted, .. } = self.store.reserve(&draft).ctx("reserve")?
+        else {
+            return Ok(());
+        };
+        let spent = granted.cost_usd
+            * f64::from(u32::try_from(self.rng.range(0, 100)).unwrap_or(0))
+            / 100.0;
+        let row = retinue_store::AttributionDraft {
+            parent_session_id: BUDGET_ROOT.to_owned(),
+            usage: json!({"cost_usd": spent, "tokens": {"input": 0, "output": 0}}),
+            key: Some(format!("b-{}-{}", self.tag, self.counter)),
+            ..retinue_store::AttributionDraft::default()
+        };
+        retinue_usage::record_child_usage_attribution(&self.store, &row)
+            .map_err(|e| format!("budget bill: {e}"))?;
+        self.store.settle(&id, "settled").ctx("settle").map(|_| ())
+    }
+
     fn step(&mut self) -> Outcome<()> {
         self.counter += 1;
         match self.rng.below(100) {
@@ -229,7 +266,8 @@ impl Worker {
             55..58 => self.retain_running(),
             58..68 => self.tombstone(),
             68..83 => self.follow_up(),
-            83..98 => self.plain_usage(),
+            83..93 => self.plain_usage(),
+            93..98 => self.budget(),
             _ => self.store.prune_retained_children(None, None).ctx("prune").map(|_| ()),
         }
     }
