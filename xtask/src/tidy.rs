@@ -19,7 +19,13 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("retinue-runtime", &["retinue-store", "retinue-delegate"]),
     (
         "retinue-mcp",
-        &["retinue-store", "retinue-lineage", "retinue-usage", "retinue-delegate", "retinue-runtime"],
+        &[
+            "retinue-store",
+            "retinue-lineage",
+            "retinue-usage",
+            "retinue-delegate",
+            "retinue-runtime",
+        ],
     ),
     (
         "retinue-cli",

@@ -23,12 +23,12 @@ pub enum Error {
         source: std::io::Error,
     },
     /// `--http` named an address that is not loopback.
-    #[error(
-        "refusing to listen on {0}: the MCP server binds loopback only (127.0.0.1 or [::1])"
-    )]
+    #[error("refusing to listen on {0}: the MCP server binds loopback only (127.0.0.1 or [::1])")]
     NotLoopback(SocketAddr),
     /// `--session ID` named a session that does not exist.
-    #[error("no session '{0}' (omit --session to use this project's session, or pass --new-session)")]
+    #[error(
+        "no session '{0}' (omit --session to use this project's session, or pass --new-session)"
+    )]
     NoSession(String),
     /// The working directory could not be resolved.
     #[error("cannot resolve the working directory")]

@@ -149,8 +149,8 @@ pub fn serve_http(
             .map_err(|source| Error::Bind { addr, source })?;
         let bound = listener.local_addr().map_err(|source| Error::Bind { addr, source })?;
         on_listening(bound);
-        let config = StreamableHttpServerConfig::default()
-            .with_cancellation_token(stop.child_token());
+        let config =
+            StreamableHttpServerConfig::default().with_cancellation_token(stop.child_token());
         let service = TowerToHyperService::new(StreamableHttpService::new(
             move || Ok(handler.clone()),
             Arc::new(LocalSessionManager::default()),

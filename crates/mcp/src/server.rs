@@ -56,7 +56,9 @@ pub struct RetinueServer {
 
 impl std::fmt::Debug for RetinueServer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RetinueServer").field("session", &self.shared.session).finish_non_exhaustive()
+        f.debug_struct("RetinueServer")
+            .field("session", &self.shared.session)
+            .finish_non_exhaustive()
     }
 }
 
@@ -280,9 +282,11 @@ impl ServerHandler for RetinueServer {
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {
-        self.shared.specs.iter().find(|s| s.name == name).map(|s| {
-            Tool::new(s.name, s.description.clone(), Arc::new(s.input_schema.clone()))
-        })
+        self.shared
+            .specs
+            .iter()
+            .find(|s| s.name == name)
+            .map(|s| Tool::new(s.name, s.description.clone(), Arc::new(s.input_schema.clone())))
     }
 
     async fn call_tool(

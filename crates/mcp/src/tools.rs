@@ -198,7 +198,10 @@ impl Scoped<'_> {
     fn id_arg(args: &Map<String, Value>) -> Result<String, ToolError> {
         match args.get("id").and_then(Value::as_str).map(str::trim) {
             Some(id) if !id.is_empty() => Ok(id.to_owned()),
-            _ => Err(ToolError("missing argument `id`: a subagent_id, child session id or delegation_id".to_owned())),
+            _ => Err(ToolError(
+                "missing argument `id`: a subagent_id, child session id or delegation_id"
+                    .to_owned(),
+            )),
         }
     }
 
@@ -211,7 +214,10 @@ impl Scoped<'_> {
     }
 
     /// Ledger rows billed to the lineage, folded per child session.
-    fn usage_by_child(&self, sessions: &[String]) -> Result<BTreeMap<String, ChildUsage>, ToolError> {
+    fn usage_by_child(
+        &self,
+        sessions: &[String],
+    ) -> Result<BTreeMap<String, ChildUsage>, ToolError> {
         let mut out: BTreeMap<String, ChildUsage> = BTreeMap::new();
         for s in sessions {
             for row in load_child_usage_attributions(self.parts.ledger.as_ref(), s)? {
@@ -258,21 +264,19 @@ impl Scoped<'_> {
     /// `show_subagent`.
     pub(crate) fn show(&self, args: &Map<String, Value>) -> Result<Value, ToolError> {
         let id = Self::id_arg(args)?;
-        let (entry, tombstone) =
-            match self.parts.authority.resolve_for(Some(self.session), &id) {
-                Resolution::Addressable(entry) => (entry, None),
-                Resolution::Tombstoned { entry, at, reason } => (entry, Some((at, reason))),
-                Resolution::SelfTarget | Resolution::NotAddressable => {
-                    return Err(ToolError(texts::not_addressable(&id)));
-                }
-            };
+        let (entry, tombstone) = match self.parts.authority.resolve_for(Some(self.session), &id) {
+            Resolution::Addressable(entry) => (entry, None),
+            Resolution::Tombstoned { entry, at, reason } => (entry, Some((at, reason))),
+            Resolution::SelfTarget | Resolution::NotAddressable => {
+                return Err(ToolError(texts::not_addressable(&id)));
+            }
+        };
         let mut out = entry_json(&entry);
         let (sessions, _) = self.lineage();
         let usage = self.usage_by_child(&sessions)?;
         let mine = usage.get(&entry.child_session_id);
-        let status = mine
-            .and_then(|u| u.last_status.clone())
-            .unwrap_or_else(|| entry.state.to_string());
+        let status =
+            mine.and_then(|u| u.last_status.clone()).unwrap_or_else(|| entry.state.to_string());
         out["status"] = json!(status);
         out["retained"] = json!(tombstone.is_none());
         out["tombstoned"] = match &tombstone {
