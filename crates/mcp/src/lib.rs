@@ -78,6 +78,31 @@ fn runtime() -> Result<tokio::runtime::Runtime, Error> {
         .map_err(Error::Runtime)
 }
 
+/// Resolves on Ctrl-C (SIGINT) or, on Unix, SIGTERM: how a host or a
+/// service manager stops the server.
+async fn terminated() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(e) => {
+                log::warn!("cannot watch SIGTERM: {e}");
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
 /// Stops the runtime: running delegations are cancelled first (their
 /// children stop and report what they did), then background units finish.
 fn shut_down(server: &RetinueServer, rt: tokio::runtime::Runtime) {
@@ -87,7 +112,7 @@ fn shut_down(server: &RetinueServer, rt: tokio::runtime::Runtime) {
 }
 
 /// Serves MCP over stdin/stdout until the client closes stdin (or the
-/// process gets Ctrl-C). Blocks the calling thread.
+/// process gets Ctrl-C or SIGTERM). Blocks the calling thread.
 pub fn serve_stdio(server: RetinueServer) -> Result<(), Error> {
     let rt = runtime()?;
     let handler = server.clone();
@@ -101,7 +126,7 @@ pub fn serve_stdio(server: RetinueServer) -> Result<(), Error> {
             quit = running.waiting() => {
                 quit.map_err(|e| Error::Transport(e.to_string()))?;
             }
-            _ = tokio::signal::ctrl_c() => {
+            () = terminated() => {
                 stop.cancel();
             }
         }
@@ -128,7 +153,7 @@ impl Shutdown {
 }
 
 /// Serves MCP over streamable HTTP at `http://{addr}/` until `shutdown`
-/// fires or the process gets Ctrl-C. Only loopback addresses are accepted.
+/// fires or the process gets Ctrl-C or SIGTERM. Only loopback addresses are accepted.
 /// Blocks the calling thread; `on_listening` gets the bound address (port 0
 /// picks a free one).
 pub fn serve_http(
@@ -159,7 +184,7 @@ pub fn serve_http(
         loop {
             let stream = tokio::select! {
                 () = stop.cancelled() => break,
-                _ = tokio::signal::ctrl_c() => break,
+                () = terminated() => break,
                 accepted = listener.accept() => match accepted {
                     Ok((stream, _)) => stream,
                     Err(e) => {
