@@ -35,7 +35,7 @@ fn hermes_version() -> String {
         .unwrap_or_else(|| HERMES_VERSION.to_owned())
 }
 
-fn target_dir(root: &Path) -> PathBuf {
+pub(crate) fn target_dir(root: &Path) -> PathBuf {
     match std::env::var_os("CARGO_TARGET_DIR") {
         Some(dir) if !dir.is_empty() => root.join(dir),
         _ => root.join("target"),

@@ -2,10 +2,12 @@
 //!
 //! `cargo xtask ci` runs fmt --check, clippy (all targets, `-D warnings`),
 //! the test suite (nextest when installed, else `cargo test`, then doctests),
-//! the hermes-agent interop suite, rustdoc with warnings denied, `tidy`, and
+//! the hermes-agent interop suite, the `retinue mcp` end-to-end test with the
+//! Python MCP SDK, rustdoc with warnings denied, `tidy`, and
 //! a `--quick` smoke run of the benchmark (no timing asserted).
 
 mod interop;
+mod mcp_e2e;
 mod reliability;
 mod seams;
 mod tidy;
@@ -17,13 +19,14 @@ const HELP: &str = "\
 cargo xtask <task>
 
 tasks:
-  ci      fmt, lint, test, interop, doc, tidy and a bench smoke run, fail-fast (what CI runs)
+  ci      fmt, lint, test, interop, mcp-e2e, doc, tidy and a bench smoke run, fail-fast (what CI runs)
   fmt     cargo fmt --all -- --check
   lint    cargo clippy --workspace --all-targets --all-features -- -D warnings
   test    the whole test suite (nextest where installed, else cargo test) and doctests
   doc     cargo doc --workspace --no-deps with warnings denied
   tidy    source hygiene and crate-boundary checks
   interop share a state.db with the published Python hermes-agent (downloads its wheel)
+  mcp-e2e `retinue mcp` driven by the official Python MCP SDK (pip-installs `mcp` into target/)
   reliability  kill -9, contention and lineage-oracle harnesses (--full: release, full size)
   bench   the registry benchmark, then the child runtime's (pass --quick for a smoke run,
           --json FILE to save the registry figures)
@@ -106,6 +109,7 @@ fn main() -> ExitCode {
             .and_then(|()| lint())
             .and_then(|()| test())
             .and_then(|()| interop::run(&root()))
+            .and_then(|()| mcp_e2e::run(&root()))
             .and_then(|()| doc())
             .and_then(|()| tidy::run(&root()))
             // A smoke run of the benchmark (small N): it must build and run; no timing is asserted.
@@ -116,6 +120,7 @@ fn main() -> ExitCode {
         Some("doc") => doc(),
         Some("tidy") => tidy::run(&root()),
         Some("interop") => interop::run(&root()),
+        Some("mcp-e2e") => mcp_e2e::run(&root()),
         Some("bench") => bench(&args[1..]),
         Some("reliability") => reliability::run(&root(), &args[1..]),
         None | Some("-h" | "--help" | "help") => {

@@ -18,6 +18,16 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("retinue-delegate", &["retinue-store", "retinue-lineage", "retinue-usage"]),
     ("retinue-runtime", &["retinue-store", "retinue-delegate"]),
     (
+        "retinue-mcp",
+        &[
+            "retinue-store",
+            "retinue-lineage",
+            "retinue-usage",
+            "retinue-delegate",
+            "retinue-runtime",
+        ],
+    ),
+    (
         "retinue-cli",
         &[
             "retinue-store",
@@ -25,6 +35,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "retinue-usage",
             "retinue-delegate",
             "retinue-runtime",
+            "retinue-mcp",
             "retinue-testkit",
         ],
     ),

@@ -83,6 +83,16 @@ pub(crate) enum Command {
     /// Run delegate_task: children talk to the configured OpenAI-compatible model
     Delegate(DelegateArgs),
 
+    /// Serve MCP (stdio, or --http on loopback): delegate_task and the registry tools for an agent host
+    #[command(long_about = "Serve the Model Context Protocol for an agent host (Claude Code, \
+                      Codex, goose, …): delegate_task, list_subagents, show_subagent, \
+                      tombstone_subagent and subagent_usage. The server acts as one parent \
+                      session that outlives it: by default this project's (derived from the \
+                      working directory and the profile, created on first use with source \
+                      `mcp`), so tomorrow's server here can follow up today's subagents. \
+                      stdio by default; logs go to stderr.")]
+    Mcp(McpArgs),
+
     /// The whole lifecycle on a fresh home, as a story (or JSON events with --json)
     #[command(long_about = "The whole lifecycle on a fresh home, in a few seconds and with no \
                       network: a parent delegates three tasks, the children are retained, the \
@@ -159,6 +169,30 @@ pub(crate) struct DelegateArgs {
     /// Follow up a retained (or running) child instead of spawning
     #[arg(long, value_name = "ID", requires = "goal", conflicts_with = "tasks")]
     pub(crate) follow_up: Option<String>,
+}
+
+/// `retinue mcp …`.
+#[derive(Debug, Args)]
+pub(crate) struct McpArgs {
+    /// Serve streamable HTTP on this loopback address (e.g. 127.0.0.1:8765) instead of stdio
+    #[arg(long, value_name = "ADDR")]
+    pub(crate) http: Option<std::net::SocketAddr>,
+
+    /// Act as this existing session instead of the project's
+    #[arg(long, value_name = "ID", value_parser = non_blank, conflicts_with = "new_session")]
+    pub(crate) session: Option<String>,
+
+    /// Act as a fresh session (its id is in the server's instructions and on stderr)
+    #[arg(long)]
+    pub(crate) new_session: bool,
+
+    /// The children's model (overrides delegation.model)
+    #[arg(long, value_name = "MODEL", value_parser = non_blank)]
+    pub(crate) model: Option<String>,
+
+    /// The OpenAI-compatible endpoint (overrides delegation.base_url)
+    #[arg(long, value_name = "URL", value_parser = non_blank)]
+    pub(crate) base_url: Option<String>,
 }
 
 fn non_blank(s: &str) -> Result<String, String> {

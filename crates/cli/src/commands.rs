@@ -483,7 +483,10 @@ pub(crate) fn delegator(
 /// The real child runtime for the home's `delegation:` settings (with the
 /// command's overrides), or a usage error saying which keys to set. Nothing
 /// is opened or written before this succeeds.
-fn configured_runtime(env: &Env, args: &DelegateArgs) -> Result<(ChatRuntime, DelegationConfig)> {
+pub(crate) fn configured_runtime(
+    env: &Env,
+    args: &DelegateArgs,
+) -> Result<(ChatRuntime, DelegationConfig)> {
     let mut config = LoadedConfig::load(&env.home).delegation;
     if let Some(model) = &args.model {
         config.model.clone_from(model);

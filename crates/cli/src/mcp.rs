@@ -1,0 +1,93 @@
+//! `retinue mcp`: wires the store, the authority and a delegator on the real
+//! runtime into `retinue-mcp`'s server, and serves it (stdio, or streamable
+//! HTTP on loopback). rmcp and tokio stay inside `retinue-mcp`.
+
+use std::sync::Arc;
+
+use retinue_delegate::ChildRuntime;
+use retinue_lineage::Authority;
+use retinue_mcp::{McpParts, RetinueServer, ServerOptions, SessionChoice, Shutdown};
+use retinue_store::SystemClock;
+
+use crate::Output;
+use crate::cli::{DelegateArgs, McpArgs};
+use crate::commands::{configured_runtime, delegator};
+use crate::env::Env;
+use crate::error::{CliError, EXIT_OK, Result};
+
+fn mcp_error(e: retinue_mcp::Error) -> CliError {
+    match e {
+        retinue_mcp::Error::NoSession(_) => CliError::NotFound(e.to_string()),
+        retinue_mcp::Error::NotLoopback(_) => CliError::Usage(e.to_string()),
+        retinue_mcp::Error::Store(e) => CliError::Store(e),
+        other => {
+            let mut text = other.to_string();
+            let mut source = std::error::Error::source(&other);
+            while let Some(cause) = source {
+                text.push_str(": ");
+                text.push_str(&cause.to_string());
+                source = cause.source();
+            }
+            CliError::Failed(text)
+        }
+    }
+}
+
+/// `retinue mcp [--http ADDR] [--session ID | --new-session] [--model M] [--base-url URL]`.
+pub(crate) fn run(env: &Env, args: &McpArgs) -> Result<Output> {
+    let overrides = DelegateArgs {
+        parent: None,
+        model: args.model.clone(),
+        base_url: args.base_url.clone(),
+        goal: None,
+        tasks: None,
+        follow_up: None,
+    };
+    // No model configured: the registry tools still work, and delegate_task
+    // answers with the message naming the keys to set.
+    let runtime = configured_runtime(env, &overrides);
+    let store = env.open(Arc::new(SystemClock), crate::env::Access::WriteOrCreate)?;
+    let choice = match (&args.session, args.new_session) {
+        (Some(id), _) => SessionChoice::Existing(id.clone()),
+        (None, true) => SessionChoice::New,
+        (None, false) => SessionChoice::Project(std::env::current_dir()?),
+    };
+    let parent =
+        retinue_mcp::resolve_session(store.as_ref(), &choice, &env.profile).map_err(mcp_error)?;
+    let delegator = match runtime {
+        Ok((runtime, config)) => {
+            let runtime: Arc<dyn ChildRuntime> = Arc::new(runtime);
+            Ok(delegator(&store, runtime, config, &env.profile))
+        }
+        Err(e) => {
+            eprintln!("retinue mcp: warning: delegate_task is unavailable: {e}");
+            Err(e.to_string())
+        }
+    };
+    let parts = McpParts {
+        registry: store.clone(),
+        sessions: store.clone(),
+        ledger: store.clone(),
+        budgets: Some(store.clone()),
+        budget: store.config().delegation.budget,
+        authority: Arc::new(Authority::new(store.clone(), store.clone(), env.profile.as_str())),
+        delegator,
+    };
+    let project = parent.project.as_ref().map(|p| p.display().to_string());
+    let server = RetinueServer::new(parts, parent.id.clone(), project, ServerOptions::default());
+    let what = if parent.created { "new session" } else { "session" };
+    match args.http {
+        None => {
+            eprintln!("retinue mcp: serving MCP on stdio as {what} {}", parent.id);
+            retinue_mcp::serve_stdio(server).map_err(mcp_error)?;
+        }
+        Some(addr) => {
+            let id = parent.id.clone();
+            retinue_mcp::serve_http(server, addr, &Shutdown::new(), |bound| {
+                eprintln!("retinue mcp: serving MCP on http://{bound}/ as {what} {id}");
+            })
+            .map_err(mcp_error)?;
+        }
+    }
+    Ok(Output { json: None, human: String::new(), code: EXIT_OK, stderr: None })
+}

@@ -1,0 +1,154 @@
+"""End-to-end test of `retinue mcp` with an independent client: the official
+Python MCP SDK (`mcp` from PyPI) spawns the server over stdio and runs the
+story: tools, delegate (with progress), follow up, list, show, usage, a
+restarted server in the same project following up yesterday's child,
+another project denied, tombstone. Prints a transcript; exits non-zero on
+the first failed check.
+
+Usage: python mcp_e2e.py RETINUE_BIN HOME PROJECT_A PROJECT_B
+(`cargo xtask mcp-e2e` sets everything up: venv, fake model, home.)
+"""
+
+import asyncio
+import json
+import sys
+
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+
+RETINUE, HOME, PROJECT_A, PROJECT_B = sys.argv[1:5]
+
+
+def check(cond, what):
+    if not cond:
+        print(f"FAILED: {what}", flush=True)
+        sys.exit(1)
+
+
+def say(text=""):
+    print(text, flush=True)
+
+
+def payload(result):
+    """The tool result's JSON (structured content, else the text)."""
+    if result.structured_content is not None:
+        return result.structured_content
+    return json.loads(result.content[0].text)
+
+
+def text(result):
+    return result.content[0].text
+
+
+async def call(session, tool, args, **kw):
+    say(f"> {tool} {json.dumps(args)}")
+    result = await session.call_tool(tool, args, **kw)
+    if result.is_error:
+        say(f"< error: {text(result)}")
+    else:
+        body = json.dumps(payload(result), indent=2)
+        lines = body.splitlines()
+        if len(lines) > 40:
+            lines = lines[:40] + ["  …"]
+        say("< " + "\n  ".join(lines))
+    return result
+
+
+async def server(cwd, story):
+    params = StdioServerParameters(
+        command=RETINUE, args=["--home", HOME, "mcp"], cwd=cwd, env={"RETINUE_LOG": "warn"}
+    )
+    async with stdio_client(params) as (read, write):
+        async with ClientSession(read, write) as session:
+            init = await session.initialize()
+            return await story(session, init)
+
+
+async def day_one(session, init):
+    say(f"# server: {init.server_info.name} {init.server_info.version}")
+    say(f"# instructions: {init.instructions}")
+    check("mcp_" in init.instructions, "the instructions name the session")
+    tools = await session.list_tools()
+    names = [t.name for t in tools.tools]
+    say(f"# tools: {', '.join(names)}")
+    check(
+        names
+        == ["delegate_task", "list_subagents", "show_subagent", "tombstone_subagent", "subagent_usage"],
+        "five tools",
+    )
+    check("follow_up" in tools.tools[0].input_schema["properties"], "delegate_task schema")
+
+    progress = []
+
+    async def on_progress(value, total, message):
+        progress.append(message)
+
+    r = await call(
+        session, "delegate_task", {"goal": "Survey the storage layer"}, progress_callback=on_progress
+    )
+    check(not r.is_error, "delegate_task succeeds")
+    out = payload(r)
+    child = out["results"][0]["subagent_id"]
+    check(out["results"][0]["status"] == "completed", "the child completed")
+    check(out["results"][0]["summary"] == "Done: Survey the storage layer", "its summary")
+    say(f"# progress notifications: {progress}")
+
+    r = await call(session, "delegate_task", {"follow_up": child, "goal": "Which index answers a lookup?"})
+    check(payload(r)["results"][0]["summary"] == "Done: Which index answers a lookup?", "follow-up")
+
+    r = await call(session, "list_subagents", {})
+    check([e["subagent_id"] for e in payload(r)["subagents"]] == [child], "listed")
+
+    r = await call(session, "show_subagent", {"id": child})
+    shown = payload(r)
+    check(shown["retained"] is True, "retained")
+    check(shown["last_answer"] == "Done: Which index answers a lookup?", "last answer")
+    check(shown["usage"]["runs"] == 2, "two runs")
+
+    r = await call(session, "subagent_usage", {})
+    check(abs(payload(r)["totals"]["cost_usd"] - 0.008) < 1e-9, "lineage cost")
+    return init.instructions, child
+
+
+async def main():
+    say("## Day 1, project A")
+    instructions, child = await server(PROJECT_A, day_one)
+
+    say()
+    say("## Day 2, project A: a new server, the same session")
+
+    async def day_two(session, init):
+        check(init.instructions == instructions, "the same session as yesterday")
+        r = await call(session, "delegate_task", {"follow_up": child, "goal": "And the busy timeout?"})
+        check(not r.is_error, "yesterday's child answers")
+        check(payload(r)["results"][0]["summary"] == "Done: And the busy timeout?", "its answer")
+        r = await call(session, "delegate_task", {"tasks": [{"goal": "Draft the notes"}, {"goal": "List the changes"}]})
+        gone = payload(r)["results"][0]["subagent_id"]
+        r = await call(session, "tombstone_subagent", {"id": gone, "reason": "superseded"})
+        check(payload(r)["tombstoned"] is True, "tombstoned")
+        check(payload(r)["tombstone_note"] == "superseded", "the why is kept as a note")
+        r = await call(session, "delegate_task", {"follow_up": gone, "goal": "more"})
+        check(r.is_error and "was tombstoned" in text(r), "a tombstoned child refuses follow-ups")
+        r = await call(session, "show_subagent", {"id": gone})
+        check(payload(r)["tombstoned"]["reason"] == "manual", "show says it was a manual tombstone")
+
+    await server(PROJECT_A, day_two)
+
+    say()
+    say("## Project B: another session, foreign ≡ missing")
+
+    async def other_project(session, init):
+        check(init.instructions != instructions, "another session")
+        r = await call(session, "delegate_task", {"follow_up": child, "goal": "hi"})
+        check(r.is_error and "is not a running subagent" in text(r), "denied")
+        r2 = await call(session, "show_subagent", {"id": "sa-0-00000000"})
+        check(text(r2) == text(r).replace(child, "sa-0-00000000"), "foreign reads like missing")
+        r = await call(session, "list_subagents", {})
+        check(payload(r)["subagents"] == [], "nothing listed")
+
+    await server(PROJECT_B, other_project)
+    say()
+    say("mcp-e2e: ok")
+
+
+asyncio.run(main())

@@ -1,0 +1,221 @@
+//! `retinue-mcp`: Retinue's retained subagents as Model Context Protocol
+//! tools, so any MCP-capable agent host (Claude Code, Codex, goose, …) can
+//! delegate work, follow the same subagent up tomorrow, and see what it cost.
+//!
+//! The server acts as **one parent session** that outlives it
+//! ([`resolve_session`]: by default the project's, derived from the canonical
+//! working directory and the profile). Its tools are `delegate_task` (the
+//! hermes tool's arguments and result, over the typed delegate core),
+//! `list_subagents`, `show_subagent`, `tombstone_subagent` and
+//! `subagent_usage`, all scoped by the `delegate_task` authority rules: the
+//! caller's identity is the server's session, never a tool argument, and a
+//! foreign id answers exactly like a missing one.
+//!
+//! The MCP SDK (`rmcp`) and its async runtime (tokio) stay inside this crate:
+//! the entry points [`serve_stdio`] and [`serve_http`] are synchronous, and
+//! every blocking call (SQLite, child runs) runs on tokio's blocking pool, so
+//! a delegation that takes minutes never blocks other requests. Logs go to
+//! the `log` facade (the CLI sends them to stderr); stdout is the protocol.
+
+mod error;
+mod server;
+mod session;
+mod tools;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use hyper_util::rt::TokioIo;
+use hyper_util::service::TowerToHyperService;
+use retinue_delegate::Delegator;
+use retinue_lineage::LineageAuthority;
+use retinue_store::{Registry, SessionStore, UsageLedger};
+use rmcp::ServiceExt;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use tokio_util::sync::CancellationToken;
+
+pub use error::Error;
+pub use server::{RetinueServer, ServerOptions};
+pub use session::{
+    ParentSession, SESSION_SOURCE, SessionChoice, project_session_id, resolve_session,
+};
+pub use tools::{
+    DELEGATE_TASK, LAST_ANSWER_MAX_CHARS, LIST_SUBAGENTS, SHOW_SUBAGENT, SUBAGENT_USAGE,
+    TOMBSTONE_SUBAGENT, ToolSpec, tool_specs,
+};
+
+/// The collaborators the server works through (the composition root wires
+/// them: a `Store` serves as registry, sessions and ledger).
+#[derive(Clone)]
+pub struct McpParts {
+    /// Units and retention.
+    pub registry: Arc<dyn Registry>,
+    /// Sessions and transcripts.
+    pub sessions: Arc<dyn SessionStore>,
+    /// The usage ledger.
+    pub ledger: Arc<dyn UsageLedger>,
+    /// Budget reservations (for `subagent_usage`'s budget report).
+    pub budgets: Option<Arc<dyn retinue_store::Budgets>>,
+    /// `delegation.budget`: the lineage's spending cap (unlimited = none).
+    pub budget: retinue_store::BudgetLimit,
+    /// Follow-up authority: the rules `delegate_task` applies.
+    pub authority: Arc<dyn LineageAuthority>,
+    /// The `delegate_task` tool, or why it is unavailable (e.g. no model is
+    /// configured): that text is `delegate_task`'s tool error, while the
+    /// registry tools keep working.
+    pub delegator: Result<Delegator, String>,
+}
+
+impl std::fmt::Debug for McpParts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("McpParts").field("delegator", &self.delegator).finish_non_exhaustive()
+    }
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, Error> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("retinue-mcp")
+        .enable_all()
+        .build()
+        .map_err(Error::Runtime)
+}
+
+/// Resolves on Ctrl-C (SIGINT) or, on Unix, SIGTERM: how a host or a
+/// service manager stops the server.
+async fn terminated() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(e) => {
+                log::warn!("cannot watch SIGTERM: {e}");
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// Stops the runtime: running delegations are cancelled first (their
+/// children stop and report what they did), then background units finish.
+fn shut_down(server: &RetinueServer, rt: tokio::runtime::Runtime) {
+    server.cancel_running();
+    rt.shutdown_timeout(std::time::Duration::from_secs(15));
+    server.wait_background();
+}
+
+/// Serves MCP over stdin/stdout until the client closes stdin (or the
+/// process gets Ctrl-C or SIGTERM). Blocks the calling thread.
+pub fn serve_stdio(server: RetinueServer) -> Result<(), Error> {
+    let rt = runtime()?;
+    let handler = server.clone();
+    let result = rt.block_on(async move {
+        let running = handler
+            .serve(rmcp::transport::stdio())
+            .await
+            .map_err(|e| Error::Transport(e.to_string()))?;
+        let stop = running.cancellation_token();
+        tokio::select! {
+            quit = running.waiting() => {
+                quit.map_err(|e| Error::Transport(e.to_string()))?;
+            }
+            () = terminated() => {
+                stop.cancel();
+            }
+        }
+        Ok(())
+    });
+    shut_down(&server, rt);
+    result
+}
+
+/// Stops a [`serve_http`] server from another thread.
+#[derive(Debug, Clone, Default)]
+pub struct Shutdown(CancellationToken);
+
+impl Shutdown {
+    /// A handle that has not fired.
+    pub fn new() -> Shutdown {
+        Shutdown::default()
+    }
+
+    /// Stops the server: the listener closes, running calls are cancelled.
+    pub fn stop(&self) {
+        self.0.cancel();
+    }
+}
+
+/// Serves MCP over streamable HTTP at `http://{addr}/` until `shutdown`
+/// fires or the process gets Ctrl-C or SIGTERM. Only loopback addresses are accepted.
+/// Blocks the calling thread; `on_listening` gets the bound address (port 0
+/// picks a free one).
+pub fn serve_http(
+    server: RetinueServer,
+    addr: SocketAddr,
+    shutdown: &Shutdown,
+    on_listening: impl FnOnce(SocketAddr),
+) -> Result<(), Error> {
+    if !addr.ip().is_loopback() {
+        return Err(Error::NotLoopback(addr));
+    }
+    let rt = runtime()?;
+    let stop = shutdown.0.clone();
+    let handler = server.clone();
+    let result = rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|source| Error::Bind { addr, source })?;
+        let bound = listener.local_addr().map_err(|source| Error::Bind { addr, source })?;
+        on_listening(bound);
+        let config =
+            StreamableHttpServerConfig::default().with_cancellation_token(stop.child_token());
+        let service = TowerToHyperService::new(StreamableHttpService::new(
+            move || Ok(handler.clone()),
+            Arc::new(LocalSessionManager::default()),
+            config,
+        ));
+        loop {
+            let stream = tokio::select! {
+                () = stop.cancelled() => break,
+                () = terminated() => break,
+                accepted = listener.accept() => match accepted {
+                    Ok((stream, _)) => stream,
+                    Err(e) => {
+                        log::warn!("accepting an MCP connection failed: {e}");
+                        continue;
+                    }
+                },
+            };
+            let service = service.clone();
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                let conn = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service);
+                tokio::pin!(conn);
+                tokio::select! {
+                    done = conn.as_mut() => {
+                        if let Err(e) = done {
+                            log::debug!("MCP HTTP connection ended: {e}");
+                        }
+                    }
+                    () = stop.cancelled() => conn.as_mut().graceful_shutdown(),
+                }
+            });
+        }
+        stop.cancel();
+        Ok(())
+    });
+    shut_down(&server, rt);
+    result
+}

@@ -1,0 +1,385 @@
+//! Drives the MCP server through rmcp's client over an in-process duplex
+//! transport, with children on the real runtime against testkit's fake
+//! model server: initialize, list tools, delegate with progress, follow up,
+//! list, show, tombstone, usage, a restarted server in the same project,
+//! another project denied, concurrency and cancellation.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use retinue_delegate::{Delegator, DelegatorParts};
+use retinue_lineage::Authority;
+use retinue_mcp::{McpParts, RetinueServer, ServerOptions, SessionChoice};
+use retinue_runtime::{ChatRuntime, NoTools, RuntimeConfig};
+use retinue_store::{Store, StoreOptions, SystemClock};
+use retinue_testkit::TempHome;
+use retinue_testkit::fake_model::{FakeModel, Reply, Usage};
+use rmcp::model::{
+    CallToolRequestParams, CallToolResult, ClientRequest, ProgressNotificationParam, Request,
+};
+use rmcp::service::{NotificationContext, PeerRequestOptions, RunningService};
+use rmcp::{ClientHandler, RoleClient, ServiceExt};
+use serde_json::{Value, json};
+
+/// A client that records progress notifications.
+#[derive(Clone, Default)]
+struct Recorder {
+    progress: Arc<Mutex<Vec<ProgressNotificationParam>>>,
+}
+
+impl ClientHandler for Recorder {
+    async fn on_progress(
+        &self,
+        params: ProgressNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        self.progress.lock().unwrap().push(params);
+    }
+}
+
+type Client = RunningService<RoleClient, Recorder>;
+
+/// The fake model: `Done: <first line of the last user turn>`, 1000/200
+/// tokens, $0.004; a goal containing "slow" streams slowly.
+fn fake_model() -> FakeModel {
+    let model = FakeModel::start();
+    model.set_handler(|request| {
+        let messages = request.messages();
+        let last = messages.iter().rev().find(|m| m["role"] == "user")?;
+        let text = last["content"].as_str().unwrap_or_default().to_owned();
+        let first = text.lines().next().unwrap_or_default().to_owned();
+        let usage = Usage::new(1000, 200).cost(0.004);
+        if first.contains("slow") {
+            let long = "word ".repeat(200);
+            return Some(Reply::text(&long).with_usage(usage).chunk_delay(Duration::from_secs(5)));
+        }
+        Some(
+            Reply::text(&format!("Done: {first}"))
+                .with_usage(usage)
+                .delayed(Duration::from_millis(300)),
+        )
+    });
+    model
+}
+
+fn open(home: &TempHome) -> Arc<Store> {
+    Arc::new(home.open_store_with(StoreOptions::default().with_clock(Arc::new(SystemClock))))
+}
+
+/// A server as `retinue mcp` wires it, acting for `choice`.
+fn server(
+    home: &TempHome,
+    model: &FakeModel,
+    choice: &SessionChoice,
+    stream: bool,
+) -> RetinueServer {
+    let store = open(home);
+    let mut config = store.config().delegation.clone();
+    config.model = "fake-model".into();
+    config.base_url = model.base_url();
+    config.stream = stream;
+    let runtime =
+        ChatRuntime::new(RuntimeConfig::from_delegation(&config).unwrap(), Arc::new(NoTools))
+            .unwrap();
+    let authority = Arc::new(Authority::new(store.clone(), store.clone(), ""));
+    let delegator = Delegator::new(DelegatorParts {
+        registry: store.clone(),
+        sessions: store.clone(),
+        ledger: store.clone(),
+        budgets: Some(store.clone()),
+        authority: authority.clone(),
+        runtime: Arc::new(runtime),
+        completions: None,
+        config,
+        profile: String::new(),
+    });
+    let parent = retinue_mcp::resolve_session(store.as_ref(), choice, "").unwrap();
+    let parts = McpParts {
+        registry: store.clone(),
+        sessions: store.clone(),
+        ledger: store.clone(),
+        budgets: Some(store.clone()),
+        budget: store.config().delegation.budget,
+        authority,
+        delegator: Ok(delegator),
+    };
+    let project = parent.project.map(|p| p.display().to_string());
+    let options = ServerOptions { progress_interval: Duration::from_millis(50) };
+    RetinueServer::new(parts, parent.id, project, options)
+}
+
+async fn connect(server: RetinueServer) -> Client {
+    let (server_io, client_io) = tokio::io::duplex(1 << 16);
+    tokio::spawn(async move {
+        let running = server.serve(server_io).await.unwrap();
+        let _ = running.waiting().await;
+    });
+    Recorder::default().serve(client_io).await.unwrap()
+}
+
+async fn call(client: &Client, tool: &str, args: Value) -> CallToolResult {
+    let Value::Object(args) = args else { panic!("arguments must be an object") };
+    client
+        .call_tool(CallToolRequestParams::new(tool.to_owned()).with_arguments(args))
+        .await
+        .unwrap()
+}
+
+fn ok(result: &CallToolResult) -> Value {
+    assert_eq!(result.is_error, Some(false), "expected success, got {result:?}");
+    result.structured_content.clone().expect("structured content")
+}
+
+fn err_text(result: &CallToolResult) -> String {
+    assert_eq!(result.is_error, Some(true), "expected a tool error, got {result:?}");
+    let value = serde_json::to_value(&result.content[0]).unwrap();
+    value["text"].as_str().unwrap().to_owned()
+}
+
+fn project(dir: &Path) -> SessionChoice {
+    SessionChoice::Project(dir.to_path_buf())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_story_over_mcp() {
+    let home = TempHome::new();
+    let model = fake_model();
+    let dir_a = tempfile::tempdir().unwrap();
+    let dir_b = tempfile::tempdir().unwrap();
+
+    // Day 1, project A.
+    let server_a = server(&home, &model, &project(dir_a.path()), false);
+    let session_a = server_a.session_id().to_owned();
+    assert!(session_a.starts_with("mcp_"));
+    let client = connect(server_a).await;
+    let info = client.peer_info().expect("initialized");
+    assert_eq!(info.server_info.as_ref().unwrap().name, "retinue");
+    assert!(info.instructions.as_deref().unwrap().contains(&session_a));
+
+    let tools = client.list_all_tools().await.unwrap();
+    let names: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();
+    assert_eq!(
+        names,
+        [
+            "delegate_task",
+            "list_subagents",
+            "show_subagent",
+            "tombstone_subagent",
+            "subagent_usage"
+        ]
+    );
+    let schema = serde_json::to_value(&*tools[0].input_schema).unwrap();
+    assert!(schema["properties"]["follow_up"]["description"].is_string());
+    assert!(schema["properties"]["tasks"]["items"]["required"] == json!(["goal"]));
+
+    // Delegate, with a progress token: notifications arrive while the child runs.
+    let handle = client
+        .send_cancellable_request(
+            ClientRequest::CallToolRequest(Request::new(
+                CallToolRequestParams::new("delegate_task").with_arguments(
+                    json!({"goal": "Survey the storage layer"}).as_object().unwrap().clone(),
+                ),
+            )),
+            PeerRequestOptions::no_options(),
+        )
+        .await
+        .unwrap();
+    let response = handle.await_response().await.unwrap();
+    let rmcp::model::ServerResult::CallToolResult(result) = response else {
+        panic!("unexpected response {response:?}")
+    };
+    let spawned = ok(&result);
+    assert_eq!(spawned["results"][0]["status"], "completed", "{spawned}");
+    assert_eq!(spawned["results"][0]["summary"], "Done: Survey the storage layer");
+    let child = spawned["results"][0]["subagent_id"].as_str().unwrap().to_owned();
+    let progress = client.service().progress.lock().unwrap().clone();
+    assert!(!progress.is_empty(), "no progress notification");
+    assert!(progress[0].message.as_deref().unwrap().contains("1 subagent(s)"));
+
+    // Follow up.
+    let again = ok(&call(
+        &client,
+        "delegate_task",
+        json!({"follow_up": child, "goal": "Which index answers a lookup?"}),
+    )
+    .await);
+    assert_eq!(again["mode"], "follow_up");
+    assert_eq!(again["results"][0]["summary"], "Done: Which index answers a lookup?");
+
+    // List and show.
+    let listed = ok(&call(&client, "list_subagents", json!({})).await);
+    assert_eq!(listed["session_id"], session_a);
+    assert_eq!(listed["subagents"][0]["subagent_id"], child);
+    assert_eq!(listed["subagents"][0]["goal"], "Survey the storage layer");
+    let shown = ok(&call(&client, "show_subagent", json!({"id": child})).await);
+    assert_eq!(shown["retained"], true);
+    assert_eq!(shown["status"], "completed");
+    assert_eq!(shown["last_answer"], "Done: Which index answers a lookup?");
+    assert_eq!(shown["usage"]["runs"], 2);
+    assert_eq!(shown["usage"]["totals"]["input_tokens"], 2000.0);
+
+    // Usage over the lineage.
+    let usage = ok(&call(&client, "subagent_usage", json!({})).await);
+    assert!((usage["totals"]["cost_usd"].as_f64().unwrap() - 0.008).abs() < 1e-9, "{usage}");
+    assert_eq!(usage["children"].as_array().unwrap().len(), 1);
+    assert_eq!(usage["children"][0]["subagent_id"], child);
+    assert_eq!(usage["children"][0]["runs"], 2);
+    client.cancel().await.unwrap();
+
+    // Day 2: a restarted server in the same project is the same session and
+    // follows up yesterday's child.
+    let server_a2 = server(&home, &model, &project(dir_a.path()), false);
+    assert_eq!(server_a2.session_id(), session_a);
+    let client = connect(server_a2).await;
+    let day2 = ok(&call(
+        &client,
+        "delegate_task",
+        json!({"follow_up": child, "goal": "And the busy timeout?"}),
+    )
+    .await);
+    assert_eq!(day2["results"][0]["summary"], "Done: And the busy timeout?");
+
+    // Another project never sees or reaches it: foreign ≡ missing.
+    let server_b = server(&home, &model, &project(dir_b.path()), false);
+    assert_ne!(server_b.session_id(), session_a);
+    let other = connect(server_b).await;
+    let denied =
+        err_text(&call(&other, "delegate_task", json!({"follow_up": child, "goal": "hi"})).await);
+    let missing = err_text(
+        &call(&other, "delegate_task", json!({"follow_up": "sa-0-00000000", "goal": "hi"})).await,
+    );
+    assert_eq!(denied.replace(&child, "ID"), missing.replace("sa-0-00000000", "ID"));
+    assert!(denied.contains("is not a running subagent or a retained completed child"));
+    assert_eq!(err_text(&call(&other, "show_subagent", json!({"id": child})).await), denied);
+    assert_eq!(err_text(&call(&other, "tombstone_subagent", json!({"id": child})).await), denied);
+    assert_eq!(ok(&call(&other, "list_subagents", json!({})).await)["subagents"], json!([]));
+    let their_usage = ok(&call(&other, "subagent_usage", json!({})).await);
+    assert_eq!(their_usage["children"], json!([]));
+    assert_eq!(their_usage["totals"]["cost_usd"], 0.0);
+    other.cancel().await.unwrap();
+
+    // Tombstone one of two new children; the other stays addressable.
+    let batch = ok(&call(
+        &client,
+        "delegate_task",
+        json!({"tasks": [{"goal": "Draft the notes"}, {"goal": "List the changes"}]}),
+    )
+    .await);
+    let gone = batch["results"][0]["subagent_id"].as_str().unwrap().to_owned();
+    let kept = batch["results"][1]["subagent_id"].as_str().unwrap().to_owned();
+    let tomb =
+        ok(&call(&client, "tombstone_subagent", json!({"id": gone, "reason": "superseded"})).await);
+    assert_eq!(tomb["tombstoned"], true);
+    assert_eq!(tomb["reason"], "manual");
+    assert_eq!(tomb["tombstone_note"], "superseded");
+    let shown = ok(&call(&client, "show_subagent", json!({"id": gone})).await);
+    assert_eq!(shown["retained"], false);
+    assert_eq!(shown["tombstoned"]["reason"], "manual");
+    assert_eq!(shown["last_answer"], "Done: Draft the notes");
+    let refused =
+        err_text(&call(&client, "delegate_task", json!({"follow_up": gone, "goal": "more"})).await);
+    assert!(refused.contains("was tombstoned"), "{refused}");
+    assert!(
+        err_text(&call(&client, "tombstone_subagent", json!({"id": gone})).await)
+            .contains("was tombstoned")
+    );
+    let ids: Vec<Value> = ok(&call(&client, "list_subagents", json!({})).await)["subagents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["subagent_id"].clone())
+        .collect();
+    assert!(
+        ids.contains(&json!(kept)) && ids.contains(&json!(child)) && !ids.contains(&json!(gone))
+    );
+
+    // Bad arguments are tool errors with the tool's own texts.
+    let bad = err_text(&call(&client, "delegate_task", json!({"tasks": "nope"})).await);
+    assert!(!bad.is_empty());
+    assert!(
+        err_text(&call(&client, "show_subagent", json!({})).await)
+            .contains("missing argument `id`")
+    );
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_call_does_not_block_and_can_be_cancelled() {
+    let home = TempHome::new();
+    let model = fake_model();
+    let dir = tempfile::tempdir().unwrap();
+    let server = server(&home, &model, &project(dir.path()), true);
+    let session = server.session_id().to_owned();
+    let client = connect(server).await;
+
+    // Three chunks 5 s apart: 10 s or more if nobody cancels.
+    let started = Instant::now();
+    let handle = client
+        .send_cancellable_request(
+            ClientRequest::CallToolRequest(Request::new(
+                CallToolRequestParams::new("delegate_task")
+                    .with_arguments(json!({"goal": "a slow survey"}).as_object().unwrap().clone()),
+            )),
+            PeerRequestOptions::no_options(),
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+
+    // Other requests are answered while it runs.
+    let t = Instant::now();
+    let listed = ok(&call(&client, "list_subagents", json!({})).await);
+    assert_eq!(listed["subagents"], json!([]));
+    assert!(t.elapsed() < Duration::from_secs(2), "list waited {:?}", t.elapsed());
+    assert!(!client.service().progress.lock().unwrap().is_empty());
+
+    // Cancel: the child stops and its spent usage is billed as interrupted.
+    handle.cancel(Some("user pressed Esc".into())).await.unwrap();
+    let store = open(&home);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let status = loop {
+        let rows = retinue_usage::load_child_usage_attributions(store.as_ref(), &session).unwrap();
+        if let Some(row) = rows.first() {
+            break row.usage["status"].as_str().unwrap_or_default().to_owned();
+        }
+        assert!(Instant::now() < deadline, "no ledger row after the cancel");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(status, "interrupted");
+    assert!(started.elapsed() < Duration::from_secs(15), "cancel took {:?}", started.elapsed());
+    assert!(started.elapsed() < Duration::from_secs(9), "the child was not stopped early");
+    // The server is still serving.
+    ok(&call(&client, "subagent_usage", json!({})).await);
+    client.cancel().await.unwrap();
+}
+
+#[test]
+fn sessions_resolve_as_documented() {
+    let home = TempHome::new();
+    let store = open(&home);
+    let dir = tempfile::tempdir().unwrap();
+    let first = retinue_mcp::resolve_session(store.as_ref(), &project(dir.path()), "").unwrap();
+    assert!(first.created);
+    let again = retinue_mcp::resolve_session(store.as_ref(), &project(dir.path()), "").unwrap();
+    assert_eq!((again.id.as_str(), again.created), (first.id.as_str(), false));
+    let row = retinue_store::SessionGraph::session(store.as_ref(), &first.id).unwrap().unwrap();
+    assert_eq!(row.source, "mcp");
+    let profiled =
+        retinue_mcp::resolve_session(store.as_ref(), &project(dir.path()), "coder").unwrap();
+    assert_ne!(profiled.id, first.id);
+    let fresh = retinue_mcp::resolve_session(store.as_ref(), &SessionChoice::New, "").unwrap();
+    assert!(fresh.created && fresh.id != first.id);
+    let named = retinue_mcp::resolve_session(
+        store.as_ref(),
+        &SessionChoice::Existing(fresh.id.clone()),
+        "",
+    )
+    .unwrap();
+    assert_eq!(named.id, fresh.id);
+    let missing =
+        retinue_mcp::resolve_session(store.as_ref(), &SessionChoice::Existing("nope".into()), "");
+    assert!(matches!(missing, Err(retinue_mcp::Error::NoSession(_))));
+}
