@@ -486,7 +486,7 @@ fn run_story(env: &Env, home: Option<&Path>) -> Result<Output> {
     let count = store.prune_retained_children(None, None)?;
     let listed = store.list_retained_children()?;
     let expired = match store.lookup(&sa1)? {
-        Lookup::NotAddressable(_, Unaddressable::Tombstoned { at, reason }) => {
+        Lookup::NotAddressable(_, Unaddressable::Tombstoned { at, reason, .. }) => {
             format!("tombstoned at {} (reason: {})", iso8601(at), reason.as_str())
         }
         other => format!("{other:?}"),

@@ -168,6 +168,33 @@ fn stored_note(db: &Path, subagent: &str) -> String {
         .unwrap_or_default()
 }
 
+/// `text` with every ISO 8601 UTC time (`2026-12-01T06:32:51Z`) replaced by `<time>`.
+fn redact_iso_times(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = String::new();
+    let mut i = 0;
+    while i < text.len() {
+        let rest = &bytes[i..];
+        let is_time = rest.len() >= 20
+            && rest[..20].iter().enumerate().all(|(k, b)| match k {
+                4 | 7 => *b == b'-',
+                10 => *b == b'T',
+                13 | 16 => *b == b':',
+                19 => *b == b'Z',
+                _ => b.is_ascii_digit(),
+            });
+        if is_time {
+            out.push_str("<time>");
+            i += 20;
+        } else {
+            let ch = text[i..].chars().next().expect("char");
+            out.push(ch);
+            i += ch.len_utf8();
+        }
+    }
+    out
+}
+
 fn ids(v: &Value) -> Vec<String> {
     v.as_array()
         .expect("array")
@@ -343,10 +370,24 @@ fn children_tombstone_one_child() {
     let listed = ids(&fx.ok(0, &["children", "list"]));
     assert_eq!(listed.len(), 3);
     assert!(!listed.contains(&target.to_owned()));
-    let (code, _, err) = fx.json(&["children", "show", target]);
+    let (code, v, err) = fx.json(&["children", "show", target]);
     assert_eq!(code, 4);
-    // `--reason` is a note: the reason stays `manual` (ttl/cap/external are the system's).
-    assert!(err.contains("(reason: manual)"), "{err}");
+    // `--reason` is a note: the reason stays `manual` (ttl/cap/external are the system's),
+    // and the note is shown with it, by `show` and by the not-addressable message.
+    assert!(err.contains("(reason: manual, note: operator cleanup)"), "{err}");
+    let (hcode, hout, herr) = fx.human(&["children", "show", target]);
+    assert_eq!((hcode, hout.as_str()), (4, ""));
+    let (tcode, _, terr) = fx.human(&["children", "tombstone", target]);
+    assert_eq!(tcode, 4);
+    assert_eq!(terr, herr, "tombstone of a tombstoned child answers as show does");
+    insta::assert_snapshot!(
+        "children_show_tombstoned_with_note",
+        format!(
+            "exit {hcode}\nstderr: {}json: {}\n",
+            redact_iso_times(&herr),
+            redact_iso_times(&v.to_string())
+        )
+    );
     let note = stored_note(&fx.db(), target);
     assert_eq!(note, "operator cleanup");
     let (code, _, _) = fx.json(&["children", "tombstone", target]);

@@ -680,7 +680,17 @@ fn read_view(conn: &Connection) -> SqlResult<()> {
         conn.execute_batch(&ddl)?;
     }
     let has_children = main_exists("retinue_children")?;
+    // A file written before the tombstone note existed reads through a TEMP
+    // copy that has the column (NULL), as after the write that would add it.
+    let lacks_note = has_children
+        && !conn
+            .prepare("SELECT name FROM pragma_table_info('retinue_children', 'main')")?
+            .query_map([], |r| r.get::<_, String>(0))?
+            .collect::<rusqlite::Result<Vec<_>>>()?
+            .iter()
+            .any(|c| c.eq_ignore_ascii_case("tombstone_note"));
     let unadopted = !has_children
+        || lacks_note
         || conn.query_row(
             "SELECT EXISTS (SELECT 1 FROM async_delegations u WHERE u.retained = 1 \
              AND NOT EXISTS (SELECT 1 FROM main.retinue_children c \

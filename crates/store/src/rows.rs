@@ -70,6 +70,8 @@ pub(crate) struct ChildRow {
     pub(crate) manifest_json: Option<String>,
     pub(crate) child_tombstoned_at: Option<f64>,
     pub(crate) child_tombstone_reason: Option<String>,
+    /// The operator's note of a manual tombstone (read by lookups only).
+    pub(crate) tombstone_note: Option<String>,
     pub(crate) unit_retained: bool,
     pub(crate) unit_retained_at: Option<f64>,
     pub(crate) unit_tombstoned_at: Option<f64>,
@@ -129,6 +131,7 @@ pub(crate) fn read_child_row_at(r: &Row<'_>, o: usize) -> rusqlite::Result<Child
         manifest_json,
         child_tombstoned_at,
         child_tombstone_reason,
+        tombstone_note: None,
         unit_retained: retained == Some(1.0),
         unit_retained_at: real_column(r, o + 13)?,
         unit_tombstoned_at,
