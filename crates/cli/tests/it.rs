@@ -1141,6 +1141,66 @@ fn reads_never_wait_for_a_hermes_writer_holding_the_lock() {
     writer.connection().execute_batch("ROLLBACK").expect("unlock");
 }
 
+/// The waited and timeout seconds of a `database is busy: waited X s for
+/// another writer's lock (busy timeout Y s)` message.
+fn busy_figures(message: &str) -> (f64, f64) {
+    let number_after = |key: &str| -> f64 {
+        let rest = &message[message.find(key).unwrap_or_else(|| panic!("{key}: {message}")) + key.len()..];
+        rest.split_whitespace().next().expect("number").parse().expect("seconds")
+    };
+    (number_after("waited "), number_after("busy timeout "))
+}
+
+#[test]
+fn writes_that_must_wait_report_the_time_waited_and_the_configured_timeout() {
+    let fx = Fx::new();
+    let config = fx.home.path().join("config.yaml");
+    let mut yaml = std::fs::read_to_string(&config).expect("config.yaml");
+    yaml.push_str("database:\n  busy_timeout_seconds: 0.3\n");
+    std::fs::write(&config, yaml).expect("config.yaml");
+    let mut reports = Vec::new();
+    // First on the hermes file (the busy is met in the open sequence, while
+    // adopting it), then on the adopted file (met by the prune's own write).
+    for stage in ["open sequence", "prune write"] {
+        if stage == "prune write" {
+            assert_eq!(fx.ok(0, &["children", "prune"]), json!({ "tombstoned": 0, "children": 0 }));
+        }
+        let before = std::fs::read(fx.db()).expect("bytes");
+        let writer = HermesDb::open(&fx.db());
+        writer.connection().execute_batch("BEGIN IMMEDIATE").expect("lock");
+        let started = std::time::Instant::now();
+        let (code, v, err) = fx.json(&["children", "prune"]);
+        let wall = started.elapsed().as_secs_f64();
+        let (hcode, _, herr) = fx.human(&["children", "prune"]);
+        // A read never waits for the writer (WAL), even with the lock held.
+        let read_started = std::time::Instant::now();
+        fx.ok(0, &["children", "list"]);
+        assert!(read_started.elapsed().as_secs_f64() < 5.0);
+        writer.connection().execute_batch("ROLLBACK").expect("unlock");
+        drop(writer);
+        assert_eq!((code, hcode), (1, 1), "{stage}: {v} {err}");
+        assert_eq!(v["code"], "busy", "{stage}");
+        let message = v["error"].as_str().expect("error");
+        assert!(message.starts_with("database is busy: waited "), "{stage}: {message}");
+        assert!(herr.contains("database is busy: waited "), "{stage}: {herr}");
+        let (waited, timeout) = busy_figures(message);
+        // The configured timeout, the time actually waited (at least the
+        // timeout, never a multiple of it) and the wall clock agree.
+        assert!((timeout - 0.3).abs() < 1e-9, "{stage}: {message}");
+        assert!(waited >= timeout, "{stage}: {message}");
+        assert!(waited <= wall + 0.05, "{stage}: waited {waited} s in {wall} s: {message}");
+        assert!(wall < 0.3 * 2.0 + 1.5, "{stage}: the wait took {wall} s: {message}");
+        if stage == "open sequence" {
+            assert_eq!(std::fs::read(fx.db()).expect("bytes"), before, "refused adoption wrote");
+        }
+        let redacted = message.replacen(&format!("waited {waited:.1} s"), "waited <w> s", 1);
+        reports.push(format!("{stage}: exit {code}, code {}\n  {redacted}", v["code"]));
+    }
+    insta::assert_snapshot!("busy_write_reports_its_wait", reports.join("\n"));
+    // Once the lock is released, the same command goes through.
+    assert_eq!(fx.ok(0, &["children", "prune"]), json!({ "tombstoned": 0, "children": 0 }));
+}
+
 #[test]
 fn missing_state_db_is_not_found_and_nothing_is_created() {
     let tmp = TempHome::new();

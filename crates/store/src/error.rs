@@ -307,6 +307,30 @@ pub(crate) fn migration(e: refinery::Error) -> Error {
     Error::Migration { source: Box::new(e) }
 }
 
+/// A migration that failed because the database was busy or locked is
+/// reported as [`Error::Busy`] (its wait filled in by the caller); any other
+/// error is returned as it is.
+pub(crate) fn busy_migration(e: Error) -> Error {
+    use rusqlite::ErrorCode;
+    let Error::Migration { source } = e else { return e };
+    let mut busy = false;
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(source.as_ref());
+    while let Some(err) = cur {
+        if let Some(code) =
+            err.downcast_ref::<rusqlite::Error>().and_then(rusqlite::Error::sqlite_error_code)
+        {
+            busy = matches!(code, ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked);
+            break;
+        }
+        cur = err.source();
+    }
+    if busy {
+        Error::Busy { operation: "migrating the schema", waited_ms: 0, timeout_ms: 0, source }
+    } else {
+        Error::Migration { source }
+    }
+}
+
 /// Whether an open step may be retried: busy, locked or a constraint race,
 /// judged by the SQLite code of the error or of a migration's cause.
 pub(crate) fn is_retryable(e: &Error) -> bool {
