@@ -1202,6 +1202,50 @@ fn writes_that_must_wait_report_the_time_waited_and_the_configured_timeout() {
 }
 
 #[test]
+fn bad_rows_where_a_read_must_fail_name_the_table_and_rowid() {
+    let fx = Fx::new();
+    let raw = rusqlite::Connection::open(fx.db()).expect("raw");
+    // A ledger row whose usage_json is not UTF-8: the ledger reads on (that
+    // row counts as malformed, spec §2.7) and a warning names table and rowid.
+    raw.execute(
+        "INSERT INTO delegation_child_usage (parent_session_id, parent_turn_id, \
+         child_session_id, usage_json, created_at) \
+         VALUES (?1, 't-bad', 'c-bad', CAST(x'fffe7b' AS TEXT), ?2)",
+        rusqlite::params![fx.fx.root, now()],
+    )
+    .expect("bad ledger row");
+    let ledger_rowid = raw.last_insert_rowid();
+    let (code, _, err) = fx.json(&["usage", fx.fx.root]);
+    assert_eq!(code, 0, "{err}");
+    let warning = format!(
+        "delegation_child_usage rowid {ledger_rowid}: usage_json is not UTF-8 text; \
+         read as malformed (absent)"
+    );
+    assert!(err.contains(&warning), "{err}");
+    // A sessions row with a BLOB id among the root's children: a lineage walk
+    // cannot tell which session it is, so it fails closed naming the row.
+    raw.execute(
+        "INSERT INTO sessions (id, source, parent_session_id, started_at) \
+         VALUES (x'ff00fe', 'cli', ?1, ?2)",
+        rusqlite::params![fx.fx.root, now()],
+    )
+    .expect("blob id");
+    let session_rowid = raw.last_insert_rowid();
+    drop(raw);
+    let (code, v, err) = fx.json(&["lineage", fx.fx.continuation]);
+    let named = format!("sessions rowid {session_rowid} has an unreadable id");
+    assert!(v.to_string().contains(&named), "{code} {v} {err}");
+    insta::assert_snapshot!(
+        "bad_rows_named",
+        format!(
+            "usage stderr: {}\nlineage exit {code}: {}",
+            warning.replace(&ledger_rowid.to_string(), "<rowid>"),
+            v.to_string().replace(&session_rowid.to_string(), "<rowid>")
+        )
+    );
+}
+
+#[test]
 fn missing_state_db_is_not_found_and_nothing_is_created() {
     let tmp = TempHome::new();
     let home = tmp.path().join("typo");

@@ -705,8 +705,10 @@ fn read_view(conn: &Connection) -> SqlResult<()> {
             .collect();
         if !missing.is_empty() {
             // Identifiers and defaults come from the constant table, never from input.
+            // `rowid` is carried so reads that name a bad row by its rowid work.
             conn.execute_batch(&format!(
-                "CREATE TEMP VIEW \"{table}\" AS SELECT *, {} FROM main.\"{table}\"",
+                "CREATE TEMP VIEW \"{table}\" AS SELECT *, rowid AS rowid, {} \
+                 FROM main.\"{table}\"",
                 missing.join(", ")
             ))?;
         }

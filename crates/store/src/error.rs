@@ -56,6 +56,21 @@ pub enum Error {
         #[source]
         source: Source,
     },
+    /// One row could not be read where the read cannot go on without it
+    /// (e.g. a `sessions` row with an unreadable id met by a lineage walk:
+    /// authority fails closed instead of guessing). The file is not changed.
+    #[error(
+        "malformed row: {table} rowid {rowid} has an unreadable {column} (not UTF-8 text); \
+         the read cannot go on safely without it"
+    )]
+    MalformedRow {
+        /// The table.
+        table: &'static str,
+        /// The row's `rowid`.
+        rowid: i64,
+        /// The unreadable column.
+        column: &'static str,
+    },
     /// The schema history holds migrations this binary does not know.
     #[error("database schema version {found} is newer than this binary supports ({supported})")]
     SchemaTooNew {
@@ -168,6 +183,8 @@ pub enum ErrorKind {
     NotAFile,
     /// Corrupt or truncated.
     Corrupt,
+    /// One row is unreadable where a read must fail.
+    MalformedRow,
     /// Written by a newer binary.
     SchemaTooNew,
     /// The lock was held past the busy timeout.
@@ -202,6 +219,7 @@ impl Error {
             Error::Missing { .. } => ErrorKind::Missing,
             Error::NotAFile { .. } => ErrorKind::NotAFile,
             Error::Corrupt { .. } => ErrorKind::Corrupt,
+            Error::MalformedRow { .. } => ErrorKind::MalformedRow,
             Error::SchemaTooNew { .. } => ErrorKind::SchemaTooNew,
             Error::Busy { .. } => ErrorKind::Busy,
             Error::ReadOnly { .. } => ErrorKind::ReadOnly,
