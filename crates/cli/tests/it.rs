@@ -904,6 +904,80 @@ fn demo_keeps_an_explicit_home_and_refuses_a_used_one() {
     assert_eq!(out.status.code(), Some(2));
 }
 
+#[test]
+fn demo_tells_its_whole_story_whatever_config_yaml_says() {
+    let home = TempHome::new();
+    let dir = home.path().join("hostile");
+    std::fs::create_dir_all(&dir).expect("dir");
+    let yaml = "delegation:\n  model: no/such-model\n  base_url: http://127.0.0.1:9/v1\n  \
+                api_key: sk-hostile\n  retained_ttl_hours: 0.0001\n  max_retained: 1\n  \
+                max_concurrent_children: 1\n  budget: {max_cost_usd: 0, max_tokens: 1}\n  \
+                max_resume_tokens: 1\n  child_timeout_seconds: 30\n\
+                database:\n  journal_mode: delete\n  busy_timeout_seconds: 0\n";
+    std::fs::write(dir.join("config.yaml"), yaml).expect("config.yaml");
+    let out = Command::new(BIN)
+        .arg("demo")
+        .arg("--home")
+        .arg(&dir)
+        .arg("--json")
+        .env_remove("HERMES_HOME")
+        .output()
+        .expect("run demo");
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let events = demo_events(&out.stdout);
+    let steps: Vec<&str> = events.iter().map(|e| e["step"].as_str().expect("step")).collect();
+    assert_eq!(steps, DEMO_STEPS);
+    let step = |name: &str| events.iter().find(|e| e["step"] == name).expect("step");
+    assert_eq!(step("retained")["children"].as_array().expect("children").len(), 3);
+    assert_eq!(step("follow_up")["result"]["mode"], "follow_up");
+    assert_eq!(step("prune")["pruned"], json!({ "tombstoned": 0, "children": 1 }));
+    let usage = step("usage");
+    assert!((usage["totals"]["cost_usd"].as_f64().expect("cost") - 0.0465).abs() < 1e-9);
+    assert_eq!(std::fs::read_to_string(dir.join("config.yaml")).expect("kept"), yaml);
+    insta::assert_json_snapshot!(
+        "demo_hostile_config_steps",
+        events.iter().map(|e| json!([e["n"], e["step"], e["title"]])).collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn a_demo_that_fails_midway_leaves_nothing_half_built() {
+    let home = TempHome::new();
+    // A home the demo creates, and one that exists with a config.yaml.
+    let created = home.path().join("new");
+    let existing = home.path().join("existing");
+    std::fs::create_dir_all(&existing).expect("dir");
+    std::fs::write(existing.join("config.yaml"), "delegation:\n  max_retained: 1\n").expect("yaml");
+    for (dir, at) in [(&created, "tombstone"), (&existing, "restart"), (&existing, "setup")] {
+        let out = Command::new(BIN)
+            .arg("demo")
+            .arg("--home")
+            .arg(dir)
+            .env("RETINUE_DEMO_FAIL_AT", at)
+            .env_remove("HERMES_HOME")
+            .output()
+            .expect("run demo");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{at}: {stdout}{stderr}");
+        assert!(stderr.contains(&format!("demo failure injected at step {at}")), "{stderr}");
+        // The story really ran up to the failing step (the database existed).
+        if at != "setup" {
+            assert!(stdout.contains("[2/11] "), "{at}: {stdout}");
+        }
+        if dir == &created {
+            assert!(!dir.exists(), "{at}: the home the demo created is left behind");
+        } else {
+            let mut left: Vec<String> = std::fs::read_dir(dir)
+                .expect("dir")
+                .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+                .collect();
+            left.sort();
+            assert_eq!(left, ["config.yaml"], "{at}: half-built files left");
+        }
+    }
+}
+
 // ------------------------------------------------------------ hostile argv
 
 mod hostile_arguments {
