@@ -978,6 +978,88 @@ fn a_demo_that_fails_midway_leaves_nothing_half_built() {
     }
 }
 
+#[test]
+fn the_api_key_never_reaches_the_file_the_wal_or_the_logs() {
+    const KEY: &str = "sk-live-0123456789abcdefSECRET";
+    const PASSWORD: &str = "pw-userinfo-SECRET-42";
+    const QUERY_KEY: &str = "sk-query-SECRET-9876";
+    let home = TempHome::new();
+    let fx = HermesDb::standard(&home.db_path(), now());
+    let model = FakeModel::start();
+    model.set_handler(|_| Some(Reply::text("ok").with_usage(Usage::new(1, 1))));
+    let base = model.base_url();
+    let with_secrets = base.replacen("://", &format!("://alice:{PASSWORD}@"), 1)
+        + &format!("?api_key={QUERY_KEY}&region=eu");
+    let yaml = format!(
+        "delegation:\n  model: test/fake-model\n  base_url: \"{with_secrets}\"\n  api_key: {KEY}\n"
+    );
+    std::fs::write(home.path().join("config.yaml"), yaml).expect("config.yaml");
+    let run = |args: &[&str]| -> (i32, String, String) {
+        let out = Command::new(BIN)
+            .arg("--home")
+            .arg(home.path())
+            .arg("--json")
+            .args(args)
+            .env("RETINUE_LOG", "debug")
+            .env_remove("HERMES_HOME")
+            .env_remove("HERMES_PROFILE")
+            .output()
+            .expect("run retinue");
+        (
+            out.status.code().expect("exit"),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, stdout, mut stderr) =
+        run(&["delegate", "--parent", fx.continuation, "--goal", "Check the keys"]);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    let v: Value = serde_json::from_str(&stdout).expect("json");
+    assert_eq!(v["results"][0]["summary"], "ok");
+    let sa = v["results"][0]["subagent_id"].as_str().expect("sa").to_owned();
+    let (code, stdout2, stderr2) =
+        run(&["delegate", "--parent", fx.continuation, "--follow-up", &sa, "--goal", "again"]);
+    assert_eq!(code, 0, "{stdout2}{stderr2}");
+    stderr.push_str(&stderr2);
+    // The model was really called with the key (so the test is not vacuous).
+    let requests = model.requests();
+    assert!(requests.len() >= 2, "{} requests", requests.len());
+    assert!(
+        requests.iter().all(|r| r.header("authorization") == Some(format!("Bearer {KEY}").as_str())),
+        "the key was not sent"
+    );
+    let paths: Vec<&str> = requests.iter().map(|r| r.path.as_str()).collect();
+    // The spawn uses the configured URL as it is; the follow-up resumes with
+    // the child's stored (credential-free) URL, so its query lost `api_key`.
+    assert!(paths[0].contains(QUERY_KEY), "the query was not kept: {paths:?}");
+    assert!(paths.iter().all(|p| p.contains("region=eu")), "{paths:?}");
+    assert!(!stderr.is_empty(), "RETINUE_LOG=debug logged nothing");
+    let db = home.db_path();
+    let mut files = vec![db.clone()];
+    let wal = db.with_file_name("state.db-wal");
+    if wal.exists() {
+        files.push(wal);
+    }
+    let secrets = [KEY, PASSWORD, QUERY_KEY];
+    for file in &files {
+        let bytes = std::fs::read(file).expect("read");
+        for secret in secrets {
+            assert!(
+                !bytes.windows(secret.len()).any(|w| w == secret.as_bytes()),
+                "{secret} found in {}",
+                file.display()
+            );
+        }
+    }
+    for secret in secrets {
+        assert!(!stderr.contains(secret), "{secret} in stderr:\n{stderr}");
+        assert!(!stdout.contains(secret) && !stdout2.contains(secret), "{secret} in stdout");
+    }
+    // The base URL is stored without its credentials (other parameters kept).
+    let dump = String::from_utf8_lossy(&std::fs::read(&db).expect("db")).into_owned();
+    assert!(!dump.contains("alice:"), "userinfo stored");
+}
+
 // ------------------------------------------------------------ hostile argv
 
 mod hostile_arguments {
