@@ -1025,7 +1025,9 @@ fn the_api_key_never_reaches_the_file_the_wal_or_the_logs() {
     let requests = model.requests();
     assert!(requests.len() >= 2, "{} requests", requests.len());
     assert!(
-        requests.iter().all(|r| r.header("authorization") == Some(format!("Bearer {KEY}").as_str())),
+        requests
+            .iter()
+            .all(|r| r.header("authorization") == Some(format!("Bearer {KEY}").as_str())),
         "the key was not sent"
     );
     let paths: Vec<&str> = requests.iter().map(|r| r.path.as_str()).collect();
@@ -1301,7 +1303,8 @@ fn reads_never_wait_for_a_hermes_writer_holding_the_lock() {
 /// another writer's lock (busy timeout Y s)` message.
 fn busy_figures(message: &str) -> (f64, f64) {
     let number_after = |key: &str| -> f64 {
-        let rest = &message[message.find(key).unwrap_or_else(|| panic!("{key}: {message}")) + key.len()..];
+        let rest =
+            &message[message.find(key).unwrap_or_else(|| panic!("{key}: {message}")) + key.len()..];
         rest.split_whitespace().next().expect("number").parse().expect("seconds")
     };
     (number_after("waited "), number_after("busy timeout "))

@@ -222,7 +222,9 @@ fn read_only_dir(dir: &Path) -> Outcome<CaseReport> {
     };
     // Leave no WAL companions: a checkpointed file.
     rusqlite::Connection::open(&path)
-        .and_then(|c| c.execute_batch("PRAGMA wal_checkpoint(TRUNCATE); PRAGMA journal_mode = DELETE"))
+        .and_then(|c| {
+            c.execute_batch("PRAGMA wal_checkpoint(TRUNCATE); PRAGMA journal_mode = DELETE")
+        })
         .ctx("checkpoint")?;
     let binds = permissions_bind(dir)?;
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o444)).ctx("chmod file")?;
@@ -237,7 +239,8 @@ fn read_only_dir(dir: &Path) -> Outcome<CaseReport> {
         }
         drop(ro);
         // A write that really changes a row (a prune with nothing to prune writes nothing).
-        let session = NewSession { id: "s-new".into(), source: "cli".into(), ..NewSession::default() };
+        let session =
+            NewSession { id: "s-new".into(), source: "cli".into(), ..NewSession::default() };
         let write = Store::open(&path, options(Duration::from_secs(2)))
             .and_then(|s| s.create_session(&session));
         let write = match write {
@@ -303,7 +306,7 @@ fn concurrent_writer(dir: &Path) -> Outcome<CaseReport> {
     if listed != expected || read_ms >= 300 {
         return Err(format!("read under the lock: {listed} children in {read_ms} ms"));
     }
-    if write_ms < 300 || write_ms > 2000 {
+    if !(300..=2000).contains(&write_ms) {
         return Err(format!("write waited {write_ms} ms for a 300 ms busy timeout"));
     }
     Ok(CaseReport {

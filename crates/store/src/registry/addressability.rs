@@ -9,8 +9,8 @@ use crate::error::{Result, SqlResult};
 use crate::model::{Lookup, RetainedChild, TombstoneReason, Unaddressable, parse_json_opt};
 use crate::registry::RegistryRead;
 use crate::rows::{
-    CHILD_COLS, CHILD_RETAINED_AT, ChildRow, Limits, json_column, read_child_row, read_child_row_at,
-    text_column,
+    CHILD_COLS, CHILD_RETAINED_AT, ChildRow, Limits, json_column, read_child_row,
+    read_child_row_at, text_column,
 };
 use crate::store::Store;
 
@@ -70,7 +70,8 @@ fn rank_of(conn: &Connection, id: &str, retained_at: Option<f64>, lim: Limits) -
 fn live_status(row: &ChildRow, lim: Limits) -> Option<Unaddressable> {
     if let Some(at) = row.child_tombstoned_at {
         let reason = TombstoneReason::parse(row.child_tombstone_reason.as_deref());
-        let note = (reason == TombstoneReason::Manual).then(|| row.tombstone_note.clone()).flatten();
+        let note =
+            (reason == TombstoneReason::Manual).then(|| row.tombstone_note.clone()).flatten();
         return Some(Unaddressable::Tombstoned { at, reason, note });
     }
     if let Some(at) = row.unit_tombstoned_at {

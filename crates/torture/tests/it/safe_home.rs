@@ -282,7 +282,8 @@ fn a_read_only_directory_really_refuses_writes() {
             return;
         };
         eprintln!("read-only directory: running as root: the harness runs as nobody (setpriv)");
-        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
+            .expect("chmod");
         std::fs::set_permissions(&work, std::fs::Permissions::from_mode(0o777)).expect("chmod");
         let out = std::process::Command::new(setpriv)
             .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
