@@ -100,6 +100,7 @@ pub(crate) fn run(root: &Path, args: &[String]) -> Result<(), String> {
                 s(sizes.db_cases),
             ],
         )?,
+        harness(&exe, &["hostile".into(), "--db-dir".into(), fresh_dir(root, "hostile")?])?,
     ];
     let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
     println!(

@@ -96,10 +96,11 @@ fn not_addressable(store: &Store, id: &str) -> Result<CliError> {
         Lookup::Unknown | Lookup::Addressable(_) => {
             format!("no retained child, child session or delegation '{id}'")
         }
-        Lookup::NotAddressable(_, Unaddressable::Tombstoned { at, reason }) => format!(
-            "'{id}' is not addressable: tombstoned at {} (reason: {})",
+        Lookup::NotAddressable(_, Unaddressable::Tombstoned { at, reason, note }) => format!(
+            "'{id}' is not addressable: tombstoned at {} (reason: {}{})",
             iso8601(at),
-            reason.as_str()
+            reason.as_str(),
+            note.map(|n| format!(", note: {}", clip(&n, 128))).unwrap_or_default()
         ),
         Lookup::NotAddressable(entry, Unaddressable::NeverRetained) => format!(
             "'{id}' is not addressable: its delegation {} was never retained (state {})",

@@ -125,6 +125,13 @@ struct Story {
 
 impl Story {
     fn step(&mut self, name: &str, title: &str, body: &str, data: Value) -> Result<()> {
+        // Test seam (debug builds only): fail the story at this step, to prove
+        // a failed demo leaves nothing half-built behind.
+        if cfg!(debug_assertions)
+            && std::env::var("RETINUE_DEMO_FAIL_AT").is_ok_and(|at| at.trim() == name)
+        {
+            return Err(CliError::Failed(format!("demo failure injected at step {name}")));
+        }
         self.n += 1;
         if self.json {
             // `step`, `n` and `title` first, then the step's data.
@@ -486,7 +493,7 @@ fn run_story(env: &Env, home: Option<&Path>) -> Result<Output> {
     let count = store.prune_retained_children(None, None)?;
     let listed = store.list_retained_children()?;
     let expired = match store.lookup(&sa1)? {
-        Lookup::NotAddressable(_, Unaddressable::Tombstoned { at, reason }) => {
+        Lookup::NotAddressable(_, Unaddressable::Tombstoned { at, reason, .. }) => {
             format!("tombstoned at {} (reason: {})", iso8601(at), reason.as_str())
         }
         other => format!("{other:?}"),

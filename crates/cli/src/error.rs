@@ -60,7 +60,7 @@ impl CliError {
             CliError::Store(e) | CliError::Ledger(retinue_usage::Error::Store(e)) => match e {
                 S::Missing { .. } => "not_found",
                 S::Busy { .. } => "busy",
-                S::Corrupt { .. } | S::NotADatabase { .. } => "corrupt",
+                S::Corrupt { .. } | S::NotADatabase { .. } | S::MalformedRow { .. } => "corrupt",
                 S::ReadOnly { .. } => "read_only",
                 S::Io { .. } | S::DiskFull { .. } | S::NotAFile { .. } => "io",
                 S::Foreign { .. } => "corrupt",

@@ -168,6 +168,33 @@ fn stored_note(db: &Path, subagent: &str) -> String {
         .unwrap_or_default()
 }
 
+/// `text` with every ISO 8601 UTC time (`2026-12-01T06:32:51Z`) replaced by `<time>`.
+fn redact_iso_times(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = String::new();
+    let mut i = 0;
+    while i < text.len() {
+        let rest = &bytes[i..];
+        let is_time = rest.len() >= 20
+            && rest[..20].iter().enumerate().all(|(k, b)| match k {
+                4 | 7 => *b == b'-',
+                10 => *b == b'T',
+                13 | 16 => *b == b':',
+                19 => *b == b'Z',
+                _ => b.is_ascii_digit(),
+            });
+        if is_time {
+            out.push_str("<time>");
+            i += 20;
+        } else {
+            let ch = text[i..].chars().next().expect("char");
+            out.push(ch);
+            i += ch.len_utf8();
+        }
+    }
+    out
+}
+
 fn ids(v: &Value) -> Vec<String> {
     v.as_array()
         .expect("array")
@@ -343,10 +370,24 @@ fn children_tombstone_one_child() {
     let listed = ids(&fx.ok(0, &["children", "list"]));
     assert_eq!(listed.len(), 3);
     assert!(!listed.contains(&target.to_owned()));
-    let (code, _, err) = fx.json(&["children", "show", target]);
+    let (code, v, err) = fx.json(&["children", "show", target]);
     assert_eq!(code, 4);
-    // `--reason` is a note: the reason stays `manual` (ttl/cap/external are the system's).
-    assert!(err.contains("(reason: manual)"), "{err}");
+    // `--reason` is a note: the reason stays `manual` (ttl/cap/external are the system's),
+    // and the note is shown with it, by `show` and by the not-addressable message.
+    assert!(err.contains("(reason: manual, note: operator cleanup)"), "{err}");
+    let (hcode, hout, herr) = fx.human(&["children", "show", target]);
+    assert_eq!((hcode, hout.as_str()), (4, ""));
+    let (tcode, _, terr) = fx.human(&["children", "tombstone", target]);
+    assert_eq!(tcode, 4);
+    assert_eq!(terr, herr, "tombstone of a tombstoned child answers as show does");
+    insta::assert_snapshot!(
+        "children_show_tombstoned_with_note",
+        format!(
+            "exit {hcode}\nstderr: {}json: {}\n",
+            redact_iso_times(&herr),
+            redact_iso_times(&v.to_string())
+        )
+    );
     let note = stored_note(&fx.db(), target);
     assert_eq!(note, "operator cleanup");
     let (code, _, _) = fx.json(&["children", "tombstone", target]);
@@ -863,6 +904,164 @@ fn demo_keeps_an_explicit_home_and_refuses_a_used_one() {
     assert_eq!(out.status.code(), Some(2));
 }
 
+#[test]
+fn demo_tells_its_whole_story_whatever_config_yaml_says() {
+    let home = TempHome::new();
+    let dir = home.path().join("hostile");
+    std::fs::create_dir_all(&dir).expect("dir");
+    let yaml = "delegation:\n  model: no/such-model\n  base_url: http://127.0.0.1:9/v1\n  \
+                api_key: sk-hostile\n  retained_ttl_hours: 0.0001\n  max_retained: 1\n  \
+                max_concurrent_children: 1\n  budget: {max_cost_usd: 0, max_tokens: 1}\n  \
+                max_resume_tokens: 1\n  child_timeout_seconds: 30\n\
+                database:\n  journal_mode: delete\n  busy_timeout_seconds: 0\n";
+    std::fs::write(dir.join("config.yaml"), yaml).expect("config.yaml");
+    let out = Command::new(BIN)
+        .arg("demo")
+        .arg("--home")
+        .arg(&dir)
+        .arg("--json")
+        .env_remove("HERMES_HOME")
+        .output()
+        .expect("run demo");
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let events = demo_events(&out.stdout);
+    let steps: Vec<&str> = events.iter().map(|e| e["step"].as_str().expect("step")).collect();
+    assert_eq!(steps, DEMO_STEPS);
+    let step = |name: &str| events.iter().find(|e| e["step"] == name).expect("step");
+    assert_eq!(step("retained")["children"].as_array().expect("children").len(), 3);
+    assert_eq!(step("follow_up")["result"]["mode"], "follow_up");
+    assert_eq!(step("prune")["pruned"], json!({ "tombstoned": 0, "children": 1 }));
+    let usage = step("usage");
+    assert!((usage["totals"]["cost_usd"].as_f64().expect("cost") - 0.0465).abs() < 1e-9);
+    assert_eq!(std::fs::read_to_string(dir.join("config.yaml")).expect("kept"), yaml);
+    insta::assert_json_snapshot!(
+        "demo_hostile_config_steps",
+        events.iter().map(|e| json!([e["n"], e["step"], e["title"]])).collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn a_demo_that_fails_midway_leaves_nothing_half_built() {
+    let home = TempHome::new();
+    // A home the demo creates, and one that exists with a config.yaml.
+    let created = home.path().join("new");
+    let existing = home.path().join("existing");
+    std::fs::create_dir_all(&existing).expect("dir");
+    std::fs::write(existing.join("config.yaml"), "delegation:\n  max_retained: 1\n").expect("yaml");
+    for (dir, at) in [(&created, "tombstone"), (&existing, "restart"), (&existing, "setup")] {
+        let out = Command::new(BIN)
+            .arg("demo")
+            .arg("--home")
+            .arg(dir)
+            .env("RETINUE_DEMO_FAIL_AT", at)
+            .env_remove("HERMES_HOME")
+            .output()
+            .expect("run demo");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{at}: {stdout}{stderr}");
+        assert!(stderr.contains(&format!("demo failure injected at step {at}")), "{stderr}");
+        // The story really ran up to the failing step (the database existed).
+        if at != "setup" {
+            assert!(stdout.contains("[2/11] "), "{at}: {stdout}");
+        }
+        if dir == &created {
+            assert!(!dir.exists(), "{at}: the home the demo created is left behind");
+        } else {
+            let mut left: Vec<String> = std::fs::read_dir(dir)
+                .expect("dir")
+                .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+                .collect();
+            left.sort();
+            assert_eq!(left, ["config.yaml"], "{at}: half-built files left");
+        }
+    }
+}
+
+#[test]
+fn the_api_key_never_reaches_the_file_the_wal_or_the_logs() {
+    const KEY: &str = "sk-live-0123456789abcdefSECRET";
+    const PASSWORD: &str = "pw-userinfo-SECRET-42";
+    const QUERY_KEY: &str = "sk-query-SECRET-9876";
+    let home = TempHome::new();
+    let fx = HermesDb::standard(&home.db_path(), now());
+    let model = FakeModel::start();
+    model.set_handler(|_| Some(Reply::text("ok").with_usage(Usage::new(1, 1))));
+    let base = model.base_url();
+    let with_secrets = base.replacen("://", &format!("://alice:{PASSWORD}@"), 1)
+        + &format!("?api_key={QUERY_KEY}&region=eu");
+    let yaml = format!(
+        "delegation:\n  model: test/fake-model\n  base_url: \"{with_secrets}\"\n  api_key: {KEY}\n"
+    );
+    std::fs::write(home.path().join("config.yaml"), yaml).expect("config.yaml");
+    let run = |args: &[&str]| -> (i32, String, String) {
+        let out = Command::new(BIN)
+            .arg("--home")
+            .arg(home.path())
+            .arg("--json")
+            .args(args)
+            .env("RETINUE_LOG", "debug")
+            .env_remove("HERMES_HOME")
+            .env_remove("HERMES_PROFILE")
+            .output()
+            .expect("run retinue");
+        (
+            out.status.code().expect("exit"),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, stdout, mut stderr) =
+        run(&["delegate", "--parent", fx.continuation, "--goal", "Check the keys"]);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    let v: Value = serde_json::from_str(&stdout).expect("json");
+    assert_eq!(v["results"][0]["summary"], "ok");
+    let sa = v["results"][0]["subagent_id"].as_str().expect("sa").to_owned();
+    let (code, stdout2, stderr2) =
+        run(&["delegate", "--parent", fx.continuation, "--follow-up", &sa, "--goal", "again"]);
+    assert_eq!(code, 0, "{stdout2}{stderr2}");
+    stderr.push_str(&stderr2);
+    // The model was really called with the key (so the test is not vacuous).
+    let requests = model.requests();
+    assert!(requests.len() >= 2, "{} requests", requests.len());
+    assert!(
+        requests
+            .iter()
+            .all(|r| r.header("authorization") == Some(format!("Bearer {KEY}").as_str())),
+        "the key was not sent"
+    );
+    let paths: Vec<&str> = requests.iter().map(|r| r.path.as_str()).collect();
+    // The spawn uses the configured URL as it is; the follow-up resumes with
+    // the child's stored (credential-free) URL, so its query lost `api_key`.
+    assert!(paths[0].contains(QUERY_KEY), "the query was not kept: {paths:?}");
+    assert!(paths.iter().all(|p| p.contains("region=eu")), "{paths:?}");
+    assert!(!stderr.is_empty(), "RETINUE_LOG=debug logged nothing");
+    let db = home.db_path();
+    let mut files = vec![db.clone()];
+    let wal = db.with_file_name("state.db-wal");
+    if wal.exists() {
+        files.push(wal);
+    }
+    let secrets = [KEY, PASSWORD, QUERY_KEY];
+    for file in &files {
+        let bytes = std::fs::read(file).expect("read");
+        for secret in secrets {
+            assert!(
+                !bytes.windows(secret.len()).any(|w| w == secret.as_bytes()),
+                "{secret} found in {}",
+                file.display()
+            );
+        }
+    }
+    for secret in secrets {
+        assert!(!stderr.contains(secret), "{secret} in stderr:\n{stderr}");
+        assert!(!stdout.contains(secret) && !stdout2.contains(secret), "{secret} in stdout");
+    }
+    // The base URL is stored without its credentials (other parameters kept).
+    let dump = String::from_utf8_lossy(&std::fs::read(&db).expect("db")).into_owned();
+    assert!(!dump.contains("alice:"), "userinfo stored");
+}
+
 // ------------------------------------------------------------ hostile argv
 
 mod hostile_arguments {
@@ -1098,6 +1297,111 @@ fn reads_never_wait_for_a_hermes_writer_holding_the_lock() {
     assert_eq!(fx.ok(0, &["children", "list"]), expected);
     assert_eq!(fx.ok(0, &["lineage", fx.fx.continuation])["root"], json!(fx.fx.root));
     writer.connection().execute_batch("ROLLBACK").expect("unlock");
+}
+
+/// The waited and timeout seconds of a `database is busy: waited X s for
+/// another writer's lock (busy timeout Y s)` message.
+fn busy_figures(message: &str) -> (f64, f64) {
+    let number_after = |key: &str| -> f64 {
+        let rest =
+            &message[message.find(key).unwrap_or_else(|| panic!("{key}: {message}")) + key.len()..];
+        rest.split_whitespace().next().expect("number").parse().expect("seconds")
+    };
+    (number_after("waited "), number_after("busy timeout "))
+}
+
+#[test]
+fn writes_that_must_wait_report_the_time_waited_and_the_configured_timeout() {
+    let fx = Fx::new();
+    let config = fx.home.path().join("config.yaml");
+    let mut yaml = std::fs::read_to_string(&config).expect("config.yaml");
+    yaml.push_str("database:\n  busy_timeout_seconds: 0.3\n");
+    std::fs::write(&config, yaml).expect("config.yaml");
+    let mut reports = Vec::new();
+    // First on the hermes file (the busy is met in the open sequence, while
+    // adopting it), then on the adopted file (met by the prune's own write).
+    for stage in ["open sequence", "prune write"] {
+        if stage == "prune write" {
+            assert_eq!(fx.ok(0, &["children", "prune"]), json!({ "tombstoned": 0, "children": 0 }));
+        }
+        let before = std::fs::read(fx.db()).expect("bytes");
+        let writer = HermesDb::open(&fx.db());
+        writer.connection().execute_batch("BEGIN IMMEDIATE").expect("lock");
+        let started = std::time::Instant::now();
+        let (code, v, err) = fx.json(&["children", "prune"]);
+        let wall = started.elapsed().as_secs_f64();
+        let (hcode, _, herr) = fx.human(&["children", "prune"]);
+        // A read never waits for the writer (WAL), even with the lock held.
+        let read_started = std::time::Instant::now();
+        fx.ok(0, &["children", "list"]);
+        assert!(read_started.elapsed().as_secs_f64() < 5.0);
+        writer.connection().execute_batch("ROLLBACK").expect("unlock");
+        drop(writer);
+        assert_eq!((code, hcode), (1, 1), "{stage}: {v} {err}");
+        assert_eq!(v["code"], "busy", "{stage}");
+        let message = v["error"].as_str().expect("error");
+        assert!(message.starts_with("database is busy: waited "), "{stage}: {message}");
+        assert!(herr.contains("database is busy: waited "), "{stage}: {herr}");
+        let (waited, timeout) = busy_figures(message);
+        // The configured timeout, the time actually waited (at least the
+        // timeout, never a multiple of it) and the wall clock agree.
+        assert!((timeout - 0.3).abs() < 1e-9, "{stage}: {message}");
+        assert!(waited >= timeout, "{stage}: {message}");
+        assert!(waited <= wall + 0.05, "{stage}: waited {waited} s in {wall} s: {message}");
+        assert!(wall < 0.3 * 2.0 + 1.5, "{stage}: the wait took {wall} s: {message}");
+        if stage == "open sequence" {
+            assert_eq!(std::fs::read(fx.db()).expect("bytes"), before, "refused adoption wrote");
+        }
+        let redacted = message.replacen(&format!("waited {waited:.1} s"), "waited <w> s", 1);
+        reports.push(format!("{stage}: exit {code}, code {}\n  {redacted}", v["code"]));
+    }
+    insta::assert_snapshot!("busy_write_reports_its_wait", reports.join("\n"));
+    // Once the lock is released, the same command goes through.
+    assert_eq!(fx.ok(0, &["children", "prune"]), json!({ "tombstoned": 0, "children": 0 }));
+}
+
+#[test]
+fn bad_rows_where_a_read_must_fail_name_the_table_and_rowid() {
+    let fx = Fx::new();
+    let raw = rusqlite::Connection::open(fx.db()).expect("raw");
+    // A ledger row whose usage_json is not UTF-8: the ledger reads on (that
+    // row counts as malformed, spec §2.7) and a warning names table and rowid.
+    raw.execute(
+        "INSERT INTO delegation_child_usage (parent_session_id, parent_turn_id, \
+         child_session_id, usage_json, created_at) \
+         VALUES (?1, 't-bad', 'c-bad', CAST(x'fffe7b' AS TEXT), ?2)",
+        rusqlite::params![fx.fx.root, now()],
+    )
+    .expect("bad ledger row");
+    let ledger_rowid = raw.last_insert_rowid();
+    let (code, _, err) = fx.json(&["usage", fx.fx.root]);
+    assert_eq!(code, 0, "{err}");
+    let warning = format!(
+        "delegation_child_usage rowid {ledger_rowid}: usage_json is not UTF-8 text; \
+         read as malformed (absent)"
+    );
+    assert!(err.contains(&warning), "{err}");
+    // A sessions row with a BLOB id among the root's children: a lineage walk
+    // cannot tell which session it is, so it fails closed naming the row.
+    raw.execute(
+        "INSERT INTO sessions (id, source, parent_session_id, started_at) \
+         VALUES (x'ff00fe', 'cli', ?1, ?2)",
+        rusqlite::params![fx.fx.root, now()],
+    )
+    .expect("blob id");
+    let session_rowid = raw.last_insert_rowid();
+    drop(raw);
+    let (code, v, err) = fx.json(&["lineage", fx.fx.continuation]);
+    let named = format!("sessions rowid {session_rowid} has an unreadable id");
+    assert!(v.to_string().contains(&named), "{code} {v} {err}");
+    insta::assert_snapshot!(
+        "bad_rows_named",
+        format!(
+            "usage stderr: {}\nlineage exit {code}: {}",
+            warning.replace(&ledger_rowid.to_string(), "<rowid>"),
+            v.to_string().replace(&session_rowid.to_string(), "<rowid>")
+        )
+    );
 }
 
 #[test]

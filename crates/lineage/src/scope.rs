@@ -91,7 +91,7 @@ pub fn resolve_for(
         }
         Ok(()) => match status {
             None => Resolution::Addressable(entry),
-            Some(Unaddressable::Tombstoned { at, reason }) => {
+            Some(Unaddressable::Tombstoned { at, reason, .. }) => {
                 Resolution::Tombstoned { entry, at, reason }
             }
             Some(Unaddressable::NeverRetained) => Resolution::NotAddressable,

@@ -61,8 +61,19 @@ pub(crate) struct Call<'a> {
 }
 
 impl Call<'_> {
+    /// `{base_url}/chat/completions`, the path joined before any query
+    /// (`…/v1?api_key=K` → `…/v1/chat/completions?api_key=K`).
     fn url(&self) -> String {
-        format!("{}/chat/completions", self.base_url.trim_end_matches('/'))
+        let (base, query) = match self.base_url.split_once('?') {
+            Some((base, query)) => (base, Some(query)),
+            None => (self.base_url, None),
+        };
+        let mut url = format!("{}/chat/completions", base.trim_end_matches('/'));
+        if let Some(query) = query {
+            url.push('?');
+            url.push_str(query);
+        }
+        url
     }
 
     fn key(&self) -> Option<&str> {

@@ -41,6 +41,10 @@ pub struct DatabaseConfig {
     pub journal_mode: JournalMode,
     /// `database.synchronous`.
     pub synchronous: Synchronous,
+    /// `database.busy_timeout_seconds`: how long a write waits for another
+    /// writer's lock before failing busy; `None` (not configured) keeps
+    /// [`crate::StoreOptions::busy_timeout`] (10 s). At most one hour.
+    pub busy_timeout_seconds: Option<f64>,
 }
 
 /// One model's price (`delegation.pricing.MODEL`), in US dollars per million tokens.
@@ -390,6 +394,19 @@ impl LoadedConfig {
             Some(Some(m)) if m == "normal" => self.database.synchronous = Synchronous::Normal,
             Some(_) => warnings.push(format!(
                 "{}: database.synchronous must be `full` or `normal`; using full",
+                origin.display()
+            )),
+        }
+        match v.get("busy_timeout_seconds") {
+            None | Some(Value::Null) => {}
+            Some(Value::Number(n))
+                if n.as_f64().is_some_and(|f| f.is_finite() && (0.0..=3600.0).contains(&f)) =>
+            {
+                self.database.busy_timeout_seconds = n.as_f64();
+            }
+            Some(_) => warnings.push(format!(
+                "{}: database.busy_timeout_seconds must be a number of seconds from 0 to 3600; \
+                 using the default (10)",
                 origin.display()
             )),
         }

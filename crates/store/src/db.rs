@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
 
@@ -37,7 +37,8 @@ pub struct StoreOptions {
     pub clock: Arc<dyn Clock>,
     /// The process profile key written to `owner_profile`.
     pub profile: String,
-    /// Busy timeout for every connection (10 s by default).
+    /// Busy timeout for every connection (10 s by default);
+    /// `database.busy_timeout_seconds` in the configuration takes precedence.
     pub busy_timeout: Duration,
     /// Open `mode=ro`: no directory or file creation, no journal-mode
     /// switch, no upgrade, no backfill, no write lock (see
@@ -73,6 +74,16 @@ impl Default for StoreOptions {
 }
 
 impl StoreOptions {
+    /// The busy timeout in force: `database.busy_timeout_seconds` when
+    /// configured, else [`StoreOptions::busy_timeout`].
+    pub fn effective_busy_timeout(&self) -> Duration {
+        self.config
+            .database
+            .busy_timeout_seconds
+            .and_then(|s| Duration::try_from_secs_f64(s).ok())
+            .unwrap_or(self.busy_timeout)
+    }
+
     /// Options with this clock.
     #[must_use]
     pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
@@ -133,14 +144,10 @@ impl Pool {
             Some(c) => c,
             None => self.connect()?,
         };
-        let started = std::time::Instant::now();
-        let out = f(&mut conn).map_err(|e| e.during(op)).map_err(|mut e| {
-            if let Error::Busy { waited_ms, timeout_ms, .. } = &mut e {
-                *waited_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-                *timeout_ms = u64::try_from(self.busy_timeout.as_millis()).unwrap_or(u64::MAX);
-            }
-            e
-        });
+        let started = Instant::now();
+        let out = f(&mut conn)
+            .map_err(|e| e.during(op))
+            .map_err(|e| with_wait(e, started, self.busy_timeout));
         // A connection left inside a transaction (it should never be) is dropped.
         if conn.is_autocommit() {
             let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
@@ -482,8 +489,35 @@ fn needs_upgrade(conn: &Connection) -> SqlResult<bool> {
     Ok(v.is_none_or(|v| v < schema_version()))
 }
 
+/// A busy error (also a migration that failed on a busy or locked
+/// database) with the time actually waited since `started` and the busy
+/// timeout in force, so the message and the configuration agree.
+fn with_wait(e: Error, started: Instant, timeout: Duration) -> Error {
+    let waited_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+    let timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+    match crate::error::busy_migration(e) {
+        Error::Busy { operation, source, .. } => {
+            Error::Busy { operation, waited_ms, timeout_ms, source }
+        }
+        other => other,
+    }
+}
+
 /// Opens (creating and upgrading when writable) the database at `path`.
+/// A busy error anywhere in the open sequence reports the whole time waited
+/// since the open began.
 pub(crate) fn open_pool(path: &Path, opts: &StoreOptions) -> Result<Pool> {
+    let started = Instant::now();
+    let timeout = opts.effective_busy_timeout();
+    open_pool_timed(path, opts, started, timeout).map_err(|e| with_wait(e, started, timeout))
+}
+
+fn open_pool_timed(
+    path: &Path,
+    opts: &StoreOptions,
+    started: Instant,
+    timeout: Duration,
+) -> Result<Pool> {
     let exists = check_path(path)?;
     if !exists && (opts.read_only || !opts.create_missing) {
         return Err(Error::Missing { path: path.to_path_buf() });
@@ -498,7 +532,7 @@ pub(crate) fn open_pool(path: &Path, opts: &StoreOptions) -> Result<Pool> {
     let pool = Pool {
         path: path.to_path_buf(),
         read_only: opts.read_only,
-        busy_timeout: opts.busy_timeout,
+        busy_timeout: timeout,
         synchronous: opts.config.database.synchronous,
         idle: Mutex::new(Vec::new()),
     };
@@ -531,7 +565,10 @@ pub(crate) fn open_pool(path: &Path, opts: &StoreOptions) -> Result<Pool> {
         });
         match step {
             Ok(()) => break,
-            Err(e) if attempt < 3 && is_retryable(&e) => {
+            // A busy that already waited out the timeout is final: retrying
+            // would multiply the wait past what the configuration promises.
+            // Early busies (SQLite's deadlock avoidance) and races are retried.
+            Err(e) if attempt < 3 && is_retryable(&e) && started.elapsed() < timeout => {
                 attempt += 1;
                 std::thread::sleep(Duration::from_millis(20 * attempt));
                 check_not_newer(&conn)?;
@@ -668,8 +705,10 @@ fn read_view(conn: &Connection) -> SqlResult<()> {
             .collect();
         if !missing.is_empty() {
             // Identifiers and defaults come from the constant table, never from input.
+            // `rowid` is carried so reads that name a bad row by its rowid work.
             conn.execute_batch(&format!(
-                "CREATE TEMP VIEW \"{table}\" AS SELECT *, {} FROM main.\"{table}\"",
+                "CREATE TEMP VIEW \"{table}\" AS SELECT *, rowid AS rowid, {} \
+                 FROM main.\"{table}\"",
                 missing.join(", ")
             ))?;
         }
@@ -680,7 +719,17 @@ fn read_view(conn: &Connection) -> SqlResult<()> {
         conn.execute_batch(&ddl)?;
     }
     let has_children = main_exists("retinue_children")?;
+    // A file written before the tombstone note existed reads through a TEMP
+    // copy that has the column (NULL), as after the write that would add it.
+    let lacks_note = has_children
+        && !conn
+            .prepare("SELECT name FROM pragma_table_info('retinue_children', 'main')")?
+            .query_map([], |r| r.get::<_, String>(0))?
+            .collect::<rusqlite::Result<Vec<_>>>()?
+            .iter()
+            .any(|c| c.eq_ignore_ascii_case("tombstone_note"));
     let unadopted = !has_children
+        || lacks_note
         || conn.query_row(
             "SELECT EXISTS (SELECT 1 FROM async_delegations u WHERE u.retained = 1 \
              AND NOT EXISTS (SELECT 1 FROM main.retinue_children c \

@@ -56,6 +56,21 @@ pub enum Error {
         #[source]
         source: Source,
     },
+    /// One row could not be read where the read cannot go on without it
+    /// (e.g. a `sessions` row with an unreadable id met by a lineage walk:
+    /// authority fails closed instead of guessing). The file is not changed.
+    #[error(
+        "malformed row: {table} rowid {rowid} has an unreadable {column} (not UTF-8 text); \
+         the read cannot go on safely without it"
+    )]
+    MalformedRow {
+        /// The table.
+        table: &'static str,
+        /// The row's `rowid`.
+        rowid: i64,
+        /// The unreadable column.
+        column: &'static str,
+    },
     /// The schema history holds migrations this binary does not know.
     #[error("database schema version {found} is newer than this binary supports ({supported})")]
     SchemaTooNew {
@@ -168,6 +183,8 @@ pub enum ErrorKind {
     NotAFile,
     /// Corrupt or truncated.
     Corrupt,
+    /// One row is unreadable where a read must fail.
+    MalformedRow,
     /// Written by a newer binary.
     SchemaTooNew,
     /// The lock was held past the busy timeout.
@@ -202,6 +219,7 @@ impl Error {
             Error::Missing { .. } => ErrorKind::Missing,
             Error::NotAFile { .. } => ErrorKind::NotAFile,
             Error::Corrupt { .. } => ErrorKind::Corrupt,
+            Error::MalformedRow { .. } => ErrorKind::MalformedRow,
             Error::SchemaTooNew { .. } => ErrorKind::SchemaTooNew,
             Error::Busy { .. } => ErrorKind::Busy,
             Error::ReadOnly { .. } => ErrorKind::ReadOnly,
@@ -305,6 +323,30 @@ fn classify(operation: &'static str, e: rusqlite::Error) -> Error {
 /// source chain to the SQLite error and reading its code.
 pub(crate) fn migration(e: refinery::Error) -> Error {
     Error::Migration { source: Box::new(e) }
+}
+
+/// A migration that failed because the database was busy or locked is
+/// reported as [`Error::Busy`] (its wait filled in by the caller); any other
+/// error is returned as it is.
+pub(crate) fn busy_migration(e: Error) -> Error {
+    use rusqlite::ErrorCode;
+    let Error::Migration { source } = e else { return e };
+    let mut busy = false;
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(source.as_ref());
+    while let Some(err) = cur {
+        if let Some(code) =
+            err.downcast_ref::<rusqlite::Error>().and_then(rusqlite::Error::sqlite_error_code)
+        {
+            busy = matches!(code, ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked);
+            break;
+        }
+        cur = err.source();
+    }
+    if busy {
+        Error::Busy { operation: "migrating the schema", waited_ms: 0, timeout_ms: 0, source }
+    } else {
+        Error::Migration { source }
+    }
 }
 
 /// Whether an open step may be retried: busy, locked or a constraint race,

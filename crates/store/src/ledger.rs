@@ -17,7 +17,10 @@ use serde_json::Value;
 
 use crate::error::{Result, SqlResult};
 use crate::model::{SessionCost, parse_json_opt};
-use crate::rows::{json_column, real_column, text_column};
+use crate::rows::{json_column_logged, real_column, text_column};
+
+/// The ledger table (named in warnings about its rows).
+const TABLE: &str = "delegation_child_usage";
 use crate::store::Store;
 
 /// The three ledger totals, as floats (hermes's API shape).
@@ -275,10 +278,11 @@ impl UsageLedger for Store {
                  WHERE parent_session_id = ?1 ORDER BY id",
             )?;
             let rows = stmt.query_map([parent], |r| {
-                let usage = json_column(r, 4)?;
-                let aggregate = json_column(r, 5)?;
+                let id: i64 = r.get(0)?;
+                let usage = json_column_logged(r, 4, TABLE, "usage_json", id)?;
+                let aggregate = json_column_logged(r, 5, TABLE, "aggregate_json", id)?;
                 Ok(UsageAttribution {
-                    id: r.get(0)?,
+                    id,
                     parent_session_id: text_column(r, 1)?.unwrap_or_default(),
                     parent_turn_id: text_column(r, 2)?.unwrap_or_default(),
                     child_session_id: text_column(r, 3)?.unwrap_or_default(),
@@ -304,9 +308,11 @@ impl UsageLedger for Store {
             )?;
             let pending = stmt
                 .query_map(params![parent, covered_id], |r| {
+                    let id: i64 = r.get(0)?;
                     Ok(PendingUsage {
-                        id: r.get(0)?,
-                        usage_json: json_column(r, 1)?.unwrap_or_default(),
+                        id,
+                        usage_json: json_column_logged(r, 1, TABLE, "usage_json", id)?
+                            .unwrap_or_default(),
                     })
                 })?
                 .collect::<rusqlite::Result<Vec<_>>>()?;

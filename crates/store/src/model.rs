@@ -324,6 +324,9 @@ pub enum Unaddressable {
         at: f64,
         /// Why.
         reason: TombstoneReason,
+        /// The operator's free-text note of a manual tombstone
+        /// (`children tombstone --reason TEXT`); `None` otherwise.
+        note: Option<String>,
     },
     /// Its unit was never retained.
     NeverRetained,

@@ -23,6 +23,31 @@ pub(crate) fn json_column(r: &rusqlite::Row<'_>, idx: usize) -> rusqlite::Result
     })
 }
 
+/// [`json_column`] for a row that is read on when its JSON is unreadable
+/// (it then reads as malformed, spec §2.7), with a warning naming the table,
+/// the rowid and the column, so the operator can find the row.
+pub(crate) fn json_column_logged(
+    r: &rusqlite::Row<'_>,
+    idx: usize,
+    table: &str,
+    column: &str,
+    rowid: i64,
+) -> rusqlite::Result<Option<String>> {
+    use rusqlite::types::ValueRef;
+    let unreadable = match r.get_ref(idx)? {
+        ValueRef::Blob(_) => true,
+        ValueRef::Text(b) => std::str::from_utf8(b).is_err(),
+        _ => false,
+    };
+    if unreadable {
+        log::warn!(
+            "{table} rowid {rowid}: {column} is not UTF-8 text; read as malformed (absent), \
+             the other rows are read on"
+        );
+    }
+    json_column(r, idx)
+}
+
 /// Reads a time or number column leniently: a finite INTEGER or REAL reads
 /// as itself; NULL, text, a BLOB or a non-finite value reads as absent, so
 /// one malformed row never fails a whole read.
@@ -70,6 +95,8 @@ pub(crate) struct ChildRow {
     pub(crate) manifest_json: Option<String>,
     pub(crate) child_tombstoned_at: Option<f64>,
     pub(crate) child_tombstone_reason: Option<String>,
+    /// The operator's note of a manual tombstone (read by lookups only).
+    pub(crate) tombstone_note: Option<String>,
     pub(crate) unit_retained: bool,
     pub(crate) unit_retained_at: Option<f64>,
     pub(crate) unit_tombstoned_at: Option<f64>,
@@ -129,6 +156,7 @@ pub(crate) fn read_child_row_at(r: &Row<'_>, o: usize) -> rusqlite::Result<Child
         manifest_json,
         child_tombstoned_at,
         child_tombstone_reason,
+        tombstone_note: None,
         unit_retained: retained == Some(1.0),
         unit_retained_at: real_column(r, o + 13)?,
         unit_tombstoned_at,

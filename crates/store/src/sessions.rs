@@ -144,6 +144,23 @@ fn read_session(r: &Row<'_>) -> rusqlite::Result<SessionRow> {
     })
 }
 
+/// A session row read by a lineage walk (its `rowid` at column 14): an
+/// unreadable id (a BLOB, invalid UTF-8, NULL, a real) is not guessed at —
+/// the walk cannot tell which session it is — so the read fails with
+/// [`Error::MalformedRow`] naming the table and rowid (authority then fails
+/// closed, `RootError::Storage`).
+fn read_walk_session(r: &Row<'_>) -> rusqlite::Result<std::result::Result<SessionRow, i64>> {
+    if text_column(r, 0)?.is_none() {
+        return Ok(Err(r.get(14)?));
+    }
+    read_session(r).map(Ok)
+}
+
+/// The [`Error::MalformedRow`] of a `sessions` row with an unreadable id.
+fn unreadable_session(rowid: i64) -> crate::error::Fail {
+    Error::MalformedRow { table: "sessions", rowid, column: "id" }.into()
+}
+
 pub(crate) fn session_in(
     tx: &Connection,
     has_system_prompt: bool,
@@ -159,12 +176,17 @@ pub(crate) fn children_in(
     parent: &str,
 ) -> SqlResult<Vec<SessionRow>> {
     let sql = format!(
-        "SELECT {} FROM sessions WHERE parent_session_id = ?1 ORDER BY started_at, id",
+        "SELECT {}, NULL, rowid FROM sessions WHERE parent_session_id = ?1 \
+         ORDER BY started_at, id",
         session_cols(has_system_prompt)
     );
     let mut stmt = tx.prepare_cached(&sql)?;
-    let rows = stmt.query_map([parent], read_session)?;
-    Ok(rows.collect::<rusqlite::Result<_>>()?)
+    let rows = stmt.query_map([parent], read_walk_session)?;
+    let mut out = Vec::new();
+    for row in rows {
+        out.push(row?.map_err(unreadable_session)?);
+    }
+    Ok(out)
 }
 
 /// What a message adds to `sessions.tool_call_count`, counted as hermes
@@ -212,31 +234,32 @@ impl SessionGraph for Store {
         // continuation ambiguous — cost a second (indexed) query for their
         // children. Only the columns the lineage rules read are filled.
         const SQL: &str = "WITH RECURSIVE up(id, source, model_config, parent_session_id, \
-               started_at, ended_at, end_reason, n) AS ( \
+               started_at, ended_at, end_reason, n, rid) AS ( \
              SELECT id, source, model_config, parent_session_id, started_at, ended_at, \
-               end_reason, 0 FROM sessions WHERE id = ?1 \
+               end_reason, 0, rowid FROM sessions WHERE id = ?1 \
              UNION ALL SELECT s.id, s.source, s.model_config, s.parent_session_id, s.started_at, \
-               s.ended_at, s.end_reason, up.n + 1 FROM up JOIN sessions s \
+               s.ended_at, s.end_reason, up.n + 1, s.rowid FROM up JOIN sessions s \
                ON s.id = up.parent_session_id WHERE up.n < ?2) \
            SELECT id, source, NULL, model_config, parent_session_id, started_at, ended_at, \
              end_reason, NULL, NULL, NULL, NULL, NULL, \
              (SELECT count(*) FROM (SELECT 1 FROM sessions c \
-               WHERE c.parent_session_id = up.parent_session_id LIMIT 2)) FROM up";
+               WHERE c.parent_session_id = up.parent_session_id LIMIT 2)), rid FROM up";
         const SIBLINGS: &str = "SELECT id, source, NULL, model_config, parent_session_id, \
-             started_at, ended_at, end_reason, NULL, NULL, NULL, NULL, NULL \
+             started_at, ended_at, end_reason, NULL, NULL, NULL, NULL, NULL, NULL, rowid \
              FROM sessions WHERE parent_session_id = ?1";
         let hops = i64::try_from(max_hops).unwrap_or(i64::MAX);
         let ancestors = |conn: &Connection| -> SqlResult<(Vec<SessionRow>, Vec<String>)> {
             let mut crowded: Vec<String> = Vec::new();
             let mut stmt = conn.prepare_cached(SQL)?;
             let mapped = stmt.query_map(params![id, hops], |r| {
-                let row = read_session(r)?;
+                let row = read_walk_session(r)?;
                 let siblings: i64 = r.get(13)?;
                 Ok((row, siblings))
             })?;
             let mut rows = Vec::new();
             for item in mapped {
                 let (row, siblings) = item?;
+                let row = row.map_err(unreadable_session)?;
                 if siblings > 1
                     && let Some(parent) = &row.parent_session_id
                     && !crowded.contains(parent)
@@ -258,9 +281,9 @@ impl SessionGraph for Store {
             let (mut rows, crowded) = ancestors(conn)?;
             let mut stmt = conn.prepare_cached(SIBLINGS)?;
             for parent in &crowded {
-                let more = stmt.query_map([parent], read_session)?;
+                let more = stmt.query_map([parent], read_walk_session)?;
                 for row in more {
-                    rows.push(row?);
+                    rows.push(row?.map_err(unreadable_session)?);
                 }
             }
             Ok(Some(rows))

@@ -614,7 +614,8 @@ fn serve_connection(stream: TcpStream, shared: &Arc<Shared>) {
         if !reply.delay.is_zero() && shared.pause(reply.delay) {
             break;
         }
-        if !recorded.path.ends_with("/chat/completions") || recorded.method != "POST" {
+        let route = recorded.path.split_once('?').map_or(recorded.path.as_str(), |(p, _)| p);
+        if !route.ends_with("/chat/completions") || recorded.method != "POST" {
             let body = json!({"error": {"message": format!("no route for {} {}", recorded.method, recorded.path), "type": "invalid_request_error"}});
             if write_response(&mut out, 404, "application/json", body.to_string().as_bytes(), &[])
                 .is_err()

@@ -15,12 +15,16 @@
 //! * [`oracle`]: random session forests compare `retinue_lineage::root` with
 //!   an independent oracle written from the spec's definition (§5.2).
 //!
+//! * [`hostile`]: hostile files and homes (corrupt page, FIFO, directory,
+//!   socket, read-only directory, a hermes writer holding the lock).
+//!
 //! [`dump`] renders a whole database as text, so tests can prove that a
 //! refused operation changed nothing.
 
 pub mod contention;
 pub mod crash;
 pub mod dump;
+pub mod hostile;
 pub mod oracle;
 pub mod rng;
 pub mod worker;

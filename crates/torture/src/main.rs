@@ -4,6 +4,7 @@
 //! retinue-torture crash --kills N [--db-dir D] [--seed S] [--min-ms A] [--max-ms B]
 //! retinue-torture contention [--procs 4] [--threads 8] --ops N [--db-dir D] [--seed S]
 //! retinue-torture oracle --cases N [--db-cases M] [--seed S] [--threads T]
+//! retinue-torture hostile [--db-dir D]
 //! retinue-torture worker --db F --log F [--seed S] [--max-ops N]     (spawned by crash)
 //! retinue-torture contention-proc --db F --out F --threads T --ops N --procs P --seed S
 //! ```
@@ -17,7 +18,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use retinue_torture::rng::Rng;
-use retinue_torture::{Outcome, contention, crash, oracle, worker};
+use retinue_torture::{Outcome, contention, crash, hostile, oracle, worker};
 
 const USAGE: &str = "\
 usage: retinue-torture <harness> [options]
@@ -25,6 +26,7 @@ usage: retinue-torture <harness> [options]
   crash --kills N [--db-dir D] [--seed S] [--min-ms A] [--max-ms B]
   contention [--procs 4] [--threads 8] --ops N [--db-dir D] [--seed S]
   oracle --cases N [--db-cases M] [--seed S] [--threads T]
+  hostile [--db-dir D]
   worker --db F --log F [--seed S] [--max-ops N]
   contention-proc --db F --out F --threads T --ops N --procs P --seed S
 ";
@@ -134,6 +136,11 @@ fn run(cmd: &str, a: &Args) -> Outcome<Option<serde_json::Value>> {
                 ));
             }
             Some(report.to_json())
+        }
+        "hostile" => {
+            let dir = a.dir()?;
+            eprintln!("hostile: files and homes in {}", dir.display());
+            Some(hostile::run(&dir)?.to_json())
         }
         "worker" => {
             let max =

@@ -54,6 +54,15 @@ fn database_section() {
     let c = load("database:\n  journal_mode: delete\n  synchronous: NORMAL\n");
     assert_eq!(c.database.journal_mode, JournalMode::Delete);
     assert_eq!(c.database.synchronous, Synchronous::Normal);
+    assert_eq!(c.database.busy_timeout_seconds, None);
+    let busy = load("database:\n  busy_timeout_seconds: 0.25\n");
+    assert_eq!(busy.database.busy_timeout_seconds, Some(0.25));
+    assert!(busy.warnings.is_empty());
+    for bad in ["-1", "nope", "7200", ".nan"] {
+        let c = load(&format!("database:\n  busy_timeout_seconds: {bad}\n"));
+        assert_eq!(c.database.busy_timeout_seconds, None, "{bad}");
+        assert!(c.warnings.iter().any(|w| w.contains("busy_timeout_seconds")), "{bad}");
+    }
     let bad = load("database:\n  journal_mode: 3\n");
     assert_eq!(bad.database.journal_mode, JournalMode::Wal);
     assert_eq!(bad.warnings.len(), 1);

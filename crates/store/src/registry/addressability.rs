@@ -9,7 +9,8 @@ use crate::error::{Result, SqlResult};
 use crate::model::{Lookup, RetainedChild, TombstoneReason, Unaddressable, parse_json_opt};
 use crate::registry::RegistryRead;
 use crate::rows::{
-    CHILD_COLS, CHILD_RETAINED_AT, ChildRow, Limits, json_column, read_child_row, read_child_row_at,
+    CHILD_COLS, CHILD_RETAINED_AT, ChildRow, Limits, json_column, read_child_row,
+    read_child_row_at, text_column,
 };
 use crate::store::Store;
 
@@ -21,14 +22,16 @@ fn candidates(conn: &Connection, id: &str) -> SqlResult<Vec<(u8, ChildRow)>> {
         "c.delegation_id, c.child_index, c.subagent_id, c.child_session_id, c.manifest_json, ",
         "COALESCE(c.retained_at, CASE WHEN u.retained = 1 THEN u.retained_at END), c.tombstoned_at, ",
         "c.tombstone_reason, u.parent_session_id, u.owner_profile, u.state, u.completed_at, u.retained, ",
-        "u.retained_at, u.tombstoned_at, c.rowid FROM retinue_children c ",
+        "u.retained_at, u.tombstoned_at, c.rowid, c.tombstone_note FROM retinue_children c ",
         "JOIN async_delegations u ON u.delegation_id = c.delegation_id ",
         "WHERE c.subagent_id = ?1 OR c.child_session_id = ?1 OR c.delegation_id = ?1"
     );
     let mut stmt = conn.prepare_cached(SQL)?;
     let rows = stmt.query_map([id], |r| {
         let kind: i64 = r.get(0)?;
-        Ok((u8::try_from(kind).unwrap_or(u8::MAX), read_child_row_at(r, 1)?))
+        let mut row = read_child_row_at(r, 1)?;
+        row.tombstone_note = text_column(r, 17)?;
+        Ok((u8::try_from(kind).unwrap_or(u8::MAX), row))
     })?;
     let rows = rows.collect::<rusqlite::Result<Vec<_>>>()?;
     Ok(rows
@@ -67,17 +70,23 @@ fn rank_of(conn: &Connection, id: &str, retained_at: Option<f64>, lim: Limits) -
 fn live_status(row: &ChildRow, lim: Limits) -> Option<Unaddressable> {
     if let Some(at) = row.child_tombstoned_at {
         let reason = TombstoneReason::parse(row.child_tombstone_reason.as_deref());
-        return Some(Unaddressable::Tombstoned { at, reason });
+        let note =
+            (reason == TombstoneReason::Manual).then(|| row.tombstone_note.clone()).flatten();
+        return Some(Unaddressable::Tombstoned { at, reason, note });
     }
     if let Some(at) = row.unit_tombstoned_at {
-        return Some(Unaddressable::Tombstoned { at, reason: TombstoneReason::External });
+        return Some(Unaddressable::Tombstoned {
+            at,
+            reason: TombstoneReason::External,
+            note: None,
+        });
     }
     let Some(retained_at) = row.entry.retained_at.filter(|_| row.unit_retained) else {
         return Some(Unaddressable::NeverRetained);
     };
     if retained_at < lim.cutoff() {
         let at = retained_at + lim.ttl_hours * 3600.0;
-        return Some(Unaddressable::Tombstoned { at, reason: TombstoneReason::Ttl });
+        return Some(Unaddressable::Tombstoned { at, reason: TombstoneReason::Ttl, note: None });
     }
     None
 }
@@ -125,7 +134,11 @@ pub(crate) fn resolve_in(conn: &Connection, id: &str, lim: Limits) -> SqlResult<
         {
             break;
         }
-        item.0 = Some(Unaddressable::Tombstoned { at: lim.now, reason: TombstoneReason::Cap });
+        item.0 = Some(Unaddressable::Tombstoned {
+            at: lim.now,
+            reason: TombstoneReason::Cap,
+            note: None,
+        });
     }
     scored.sort_by(order);
     Ok(scored.into_iter().next().map(|(status, kind, row)| (kind, status, row)))

@@ -110,7 +110,7 @@ fn full_hermes_table_with_retained_batch_is_backfilled() {
     // hermes retained and tombstoned it before Retinue ever opened the file:
     // tombstoned with reason `external` and hermes' time, never unknown (issue 12).
     match store.lookup("hs-solo").expect("lookup") {
-        Lookup::NotAddressable(entry, Unaddressable::Tombstoned { at, reason }) => {
+        Lookup::NotAddressable(entry, Unaddressable::Tombstoned { at, reason, .. }) => {
             assert_eq!(entry.delegation_id, "deleg_hermes02");
             assert_eq!(reason, TombstoneReason::External);
             assert!((at - (T0 - 30.0)).abs() < 1e-6, "{at}");
@@ -127,7 +127,7 @@ fn full_hermes_table_with_retained_batch_is_backfilled() {
         .expect("hermes tombstone");
     assert!(store.list_retained_children().expect("list").is_empty());
     match store.lookup("hs-1").expect("lookup") {
-        Lookup::NotAddressable(entry, Unaddressable::Tombstoned { at, reason }) => {
+        Lookup::NotAddressable(entry, Unaddressable::Tombstoned { at, reason, .. }) => {
             assert_eq!(entry.child_session_id, "hs-1");
             assert!((at - (T0 - 30.0)).abs() < 1e-6);
             assert_eq!(reason, TombstoneReason::External);

@@ -25,6 +25,39 @@ fn retain_and_list_children() {
 }
 
 #[test]
+fn manual_tombstone_note_is_reported_by_lookup_read_write_and_read_only() {
+    let fx = Fx::new();
+    fx.seed_unit();
+    let reason = TombstoneReason::Other("operator cleanup".to_owned());
+    assert!(fx.store.tombstone_retained_child("sa-0-abc12345", &reason).expect("t"));
+    let ro = retinue_store::Store::open_read_only(
+        fx.db(),
+        retinue_store::StoreOptions::default()
+            .with_clock(fx.clock.clone())
+            .with_delegation(fx.store.config().delegation.clone()),
+    )
+    .expect("open read-only");
+    for store in [&fx.store, &ro] {
+        match store.lookup("child-sess-1").expect("lookup") {
+            Lookup::NotAddressable(_, Unaddressable::Tombstoned { reason, note, .. }) => {
+                assert_eq!(reason, TombstoneReason::Manual);
+                assert_eq!(note.as_deref(), Some("operator cleanup"));
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    // A later prune keeps the manual reason and its note.
+    fx.clock.advance(100.0 * 3600.0);
+    fx.store.prune_retained_children(None, None).expect("prune");
+    match fx.store.lookup("child-sess-1").expect("lookup") {
+        Lookup::NotAddressable(_, Unaddressable::Tombstoned { reason, note, .. }) => {
+            assert_eq!((reason, note), (TombstoneReason::Manual, Some("operator cleanup".into())));
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+#[test]
 fn find_retained_child_by_any_id() {
     let fx = Fx::new();
     fx.seed_unit();
@@ -60,7 +93,7 @@ fn tombstone_removes_addressability_only() {
     assert!(tomb.is_some());
     assert!(cj.unwrap_or_default().contains("child-sess-1"));
     match fx.store.lookup("child-sess-1").expect("lookup") {
-        Lookup::NotAddressable(_, Unaddressable::Tombstoned { at, reason }) => {
+        Lookup::NotAddressable(_, Unaddressable::Tombstoned { at, reason, .. }) => {
             assert_eq!(reason, TombstoneReason::Manual);
             assert!((at - T0).abs() < 1e-6);
         }

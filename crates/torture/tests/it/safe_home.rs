@@ -196,3 +196,117 @@ fn malformed_rows_never_hide_healthy_ones() {
     let ro = Store::open_read_only(&path, StoreOptions::default()).expect("ro");
     assert_eq!(ro.list_retained_children().expect("ro list").len(), listed.len());
 }
+
+#[test]
+fn hostile_harness_cases_all_hold() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let report = retinue_torture::hostile::run(&dir.path().join("hostile")).expect("hostile");
+    let names: Vec<&str> = report.cases.iter().map(|c| c.case).collect();
+    assert_eq!(
+        names,
+        [
+            "corrupt page",
+            "FIFO as the database",
+            "directory as the database",
+            "socket as the database",
+            "read-only file in a read-only directory",
+            "hermes writer holding the write lock",
+        ]
+    );
+    for case in &report.cases {
+        eprintln!("{}: {} ({} ms) {}", case.case, case.outcome, case.millis, case.note);
+    }
+    assert!(report.cases[0].unchanged && report.cases[0].outcome.contains("Corrupt"));
+    assert!(report.cases[5].outcome.contains("database is busy: waited"));
+}
+
+#[test]
+fn a_socket_as_state_db_is_refused_at_once_and_left_alone() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("state.db");
+    let _listener = std::os::unix::net::UnixListener::bind(&path).expect("bind");
+    for read_only in [false, true] {
+        let started = std::time::Instant::now();
+        let got = if read_only {
+            Store::open_read_only(&path, StoreOptions::default())
+        } else {
+            Store::open(&path, StoreOptions::default())
+        };
+        let err = got.expect_err("a socket is not a database");
+        assert_eq!(err.kind(), retinue_store::ErrorKind::NotAFile);
+        assert_eq!(err.to_string(), format!("{} is a socket, not a database file", path.display()));
+        assert!(started.elapsed() < std::time::Duration::from_secs(1));
+    }
+    use std::os::unix::fs::FileTypeExt;
+    assert!(std::fs::metadata(&path).expect("still there").file_type().is_socket());
+    let mut entries: Vec<String> = std::fs::read_dir(dir.path())
+        .expect("dir")
+        .map(|e| e.expect("e").file_name().to_string_lossy().into_owned())
+        .collect();
+    entries.sort();
+    assert_eq!(entries, ["state.db"], "nothing created beside the socket");
+}
+
+/// Whether permissions bind for this process (a file cannot be created in a
+/// 0555 directory): false when running as root.
+fn permissions_bind() -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ro = dir.path().join("ro");
+    std::fs::create_dir(&ro).expect("mkdir");
+    std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o555)).expect("chmod");
+    let binds = std::fs::write(ro.join("x"), b"x").is_err();
+    std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    binds
+}
+
+#[test]
+fn a_read_only_directory_really_refuses_writes() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let work = dir.path().join("work");
+    std::fs::create_dir(&work).expect("mkdir");
+    let figures: serde_json::Value = if permissions_bind() {
+        eprintln!("read-only directory: permissions bind (not root): running in-process");
+        retinue_torture::hostile::run(&work).expect("hostile").to_json()
+    } else {
+        // As root, permissions do not bind: run the harness as `nobody`.
+        let Some(setpriv) = ["/usr/bin/setpriv", "/bin/setpriv"]
+            .into_iter()
+            .find(|p| std::path::Path::new(p).exists())
+        else {
+            eprintln!(
+                "SKIPPED: running as root and no setpriv to drop privileges: the read-only \
+                 directory's permissions cannot bind here"
+            );
+            return;
+        };
+        eprintln!("read-only directory: running as root: the harness runs as nobody (setpriv)");
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
+            .expect("chmod");
+        std::fs::set_permissions(&work, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+        let out = std::process::Command::new(setpriv)
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .arg(env!("CARGO_BIN_EXE_retinue-torture"))
+            .args(["hostile", "--db-dir"])
+            .arg(&work)
+            .output()
+            .expect("setpriv");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).expect("figures")
+    };
+    let case = figures["cases"]
+        .as_array()
+        .expect("cases")
+        .iter()
+        .find(|c| c["case"] == "read-only file in a read-only directory")
+        .expect("case")
+        .clone();
+    // The path that ran is the one where the OS enforces the permission.
+    assert_eq!(
+        case["note"], "permissions bind (not root): the write was really refused by the OS",
+        "{case}"
+    );
+    assert!(case["outcome"].as_str().expect("outcome").contains("write: ReadOnly"), "{case}");
+    assert_eq!(case["unchanged"], true);
+}
