@@ -6,6 +6,7 @@
 //! a `--quick` smoke run of the benchmark (no timing asserted).
 
 mod interop;
+mod pg;
 mod reliability;
 mod seams;
 mod tidy;
@@ -20,7 +21,11 @@ tasks:
   ci      fmt, lint, test, interop, doc, tidy and a bench smoke run, fail-fast (what CI runs)
   fmt     cargo fmt --all -- --check
   lint    cargo clippy --workspace --all-targets --all-features -- -D warnings
-  test    the whole test suite (nextest where installed, else cargo test) and doctests
+  test    the whole test suite (nextest where installed, else cargo test) and doctests, the
+          PostgreSQL tests against RETINUE_PG_URL or a throwaway cluster started here
+  pg-start  start a throwaway PostgreSQL cluster in target/pg-cluster, print its export line
+          (--minutes N: stops by itself after N minutes, default 120)
+  pg-stop   stop it
   doc     cargo doc --workspace --no-deps with warnings denied
   tidy    source hygiene and crate-boundary checks
   interop share a state.db with the published Python hermes-agent (downloads its wheel)
@@ -66,13 +71,21 @@ fn has_nextest() -> bool {
 }
 
 fn test() -> Result<(), String> {
+    // The PostgreSQL tests run against RETINUE_PG_URL or a throwaway cluster
+    // (stopped when `_cluster` drops, on error too); RETINUE_REQUIRE_PG makes
+    // them fail rather than skip if the URL were somehow missing.
+    let (url, _cluster) = pg::for_tests(&root())?;
+    let with_pg = |mut cmd: Command| {
+        cmd.env(pg::URL_VAR, &url).env("RETINUE_REQUIRE_PG", "1");
+        cmd
+    };
     if has_nextest() {
-        run(cargo()
+        run(with_pg(cargo())
             .args(["nextest", "run", "--workspace", "--all-features", "--locked", "--no-fail-fast"])
             .env("INSTA_UPDATE", "no"))?;
-        run(cargo().args(["test", "--doc", "--workspace", "--all-features", "--locked"]))
+        run(with_pg(cargo()).args(["test", "--doc", "--workspace", "--all-features", "--locked"]))
     } else {
-        run(cargo()
+        run(with_pg(cargo())
             .args(["test", "--workspace", "--all-features", "--locked", "--no-fail-fast"])
             .env("INSTA_UPDATE", "no"))
     }
@@ -108,6 +121,8 @@ fn main() -> ExitCode {
         Some("tidy") => tidy::run(&root()),
         Some("interop") => interop::run(&root()),
         Some("bench") => bench(&args[1..]),
+        Some("pg-start") => pg::pg_start(&root(), &args[1..]),
+        Some("pg-stop") => pg::pg_stop(&root()),
         Some("reliability") => reliability::run(&root(), &args[1..]),
         None | Some("-h" | "--help" | "help") => {
             eprint!("{HELP}");
