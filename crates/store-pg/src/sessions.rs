@@ -109,7 +109,7 @@ impl SessionGraph for PgStore {
         const SQL: &str = "WITH RECURSIVE up(id, source, model_config, parent_session_id, \
                started_at, ended_at, end_reason, n) AS ( \
              SELECT id, source, model_config, parent_session_id, started_at, ended_at, \
-               end_reason, 0 FROM sessions WHERE id = $1 \
+               end_reason, 0::BIGINT FROM sessions WHERE id = $1 \
              UNION ALL SELECT s.id, s.source, s.model_config, s.parent_session_id, s.started_at, \
                s.ended_at, s.end_reason, up.n + 1 FROM up JOIN sessions s \
                ON s.id = up.parent_session_id WHERE up.n < $2) \
