@@ -132,7 +132,10 @@ fn pg_ctl_stop(bin: &Path, data: &Path, as_postgres: bool) -> Result<(), String>
         return Ok(());
     }
     run_quiet(
-        pg_command(bin, "pg_ctl", as_postgres).arg("-D").arg(data).args(["-m", "fast", "-w", "stop"]),
+        pg_command(bin, "pg_ctl", as_postgres)
+            .arg("-D")
+            .arg(data)
+            .args(["-m", "fast", "-w", "stop"]),
         "pg_ctl stop",
     )
 }
@@ -211,8 +214,15 @@ pub(crate) fn start(
     };
     // From here on the guard stops the server on any error.
     run_quiet(
-        Command::new(bin.join("createdb"))
-            .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-U", "retinue", "retinue"]),
+        Command::new(bin.join("createdb")).args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port.to_string(),
+            "-U",
+            "retinue",
+            "retinue",
+        ]),
         "createdb",
     )?;
     spawn_watchdog(&cluster, watch_pid, max_secs);
@@ -236,7 +246,9 @@ fn spawn_watchdog(cluster: &Cluster, pid: Option<u32>, max_secs: Option<u64>) {
         .join(" ");
     let wait = match (pid, max_secs) {
         (Some(pid), Some(secs)) => {
-            format!("n=0; while kill -0 {pid} 2>/dev/null && [ $n -lt {secs} ]; do sleep 1; n=$((n+1)); done")
+            format!(
+                "n=0; while kill -0 {pid} 2>/dev/null && [ $n -lt {secs} ]; do sleep 1; n=$((n+1)); done"
+            )
         }
         (Some(pid), None) => format!("while kill -0 {pid} 2>/dev/null; do sleep 1; done"),
         (None, Some(secs)) => format!("sleep {secs}"),

@@ -101,9 +101,10 @@ fn record_in(
         )?
         .try_get(0)?;
     if let Some(key) = &draft.key {
-        tx.execute("UPDATE retinue_usage_keys SET usage_id = $1 WHERE attribution_key = $2", &[
-            &id, key,
-        ])?;
+        tx.execute(
+            "UPDATE retinue_usage_keys SET usage_id = $1 WHERE attribution_key = $2",
+            &[&id, key],
+        )?;
     }
     // Ids of concurrent writers may be handed out out of commit order; only a
     // row above every row of the parent moves the totals (else it stays pending).

@@ -13,8 +13,8 @@ use postgres::types::ToSql;
 use retinue_store::{
     ChildManifest, Claims, Completion, DeliveryClaim, DeliveryFilter, Error, LEASE_SECS, Lookup,
     MAX_DELIVERY_ATTEMPTS, OwnerProbe, ProcessState, PruneCount, RecoveryReport, RegistryRead,
-    Result, ResumeClaim, RetainedChild, Retention, TombstoneReason, UnitDraft, UnitLifecycle,
-    Unaddressable, UsageSwap, children_json, parse_children_json, parse_json_opt, truncate_chars,
+    Result, ResumeClaim, RetainedChild, Retention, TombstoneReason, Unaddressable, UnitDraft,
+    UnitLifecycle, UsageSwap, children_json, parse_children_json, parse_json_opt, truncate_chars,
 };
 use serde_json::{Map, Value, json};
 
@@ -174,10 +174,10 @@ impl RegistryRead for PgStore {
 
     fn unit_usage(&self, id: &str) -> Result<Option<Value>> {
         self.pool.tx("reading a unit's usage", Mode::Read, |tx| {
-            let raw: Option<String> = match tx
-                .query_opt("SELECT usage_json FROM async_delegations WHERE delegation_id = $1", &[
-                    &id,
-                ])? {
+            let raw: Option<String> = match tx.query_opt(
+                "SELECT usage_json FROM async_delegations WHERE delegation_id = $1",
+                &[&id],
+            )? {
                 Some(r) => r.try_get(0)?,
                 None => None,
             };
@@ -384,7 +384,8 @@ impl Retention for PgStore {
                 prune_in(tx, lim)
             })?;
         }
-        let n = self.pool.tx("counting retained children", Mode::Read, |tx| list_in(tx, lim))?.len();
+        let n =
+            self.pool.tx("counting retained children", Mode::Read, |tx| list_in(tx, lim))?.len();
         log::info!("rehydrated {n} addressable retained children");
         Ok(n)
     }
@@ -505,7 +506,9 @@ impl PgStore {
                  AND delivery_state = 'pending' LIMIT $3 + 1) b) > $3"
         );
         let due = self.pool.tx("checking whether history is due", Mode::Read, |tx| {
-            Ok(tx.query_one(&due_sql, &[&old, &TERMINAL_KEEP, &PENDING_KEEP])?.try_get::<_, bool>(0)?)
+            Ok(tx
+                .query_one(&due_sql, &[&old, &TERMINAL_KEEP, &PENDING_KEEP])?
+                .try_get::<_, bool>(0)?)
         })?;
         if !due {
             return Ok(0);
@@ -539,9 +542,10 @@ impl PgStore {
                 }
             }
             if !deleted.is_empty() {
-                tx.execute("DELETE FROM retinue_children WHERE delegation_id = ANY($1)", &[
-                    &deleted,
-                ])?;
+                tx.execute(
+                    "DELETE FROM retinue_children WHERE delegation_id = ANY($1)",
+                    &[&deleted],
+                )?;
             }
             Ok(deleted.len())
         })
@@ -594,16 +598,19 @@ fn upsert_children(tx: &mut Transaction<'_>, id: &str, children: &[ChildManifest
     )?;
     for (i, child) in children.iter().enumerate() {
         let goal = child.goal.as_deref().map(|g| truncate_chars(g, 200));
-        tx.execute(&stmt, &[
-            &id,
-            &i64::try_from(i).unwrap_or(i64::MAX),
-            &child.subagent_id,
-            &child.session_id,
-            &child.model,
-            &child.provider,
-            &goal,
-            &child.to_json().to_string(),
-        ])?;
+        tx.execute(
+            &stmt,
+            &[
+                &id,
+                &i64::try_from(i).unwrap_or(i64::MAX),
+                &child.subagent_id,
+                &child.session_id,
+                &child.model,
+                &child.provider,
+                &goal,
+                &child.to_json().to_string(),
+            ],
+        )?;
     }
     Ok(())
 }
@@ -785,7 +792,8 @@ impl Claims for PgStore {
                 let id: String = row.try_get(0)?;
                 let attempts: i64 = row.try_get(1)?;
                 let text: Option<String> = row.try_get(2)?;
-                let Some(event) = text.as_deref().and_then(|s| serde_json::from_str::<Value>(s).ok())
+                let Some(event) =
+                    text.as_deref().and_then(|s| serde_json::from_str::<Value>(s).ok())
                 else {
                     unreadable.push(id);
                     continue;

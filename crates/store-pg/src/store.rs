@@ -153,7 +153,9 @@ fn pgpass_lookup(text: &str, host: &str, port: &str, db: &str, user: &str) -> Op
 /// The string is never echoed in an error (it may hold a password).
 pub(crate) fn connection_config(url: &str) -> Result<Config> {
     let mut config = Config::from_str(url.trim()).map_err(|_| {
-        Error::Invalid("unreadable PostgreSQL connection string (postgres://user@host:port/db)".into())
+        Error::Invalid(
+            "unreadable PostgreSQL connection string (postgres://user@host:port/db)".into(),
+        )
     })?;
     if config.get_user().is_none() {
         let user = std::env::var("PGUSER")
@@ -168,9 +170,9 @@ pub(crate) fn connection_config(url: &str) -> Result<Config> {
         if let Ok(pw) = std::env::var("PGPASSWORD") {
             config.password(pw);
         } else {
-            let file = std::env::var_os("PGPASSFILE").map(PathBuf::from).or_else(|| {
-                std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".pgpass"))
-            });
+            let file = std::env::var_os("PGPASSFILE")
+                .map(PathBuf::from)
+                .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".pgpass")));
             if let Some(text) = file.and_then(|f| std::fs::read_to_string(f).ok()) {
                 let host = match config.get_hosts().first() {
                     Some(postgres::config::Host::Tcp(h)) => h.clone(),
@@ -201,8 +203,9 @@ fn migrate(client: &mut postgres::Client, schema: Option<&str>) -> PgResult<()> 
         .query_one("SELECT to_regclass('refinery_schema_history') IS NOT NULL", &[])?
         .try_get::<_, bool>(0)?;
     if history {
-        let found: Option<i32> =
-            client.query_one("SELECT MAX(version) FROM refinery_schema_history", &[])?.try_get(0)?;
+        let found: Option<i32> = client
+            .query_one("SELECT MAX(version) FROM refinery_schema_history", &[])?
+            .try_get(0)?;
         if let Some(found) = found
             && found > SCHEMA_VERSION
         {
@@ -243,9 +246,9 @@ impl PgStore {
         let mut attempt: u32 = 0;
         loop {
             attempt += 1;
-            match pool.with("migrating the PostgreSQL schema", |c| {
-                migrate(c, opts.schema.as_deref())
-            }) {
+            match pool
+                .with("migrating the PostgreSQL schema", |c| migrate(c, opts.schema.as_deref()))
+            {
                 Ok(()) => break,
                 Err(e @ Error::SchemaTooNew { .. }) => return Err(e),
                 Err(e) if attempt >= 5 => return Err(e),

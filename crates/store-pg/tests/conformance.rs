@@ -152,7 +152,11 @@ fn heartbeat_keeps_units_alive_across_hosts() {
     let schema = scratch_schema_of(&b);
     let clock = b.clock.clone();
     let a = Arc::new(open(&url, &schema, &clock, &config(10)));
-    let id = a.insert_unit(&UnitDraft { children: vec![ChildManifest::default()], ..UnitDraft::default() })
+    let id = a
+        .insert_unit(&UnitDraft {
+            children: vec![ChildManifest::default()],
+            ..UnitDraft::default()
+        })
         .expect("insert");
     for _ in 0..3 {
         clock.advance(WORKER_LEASE_SECS / 2.0);
@@ -164,5 +168,8 @@ fn heartbeat_keeps_units_alive_across_hosts() {
     a.retire().expect("retire");
     clock.advance(0.001);
     assert_eq!(host_b.recover_abandoned_delegations(&probe).abandoned, 1);
-    assert!(matches!(host_b.lookup(&id).expect("lookup"), Lookup::Unknown | Lookup::NotAddressable(..)));
+    assert!(matches!(
+        host_b.lookup(&id).expect("lookup"),
+        Lookup::Unknown | Lookup::NotAddressable(..)
+    ));
 }

@@ -19,8 +19,8 @@ use std::sync::{Arc, Mutex};
 use retinue_store::{
     AttributionDraft, ChildManifest, Completion, DelegationConfig, DeliveryFilter, LEASE_SECS,
     LoadedConfig, Lookup, ManualClock, Message, NewSession, OwnerProbe, ProcessState, Registry,
-    ResumeClaim, SessionGraph, SessionStore, StoreOptions, TombstoneReason,
-    TotalsUpdate, Unaddressable, UnitDraft, UsageLedger, UsageSwap, UsageTotals,
+    ResumeClaim, SessionGraph, SessionStore, StoreOptions, TombstoneReason, TotalsUpdate,
+    Unaddressable, UnitDraft, UsageLedger, UsageSwap, UsageTotals,
 };
 use serde_json::json;
 
@@ -81,11 +81,7 @@ pub fn sqlite_backend(d: DelegationConfig) -> Backend {
     const OWNER: i64 = 3_999_999;
     let home = Arc::new(TempHome::new());
     let clock = Arc::new(ManualClock::new(T0));
-    let opts = || {
-        StoreOptions::default()
-            .with_clock(clock.clone())
-            .with_delegation(d.clone())
-    };
+    let opts = || StoreOptions::default().with_clock(clock.clone()).with_delegation(d.clone());
     let store = Arc::new(home.open_store_with(opts()));
     let probe = Arc::new(DeadPids::default());
     let reopen_home = home.clone();
@@ -119,8 +115,11 @@ pub fn run_all(backend: &str, make: Factory<'_>) {
     assert!(failed.is_empty(), "conformance[{backend}]: failing cases: {failed:?}");
 }
 
+/// One conformance case.
+pub type Case = fn(Factory<'_>);
+
 /// Every case, by name.
-pub const CASES: &[(&str, fn(Factory<'_>))] = &[
+pub const CASES: &[(&str, Case)] = &[
     ("insert_retain_list", insert_retain_list),
     ("lookup_by_each_id_kind", lookup_by_each_id_kind),
     ("tombstones", tombstones),
@@ -138,7 +137,11 @@ pub const CASES: &[(&str, fn(Factory<'_>))] = &[
 ];
 
 fn config(max_retained: u32, ttl_hours: f64) -> DelegationConfig {
-    DelegationConfig { max_retained, retained_ttl_hours: ttl_hours, ..LoadedConfig::default().delegation }
+    DelegationConfig {
+        max_retained,
+        retained_ttl_hours: ttl_hours,
+        ..LoadedConfig::default().delegation
+    }
 }
 
 fn default_config() -> DelegationConfig {
@@ -183,13 +186,21 @@ fn insert(b: &Backend, parent: &str, profile: &str, n: usize) -> (String, Vec<Ch
 
 fn retained(b: &Backend, parent: &str, n: usize) -> (String, Vec<ChildManifest>) {
     let (id, children) = insert(b, parent, "", n);
-    assert!(b.registry.retain_completed_delegation(&id, Some(&json!({"cost_usd": 0.5}))).expect("retain"));
+    assert!(
+        b.registry
+            .retain_completed_delegation(&id, Some(&json!({"cost_usd": 0.5})))
+            .expect("retain")
+    );
     (id, children)
 }
 
 fn root(b: &Backend, id: &str) {
     b.sessions
-        .create_session(&NewSession { id: id.into(), source: "cli".into(), ..NewSession::default() })
+        .create_session(&NewSession {
+            id: id.into(),
+            source: "cli".into(),
+            ..NewSession::default()
+        })
         .expect("create root session");
 }
 
@@ -203,7 +214,11 @@ pub fn insert_retain_list(make: Factory<'_>) {
         b.registry.lookup(&children[0].subagent_id).expect("lookup"),
         Lookup::NotAddressable(_, Unaddressable::NeverRetained)
     ));
-    assert!(b.registry.retain_completed_delegation(&id, Some(&json!({"cost_usd": 0.5}))).expect("retain"));
+    assert!(
+        b.registry
+            .retain_completed_delegation(&id, Some(&json!({"cost_usd": 0.5})))
+            .expect("retain")
+    );
     let list = b.registry.list_retained_children().expect("list");
     assert_eq!(list.len(), 2);
     for (i, e) in list.iter().enumerate() {
@@ -245,8 +260,12 @@ pub fn tombstones(make: Factory<'_>) {
     let b = make(default_config());
     let (id, children) = retained(&b, "P", 2);
     let r = &b.registry;
-    assert!(r.tombstone_retained_child(&children[0].subagent_id, &TombstoneReason::Manual).expect("t"));
-    assert!(!r.tombstone_retained_child(&children[0].subagent_id, &TombstoneReason::Manual).expect("t"));
+    assert!(
+        r.tombstone_retained_child(&children[0].subagent_id, &TombstoneReason::Manual).expect("t")
+    );
+    assert!(
+        !r.tombstone_retained_child(&children[0].subagent_id, &TombstoneReason::Manual).expect("t")
+    );
     match r.lookup(&children[0].subagent_id).expect("lookup") {
         Lookup::NotAddressable(_, Unaddressable::Tombstoned { reason, .. }) => {
             assert_eq!(reason, TombstoneReason::Manual);
@@ -344,7 +363,10 @@ pub fn completion_and_delivery(make: Factory<'_>) {
     assert_eq!(first.event["delegation_id"], json!(failed));
     let second = r.claim_delivery(&DeliveryFilter::default()).expect("claim").expect("two");
     assert_eq!(second.delegation_id, done);
-    assert!(r.claim_delivery(&DeliveryFilter::default()).expect("claim").is_none(), "sync is delivered");
+    assert!(
+        r.claim_delivery(&DeliveryFilter::default()).expect("claim").is_none(),
+        "sync is delivered"
+    );
     assert!(!r.ack_delivery(&first.delegation_id, "wrong-token").expect("ack"));
     assert!(r.ack_delivery(&first.delegation_id, &first.token).expect("ack"));
     assert!(!r.ack_delivery(&first.delegation_id, &first.token).expect("ack twice"));
@@ -354,7 +376,8 @@ pub fn completion_and_delivery(make: Factory<'_>) {
     assert_eq!((again.delegation_id.as_str(), again.attempt), (done.as_str(), 2));
     assert!(!r.ack_delivery(&done, &second.token).expect("stale token"));
     assert!(r.ack_delivery(&done, &again.token).expect("ack"));
-    let filtered = DeliveryFilter { parent_session_id: Some("other".into()), ..DeliveryFilter::default() };
+    let filtered =
+        DeliveryFilter { parent_session_id: Some("other".into()), ..DeliveryFilter::default() };
     assert!(r.claim_delivery(&filtered).expect("claim").is_none());
 }
 
@@ -371,7 +394,8 @@ pub fn delivery_exactly_once_concurrently(make: Factory<'_>) {
     let claimed = Mutex::new(Vec::new());
     std::thread::scope(|s| {
         for t in 0..6 {
-            let reg: Arc<dyn Registry> = if t % 2 == 0 { b.registry.clone() } else { other.clone() };
+            let reg: Arc<dyn Registry> =
+                if t % 2 == 0 { b.registry.clone() } else { other.clone() };
             let claimed = &claimed;
             s.spawn(move || {
                 while let Some(c) = reg.claim_delivery(&DeliveryFilter::default()).expect("claim") {
@@ -411,7 +435,9 @@ pub fn resume_claims_single_use(make: Factory<'_>) {
     assert!(!r.renew_resume(&id, 0, &t2).expect("old holder lost it"));
     assert_eq!(r.claim_resume(&id, 9).expect("claim"), ResumeClaim::Unavailable);
     assert_eq!(r.claim_resume("deleg_none", 0).expect("claim"), ResumeClaim::Unavailable);
-    assert!(r.tombstone_retained_child(&children[1].subagent_id, &TombstoneReason::Manual).expect("t"));
+    assert!(
+        r.tombstone_retained_child(&children[1].subagent_id, &TombstoneReason::Manual).expect("t")
+    );
     assert_eq!(r.claim_resume(&id, 1).expect("claim"), ResumeClaim::Unavailable);
 }
 
@@ -423,7 +449,8 @@ pub fn resume_claims_concurrently(make: Factory<'_>) {
     let wins = AtomicU32::new(0);
     std::thread::scope(|s| {
         for t in 0..8 {
-            let reg: Arc<dyn Registry> = if t % 2 == 0 { b.registry.clone() } else { other.clone() };
+            let reg: Arc<dyn Registry> =
+                if t % 2 == 0 { b.registry.clone() } else { other.clone() };
             let (id, wins) = (&id, &wins);
             s.spawn(move || {
                 if let ResumeClaim::Claimed { .. } = reg.claim_resume(id, 0).expect("claim") {
@@ -443,12 +470,14 @@ pub fn finish_follow_up_swaps_usage(make: Factory<'_>) {
     let ResumeClaim::Claimed { token } = r.claim_resume(&id, 0).expect("claim") else {
         panic!("claim")
     };
-    let stale = UsageSwap { expected: Some(json!({"cost_usd": 9.0})), new: json!({"cost_usd": 2.0}) };
+    let stale =
+        UsageSwap { expected: Some(json!({"cost_usd": 9.0})), new: json!({"cost_usd": 2.0}) };
     let err = r.finish_follow_up(&id, 0, &token, Some(&stale)).expect_err("stale swap");
     assert_eq!(err.kind(), retinue_store::ErrorKind::Stale);
     assert_eq!(r.unit_usage(&id).expect("usage"), Some(json!({"cost_usd": 0.5})));
     b.clock.advance(3000.0);
-    let swap = UsageSwap { expected: Some(json!({"cost_usd": 0.5})), new: json!({"cost_usd": 2.0}) };
+    let swap =
+        UsageSwap { expected: Some(json!({"cost_usd": 0.5})), new: json!({"cost_usd": 2.0}) };
     assert!(r.finish_follow_up(&id, 0, &token, Some(&swap)).expect("finish"));
     assert_eq!(r.unit_usage(&id).expect("usage"), Some(json!({"cost_usd": 2.0})));
     assert!(!r.finish_follow_up(&id, 0, &token, None).expect("released"));
@@ -535,21 +564,32 @@ pub fn sessions_and_transcripts(make: Factory<'_>) {
     let s = &b.sessions;
     root(&b, "A");
     assert!(s.create_session(&NewSession { id: " ".into(), ..NewSession::default() }).is_err());
-    let bad = NewSession { id: "X".into(), model_config: Some(json!([1])), ..NewSession::default() };
+    let bad =
+        NewSession { id: "X".into(), model_config: Some(json!([1])), ..NewSession::default() };
     assert!(s.create_session(&bad).is_err());
-    assert!(s.create_session(&NewSession { id: "A".into(), ..NewSession::default() }).is_err(), "duplicate id");
-    let orphan = NewSession { id: "O".into(), parent_session_id: Some("missing".into()), ..NewSession::default() };
+    assert!(
+        s.create_session(&NewSession { id: "A".into(), ..NewSession::default() }).is_err(),
+        "duplicate id"
+    );
+    let orphan = NewSession {
+        id: "O".into(),
+        parent_session_id: Some("missing".into()),
+        ..NewSession::default()
+    };
     s.create_session(&orphan).expect("unlinked parent");
     assert_eq!(b.graph.session("O").expect("row").and_then(|r| r.parent_session_id), None);
     let structured = "\u{0}json:[{\"type\":\"text\"}]".to_owned();
-    let msgs = [("user", Some("hi".to_owned())), ("assistant", Some(structured.clone())), ("tool", None)];
+    let msgs =
+        [("user", Some("hi".to_owned())), ("assistant", Some(structured.clone())), ("tool", None)];
     let mut ids = Vec::new();
     for (role, content) in &msgs {
         let m = Message { role: (*role).into(), content: content.clone(), ..Message::default() };
         ids.push(s.append_message("A", &m).expect("append"));
     }
     assert!(ids.windows(2).all(|w| w[0] < w[1]));
-    assert!(s.append_message("nope", &Message { role: "user".into(), ..Message::default() }).is_err());
+    assert!(
+        s.append_message("nope", &Message { role: "user".into(), ..Message::default() }).is_err()
+    );
     let conv = s.conversation("A").expect("conversation");
     assert_eq!(conv.len(), 3);
     assert_eq!(conv[1].content.as_deref(), Some(structured.as_str()));
@@ -578,19 +618,29 @@ pub fn compression_tip_and_graph(make: Factory<'_>) {
     s.create_session(&new("R", None, T0)).expect("R");
     s.end_session("R", "compression").expect("end R");
     s.create_session(&new("C1", Some("R"), T0 + 1.0)).expect("C1");
-    let branch = NewSession { model_config: Some(json!({"_branched_from": "R"})), ..new("BR", Some("R"), T0 + 2.0) };
+    let branch = NewSession {
+        model_config: Some(json!({"_branched_from": "R"})),
+        ..new("BR", Some("R"), T0 + 2.0)
+    };
     s.create_session(&branch).expect("BR");
-    s.append_message("C1", &Message { role: "user".into(), content: Some("x".into()), ..Message::default() })
-        .expect("msg");
+    s.append_message(
+        "C1",
+        &Message { role: "user".into(), content: Some("x".into()), ..Message::default() },
+    )
+    .expect("msg");
     s.end_session("C1", "compression").expect("end C1");
     s.create_session(&new("C2", Some("C1"), T0 + 3.0)).expect("C2");
     // C2 has no messages yet: the tip stays at C1.
     assert_eq!(s.compression_tip("R").expect("tip"), "C1");
-    s.append_message("C2", &Message { role: "user".into(), content: Some("y".into()), ..Message::default() })
-        .expect("msg");
+    s.append_message(
+        "C2",
+        &Message { role: "user".into(), content: Some("y".into()), ..Message::default() },
+    )
+    .expect("msg");
     assert_eq!(s.compression_tip("R").expect("tip"), "C2");
     assert_eq!(s.compression_tip("unknown").expect("tip"), "unknown");
-    let kids: Vec<String> = b.graph.child_sessions("R").expect("kids").into_iter().map(|r| r.id).collect();
+    let kids: Vec<String> =
+        b.graph.child_sessions("R").expect("kids").into_iter().map(|r| r.id).collect();
     assert_eq!(kids, vec!["C1".to_owned(), "BR".to_owned()]);
     if let Some(rows) = b.graph.neighbourhood("C2", 100).expect("neighbourhood") {
         let ids: HashSet<String> = rows.into_iter().map(|r| r.id).collect();
@@ -615,7 +665,11 @@ pub fn recovery_marks_dead_owners_unknown(make: Factory<'_>) {
     assert_eq!(report.error, None);
     assert_eq!(report.abandoned, 1);
     assert_eq!(report.addressable, 1);
-    let c = other.claim_delivery(&DeliveryFilter { delegation_id: Some(live.clone()), ..DeliveryFilter::default() })
+    let c = other
+        .claim_delivery(&DeliveryFilter {
+            delegation_id: Some(live.clone()),
+            ..DeliveryFilter::default()
+        })
         .expect("claim")
         .expect("the unknown unit is delivered");
     assert_eq!(c.event["status"], json!("unknown"));
