@@ -34,10 +34,12 @@
 //! ```
 
 mod ledger;
+mod migrate;
 mod pool;
 mod registry;
 mod rows;
 mod sessions;
 mod store;
 
+pub use migrate::MigrationReport;
 pub use store::{PgOptions, PgStore, WORKER_LEASE_SECS, is_postgres_url};
