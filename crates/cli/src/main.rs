@@ -13,6 +13,7 @@ mod commands;
 mod demo;
 mod env;
 mod error;
+mod migrate;
 mod table;
 
 use std::io::Write;
@@ -63,6 +64,7 @@ fn run(cli: &Cli) -> error::Result<Output> {
         Command::Usage { session, lineage } => commands::usage(&env, session, *lineage),
         Command::Recover => commands::recover(&env),
         Command::Delegate(args) => commands::delegate(&env, args),
+        Command::Migrate { to } => migrate::migrate(&env, to),
         Command::Demo => {
             if cli.db.is_some() {
                 return Err(CliError::Usage(
