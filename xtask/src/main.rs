@@ -23,6 +23,7 @@ tasks:
   lint    cargo clippy --workspace --all-targets --all-features -- -D warnings
   test    the whole test suite (nextest where installed, else cargo test) and doctests, the
           PostgreSQL tests against RETINUE_PG_URL or a throwaway cluster started here
+          (`test -p CRATE …`: cargo test with those arguments only)
   pg-start  start a throwaway PostgreSQL cluster in target/pg-cluster, print its export line
           (--minutes N: stops by itself after N minutes, default 120)
   pg-stop   stop it
@@ -70,7 +71,7 @@ fn has_nextest() -> bool {
     cargo().args(["nextest", "--version"]).output().map(|o| o.status.success()).unwrap_or(false)
 }
 
-fn test() -> Result<(), String> {
+fn test(args: &[String]) -> Result<(), String> {
     // The PostgreSQL tests run against RETINUE_PG_URL or a throwaway cluster
     // (stopped when `_cluster` drops, on error too); RETINUE_REQUIRE_PG makes
     // them fail rather than skip if the URL were somehow missing.
@@ -79,6 +80,10 @@ fn test() -> Result<(), String> {
         cmd.env(pg::URL_VAR, &url).env("RETINUE_REQUIRE_PG", "1");
         cmd
     };
+    // `cargo xtask test -p CRATE …`: only those packages (local use).
+    if !args.is_empty() {
+        return run(with_pg(cargo()).arg("test").args(args).env("INSTA_UPDATE", "no"));
+    }
     if has_nextest() {
         run(with_pg(cargo())
             .args(["nextest", "run", "--workspace", "--all-features", "--locked", "--no-fail-fast"])
@@ -108,7 +113,7 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("ci") => fmt()
             .and_then(|()| lint())
-            .and_then(|()| test())
+            .and_then(|()| test(&[]))
             .and_then(|()| interop::run(&root()))
             .and_then(|()| doc())
             .and_then(|()| tidy::run(&root()))
@@ -116,7 +121,7 @@ fn main() -> ExitCode {
             .and_then(|()| bench(&["--quick".to_owned()])),
         Some("fmt") => fmt(),
         Some("lint") => lint(),
-        Some("test") => test(),
+        Some("test") => test(&args[1..]),
         Some("doc") => doc(),
         Some("tidy") => tidy::run(&root()),
         Some("interop") => interop::run(&root()),

@@ -45,7 +45,10 @@ pub(crate) fn migrate(env: &Env, to: &str) -> Result<Output> {
             report.dangling_parents
         ));
     }
-    human.push_str(&format!("  ledger totals: {:.6} USD (source = target)\n", report.ledger_cost_usd));
+    human.push_str(&format!(
+        "  ledger totals: {:.6} USD (source = target)\n",
+        report.ledger_cost_usd
+    ));
     let json = json!({
         "source": env.db.display().to_string(),
         "tables": tables,

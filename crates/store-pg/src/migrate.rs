@@ -253,7 +253,8 @@ fn read_table(conn: &rusqlite::Connection, table: &Table) -> Result<Vec<Vec<Val>
         .map(|(c, _)| if present.contains(*c) { format!("\"{c}\"") } else { "NULL".to_owned() })
         .collect();
     let order: Vec<String> = (1..=table.key).map(|i| i.to_string()).collect();
-    let sql = format!("SELECT {} FROM {} ORDER BY {}", select.join(", "), table.name, order.join(", "));
+    let sql =
+        format!("SELECT {} FROM {} ORDER BY {}", select.join(", "), table.name, order.join(", "));
     let mut stmt = conn.prepare(&sql).map_err(sqlite_err("reading the source"))?;
     let mut rows = stmt.query([]).map_err(sqlite_err("reading the source"))?;
     let mut out = Vec::new();
@@ -268,7 +269,11 @@ fn read_table(conn: &rusqlite::Connection, table: &Table) -> Result<Vec<Vec<Val>
 }
 
 /// Copies `table`'s rows; returns how many were new.
-fn copy_rows(tx: &mut postgres::Transaction<'_>, table: &Table, rows: &[Vec<Val>]) -> PgResult<usize> {
+fn copy_rows(
+    tx: &mut postgres::Transaction<'_>,
+    table: &Table,
+    rows: &[Vec<Val>],
+) -> PgResult<usize> {
     let names: Vec<&str> = table.cols.iter().map(|(c, _)| *c).collect();
     let marks: Vec<String> = (1..=names.len()).map(|i| format!("${i}")).collect();
     let sql = format!(

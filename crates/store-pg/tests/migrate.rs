@@ -4,8 +4,8 @@
 use std::sync::Arc;
 
 use retinue_store::{
-    AttributionDraft, Message, NewSession, RegistryRead, SessionStore, TotalsUpdate,
-    UsageLedger, UsageTotals,
+    AttributionDraft, Message, NewSession, RegistryRead, SessionStore, TotalsUpdate, UsageLedger,
+    UsageTotals,
 };
 use retinue_store_pg::{PgOptions, PgStore};
 use retinue_testkit::{T0, TempHome, dispatch_and_retain, manual_clock};
@@ -18,7 +18,9 @@ fn pg_url() -> Option<String> {
                 .iter()
                 .any(|v| std::env::var(v).is_ok_and(|x| !x.is_empty() && x != "0" && x != "false"));
             assert!(!required, "RETINUE_PG_URL is unset but CI/RETINUE_REQUIRE_PG is set");
-            eprintln!("\n!!! SKIPPING the PostgreSQL migration test: RETINUE_PG_URL is unset !!!\n");
+            eprintln!(
+                "\n!!! SKIPPING the PostgreSQL migration test: RETINUE_PG_URL is unset !!!\n"
+            );
             None
         }
     }
@@ -31,7 +33,11 @@ fn a_state_db_migrates_idempotently_and_reads_the_same() {
     let clock = manual_clock(T0);
     let sqlite = home.open_store(clock.clone());
     sqlite
-        .create_session(&NewSession { id: "P".into(), source: "cli".into(), ..NewSession::default() })
+        .create_session(&NewSession {
+            id: "P".into(),
+            source: "cli".into(),
+            ..NewSession::default()
+        })
         .expect("parent");
     let unit = dispatch_and_retain(&sqlite, "P");
     let child = NewSession {
@@ -44,11 +50,14 @@ fn a_state_db_migrates_idempotently_and_reads_the_same() {
     let structured = "\u{0}json:[1]".to_owned();
     for content in ["hello", structured.as_str()] {
         sqlite
-            .append_message("child-sess-1", &Message {
-                role: "user".into(),
-                content: Some(content.into()),
-                ..Message::default()
-            })
+            .append_message(
+                "child-sess-1",
+                &Message {
+                    role: "user".into(),
+                    content: Some(content.into()),
+                    ..Message::default()
+                },
+            )
             .expect("message");
     }
     let draft = AttributionDraft {
@@ -77,10 +86,19 @@ fn a_state_db_migrates_idempotently_and_reads_the_same() {
     let again = pg.import_state_db(&home.db_path()).expect("migrate again");
     assert!(again.tables.values().all(|(_, copied)| *copied == 0), "{again:?}");
 
-    assert_eq!(pg.list_retained_children().expect("pg"), sqlite.list_retained_children().expect("sqlite"));
+    assert_eq!(
+        pg.list_retained_children().expect("pg"),
+        sqlite.list_retained_children().expect("sqlite")
+    );
     assert!(pg.find_retained_child(&unit).expect("find").is_some());
-    assert_eq!(pg.conversation("child-sess-1").expect("pg"), sqlite.conversation("child-sess-1").expect("sqlite"));
-    assert_eq!(pg.usage_totals_snapshot("P").expect("pg"), sqlite.usage_totals_snapshot("P").expect("sqlite"));
+    assert_eq!(
+        pg.conversation("child-sess-1").expect("pg"),
+        sqlite.conversation("child-sess-1").expect("sqlite")
+    );
+    assert_eq!(
+        pg.usage_totals_snapshot("P").expect("pg"),
+        sqlite.usage_totals_snapshot("P").expect("sqlite")
+    );
     // The key came along: the same attribution is not billed twice after the move.
     assert!(!pg.record_usage(&draft, &delta).expect("ledger"));
     // New ledger rows and messages get fresh ids after the copied ones.
