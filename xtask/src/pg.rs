@@ -53,9 +53,34 @@ impl Drop for Cluster {
     }
 }
 
-/// The data directory of the throwaway cluster.
-pub(crate) fn cluster_dir(root: &Path) -> PathBuf {
-    root.join("target").join("pg-cluster")
+/// The data directory of the throwaway cluster: `target/pg-cluster`, unless
+/// the `postgres` user (when we are root) cannot reach the checkout (a clone
+/// under a 0700 home): then a directory under the system temp dir, named
+/// after the checkout.
+pub(crate) fn cluster_dir(root: &Path, as_postgres: bool) -> PathBuf {
+    let preferred = root.join("target").join("pg-cluster");
+    if !as_postgres || postgres_can_reach(root) {
+        return preferred;
+    }
+    let tag: String = root
+        .display()
+        .to_string()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    std::env::temp_dir().join(format!("retinue-pg-cluster{tag}"))
+}
+
+/// Whether the `postgres` user can traverse every directory down to `dir`.
+fn postgres_can_reach(dir: &Path) -> bool {
+    Command::new("runuser")
+        .args(["-u", "postgres", "--", "test", "-x"])
+        .arg(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
 }
 
 /// The directory holding `initdb` and `pg_ctl`: `PG_BIN`, else the newest
@@ -160,7 +185,7 @@ pub(crate) fn start(
 ) -> Result<Cluster, String> {
     let bin = find_bin()?;
     let as_postgres = is_root();
-    let data = cluster_dir(root);
+    let data = cluster_dir(root, as_postgres);
     // A cluster left by an earlier run that could not clean up: stop and remove it.
     let _ = pg_ctl_stop(&bin, &data, as_postgres);
     if data.exists() {
@@ -168,12 +193,13 @@ pub(crate) fn start(
     }
     fs::create_dir_all(&data).map_err(|e| format!("cannot create {}: {e}", data.display()))?;
     if as_postgres {
+        // target/ (created by root, maybe 0700) must be traversable.
         let mut dir = data.parent();
         while let Some(d) = dir {
-            open_up(d);
-            if d == root {
+            if d == root || !d.starts_with(root) {
                 break;
             }
+            open_up(d);
             dir = d.parent();
         }
         run_quiet(
@@ -282,8 +308,9 @@ pub(crate) fn pg_start(root: &Path, args: &[String]) -> Result<(), String> {
 /// `cargo xtask pg-stop`: stops the cluster `pg-start` started.
 pub(crate) fn pg_stop(root: &Path) -> Result<(), String> {
     let bin = find_bin()?;
-    let data = cluster_dir(root);
-    pg_ctl_stop(&bin, &data, is_root())?;
+    let as_postgres = is_root();
+    let data = cluster_dir(root, as_postgres);
+    pg_ctl_stop(&bin, &data, as_postgres)?;
     eprintln!("xtask: PostgreSQL cluster in {} stopped", data.display());
     Ok(())
 }
