@@ -31,7 +31,8 @@ tasks:
   tidy    source hygiene and crate-boundary checks
   interop share a state.db with the published Python hermes-agent (downloads its wheel)
   reliability  kill -9, contention and lineage-oracle harnesses (--full: release, full size)
-  bench   the registry benchmark (pass --quick for a smoke run, --json FILE to save figures)
+  bench   the registry benchmark (pass --quick for a smoke run, --json FILE to save figures;
+          --backend pg: the PostgreSQL rows)
 ";
 
 fn root() -> PathBuf {
@@ -103,6 +104,21 @@ fn doc() -> Result<(), String> {
 }
 
 fn bench(args: &[String]) -> Result<(), String> {
+    // `--backend pg`: the PostgreSQL rows, against RETINUE_PG_URL or a throwaway cluster.
+    if let Some(at) = args.windows(2).position(|w| w[0] == "--backend" && w[1] == "pg") {
+        let rest: Vec<&String> = args
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != at && *i != at + 1)
+            .map(|(_, a)| a)
+            .collect();
+        let (url, _cluster) = pg::for_tests(&root())?;
+        return run(cargo()
+            .args(["run", "--release", "--locked", "-p", "retinue-store-pg", "--example", "bench"])
+            .arg("--")
+            .args(rest)
+            .env(pg::URL_VAR, &url));
+    }
     let mut cmd = cargo();
     cmd.args(["run", "--release", "--locked", "-p", "retinue-bench", "--"]).args(args);
     run(&mut cmd)
