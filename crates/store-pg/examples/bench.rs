@@ -54,14 +54,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "INSERT INTO async_delegations (delegation_id, origin_session, parent_session_id, state, \
          dispatched_at, updated_at, completed_at, retained, retained_at, owner_profile, \
          children_json) SELECT 'deleg_' || lpad(i::text, 8, '0'), 'o', 'P' || (i % 100), \
-         'completed', $1, $1, $1, 1, $1 - i, '', '[]' FROM generate_series(1, $2) i",
+         'completed', $1, $1, $1, 1, $1::float8 - i, '', '[]' FROM generate_series(1::bigint, $2) i",
         &[&now, &n],
     )?;
     bare.execute(
         "INSERT INTO retinue_children (delegation_id, child_index, subagent_id, child_session_id, \
          manifest_json, retained_at) SELECT 'deleg_' || lpad(i::text, 8, '0'), 0, \
-         'sa-0-' || lpad(i::text, 8, '0'), 'cs-' || i, '{}', $1 - i \
-         FROM generate_series(1, $2) i",
+         'sa-0-' || lpad(i::text, 8, '0'), 'cs-' || i, '{}', $1::float8 - i \
+         FROM generate_series(1::bigint, $2) i",
         &[&now, &n],
     )?;
     bare.batch_execute("ANALYZE")?;
