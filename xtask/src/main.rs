@@ -8,6 +8,7 @@
 
 mod interop;
 mod mcp_e2e;
+mod pg;
 mod reliability;
 mod seams;
 mod tidy;
@@ -22,14 +23,19 @@ tasks:
   ci      fmt, lint, test, interop, mcp-e2e, doc, tidy and a bench smoke run, fail-fast (what CI runs)
   fmt     cargo fmt --all -- --check
   lint    cargo clippy --workspace --all-targets --all-features -- -D warnings
-  test    the whole test suite (nextest where installed, else cargo test) and doctests
+  test    the whole test suite (nextest where installed, else cargo test) and doctests, the
+          PostgreSQL tests against RETINUE_PG_URL or a throwaway cluster started here
+          (`test -p CRATE …`: cargo test with those arguments only)
+  pg-start  start a throwaway PostgreSQL cluster in target/pg-cluster, print its export line
+          (--minutes N: stops by itself after N minutes, default 120)
+  pg-stop   stop it
   doc     cargo doc --workspace --no-deps with warnings denied
   tidy    source hygiene and crate-boundary checks
   interop share a state.db with the published Python hermes-agent (downloads its wheel)
   mcp-e2e `retinue mcp` driven by the official Python MCP SDK (pip-installs `mcp` into target/)
   reliability  kill -9, contention and lineage-oracle harnesses (--full: release, full size)
   bench   the registry benchmark, then the child runtime's (pass --quick for a smoke run,
-          --json FILE to save the registry figures)
+          --json FILE to save the registry figures; --backend pg: the PostgreSQL rows)
 ";
 
 fn root() -> PathBuf {
@@ -69,14 +75,26 @@ fn has_nextest() -> bool {
     cargo().args(["nextest", "--version"]).output().map(|o| o.status.success()).unwrap_or(false)
 }
 
-fn test() -> Result<(), String> {
+fn test(args: &[String]) -> Result<(), String> {
+    // The PostgreSQL tests run against RETINUE_PG_URL or a throwaway cluster
+    // (stopped when `_cluster` drops, on error too); RETINUE_REQUIRE_PG makes
+    // them fail rather than skip if the URL were somehow missing.
+    let (url, _cluster) = pg::for_tests(&root())?;
+    let with_pg = |mut cmd: Command| {
+        cmd.env(pg::URL_VAR, &url).env("RETINUE_REQUIRE_PG", "1");
+        cmd
+    };
+    // `cargo xtask test -p CRATE …`: only those packages (local use).
+    if !args.is_empty() {
+        return run(with_pg(cargo()).arg("test").args(args).env("INSTA_UPDATE", "no"));
+    }
     if has_nextest() {
-        run(cargo()
+        run(with_pg(cargo())
             .args(["nextest", "run", "--workspace", "--all-features", "--locked", "--no-fail-fast"])
             .env("INSTA_UPDATE", "no"))?;
-        run(cargo().args(["test", "--doc", "--workspace", "--all-features", "--locked"]))
+        run(with_pg(cargo()).args(["test", "--doc", "--workspace", "--all-features", "--locked"]))
     } else {
-        run(cargo()
+        run(with_pg(cargo())
             .args(["test", "--workspace", "--all-features", "--locked", "--no-fail-fast"])
             .env("INSTA_UPDATE", "no"))
     }
@@ -89,6 +107,21 @@ fn doc() -> Result<(), String> {
 }
 
 fn bench(args: &[String]) -> Result<(), String> {
+    // `--backend pg`: the PostgreSQL rows, against RETINUE_PG_URL or a throwaway cluster.
+    if let Some(at) = args.windows(2).position(|w| w[0] == "--backend" && w[1] == "pg") {
+        let rest: Vec<&String> = args
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != at && *i != at + 1)
+            .map(|(_, a)| a)
+            .collect();
+        let (url, _cluster) = pg::for_tests(&root())?;
+        return run(cargo()
+            .args(["run", "--release", "--locked", "-p", "retinue-store-pg", "--example", "bench"])
+            .arg("--")
+            .args(rest)
+            .env(pg::URL_VAR, &url));
+    }
     let mut cmd = cargo();
     cmd.args(["run", "--release", "--locked", "-p", "retinue-bench", "--"]).args(args);
     run(&mut cmd)?;
@@ -107,7 +140,7 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("ci") => fmt()
             .and_then(|()| lint())
-            .and_then(|()| test())
+            .and_then(|()| test(&[]))
             .and_then(|()| interop::run(&root()))
             .and_then(|()| mcp_e2e::run(&root()))
             .and_then(|()| doc())
@@ -116,12 +149,14 @@ fn main() -> ExitCode {
             .and_then(|()| bench(&["--quick".to_owned()])),
         Some("fmt") => fmt(),
         Some("lint") => lint(),
-        Some("test") => test(),
+        Some("test") => test(&args[1..]),
         Some("doc") => doc(),
         Some("tidy") => tidy::run(&root()),
         Some("interop") => interop::run(&root()),
         Some("mcp-e2e") => mcp_e2e::run(&root()),
         Some("bench") => bench(&args[1..]),
+        Some("pg-start") => pg::pg_start(&root(), &args[1..]),
+        Some("pg-stop") => pg::pg_stop(&root()),
         Some("reliability") => reliability::run(&root(), &args[1..]),
         None | Some("-h" | "--help" | "help") => {
             eprint!("{HELP}");

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 const HARNESSES: &[&str] = &["testkit", "bench", "torture", "interop"];
 
 /// The SQL crates no public signature may name.
-const SQL_PATHS: &[&str] = &["rusqlite::", "refinery::"];
+const SQL_PATHS: &[&str] = &["rusqlite::", "refinery::", "postgres::", "refinery_pg::"];
 
 /// Runs both checks.
 pub(crate) fn check(root: &Path, problems: &mut Vec<String>) {

@@ -12,6 +12,7 @@ use serde_json::Value;
 /// Workspace crates each crate may depend on (normal dependencies).
 const ALLOWED: &[(&str, &[&str])] = &[
     ("retinue-store", &[]),
+    ("retinue-store-pg", &["retinue-store"]),
     ("retinue-testkit", &["retinue-store"]),
     ("retinue-lineage", &["retinue-store", "retinue-usage"]),
     ("retinue-usage", &["retinue-store"]),
@@ -36,6 +37,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "retinue-delegate",
             "retinue-runtime",
             "retinue-mcp",
+            "retinue-store-pg",
             "retinue-testkit",
         ],
     ),
@@ -45,9 +47,19 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("xtask", &[]),
 ];
 
-/// Crates allowed to depend on SQL libraries: only `store`, plus test support.
-const SQL_CRATES: &[&str] =
-    &["retinue-store", "retinue-testkit", "retinue-bench", "retinue-torture", "retinue-interop"];
+/// Crates allowed to depend on SQL libraries: only `store`, plus test support
+/// (and `store-pg` for refinery's PostgreSQL driver).
+const SQL_CRATES: &[&str] = &[
+    "retinue-store",
+    "retinue-store-pg",
+    "retinue-testkit",
+    "retinue-bench",
+    "retinue-torture",
+    "retinue-interop",
+];
+
+/// Crates allowed to depend on the PostgreSQL client: only `store-pg`, plus harnesses.
+const PG_CRATES: &[&str] = &["retinue-store-pg", "retinue-bench", "retinue-torture"];
 
 /// Runs every check; the error lists every violation.
 pub(crate) fn run(root: &Path) -> Result<(), String> {
@@ -213,6 +225,12 @@ fn check_graph(root: &Path, problems: &mut Vec<String>) {
                 && !SQL_CRATES.contains(&name)
             {
                 problems.push(format!("{name}: only retinue-store may depend on {dep_name}"));
+            }
+            if (dep_name == "postgres" || dep_name == "tokio-postgres")
+                && normal
+                && !PG_CRATES.contains(&name)
+            {
+                problems.push(format!("{name}: only retinue-store-pg may depend on {dep_name}"));
             }
         }
     }

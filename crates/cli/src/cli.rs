@@ -93,6 +93,14 @@ pub(crate) enum Command {
                       stdio by default; logs go to stderr.")]
     Mcp(McpArgs),
 
+    /// Copy the state.db into PostgreSQL (team mode): idempotent, verified
+    Migrate {
+        /// The PostgreSQL database (postgres://user@host:port/db; password from
+        /// PGPASSWORD or ~/.pgpass)
+        #[arg(long, value_name = "URL", value_parser = non_blank)]
+        to: String,
+    },
+
     /// The whole lifecycle on a fresh home, as a story (or JSON events with --json)
     #[command(long_about = "The whole lifecycle on a fresh home, in a few seconds and with no \
                       network: a parent delegates three tasks, the children are retained, the \

@@ -103,6 +103,14 @@ fn open_store_with(
     clock: Arc<dyn Clock>,
     access: Access,
 ) -> Result<Arc<Store>> {
+    if retinue_store_pg::is_postgres_url(&db.to_string_lossy()) {
+        // Never a file named `postgres:`: team mode is `migrate --to` only, so far.
+        return Err(crate::error::CliError::Usage(
+            "--db postgres://… is not supported by this command yet; use \
+             `retinue migrate --to postgres://…` to copy a state.db into PostgreSQL"
+                .to_owned(),
+        ));
+    }
     let config = LoadedConfig::load(home);
     for warning in &config.warnings {
         eprintln!("retinue: warning: {warning}");

@@ -14,6 +14,7 @@ mod demo;
 mod env;
 mod error;
 mod mcp;
+mod migrate;
 mod table;
 
 use std::io::Write;
@@ -65,6 +66,7 @@ fn run(cli: &Cli) -> error::Result<Output> {
         Command::Recover => commands::recover(&env),
         Command::Delegate(args) => commands::delegate(&env, args),
         Command::Mcp(args) => mcp::run(&env, args),
+        Command::Migrate { to } => migrate::migrate(&env, to),
         Command::Demo => {
             if cli.db.is_some() {
                 return Err(CliError::Usage(

@@ -8,6 +8,8 @@
 //!   strangers, and — through raw SQL — links the store would refuse: missing
 //!   parents, cycles, malformed `model_config` text);
 //! * [`dispatch_and_retain`]: the spec §10.1 fixture unit;
+//! * [`conformance`]: the backend conformance suite, written once against the
+//!   seam traits and run by every storage backend;
 //! * [`fake_model::FakeModel`]: a scripted OpenAI-compatible model server on
 //!   127.0.0.1 (text, tool calls, SSE streams, usage, delays, 429/5xx/401,
 //!   malformed bodies, dropped connections), recording every request.
@@ -35,6 +37,7 @@ use retinue_store::{
 };
 use serde_json::Value;
 
+pub mod conformance;
 pub mod fake_model;
 pub mod hermes;
 pub use fake_model::{FakeModel, FakeToolCall, RecordedRequest, Reply, Usage};

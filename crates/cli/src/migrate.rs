@@ -1,0 +1,60 @@
+//! `retinue migrate --to postgres://…`: copies the `state.db` (the `--db`
+//! file, else `<home>/state.db`) into PostgreSQL for team mode. hermes keeps
+//! its SQLite file; a rerun copies only what is new; the copy is verified
+//! (every key, the ledger totals). The connection string is never printed.
+
+use std::sync::Arc;
+
+use retinue_store::{LoadedConfig, SystemClock};
+use retinue_store_pg::{PgOptions, PgStore, is_postgres_url};
+use serde_json::json;
+
+use crate::Output;
+use crate::env::Env;
+use crate::error::{CliError, Result};
+
+/// Runs the migration of `env`'s database into the PostgreSQL database `to`.
+pub(crate) fn migrate(env: &Env, to: &str) -> Result<Output> {
+    if !is_postgres_url(to) {
+        return Err(CliError::Usage(
+            "--to takes a PostgreSQL connection string (postgres://user@host:port/db)".to_owned(),
+        ));
+    }
+    if !env.db.is_file() {
+        return Err(CliError::NotFound(format!("no state.db at {}", env.db.display())));
+    }
+    let opts = PgOptions {
+        config: LoadedConfig::load(&env.home),
+        clock: Arc::new(SystemClock),
+        profile: env.profile.clone(),
+        ..PgOptions::default()
+    };
+    let store = PgStore::open(to, opts)?;
+    let report = store.import_state_db(&env.db)?;
+    // A one-shot migration is not a worker: give the lease up at once.
+    store.retire()?;
+    let mut human = format!("copied {} into PostgreSQL (verified):\n", env.db.display());
+    let mut tables = serde_json::Map::new();
+    for (name, (rows, copied)) in &report.tables {
+        human.push_str(&format!("  {name:<24} {rows:>8} rows, {copied:>8} new\n"));
+        tables.insert(name.clone(), json!({ "rows": rows, "copied": copied }));
+    }
+    if report.dangling_parents > 0 {
+        human.push_str(&format!(
+            "  {} session parent link(s) to missing sessions were left unlinked\n",
+            report.dangling_parents
+        ));
+    }
+    human.push_str(&format!(
+        "  ledger totals: {:.6} USD (source = target)\n",
+        report.ledger_cost_usd
+    ));
+    let json = json!({
+        "source": env.db.display().to_string(),
+        "tables": tables,
+        "dangling_parents": report.dangling_parents,
+        "ledger_cost_usd": report.ledger_cost_usd,
+        "verified": true,
+    });
+    Ok(Output::ok(json, human))
+}

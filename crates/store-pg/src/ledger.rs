@@ -1,0 +1,210 @@
+//! The usage ledger ([`UsageLedger`]) on PostgreSQL: the ledger row, its
+//! idempotency key and the maintained totals in one `SERIALIZABLE`
+//! transaction, as in the SQLite backend.
+
+use postgres::Transaction;
+use retinue_store::{
+    AttributionDraft, PendingUsage, Result, SessionCost, TotalsSnapshot, TotalsUpdate,
+    UsageAttribution, UsageLedger, UsageTotals, parse_json_opt,
+};
+use serde_json::Value;
+
+use crate::pool::{Mode, PgResult};
+use crate::store::PgStore;
+
+fn totals_row(tx: &mut Transaction<'_>, parent: &str) -> PgResult<Option<(UsageTotals, i64)>> {
+    let row = tx.query_opt(
+        "SELECT cost_usd, input_tokens, output_tokens, covered_id \
+         FROM retinue_usage_totals WHERE parent_session_id = $1",
+        &[&parent],
+    )?;
+    row.map(|r| {
+        Ok((
+            UsageTotals {
+                cost_usd: r.try_get(0)?,
+                input_tokens: r.try_get(1)?,
+                output_tokens: r.try_get(2)?,
+            },
+            r.try_get(3)?,
+        ))
+    })
+    .transpose()
+}
+
+fn add_totals(
+    tx: &mut Transaction<'_>,
+    parent: &str,
+    delta: &UsageTotals,
+    covered_id: i64,
+) -> PgResult<()> {
+    tx.execute(
+        "INSERT INTO retinue_usage_totals \
+         (parent_session_id, cost_usd, input_tokens, output_tokens, covered_id) \
+         VALUES ($1, $2, $3, $4, $5) \
+         ON CONFLICT (parent_session_id) DO UPDATE SET \
+         cost_usd = retinue_usage_totals.cost_usd + EXCLUDED.cost_usd, \
+         input_tokens = retinue_usage_totals.input_tokens + EXCLUDED.input_tokens, \
+         output_tokens = retinue_usage_totals.output_tokens + EXCLUDED.output_tokens, \
+         covered_id = EXCLUDED.covered_id",
+        &[&parent, &delta.cost_usd, &delta.input_tokens, &delta.output_tokens, &covered_id],
+    )?;
+    Ok(())
+}
+
+fn record_in(
+    tx: &mut Transaction<'_>,
+    draft: &AttributionDraft,
+    totals: &TotalsUpdate,
+    now: f64,
+) -> PgResult<bool> {
+    let parent = draft.parent_session_id.as_str();
+    if let Some(key) = &draft.key {
+        let fresh = tx.execute(
+            "INSERT INTO retinue_usage_keys (attribution_key, usage_id, created_at) \
+             VALUES ($1, 0, $2) ON CONFLICT DO NOTHING",
+            &[key, &now],
+        )?;
+        if fresh == 0 {
+            return Ok(false);
+        }
+    }
+    let prev_max: i64 = tx
+        .query_one(
+            "SELECT COALESCE(MAX(id), 0)::BIGINT FROM delegation_child_usage \
+             WHERE parent_session_id = $1",
+            &[&parent],
+        )?
+        .try_get(0)?;
+    let mut covered = totals_row(tx, parent)?.map_or(0, |(_, c)| c);
+    if let Some(c) = &totals.catch_up
+        && c.from_covered_id == covered
+        && c.to_id == prev_max
+        && c.to_id > covered
+    {
+        add_totals(tx, parent, &c.delta, c.to_id)?;
+        covered = c.to_id;
+    }
+    let aggregate = draft.aggregate.as_ref().map(Value::to_string);
+    let id: i64 = tx
+        .query_one(
+            "INSERT INTO delegation_child_usage (parent_session_id, parent_turn_id, \
+             child_session_id, usage_json, aggregate_json, created_at) \
+             VALUES ($1, $2, $3, $4, $5, $6) RETURNING id",
+            &[
+                &parent,
+                &draft.parent_turn_id,
+                &draft.child_session_id,
+                &draft.usage.to_string(),
+                &aggregate,
+                &now,
+            ],
+        )?
+        .try_get(0)?;
+    if let Some(key) = &draft.key {
+        tx.execute(
+            "UPDATE retinue_usage_keys SET usage_id = $1 WHERE attribution_key = $2",
+            &[&id, key],
+        )?;
+    }
+    // Ids of concurrent writers may be handed out out of commit order; only a
+    // row above every row of the parent moves the totals (else it stays pending).
+    if covered == prev_max && id > prev_max {
+        add_totals(tx, parent, &totals.delta, id)?;
+    }
+    Ok(true)
+}
+
+impl UsageLedger for PgStore {
+    fn record_usage(&self, draft: &AttributionDraft, totals: &TotalsUpdate) -> Result<bool> {
+        if draft.parent_session_id.is_empty() {
+            return Ok(false);
+        }
+        let now = self.clock.now();
+        self.pool.tx("recording child usage", Mode::Write, |tx| record_in(tx, draft, totals, now))
+    }
+
+    fn usage_attributions(&self, parent: &str) -> Result<Vec<UsageAttribution>> {
+        if parent.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.pool.tx("reading usage attributions", Mode::Read, |tx| {
+            let rows = tx.query(
+                "SELECT id, parent_session_id, parent_turn_id, child_session_id, usage_json, \
+                 aggregate_json, created_at FROM delegation_child_usage \
+                 WHERE parent_session_id = $1 ORDER BY id",
+                &[&parent],
+            )?;
+            rows.iter()
+                .map(|r| {
+                    let usage: Option<String> = r.try_get(4)?;
+                    let aggregate: Option<String> = r.try_get(5)?;
+                    Ok(UsageAttribution {
+                        id: r.try_get(0)?,
+                        parent_session_id: r.try_get(1)?,
+                        parent_turn_id: r.try_get::<_, Option<String>>(2)?.unwrap_or_default(),
+                        child_session_id: r.try_get::<_, Option<String>>(3)?.unwrap_or_default(),
+                        usage: parse_json_opt(usage.as_deref())
+                            .unwrap_or_else(|| Value::Object(serde_json::Map::new())),
+                        aggregate: parse_json_opt(aggregate.as_deref()).filter(|v| !v.is_null()),
+                        created_at: r.try_get::<_, Option<f64>>(6)?.unwrap_or_default(),
+                    })
+                })
+                .collect()
+        })
+    }
+
+    fn usage_totals_snapshot(&self, parent: &str) -> Result<TotalsSnapshot> {
+        if parent.is_empty() {
+            return Ok(TotalsSnapshot::default());
+        }
+        self.pool.tx("reading usage totals", Mode::Read, |tx| {
+            let (maintained, covered_id) = totals_row(tx, parent)?.unwrap_or_default();
+            let rows = tx.query(
+                "SELECT id, usage_json FROM delegation_child_usage \
+                 WHERE parent_session_id = $1 AND id > $2 ORDER BY id",
+                &[&parent, &covered_id],
+            )?;
+            let pending = rows
+                .iter()
+                .map(|r| {
+                    Ok(PendingUsage {
+                        id: r.try_get(0)?,
+                        usage_json: r.try_get::<_, Option<String>>(1)?.unwrap_or_default(),
+                    })
+                })
+                .collect::<PgResult<Vec<_>>>()?;
+            Ok(TotalsSnapshot { maintained, covered_id, pending })
+        })
+    }
+
+    fn session_cost(&self, session: &str) -> Result<Option<SessionCost>> {
+        self.pool.tx("reading a session cost", Mode::Read, |tx| {
+            let row = tx.query_opt(
+                "SELECT estimated_cost_usd, cost_status, cost_source FROM sessions WHERE id = $1",
+                &[&session],
+            )?;
+            row.map(|r| {
+                Ok(SessionCost {
+                    estimated_cost_usd: r.try_get(0)?,
+                    cost_status: r.try_get(1)?,
+                    cost_source: r.try_get(2)?,
+                })
+            })
+            .transpose()
+        })
+    }
+
+    fn write_session_cost(&self, session: &str, cost: &SessionCost) -> Result<bool> {
+        self.pool.tx("writing a session cost", Mode::Write, |tx| {
+            let n = tx.execute(
+                "UPDATE sessions SET \
+                 estimated_cost_usd = COALESCE($1, estimated_cost_usd), \
+                 cost_status = COALESCE($2, cost_status), \
+                 cost_source = COALESCE($3, cost_source) \
+                 WHERE id = $4",
+                &[&cost.estimated_cost_usd, &cost.cost_status, &cost.cost_source, &session],
+            )?;
+            Ok(n > 0)
+        })
+    }
+}

@@ -1,0 +1,944 @@
+//! The registry roles on PostgreSQL: [`RegistryRead`], [`UnitLifecycle`],
+//! [`Retention`] and [`Claims`], with the SQLite backend's semantics (spec
+//! §3), except that the retention limits (TTL, cap) apply per profile.
+//!
+//! Every write is one `SERIALIZABLE` transaction (retried on 40001/40P01 by
+//! the pool), so prune, cap and claims are safe under concurrent workers on
+//! any number of hosts; claims also take row locks (`FOR UPDATE`, `SKIP
+//! LOCKED` for deliveries) so that workers contend on rows, not on aborts.
+//! Reads are one `REPEATABLE READ` snapshot.
+
+use postgres::Transaction;
+use postgres::types::ToSql;
+use retinue_store::{
+    ChildManifest, Claims, Completion, DeliveryClaim, DeliveryFilter, Error, LEASE_SECS, Lookup,
+    MAX_DELIVERY_ATTEMPTS, OwnerProbe, ProcessState, PruneCount, RecoveryReport, RegistryRead,
+    Result, ResumeClaim, RetainedChild, Retention, TombstoneReason, Unaddressable, UnitDraft,
+    UnitLifecycle, UsageSwap, children_json, parse_children_json, parse_json_opt, truncate_chars,
+};
+use serde_json::{Map, Value, json};
+
+use crate::pool::{Fail, Mode, PgResult, count, int, random_hex, u32_of};
+use crate::rows::{CHILD_COLS, CHILD_RETAINED_AT, ChildRow, PROFILE, read_child_row_at};
+use crate::sessions::insert_session;
+use crate::store::{Limits, PgStore};
+
+type Params<'a> = [&'a (dyn ToSql + Sync)];
+
+// ---------------------------------------------------------------- reads
+
+fn candidates(tx: &mut Transaction<'_>, id: &str) -> PgResult<Vec<(u8, ChildRow)>> {
+    let sql = format!(
+        "SELECT (CASE WHEN c.subagent_id = $1 THEN 0 WHEN c.child_session_id = $1 THEN 1 \
+         ELSE 2 END)::BIGINT, {CHILD_COLS} FROM retinue_children c \
+         JOIN async_delegations u ON u.delegation_id = c.delegation_id \
+         WHERE c.subagent_id = $1 OR c.child_session_id = $1 OR c.delegation_id = $1"
+    );
+    let mut out = Vec::new();
+    for r in tx.query(&sql, &[&id])? {
+        let kind: i64 = r.try_get(0)?;
+        out.push((u8::try_from(kind).unwrap_or(u8::MAX), read_child_row_at(&r, 1)?));
+    }
+    Ok(out)
+}
+
+/// Live units of the same profile ranked strictly above a unit, capped at `max`.
+fn rank_of(
+    tx: &mut Transaction<'_>,
+    id: &str,
+    profile: &str,
+    retained_at: Option<f64>,
+    lim: Limits,
+) -> PgResult<u32> {
+    let sql = format!(
+        "SELECT count(*) FROM (SELECT 1 FROM async_delegations u \
+         WHERE u.retained = 1 AND u.tombstoned_at IS NULL AND {PROFILE} = $5 \
+           AND (u.retained_at > $1::float8 \
+                OR (u.retained_at IS NOT DISTINCT FROM $1::float8 AND u.delegation_id > $2) \
+                OR ($1::float8 IS NULL AND u.retained_at IS NOT NULL)) \
+           AND EXISTS (SELECT 1 FROM retinue_children c WHERE c.delegation_id = u.delegation_id \
+                       AND c.tombstoned_at IS NULL \
+                       AND COALESCE(c.retained_at, u.retained_at) >= $3) \
+         LIMIT $4) t"
+    );
+    let n: i64 = tx
+        .query_one(&sql, &[&retained_at, &id, &lim.cutoff(), &int(lim.max_retained), &profile])?
+        .try_get(0)?;
+    Ok(u32_of(n))
+}
+
+fn live_status(row: &ChildRow, lim: Limits) -> Option<Unaddressable> {
+    if let Some(at) = row.child_tombstoned_at {
+        let reason = TombstoneReason::parse(row.child_tombstone_reason.as_deref());
+        return Some(Unaddressable::Tombstoned { at, reason, note: None });
+    }
+    if let Some(at) = row.unit_tombstoned_at {
+        return Some(Unaddressable::Tombstoned {
+            at,
+            reason: TombstoneReason::External,
+            note: None,
+        });
+    }
+    let Some(retained_at) = row.entry.retained_at.filter(|_| row.unit_retained) else {
+        return Some(Unaddressable::NeverRetained);
+    };
+    if retained_at < lim.cutoff() {
+        let at = retained_at + lim.ttl_hours * 3600.0;
+        return Some(Unaddressable::Tombstoned { at, reason: TombstoneReason::Ttl, note: None });
+    }
+    None
+}
+
+type Scored = (Option<Unaddressable>, u8, ChildRow);
+
+fn order(a: &Scored, b: &Scored) -> std::cmp::Ordering {
+    a.0.is_some()
+        .cmp(&b.0.is_some())
+        .then(a.1.cmp(&b.1))
+        .then(
+            b.2.unit_retained_at
+                .unwrap_or(f64::NEG_INFINITY)
+                .total_cmp(&a.2.unit_retained_at.unwrap_or(f64::NEG_INFINITY)),
+        )
+        .then(b.2.entry.delegation_id.cmp(&a.2.entry.delegation_id))
+        .then(a.2.entry.child_index.cmp(&b.2.entry.child_index))
+}
+
+fn lookup_in(tx: &mut Transaction<'_>, id: &str, lim: Limits) -> PgResult<Lookup> {
+    let id = id.trim();
+    if id.is_empty() {
+        return Ok(Lookup::Unknown);
+    }
+    let mut scored: Vec<Scored> = candidates(tx, id)?
+        .into_iter()
+        .map(|(kind, row)| (live_status(&row, lim), kind, row))
+        .collect();
+    scored.sort_by(order);
+    for item in scored.iter_mut().filter(|s| s.0.is_none()) {
+        let rank = rank_of(
+            tx,
+            &item.2.entry.delegation_id,
+            &item.2.entry.owner_profile,
+            item.2.unit_retained_at,
+            lim,
+        )?;
+        if rank < lim.max_retained {
+            break;
+        }
+        item.0 = Some(Unaddressable::Tombstoned {
+            at: lim.now,
+            reason: TombstoneReason::Cap,
+            note: None,
+        });
+    }
+    scored.sort_by(order);
+    Ok(match scored.into_iter().next() {
+        None => Lookup::Unknown,
+        Some((None, _, row)) => Lookup::Addressable(row.into_entry()),
+        Some((Some(status), _, row)) => Lookup::NotAddressable(row.into_entry(), status),
+    })
+}
+
+pub(crate) fn list_in(tx: &mut Transaction<'_>, lim: Limits) -> PgResult<Vec<RetainedChild>> {
+    let sql = format!(
+        "WITH live AS (SELECT u.delegation_id AS id, u.retained_at AS rat, \
+             row_number() OVER (PARTITION BY COALESCE(u.owner_profile, '') \
+                 ORDER BY u.retained_at DESC NULLS LAST, u.delegation_id DESC) AS rn \
+           FROM async_delegations u \
+           WHERE u.retained = 1 AND u.tombstoned_at IS NULL AND EXISTS (SELECT 1 FROM \
+             retinue_children c WHERE c.delegation_id = u.delegation_id \
+             AND c.tombstoned_at IS NULL AND COALESCE(c.retained_at, u.retained_at) >= $1)), \
+         top AS (SELECT id, rat FROM live WHERE rn <= $2) \
+         SELECT {CHILD_COLS} FROM top \
+           JOIN retinue_children c ON c.delegation_id = top.id \
+           JOIN async_delegations u ON u.delegation_id = top.id \
+         WHERE c.tombstoned_at IS NULL AND {CHILD_RETAINED_AT} >= $1 \
+         ORDER BY top.rat DESC NULLS LAST, top.id DESC, c.child_index"
+    );
+    let mut out = Vec::new();
+    for r in tx.query(&sql, &[&lim.cutoff(), &int(lim.max_retained)])? {
+        out.push(read_child_row_at(&r, 0)?.into_entry());
+    }
+    Ok(out)
+}
+
+impl RegistryRead for PgStore {
+    fn list_retained_children(&self) -> Result<Vec<RetainedChild>> {
+        let lim = self.limits();
+        self.pool.tx("listing retained children", Mode::Read, |tx| list_in(tx, lim))
+    }
+
+    fn find_retained_child(&self, id: &str) -> Result<Option<RetainedChild>> {
+        Ok(match self.lookup(id)? {
+            Lookup::Addressable(entry) => Some(entry),
+            _ => None,
+        })
+    }
+
+    fn lookup(&self, id: &str) -> Result<Lookup> {
+        let lim = self.limits();
+        self.pool.tx("looking up a retained child", Mode::Read, |tx| lookup_in(tx, id, lim))
+    }
+
+    fn unit_usage(&self, id: &str) -> Result<Option<Value>> {
+        self.pool.tx("reading a unit's usage", Mode::Read, |tx| {
+            let raw: Option<String> = match tx.query_opt(
+                "SELECT usage_json FROM async_delegations WHERE delegation_id = $1",
+                &[&id],
+            )? {
+                Some(r) => r.try_get(0)?,
+                None => None,
+            };
+            Ok(parse_json_opt(raw.as_deref()))
+        })
+    }
+}
+
+// ---------------------------------------------------------------- backfill
+
+/// Child rows for `retained=1` units that have none (units copied from a
+/// hermes file), as the SQLite backend's backfill.
+fn backfill(tx: &mut Transaction<'_>) -> PgResult<usize> {
+    let units = tx.query(
+        "SELECT delegation_id, children_json, child_session_id, retained_at, tombstoned_at \
+         FROM async_delegations u WHERE retained = 1 AND tombstoned_at IS NULL AND NOT EXISTS \
+         (SELECT 1 FROM retinue_children c WHERE c.delegation_id = u.delegation_id)",
+        &[],
+    )?;
+    tx.execute(
+        "UPDATE retinue_children SET retained_at = (SELECT u.retained_at FROM async_delegations u \
+           WHERE u.delegation_id = retinue_children.delegation_id) \
+         WHERE delegation_id IN (SELECT delegation_id FROM async_delegations \
+                                 WHERE retained = 1 AND tombstoned_at IS NULL) \
+           AND retained_at IS NULL AND tombstoned_at IS NULL",
+        &[],
+    )?;
+    let mut inserted = 0;
+    for u in units {
+        let id: String = u.try_get(0)?;
+        let cj: Option<String> = u.try_get(1)?;
+        let csid: Option<String> = u.try_get(2)?;
+        let retained_at: Option<f64> = u.try_get(3)?;
+        let tombstoned_at: Option<f64> = u.try_get(4)?;
+        for (i, child) in parse_children_json(cj.as_deref(), csid.as_deref()).iter().enumerate() {
+            let reason = tombstoned_at.map(|_| TombstoneReason::External.as_str().to_owned());
+            let params: &Params<'_> = &[
+                &id,
+                &i64::try_from(i).unwrap_or(i64::MAX),
+                &child.subagent_id,
+                &child.session_id,
+                &child.model,
+                &child.provider,
+                &child.goal,
+                &child.to_json().to_string(),
+                &retained_at,
+                &tombstoned_at,
+                &reason,
+            ];
+            inserted += count(tx.execute(
+                "INSERT INTO retinue_children (delegation_id, child_index, subagent_id, \
+                 child_session_id, model, provider, goal, manifest_json, retained_at, \
+                 tombstoned_at, tombstone_reason) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) ON CONFLICT DO NOTHING",
+                params,
+            )?);
+        }
+    }
+    Ok(inserted)
+}
+
+// ---------------------------------------------------------------- retention
+
+fn prune_due(tx: &mut Transaction<'_>, lim: Limits) -> PgResult<bool> {
+    let sql = format!(
+        "SELECT EXISTS (SELECT 1 FROM async_delegations u WHERE u.retained = 1 \
+           AND u.tombstoned_at IS NULL AND ( \
+             NOT EXISTS (SELECT 1 FROM retinue_children c WHERE c.delegation_id = u.delegation_id \
+                         AND c.tombstoned_at IS NULL) \
+             OR EXISTS (SELECT 1 FROM retinue_children c WHERE c.delegation_id = u.delegation_id \
+                        AND c.tombstoned_at IS NULL AND (c.retained_at IS NULL OR c.retained_at < $1)))) \
+         OR EXISTS (SELECT 1 FROM async_delegations WHERE retained = 1 AND tombstoned_at IS NULL \
+             GROUP BY {PROFILE} HAVING count(*) > $2)"
+    );
+    Ok(tx.query_one(&sql, &[&lim.cutoff(), &int(lim.max_retained)])?.try_get(0)?)
+}
+
+fn prune_in(tx: &mut Transaction<'_>, lim: Limits) -> PgResult<PruneCount> {
+    let t = lim.now;
+    let mut n = PruneCount::default();
+    n.children += count(tx.execute(
+        "UPDATE retinue_children SET tombstoned_at = $1, tombstone_reason = 'ttl' \
+         WHERE delegation_id IN (SELECT delegation_id FROM async_delegations \
+                                 WHERE retained = 1 AND tombstoned_at IS NULL) \
+           AND tombstoned_at IS NULL AND (retained_at IS NULL OR retained_at < $2)",
+        &[&t, &lim.cutoff()],
+    )?);
+    n.units += count(tx.execute(
+        "UPDATE async_delegations SET tombstoned_at = $1, updated_at = $1 \
+         WHERE retained = 1 AND tombstoned_at IS NULL AND NOT EXISTS (SELECT 1 FROM \
+           retinue_children c WHERE c.delegation_id = async_delegations.delegation_id \
+           AND c.tombstoned_at IS NULL)",
+        &[&t],
+    )?);
+    // Cap, per profile: live units ranked at or beyond `max_retained` in their profile.
+    let over_cap = format!(
+        "SELECT delegation_id FROM (SELECT delegation_id, row_number() OVER \
+           (PARTITION BY {PROFILE} ORDER BY retained_at DESC NULLS LAST, delegation_id DESC) AS rn \
+         FROM async_delegations WHERE retained = 1 AND tombstoned_at IS NULL) r WHERE rn > $2"
+    );
+    n.children += count(tx.execute(
+        &format!(
+            "UPDATE retinue_children SET tombstoned_at = $1, tombstone_reason = 'cap' \
+             WHERE tombstoned_at IS NULL AND delegation_id IN ({over_cap})"
+        ),
+        &[&t, &int(lim.max_retained)],
+    )?);
+    n.units += count(tx.execute(
+        &format!(
+            "UPDATE async_delegations SET tombstoned_at = $1, updated_at = $1 \
+             WHERE delegation_id IN ({over_cap})"
+        ),
+        &[&t, &int(lim.max_retained)],
+    )?);
+    Ok(n)
+}
+
+impl Retention for PgStore {
+    fn tombstone_retained_child(&self, id: &str, reason: &TombstoneReason) -> Result<bool> {
+        let id = id.trim();
+        if id.is_empty() {
+            return Ok(false);
+        }
+        let lim = self.limits();
+        let t = lim.now;
+        self.pool.tx("tombstoning a retained child", Mode::Write, |tx| {
+            backfill(tx)?;
+            let mut units: Vec<String> = Vec::new();
+            let mut changed = 0;
+            for column in ["subagent_id", "child_session_id", "delegation_id"] {
+                let sql = format!(
+                    "UPDATE retinue_children SET tombstoned_at = $1, tombstone_reason = $2 \
+                     WHERE {column} = $3 AND tombstoned_at IS NULL \
+                     AND EXISTS (SELECT 1 FROM async_delegations u \
+                       WHERE u.delegation_id = retinue_children.delegation_id \
+                       AND u.retained = 1 AND u.tombstoned_at IS NULL) \
+                     RETURNING delegation_id"
+                );
+                for r in tx.query(&sql, &[&t, &reason.as_str(), &id])? {
+                    let unit: String = r.try_get(0)?;
+                    changed += 1;
+                    if !units.contains(&unit) {
+                        units.push(unit);
+                    }
+                }
+                if changed > 0 {
+                    break;
+                }
+            }
+            for unit in &units {
+                let any_live = tx
+                    .query_opt(
+                        "SELECT 1 FROM retinue_children WHERE delegation_id = $1 \
+                         AND tombstoned_at IS NULL AND retained_at >= $2 LIMIT 1",
+                        &[unit, &lim.cutoff()],
+                    )?
+                    .is_some();
+                if !any_live {
+                    tx.execute(
+                        "UPDATE retinue_children SET tombstoned_at = $1, tombstone_reason = 'ttl' \
+                         WHERE delegation_id = $2 AND tombstoned_at IS NULL",
+                        &[&t, unit],
+                    )?;
+                    tx.execute(
+                        "UPDATE async_delegations SET tombstoned_at = $1, updated_at = $1 \
+                         WHERE delegation_id = $2 AND tombstoned_at IS NULL",
+                        &[&t, unit],
+                    )?;
+                }
+            }
+            Ok(changed > 0)
+        })
+    }
+
+    fn prune_retained_children(
+        &self,
+        max_retained: Option<u32>,
+        ttl_hours: Option<f64>,
+    ) -> Result<PruneCount> {
+        let mut lim = self.limits();
+        if let Some(m) = max_retained {
+            lim.max_retained = m.max(1);
+        }
+        if let Some(h) = ttl_hours {
+            if !h.is_finite() {
+                return Err(Error::Invalid(format!("ttl_hours must be finite, got {h}")));
+            }
+            lim.ttl_hours = h.max(0.0);
+        }
+        if !self.pool.tx("checking whether a prune is due", Mode::Read, |tx| prune_due(tx, lim))? {
+            return Ok(PruneCount::default());
+        }
+        self.pool.tx("pruning retained children", Mode::Write, |tx| {
+            backfill(tx)?;
+            prune_in(tx, lim)
+        })
+    }
+
+    fn rehydrate_retained_children(&self) -> Result<usize> {
+        let lim = self.limits();
+        if self.pool.tx("checking whether a prune is due", Mode::Read, |tx| prune_due(tx, lim))? {
+            self.pool.tx("rehydrating retained children", Mode::Write, |tx| {
+                backfill(tx)?;
+                prune_in(tx, lim)
+            })?;
+        }
+        let n =
+            self.pool.tx("counting retained children", Mode::Read, |tx| list_in(tx, lim))?.len();
+        log::info!("rehydrated {n} addressable retained children");
+        Ok(n)
+    }
+
+    fn recover_abandoned_delegations(&self, probe: &dyn OwnerProbe) -> RecoveryReport {
+        let mut report = RecoveryReport::default();
+        if let Err(e) = self.heartbeat() {
+            report.error = Some(format!("renewing the worker lease failed: {e}"));
+        }
+        match self.classify(probe) {
+            Ok(n) => report.abandoned = n,
+            Err(e) => report.error = Some(format!("classification failed: {e}")),
+        }
+        match self.rehydrate_retained_children() {
+            Ok(n) => report.addressable = n,
+            Err(e) => {
+                let msg = format!("rehydration failed: {e}");
+                report.error = Some(match report.error.take() {
+                    Some(prev) => format!("{prev}; {msg}"),
+                    None => msg,
+                });
+            }
+        }
+        report
+    }
+
+    fn prune_history(&self) -> Result<usize> {
+        self.prune_history_in()
+    }
+}
+
+// ---------------------------------------------------------------- recovery
+
+const UNKNOWN_ERROR: &str =
+    "Delegation owner exited before recording a terminal result; outcome unknown.";
+
+impl PgStore {
+    /// Marks `unknown` the live, non-retained units whose owner is gone: a
+    /// worker whose lease expired (or vanished), or — for units without a
+    /// worker (copied from a state.db) — a process the probe reports dead.
+    fn classify(&self, probe: &dyn OwnerProbe) -> Result<usize> {
+        let now = self.clock.now();
+        self.pool.tx("classifying abandoned units", Mode::Write, |tx| {
+            let rows = tx.query(
+                "SELECT u.delegation_id, u.owner_pid, u.owner_started_at, u.origin_session, \
+                 u.origin_ui_session_id, u.origin_session_id, u.parent_session_id, u.task_json, \
+                 u.owner_worker, w.lease_expires_at \
+                 FROM async_delegations u LEFT JOIN retinue_workers w ON w.worker_id = u.owner_worker \
+                 WHERE u.state IN ('running', 'finalizing') AND u.retained IS NULL \
+                 FOR UPDATE OF u SKIP LOCKED",
+                &[],
+            )?;
+            let can_probe = probe.probe(i64::from(std::process::id())).is_some();
+            let mut dead: Vec<(String, Value)> = Vec::new();
+            for r in rows {
+                let id: String = r.try_get(0)?;
+                let pid: Option<i64> = r.try_get(1)?;
+                let started_at: Option<i64> = r.try_get(2)?;
+                let worker: Option<String> = r.try_get(8)?;
+                let lease: Option<f64> = r.try_get(9)?;
+                let alive = match (worker, pid) {
+                    (Some(_), _) => lease.is_some_and(|l| l >= now),
+                    (None, _) if !can_probe => continue,
+                    (None, None) => false,
+                    (None, Some(pid)) => match probe.probe(pid) {
+                        None => continue,
+                        Some(ProcessState::Dead) => false,
+                        Some(ProcessState::Alive { started_at: fp }) => {
+                            started_at.is_none() || started_at == fp
+                        }
+                    },
+                };
+                if alive {
+                    continue;
+                }
+                let mut ev = Map::new();
+                ev.insert("type".into(), json!("async_delegation"));
+                ev.insert("delegation_id".into(), json!(id));
+                for (i, key) in
+                    [(3, "origin_session"), (4, "origin_ui_session_id"), (5, "origin_session_id")]
+                {
+                    ev.insert(key.into(), json!(r.try_get::<_, Option<String>>(i)?.unwrap_or_default()));
+                }
+                ev.insert("parent_session_id".into(), json!(r.try_get::<_, Option<String>>(6)?));
+                let task: Option<String> = r.try_get(7)?;
+                if let Some(Value::Object(task)) = parse_json_opt(task.as_deref()) {
+                    for (k, v) in task {
+                        ev.entry(k).or_insert(v);
+                    }
+                }
+                ev.insert("status".into(), json!("unknown"));
+                ev.insert("error".into(), json!(UNKNOWN_ERROR));
+                dead.push((id, Value::Object(ev)));
+            }
+            let result = json!({"status": "unknown", "error": UNKNOWN_ERROR}).to_string();
+            for (id, event) in &dead {
+                tx.execute(
+                    "UPDATE async_delegations SET state = 'unknown', completed_at = $1, \
+                     updated_at = $1, delivery_state = 'pending', event_json = $2, \
+                     result_json = $3 WHERE delegation_id = $4 AND retained IS NULL",
+                    &[&now, &event.to_string(), &result, id],
+                )?;
+            }
+            Ok(dead.len())
+        })
+    }
+
+    fn prune_history_in(&self) -> Result<usize> {
+        use retinue_store::{DELIVERED_MAX_AGE_SECS, PENDING_KEEP, TERMINAL_KEEP};
+        const TERMINAL: &str = "retained IS NULL AND state NOT IN ('running', 'finalizing')";
+        let old = self.clock.now() - DELIVERED_MAX_AGE_SECS;
+        let due_sql = format!(
+            "SELECT EXISTS (SELECT 1 FROM async_delegations WHERE {TERMINAL} \
+               AND delivery_state = 'delivered' AND COALESCE(delivered_at, updated_at) < $1) \
+             OR (SELECT count(*) FROM (SELECT 1 FROM async_delegations WHERE {TERMINAL} \
+                 AND delivery_state != 'pending' LIMIT $2 + 1) a) > $2 \
+             OR (SELECT count(*) FROM (SELECT 1 FROM async_delegations WHERE {TERMINAL} \
+                 AND delivery_state = 'pending' LIMIT $3 + 1) b) > $3"
+        );
+        let due = self.pool.tx("checking whether history is due", Mode::Read, |tx| {
+            Ok(tx
+                .query_one(&due_sql, &[&old, &TERMINAL_KEEP, &PENDING_KEEP])?
+                .try_get::<_, bool>(0)?)
+        })?;
+        if !due {
+            return Ok(0);
+        }
+        let statements = [
+            format!(
+                "DELETE FROM async_delegations WHERE delegation_id IN (SELECT delegation_id \
+                 FROM async_delegations WHERE {TERMINAL} AND delivery_state = 'delivered' \
+                 AND COALESCE(delivered_at, updated_at) < $1) RETURNING delegation_id"
+            ),
+            format!(
+                "DELETE FROM async_delegations WHERE delegation_id IN (SELECT delegation_id \
+                 FROM async_delegations WHERE {TERMINAL} AND delivery_state != 'pending' \
+                 ORDER BY (delivery_state = 'delivered') DESC, updated_at ASC \
+                 LIMIT GREATEST(0, (SELECT count(*) FROM async_delegations WHERE {TERMINAL} \
+                               AND delivery_state != 'pending') - $1)) RETURNING delegation_id"
+            ),
+            format!(
+                "DELETE FROM async_delegations WHERE delegation_id IN (SELECT delegation_id \
+                 FROM async_delegations WHERE {TERMINAL} AND delivery_state = 'pending' \
+                 ORDER BY updated_at ASC LIMIT GREATEST(0, (SELECT count(*) FROM async_delegations \
+                 WHERE {TERMINAL} AND delivery_state = 'pending') - $1)) RETURNING delegation_id"
+            ),
+        ];
+        self.pool.tx("pruning history", Mode::Write, |tx| {
+            let mut deleted: Vec<String> = Vec::new();
+            let args: [&Params<'_>; 3] = [&[&old], &[&TERMINAL_KEEP], &[&PENDING_KEEP]];
+            for (sql, p) in statements.iter().zip(args) {
+                for r in tx.query(sql.as_str(), p)? {
+                    deleted.push(r.try_get(0)?);
+                }
+            }
+            if !deleted.is_empty() {
+                tx.execute(
+                    "DELETE FROM retinue_children WHERE delegation_id = ANY($1)",
+                    &[&deleted],
+                )?;
+            }
+            Ok(deleted.len())
+        })
+    }
+}
+
+// ---------------------------------------------------------------- lifecycle
+
+fn retain_in(
+    tx: &mut Transaction<'_>,
+    id: &str,
+    usage: Option<&Value>,
+    lim: Limits,
+) -> PgResult<bool> {
+    let now = lim.now;
+    let changed = match usage {
+        Some(u) => tx.execute(
+            "UPDATE async_delegations SET retained = 1, retained_at = $1, updated_at = $1, \
+             usage_json = $2 WHERE delegation_id = $3 AND tombstoned_at IS NULL",
+            &[&now, &u.to_string(), &id],
+        )?,
+        None => tx.execute(
+            "UPDATE async_delegations SET retained = 1, retained_at = $1, updated_at = $1 \
+             WHERE delegation_id = $2 AND tombstoned_at IS NULL",
+            &[&now, &id],
+        )?,
+    };
+    if changed == 0 {
+        return Ok(false);
+    }
+    backfill(tx)?;
+    tx.execute(
+        "UPDATE retinue_children SET retained_at = $1 WHERE delegation_id = $2 \
+         AND tombstoned_at IS NULL AND (retained_at IS NULL OR retained_at >= $3)",
+        &[&now, &id, &lim.cutoff()],
+    )?;
+    prune_in(tx, lim)?;
+    Ok(true)
+}
+
+fn upsert_children(tx: &mut Transaction<'_>, id: &str, children: &[ChildManifest]) -> PgResult<()> {
+    let stmt = tx.prepare(
+        "INSERT INTO retinue_children (delegation_id, child_index, subagent_id, \
+         child_session_id, model, provider, goal, manifest_json) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+         ON CONFLICT (delegation_id, child_index) DO UPDATE SET \
+           subagent_id = EXCLUDED.subagent_id, child_session_id = EXCLUDED.child_session_id, \
+           model = EXCLUDED.model, provider = EXCLUDED.provider, goal = EXCLUDED.goal, \
+           manifest_json = EXCLUDED.manifest_json",
+    )?;
+    for (i, child) in children.iter().enumerate() {
+        let goal = child.goal.as_deref().map(|g| truncate_chars(g, 200));
+        tx.execute(
+            &stmt,
+            &[
+                &id,
+                &i64::try_from(i).unwrap_or(i64::MAX),
+                &child.subagent_id,
+                &child.session_id,
+                &child.model,
+                &child.provider,
+                &goal,
+                &child.to_json().to_string(),
+            ],
+        )?;
+    }
+    Ok(())
+}
+
+fn lone_child_session(children: &[ChildManifest]) -> Option<String> {
+    match children {
+        [only] => Some(only.session_id.clone()),
+        _ => None,
+    }
+}
+
+impl PgStore {
+    fn insert_unit_in(
+        &self,
+        tx: &mut Transaction<'_>,
+        draft: &UnitDraft,
+        id: &str,
+        now: f64,
+    ) -> PgResult<bool> {
+        let taken = tx
+            .query_opt("SELECT 1 FROM async_delegations WHERE delegation_id = $1", &[&id])?
+            .is_some();
+        if taken {
+            return Ok(false);
+        }
+        let is_batch = draft.children.len() != 1;
+        let lone = if is_batch { None } else { lone_child_session(&draft.children) };
+        tx.execute(
+            "INSERT INTO async_delegations (delegation_id, origin_session, origin_ui_session_id, \
+             parent_session_id, state, dispatched_at, updated_at, delivery_state, \
+             delivery_attempts, owner_pid, owner_started_at, task_json, origin_session_id, \
+             child_session_id, children_json, owner_profile, owner_worker) \
+             VALUES ($1, $2, $3, $4, 'running', $5, $5, 'pending', 0, $6, $7, $8, $9, $10, $11, \
+             $12, $13)",
+            &[
+                &id,
+                &draft.origin_session,
+                &draft.origin_ui_session_id,
+                &draft.parent_session_id,
+                &now,
+                &draft.owner_pid,
+                &draft.owner_started_at,
+                &draft.task.to_string(),
+                &draft.origin_session_id,
+                &lone,
+                &children_json(&draft.children),
+                &draft.owner_profile,
+                &self.worker_id,
+            ],
+        )?;
+        upsert_children(tx, id, &draft.children)?;
+        for session in &draft.child_sessions {
+            insert_session(tx, session, now)?;
+        }
+        Ok(true)
+    }
+}
+
+impl UnitLifecycle for PgStore {
+    fn insert_unit(&self, draft: &UnitDraft) -> Result<String> {
+        for _ in 0..8 {
+            let id = format!("deleg_{}", random_hex(4)?);
+            let now = self.clock.now();
+            if self.pool.tx("inserting a unit", Mode::Write, |tx| {
+                self.insert_unit_in(tx, draft, &id, now)
+            })? {
+                return Ok(id);
+            }
+        }
+        Err(Error::Invalid("could not allocate a unique delegation id".to_owned()))
+    }
+
+    fn record_dispatched_children(&self, id: &str, children: &[ChildManifest]) -> Result<bool> {
+        if id.trim().is_empty() {
+            return Ok(false);
+        }
+        let now = self.clock.now();
+        self.pool.tx("recording dispatched children", Mode::Write, |tx| {
+            backfill(tx)?;
+            let lone = if children.len() > 1 {
+                None
+            } else {
+                Some(lone_child_session(children).unwrap_or_default())
+            };
+            let changed = tx.execute(
+                "UPDATE async_delegations SET children_json = $1, child_session_id = $2, \
+                 owner_profile = $3, updated_at = $4 WHERE delegation_id = $5",
+                &[&children_json(children), &lone, &self.profile, &now, &id],
+            )?;
+            if changed == 0 {
+                return Ok(false);
+            }
+            upsert_children(tx, id, children)?;
+            Ok(true)
+        })
+    }
+
+    #[allow(clippy::needless_lifetimes)]
+    fn retain_completed_delegation<'a>(&self, id: &str, usage: Option<&'a Value>) -> Result<bool> {
+        let lim = self.limits();
+        self.pool.tx("retaining a unit", Mode::Write, |tx| retain_in(tx, id, usage, lim))
+    }
+
+    fn persist_completion(&self, c: &Completion) -> Result<bool> {
+        let lim = self.limits();
+        let now = lim.now;
+        let status = if c.status.trim().is_empty() { "completed" } else { c.status.as_str() };
+        let (delivery, delivered_at) =
+            if c.background { ("pending", None) } else { ("delivered", Some(now)) };
+        let usage = c.usage.as_ref().map(Value::to_string);
+        self.pool.tx("persisting a completion", Mode::Write, |tx| {
+            backfill(tx)?;
+            let changed = tx.execute(
+                "UPDATE async_delegations SET state = $1, completed_at = $2, updated_at = $2, \
+                 event_json = $3, result_json = $4, usage_json = COALESCE($5, usage_json), \
+                 delivery_state = $6, delivered_at = $7 WHERE delegation_id = $8",
+                &[
+                    &status,
+                    &now,
+                    &c.event.to_string(),
+                    &c.result.to_string(),
+                    &usage,
+                    &delivery,
+                    &delivered_at,
+                    &c.delegation_id,
+                ],
+            )?;
+            if changed == 0 {
+                return Ok(false);
+            }
+            if status == "completed" {
+                retain_in(tx, &c.delegation_id, None, lim)?;
+            }
+            Ok(true)
+        })
+    }
+}
+
+// ---------------------------------------------------------------- claims
+
+fn release_in(tx: &mut Transaction<'_>, id: &str, child_index: u32, token: &str) -> PgResult<bool> {
+    let n = tx.execute(
+        "UPDATE retinue_children SET resume_claim = NULL, resume_claimed_at = NULL \
+         WHERE delegation_id = $1 AND child_index = $2 AND resume_claim = $3",
+        &[&id, &int(child_index), &token],
+    )?;
+    Ok(n > 0)
+}
+
+impl Claims for PgStore {
+    fn claim_delivery(&self, filter: &DeliveryFilter) -> Result<Option<DeliveryClaim>> {
+        let now = self.clock.now();
+        self.pool.tx("claiming a delivery", Mode::Write, |tx| {
+            // Rows whose event is not JSON are never offered (SQLite: `json_valid`).
+            let mut unreadable: Vec<String> = Vec::new();
+            loop {
+                let row = tx.query_opt(
+                    "SELECT delegation_id, delivery_attempts, event_json FROM async_delegations \
+                     WHERE delivery_state = 'pending' AND state NOT IN ('running', 'finalizing') \
+                       AND event_json IS NOT NULL \
+                       AND (delivery_claim IS NULL OR delivery_claimed_at IS NULL \
+                            OR delivery_claimed_at + $1 <= $2) \
+                       AND ($3::text IS NULL OR origin_session = $3) \
+                       AND ($4::text IS NULL OR parent_session_id = $4) \
+                       AND ($5::text IS NULL OR delegation_id = $5) \
+                       AND NOT (delegation_id = ANY($6)) \
+                     ORDER BY completed_at NULLS FIRST, delegation_id LIMIT 1 \
+                     FOR UPDATE SKIP LOCKED",
+                    &[
+                        &LEASE_SECS,
+                        &now,
+                        &filter.origin_session,
+                        &filter.parent_session_id,
+                        &filter.delegation_id,
+                        &unreadable,
+                    ],
+                )?;
+                let Some(row) = row else { return Ok(None) };
+                let id: String = row.try_get(0)?;
+                let attempts: i64 = row.try_get(1)?;
+                let text: Option<String> = row.try_get(2)?;
+                let Some(event) =
+                    text.as_deref().and_then(|s| serde_json::from_str::<Value>(s).ok())
+                else {
+                    unreadable.push(id);
+                    continue;
+                };
+                if attempts < MAX_DELIVERY_ATTEMPTS {
+                    let token = random_hex(16)?;
+                    tx.execute(
+                        "UPDATE async_delegations SET delivery_claim = $1, \
+                         delivery_claimed_at = $2, delivery_attempts = delivery_attempts + 1, \
+                         updated_at = $2 WHERE delegation_id = $3",
+                        &[&token, &now, &id],
+                    )?;
+                    let attempt = u32_of(attempts + 1);
+                    return Ok(Some(DeliveryClaim { delegation_id: id, token, attempt, event }));
+                }
+                tx.execute(
+                    "UPDATE async_delegations SET delivery_state = 'dropped', updated_at = $1 \
+                     WHERE delegation_id = $2",
+                    &[&now, &id],
+                )?;
+            }
+        })
+    }
+
+    fn ack_delivery(&self, id: &str, token: &str) -> Result<bool> {
+        let now = self.clock.now();
+        self.pool.tx("acknowledging a delivery", Mode::Write, |tx| {
+            let n = tx.execute(
+                "UPDATE async_delegations SET delivery_state = 'delivered', delivered_at = $1, \
+                 updated_at = $1 WHERE delegation_id = $2 AND delivery_claim = $3 \
+                 AND delivery_state = 'pending'",
+                &[&now, &id, &token],
+            )?;
+            Ok(n > 0)
+        })
+    }
+
+    fn claim_resume(&self, id: &str, child_index: u32) -> Result<ResumeClaim> {
+        let now = self.clock.now();
+        self.pool.tx("claiming a resume", Mode::Write, |tx| {
+            let row = tx.query_opt(
+                "SELECT c.tombstoned_at, u.tombstoned_at, c.resume_claim, c.resume_claimed_at \
+                 FROM retinue_children c JOIN async_delegations u \
+                   ON u.delegation_id = c.delegation_id \
+                 WHERE c.delegation_id = $1 AND c.child_index = $2 FOR UPDATE OF c",
+                &[&id, &int(child_index)],
+            )?;
+            let Some(row) = row else { return Ok(ResumeClaim::Unavailable) };
+            let child_tomb: Option<f64> = row.try_get(0)?;
+            let unit_tomb: Option<f64> = row.try_get(1)?;
+            let claim: Option<String> = row.try_get(2)?;
+            let claimed_at: Option<f64> = row.try_get(3)?;
+            if child_tomb.is_some() || unit_tomb.is_some() {
+                return Ok(ResumeClaim::Unavailable);
+            }
+            if claim.is_some() {
+                let at = claimed_at.unwrap_or(f64::NEG_INFINITY);
+                if at + LEASE_SECS > now {
+                    return Ok(ResumeClaim::Busy { claimed_at: at, expires_at: at + LEASE_SECS });
+                }
+            }
+            let token = random_hex(16)?;
+            tx.execute(
+                "UPDATE retinue_children SET resume_claim = $1, resume_claimed_at = $2 \
+                 WHERE delegation_id = $3 AND child_index = $4",
+                &[&token, &now, &id, &int(child_index)],
+            )?;
+            Ok(ResumeClaim::Claimed { token })
+        })
+    }
+
+    fn renew_resume(&self, id: &str, child_index: u32, token: &str) -> Result<bool> {
+        let now = self.clock.now();
+        self.pool.tx("renewing a resume claim", Mode::Write, |tx| {
+            let n = tx.execute(
+                "UPDATE retinue_children SET resume_claimed_at = $1 WHERE delegation_id = $2 \
+                 AND child_index = $3 AND resume_claim = $4",
+                &[&now, &id, &int(child_index), &token],
+            )?;
+            Ok(n > 0)
+        })
+    }
+
+    fn release_resume(&self, id: &str, child_index: u32, token: &str) -> Result<bool> {
+        self.pool.tx("releasing a resume claim", Mode::Write, |tx| {
+            release_in(tx, id, child_index, token)
+        })
+    }
+
+    #[allow(clippy::needless_lifetimes)]
+    fn finish_follow_up<'a>(
+        &self,
+        id: &str,
+        child_index: u32,
+        token: &str,
+        usage: Option<&'a UsageSwap>,
+    ) -> Result<bool> {
+        let now = self.clock.now();
+        self.pool.tx("finishing a follow-up", Mode::Write, |tx| {
+            let held = tx
+                .query_opt(
+                    "SELECT 1 FROM retinue_children WHERE delegation_id = $1 \
+                     AND child_index = $2 AND resume_claim = $3 FOR UPDATE",
+                    &[&id, &int(child_index), &token],
+                )?
+                .is_some();
+            if !held {
+                return Ok(false);
+            }
+            if let Some(swap) = usage {
+                let current: Option<Value> = match tx.query_opt(
+                    "SELECT usage_json FROM async_delegations WHERE delegation_id = $1 FOR UPDATE",
+                    &[&id],
+                )? {
+                    Some(r) => parse_json_opt(r.try_get::<_, Option<String>>(0)?.as_deref()),
+                    None => None,
+                };
+                if current != swap.expected {
+                    return Err(Fail::Store(Error::Stale { what: "the unit's usage_json" }));
+                }
+                tx.execute(
+                    "UPDATE async_delegations SET usage_json = $1, updated_at = $2 \
+                     WHERE delegation_id = $3",
+                    &[&swap.new.to_string(), &now, &id],
+                )?;
+            }
+            tx.execute(
+                "UPDATE retinue_children SET retained_at = $1 WHERE delegation_id = $2 \
+                 AND child_index = $3 AND tombstoned_at IS NULL",
+                &[&now, &id, &int(child_index)],
+            )?;
+            tx.execute(
+                "UPDATE async_delegations SET retained_at = $1, updated_at = $1 \
+                 WHERE delegation_id = $2 AND tombstoned_at IS NULL AND retained = 1",
+                &[&now, &id],
+            )?;
+            release_in(tx, id, child_index, token)
+        })
+    }
+}

@@ -1,0 +1,270 @@
+//! Sessions and transcripts ([`SessionStore`]) and the session graph
+//! ([`SessionGraph`]) on PostgreSQL, with the SQLite backend's semantics.
+
+use postgres::{Row, Transaction};
+use retinue_store::{
+    MAX_HOPS, Message, NewSession, Result, SessionGraph, SessionRow, SessionStore,
+};
+use serde_json::Value;
+
+use crate::pool::{Fail, Mode, PgResult};
+use crate::store::{PgStore, invalid};
+
+const SESSION_COLS: &str = "id, source, model, model_config, parent_session_id, started_at, \
+     ended_at, end_reason, profile_name, estimated_cost_usd, cost_status, cost_source, \
+     system_prompt";
+
+pub(crate) fn insert_session(tx: &mut Transaction<'_>, s: &NewSession, now: f64) -> PgResult<()> {
+    if s.id.trim().is_empty() {
+        return Err(invalid("session id must not be empty"));
+    }
+    let model_config = match &s.model_config {
+        None | Some(Value::Null) => None,
+        Some(v @ Value::Object(_)) => Some(v.to_string()),
+        Some(_) => return Err(invalid("model_config must be a JSON object")),
+    };
+    // A parent that is not (yet) a row is not linked (as in SQLite).
+    let parent = s.parent_session_id.as_deref().map(str::trim).filter(|p| !p.is_empty());
+    tx.execute(
+        "INSERT INTO sessions (id, source, model, model_config, parent_session_id, started_at, \
+         profile_name) VALUES ($1, $2, $3, $4, (SELECT id FROM sessions WHERE id = $5), $6, $7)",
+        &[
+            &s.id,
+            &s.source,
+            &s.model,
+            &model_config,
+            &parent,
+            &s.started_at.unwrap_or(now),
+            &s.profile_name,
+        ],
+    )?;
+    Ok(())
+}
+
+fn read_session(r: &Row) -> PgResult<SessionRow> {
+    Ok(SessionRow {
+        id: r.try_get(0)?,
+        source: r.try_get::<_, Option<String>>(1)?.unwrap_or_default(),
+        model: r.try_get(2)?,
+        model_config: r.try_get(3)?,
+        parent_session_id: r.try_get(4)?,
+        started_at: r.try_get::<_, Option<f64>>(5)?.unwrap_or(0.0),
+        ended_at: r.try_get(6)?,
+        end_reason: r.try_get(7)?,
+        profile_name: r.try_get(8)?,
+        estimated_cost_usd: r.try_get(9)?,
+        cost_status: r.try_get(10)?,
+        cost_source: r.try_get(11)?,
+        system_prompt: r.try_get(12)?,
+    })
+}
+
+fn session_in(tx: &mut Transaction<'_>, id: &str) -> PgResult<Option<SessionRow>> {
+    let sql = format!("SELECT {SESSION_COLS} FROM sessions WHERE id = $1");
+    tx.query_opt(&sql, &[&id])?.as_ref().map(read_session).transpose()
+}
+
+fn children_in(tx: &mut Transaction<'_>, parent: &str) -> PgResult<Vec<SessionRow>> {
+    let sql = format!(
+        "SELECT {SESSION_COLS} FROM sessions WHERE parent_session_id = $1 ORDER BY started_at, id"
+    );
+    tx.query(&sql, &[&parent])?.iter().map(read_session).collect()
+}
+
+/// What a message adds to `sessions.tool_call_count` (as hermes counts it).
+fn tool_call_delta(tool_calls: Option<&str>) -> i64 {
+    match tool_calls.map(str::trim).filter(|t| !t.is_empty()) {
+        None => 0,
+        Some(text) => match serde_json::from_str::<Value>(text) {
+            Ok(Value::Array(calls)) => i64::try_from(calls.len()).unwrap_or(i64::MAX),
+            Ok(Value::Null) => 0,
+            _ => 1,
+        },
+    }
+}
+
+/// Whether a `model_config` text carries a lineage marker key (or is unreadable).
+fn has_marker(model_config: Option<&str>) -> bool {
+    match model_config.map(str::trim).filter(|s| !s.is_empty()) {
+        None => false,
+        Some(text) => match serde_json::from_str::<Value>(text) {
+            Ok(Value::Object(m)) => {
+                m.contains_key("_branched_from") || m.contains_key("_delegate_from")
+            }
+            _ => true,
+        },
+    }
+}
+
+impl SessionGraph for PgStore {
+    fn session(&self, id: &str) -> Result<Option<SessionRow>> {
+        self.pool.tx("reading a session", Mode::Read, |tx| session_in(tx, id))
+    }
+
+    fn child_sessions(&self, parent: &str) -> Result<Vec<SessionRow>> {
+        self.pool.tx("reading child sessions", Mode::Read, |tx| children_in(tx, parent))
+    }
+
+    fn neighbourhood(&self, id: &str, max_hops: usize) -> Result<Option<Vec<SessionRow>>> {
+        const SQL: &str = "WITH RECURSIVE up(id, source, model_config, parent_session_id, \
+               started_at, ended_at, end_reason, n) AS ( \
+             SELECT id, source, model_config, parent_session_id, started_at, ended_at, \
+               end_reason, 0::BIGINT FROM sessions WHERE id = $1 \
+             UNION ALL SELECT s.id, s.source, s.model_config, s.parent_session_id, s.started_at, \
+               s.ended_at, s.end_reason, up.n + 1 FROM up JOIN sessions s \
+               ON s.id = up.parent_session_id WHERE up.n < $2) \
+           SELECT id, source, NULL::text, model_config, parent_session_id, started_at, ended_at, \
+             end_reason, NULL::text, NULL::float8, NULL::text, NULL::text, NULL::text FROM up \
+           UNION ALL \
+           SELECT s.id, s.source, NULL::text, s.model_config, s.parent_session_id, s.started_at, \
+             s.ended_at, s.end_reason, NULL::text, NULL::float8, NULL::text, NULL::text, NULL::text \
+             FROM sessions s WHERE s.parent_session_id IN \
+               (SELECT parent_session_id FROM up WHERE parent_session_id IS NOT NULL) \
+             AND s.id NOT IN (SELECT id FROM up)";
+        let hops = i64::try_from(max_hops.min(MAX_HOPS * 100)).unwrap_or(i64::MAX);
+        self.pool.tx("walking the session neighbourhood", Mode::Read, |tx| {
+            let rows = tx.query(SQL, &[&id, &hops])?;
+            rows.iter().map(read_session).collect::<PgResult<Vec<_>>>().map(Some)
+        })
+    }
+}
+
+impl SessionStore for PgStore {
+    fn create_session(&self, session: &NewSession) -> Result<()> {
+        let now = self.clock.now();
+        self.pool.tx("creating a session", Mode::Write, |tx| insert_session(tx, session, now))
+    }
+
+    fn append_message(&self, session_id: &str, m: &Message) -> Result<i64> {
+        let now = self.clock.now();
+        let ts = if m.timestamp > 0.0 { m.timestamp } else { now };
+        let content = m.content.as_deref().map(str::as_bytes);
+        let delta = tool_call_delta(m.tool_calls.as_deref());
+        self.pool.tx("appending a message", Mode::Write, |tx| {
+            let n = tx.execute(
+                "UPDATE sessions SET message_count = COALESCE(message_count, 0) + 1, \
+                 tool_call_count = COALESCE(tool_call_count, 0) + $2 WHERE id = $1",
+                &[&session_id, &delta],
+            )?;
+            if n == 0 {
+                return Err(Fail::Store(retinue_store::Error::NotFound {
+                    what: "session",
+                    id: session_id.to_owned(),
+                }));
+            }
+            let id: i64 = tx
+                .query_one(
+                    "INSERT INTO messages (session_id, role, content, timestamp, active, \
+                     tool_call_id, tool_calls, tool_name, token_count, finish_reason) \
+                     VALUES ($1, $2, $3, $4, 1, $5, $6, $7, $8, $9) RETURNING id",
+                    &[
+                        &session_id,
+                        &m.role,
+                        &content,
+                        &ts,
+                        &m.tool_call_id,
+                        &m.tool_calls,
+                        &m.tool_name,
+                        &m.token_count,
+                        &m.finish_reason,
+                    ],
+                )?
+                .try_get(0)?;
+            Ok(id)
+        })
+    }
+
+    fn end_session(&self, id: &str, reason: &str) -> Result<bool> {
+        let now = self.clock.now();
+        self.pool.tx("ending a session", Mode::Write, |tx| {
+            let n = tx.execute(
+                "UPDATE sessions SET ended_at = $1, end_reason = $2 \
+                 WHERE id = $3 AND ended_at IS NULL",
+                &[&now, &reason, &id],
+            )?;
+            Ok(n > 0)
+        })
+    }
+
+    fn reopen_session(&self, id: &str) -> Result<bool> {
+        self.pool.tx("reopening a session", Mode::Write, |tx| {
+            let n = tx.execute(
+                "UPDATE sessions SET ended_at = NULL, end_reason = NULL WHERE id = $1",
+                &[&id],
+            )?;
+            Ok(n > 0)
+        })
+    }
+
+    fn conversation(&self, id: &str) -> Result<Vec<Message>> {
+        self.pool.tx("reading a conversation", Mode::Read, |tx| {
+            let rows = tx.query(
+                "SELECT id, role, content, timestamp, tool_call_id, tool_calls, tool_name, \
+                 token_count, finish_reason FROM messages \
+                 WHERE session_id = $1 AND COALESCE(active, 1) = 1 ORDER BY id",
+                &[&id],
+            )?;
+            rows.iter()
+                .map(|r| {
+                    let content: Option<Vec<u8>> = r.try_get(2)?;
+                    Ok(Message {
+                        id: r.try_get(0)?,
+                        role: r.try_get::<_, Option<String>>(1)?.unwrap_or_default(),
+                        content: content.map(|b| String::from_utf8_lossy(&b).into_owned()),
+                        timestamp: r.try_get::<_, Option<f64>>(3)?.unwrap_or(0.0),
+                        tool_call_id: r.try_get(4)?,
+                        tool_calls: r.try_get(5)?,
+                        tool_name: r.try_get(6)?,
+                        token_count: r.try_get(7)?,
+                        finish_reason: r.try_get(8)?,
+                    })
+                })
+                .collect()
+        })
+    }
+
+    fn compression_tip(&self, id: &str) -> Result<String> {
+        self.pool.tx("following the compression tip", Mode::Read, |tx| {
+            let mut best = id.to_owned();
+            let Some(mut current) = session_in(tx, id)? else { return Ok(best) };
+            let mut visited = vec![current.id.clone()];
+            for _ in 0..MAX_HOPS {
+                if current.end_reason.as_deref() != Some("compression") {
+                    break;
+                }
+                let next = children_in(tx, &current.id)?
+                    .into_iter()
+                    .filter(|c| {
+                        !has_marker(c.model_config.as_deref())
+                            && !c.source.trim().eq_ignore_ascii_case("tool")
+                            && !visited.contains(&c.id)
+                    })
+                    .max_by(|a, b| {
+                        let rank = |s: &SessionRow| match (s.ended_at, s.end_reason.as_deref()) {
+                            (Some(_), Some("compression")) => 2,
+                            (None, _) => 1,
+                            _ => 0,
+                        };
+                        rank(a)
+                            .cmp(&rank(b))
+                            .then(a.started_at.total_cmp(&b.started_at))
+                            .then(a.id.cmp(&b.id))
+                    });
+                let Some(next) = next else { break };
+                visited.push(next.id.clone());
+                let has_messages = tx
+                    .query_opt(
+                        "SELECT 1 FROM messages WHERE session_id = $1 \
+                         AND COALESCE(active, 1) = 1 LIMIT 1",
+                        &[&next.id],
+                    )?
+                    .is_some();
+                if has_messages {
+                    best.clone_from(&next.id);
+                }
+                current = next;
+            }
+            Ok(best)
+        })
+    }
+}

@@ -1,0 +1,415 @@
+//! [`PgStore`]: opening (connection string, password lookup, schema,
+//! refinery migrations) and the worker lease that stands for an owner's
+//! liveness across hosts.
+
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use postgres::Config;
+use retinue_store::{Clock, DelegationConfig, Error, LoadedConfig, Result, SystemClock};
+
+use crate::pool::{Fail, Mode, PgResult, Pool, quote_ident, random_hex};
+
+/// Default lease of a worker, in seconds: a worker that has not renewed it
+/// for this long is dead, and recovery marks its live units `unknown`.
+pub const WORKER_LEASE_SECS: f64 = 60.0;
+
+/// The schema version this binary embeds.
+const SCHEMA_VERSION: i32 = 1;
+
+/// How to open a [`PgStore`].
+#[derive(Clone)]
+pub struct PgOptions {
+    /// `config.yaml` (retention limits).
+    pub config: LoadedConfig,
+    /// The clock of every timestamp written (and of lease expiry).
+    pub clock: Arc<dyn Clock>,
+    /// The tenant: new units' `owner_profile`; retention limits apply per profile.
+    pub profile: String,
+    /// A schema to use instead of the search path's (created if missing);
+    /// `[A-Za-z0-9_]` only.
+    pub schema: Option<String>,
+    /// This worker's lease, in seconds ([`WORKER_LEASE_SECS`] by default).
+    pub lease_secs: f64,
+    /// Idle connections kept.
+    pub pool_size: usize,
+}
+
+impl Default for PgOptions {
+    fn default() -> Self {
+        PgOptions {
+            config: LoadedConfig::default(),
+            clock: Arc::new(SystemClock),
+            profile: String::new(),
+            schema: None,
+            lease_secs: WORKER_LEASE_SECS,
+            pool_size: 8,
+        }
+    }
+}
+
+impl std::fmt::Debug for PgOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgOptions")
+            .field("profile", &self.profile)
+            .field("schema", &self.schema)
+            .field("lease_secs", &self.lease_secs)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PgOptions {
+    /// These options with `clock`.
+    #[must_use]
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// These options with the tenant `profile`.
+    #[must_use]
+    pub fn with_profile(mut self, profile: impl Into<String>) -> Self {
+        self.profile = profile.into();
+        self
+    }
+
+    /// These options with a schema of their own.
+    #[must_use]
+    pub fn with_schema(mut self, schema: impl Into<String>) -> Self {
+        self.schema = Some(schema.into());
+        self
+    }
+
+    /// These options with the delegation settings `d` (retention limits).
+    #[must_use]
+    pub fn with_delegation(mut self, d: DelegationConfig) -> Self {
+        self.config.delegation = d;
+        self
+    }
+}
+
+/// The PostgreSQL-backed store: implements every seam trait of
+/// `retinue-store` with the same semantics. Cheap to share behind an `Arc`.
+pub struct PgStore {
+    pub(crate) pool: Pool,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) config: LoadedConfig,
+    pub(crate) profile: String,
+    pub(crate) worker_id: String,
+    pub(crate) lease_secs: f64,
+}
+
+impl std::fmt::Debug for PgStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgStore")
+            .field("profile", &self.profile)
+            .field("worker", &self.worker_id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Whether `url` names a PostgreSQL database (`postgres://` or `postgresql://`).
+pub fn is_postgres_url(url: &str) -> bool {
+    let u = url.trim_start();
+    u.starts_with("postgres://") || u.starts_with("postgresql://")
+}
+
+/// The password for `host:port:db:user` from a `.pgpass` text (libpq's format).
+fn pgpass_lookup(text: &str, host: &str, port: &str, db: &str, user: &str) -> Option<String> {
+    fn fields(line: &str) -> Vec<String> {
+        let mut out = vec![String::new()];
+        let mut chars = line.chars();
+        while let Some(c) = chars.next() {
+            match c {
+                '\\' => {
+                    if let (Some(next), Some(last)) = (chars.next(), out.last_mut()) {
+                        last.push(next);
+                    }
+                }
+                ':' => out.push(String::new()),
+                c => {
+                    if let Some(last) = out.last_mut() {
+                        last.push(c);
+                    }
+                }
+            }
+        }
+        out
+    }
+    text.lines().filter(|l| !l.trim_start().starts_with('#') && !l.trim().is_empty()).find_map(
+        |line| {
+            let f = fields(line);
+            let ok = |i: usize, v: &str| f.get(i).is_some_and(|x| x == "*" || x == v);
+            (f.len() == 5 && ok(0, host) && ok(1, port) && ok(2, db) && ok(3, user))
+                .then(|| f[4].clone())
+        },
+    )
+}
+
+/// Parses a connection string and completes it like libpq: user from
+/// `PGUSER`/`USER`, password from `PGPASSWORD` or `PGPASSFILE`/`~/.pgpass`.
+/// The string is never echoed in an error (it may hold a password).
+pub(crate) fn connection_config(url: &str) -> Result<Config> {
+    let mut config = Config::from_str(url.trim()).map_err(|_| {
+        Error::Invalid(
+            "unreadable PostgreSQL connection string (postgres://user@host:port/db)".into(),
+        )
+    })?;
+    if config.get_user().is_none() {
+        let user = std::env::var("PGUSER")
+            .or_else(|_| std::env::var("USER"))
+            .unwrap_or_else(|_| "postgres".to_owned());
+        config.user(&user);
+    }
+    if config.get_hosts().is_empty() {
+        config.host("127.0.0.1");
+    }
+    if config.get_password().is_none() {
+        if let Ok(pw) = std::env::var("PGPASSWORD") {
+            config.password(pw);
+        } else {
+            let file = std::env::var_os("PGPASSFILE")
+                .map(PathBuf::from)
+                .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".pgpass")));
+            if let Some(text) = file.and_then(|f| std::fs::read_to_string(f).ok()) {
+                let host = match config.get_hosts().first() {
+                    Some(postgres::config::Host::Tcp(h)) => h.clone(),
+                    _ => "localhost".to_owned(),
+                };
+                let port = config.get_ports().first().copied().unwrap_or(5432).to_string();
+                let user = config.get_user().unwrap_or_default().to_owned();
+                let db = config.get_dbname().unwrap_or(&user).to_owned();
+                if let Some(pw) = pgpass_lookup(&text, &host, &port, &db, &user) {
+                    config.password(pw);
+                }
+            }
+        }
+    }
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(Duration::from_secs(10));
+    }
+    config.application_name("retinue");
+    Ok(config)
+}
+
+fn migrate(client: &mut postgres::Client, schema: Option<&str>) -> PgResult<()> {
+    if let Some(schema) = schema {
+        client.batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {}", quote_ident(schema)))?;
+        client.batch_execute(&format!("SET search_path TO {}", quote_ident(schema)))?;
+    }
+    let history = client
+        .query_one("SELECT to_regclass('refinery_schema_history') IS NOT NULL", &[])?
+        .try_get::<_, bool>(0)?;
+    if history {
+        let found: Option<i32> = client
+            .query_one("SELECT MAX(version) FROM refinery_schema_history", &[])?
+            .try_get(0)?;
+        if let Some(found) = found
+            && found > SCHEMA_VERSION
+        {
+            return Err(Error::SchemaTooNew {
+                found: i64::from(found),
+                supported: i64::from(SCHEMA_VERSION),
+            }
+            .into());
+        }
+    }
+    let migrations = [refinery_pg::Migration::unapplied(
+        "V1__retinue_pg_base",
+        include_str!("../migrations/V1__retinue_pg_base.sql"),
+    )
+    .map_err(|e| Error::Migration { source: Box::new(e) })?];
+    refinery_pg::Runner::new(&migrations)
+        .run(client)
+        .map_err(|e| Error::Migration { source: Box::new(e) })?;
+    Ok(())
+}
+
+impl PgStore {
+    /// Connects to `url` (`postgres://user@host:port/db`), migrates the
+    /// schema (idempotent; safe when several workers start at once) and
+    /// registers this process as a worker with a fresh lease.
+    pub fn open(url: &str, opts: PgOptions) -> Result<PgStore> {
+        if let Some(s) = &opts.schema
+            && (s.is_empty() || !s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
+        {
+            return Err(Error::Invalid(format!("schema name `{s}` must be [A-Za-z0-9_]+")));
+        }
+        if !opts.lease_secs.is_finite() || opts.lease_secs <= 0.0 {
+            return Err(Error::Invalid("the worker lease must be a positive number".into()));
+        }
+        let config = connection_config(url)?;
+        let pool = Pool::new(config, opts.schema.clone(), opts.pool_size.max(1));
+        // Workers starting together race on CREATE TABLE IF NOT EXISTS: retry.
+        let mut attempt: u32 = 0;
+        loop {
+            attempt += 1;
+            match pool
+                .with("migrating the PostgreSQL schema", |c| migrate(c, opts.schema.as_deref()))
+            {
+                Ok(()) => break,
+                Err(e @ Error::SchemaTooNew { .. }) => return Err(e),
+                Err(e) if attempt >= 5 => return Err(e),
+                Err(e) => {
+                    log::debug!("migration attempt {attempt} failed ({e}); retrying");
+                    std::thread::sleep(Duration::from_millis(50 * u64::from(attempt)));
+                }
+            }
+        }
+        let store = PgStore {
+            pool,
+            clock: opts.clock,
+            config: opts.config,
+            profile: opts.profile,
+            worker_id: format!("w-{}", random_hex(8)?),
+            lease_secs: opts.lease_secs,
+        };
+        store.heartbeat()?;
+        Ok(store)
+    }
+
+    /// This process's worker id (written to the units it dispatches).
+    pub fn worker_id(&self) -> &str {
+        &self.worker_id
+    }
+
+    /// The tenant profile of new units.
+    pub fn profile(&self) -> &str {
+        &self.profile
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &LoadedConfig {
+        &self.config
+    }
+
+    /// The clock.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
+    }
+
+    /// Renews this worker's lease (registering it if needed).
+    pub fn heartbeat(&self) -> Result<()> {
+        let now = self.clock.now();
+        let expires = now + self.lease_secs;
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_owned())
+            .unwrap_or_default();
+        let pid = i64::from(std::process::id());
+        self.pool.tx("renewing the worker lease", Mode::Write, |tx| {
+            tx.execute(
+                "INSERT INTO retinue_workers (worker_id, owner_profile, host, pid, started_at, \
+                 heartbeat_at, lease_expires_at) VALUES ($1, $2, $3, $4, $5, $5, $6) \
+                 ON CONFLICT (worker_id) DO UPDATE SET heartbeat_at = EXCLUDED.heartbeat_at, \
+                 lease_expires_at = EXCLUDED.lease_expires_at",
+                &[&self.worker_id, &self.profile, &host, &pid, &now, &expires],
+            )?;
+            Ok(())
+        })
+    }
+
+    /// Gives the lease up now (a clean shutdown): this worker's live units
+    /// become recoverable at once.
+    pub fn retire(&self) -> Result<()> {
+        let now = self.clock.now();
+        self.pool.tx("retiring the worker", Mode::Write, |tx| {
+            tx.execute(
+                "UPDATE retinue_workers SET lease_expires_at = $2 WHERE worker_id = $1",
+                &[&self.worker_id, &now],
+            )?;
+            Ok(())
+        })
+    }
+
+    /// Renews the lease every third of it on a background thread, until the
+    /// store is dropped.
+    pub fn spawn_heartbeat(self: &Arc<Self>) -> std::thread::JoinHandle<()> {
+        let weak: Weak<PgStore> = Arc::downgrade(self);
+        let period = Duration::from_secs_f64((self.lease_secs / 3.0).max(0.05));
+        std::thread::spawn(move || {
+            loop {
+                std::thread::sleep(period);
+                let Some(store) = weak.upgrade() else { return };
+                if let Err(e) = store.heartbeat() {
+                    log::warn!("renewing the worker lease failed: {e}");
+                }
+            }
+        })
+    }
+
+    /// The retention limits in force now.
+    pub(crate) fn limits(&self) -> Limits {
+        let d = &self.config.delegation;
+        Limits {
+            now: self.clock.now(),
+            max_retained: d.max_retained.max(1),
+            ttl_hours: d.retained_ttl_hours.max(0.0),
+        }
+    }
+
+    /// Deletes everything this store holds (tests and benches on a scratch schema).
+    pub fn truncate_all(&self) -> Result<()> {
+        self.pool.tx("truncating", Mode::Write, |tx| {
+            tx.batch_execute(
+                "TRUNCATE messages, delegation_child_usage, retinue_children, async_delegations, \
+                 retinue_usage_keys, retinue_usage_totals, retinue_workers, sessions",
+            )?;
+            Ok(())
+        })?;
+        self.heartbeat()
+    }
+
+    /// Drops a schema and everything in it (test clean-up).
+    pub fn drop_schema(url: &str, schema: &str) -> Result<()> {
+        let pool = Pool::new(connection_config(url)?, None, 1);
+        pool.with("dropping a schema", |c| {
+            c.batch_execute(&format!("DROP SCHEMA IF EXISTS {} CASCADE", quote_ident(schema)))?;
+            Ok(())
+        })
+    }
+}
+
+/// Fail helper for domain errors inside transactions.
+pub(crate) fn invalid(msg: &str) -> Fail {
+    Fail::Store(Error::Invalid(msg.to_owned()))
+}
+
+/// Limits in force for one evaluation.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limits {
+    pub(crate) now: f64,
+    pub(crate) max_retained: u32,
+    pub(crate) ttl_hours: f64,
+}
+
+impl Limits {
+    /// Children retained before this instant are past their TTL.
+    pub(crate) fn cutoff(self) -> f64 {
+        self.now - self.ttl_hours * 3600.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pgpass_matches_like_libpq() {
+        let text = "# comment\nother:5432:*:bob:nope\n127.0.0.1:*:retinue:alice:s3cr\\:et\n";
+        assert_eq!(
+            pgpass_lookup(text, "127.0.0.1", "5433", "retinue", "alice").as_deref(),
+            Some("s3cr:et")
+        );
+        assert_eq!(pgpass_lookup(text, "127.0.0.1", "5433", "retinue", "bob"), None);
+    }
+
+    #[test]
+    fn bad_urls_are_refused_without_echo() {
+        let err = connection_config("postgres://u:hunter2@host:notaport/db").err();
+        let text = err.map(|e| e.to_string()).unwrap_or_default();
+        assert!(!text.contains("hunter2"), "{text}");
+        assert!(is_postgres_url("postgresql://x/y") && !is_postgres_url("/tmp/state.db"));
+    }
+}

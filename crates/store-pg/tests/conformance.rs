@@ -1,0 +1,175 @@
+//! The backend conformance suite (and PostgreSQL-only cases) against a real
+//! server: `RETINUE_PG_URL`, which `cargo xtask test` sets (starting a
+//! throwaway cluster). Without it the tests fail under CI or
+//! `RETINUE_REQUIRE_PG`, and skip loudly otherwise.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use retinue_store::{
+    ChildManifest, DelegationConfig, LoadedConfig, Lookup, ManualClock, RegistryRead, Retention,
+    TombstoneReason, Unaddressable, UnitDraft, UnitLifecycle,
+};
+use retinue_store_pg::{PgOptions, PgStore, WORKER_LEASE_SECS};
+use retinue_testkit::T0;
+use retinue_testkit::conformance::{Backend, DeadPids, run_all};
+
+/// The server URL, or `None` (after a loud message) when tests may skip.
+fn pg_url() -> Option<String> {
+    match std::env::var("RETINUE_PG_URL") {
+        Ok(url) if !url.trim().is_empty() => Some(url),
+        _ => {
+            let required = ["CI", "RETINUE_REQUIRE_PG"]
+                .iter()
+                .any(|v| std::env::var(v).is_ok_and(|x| !x.is_empty() && x != "0" && x != "false"));
+            assert!(
+                !required,
+                "RETINUE_PG_URL is unset but CI/RETINUE_REQUIRE_PG is set: the PostgreSQL tests \
+                 must run (use `cargo xtask test`, which starts a throwaway cluster)"
+            );
+            eprintln!(
+                "\n!!! SKIPPING the PostgreSQL tests: RETINUE_PG_URL is unset. Run `cargo xtask \
+                 test`, or `cargo xtask pg-start` and export the line it prints. !!!\n"
+            );
+            None
+        }
+    }
+}
+
+static SEQ: AtomicU32 = AtomicU32::new(0);
+
+fn scratch_schema() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    format!("t_{}_{}_{nanos}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed))
+}
+
+/// Drops the scratch schema when the backend is dropped.
+struct Scratch {
+    url: String,
+    schema: String,
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if let Err(e) = PgStore::drop_schema(&self.url, &self.schema) {
+            eprintln!("could not drop schema {}: {e}", self.schema);
+        }
+    }
+}
+
+fn open(url: &str, schema: &str, clock: &Arc<ManualClock>, d: &DelegationConfig) -> PgStore {
+    let opts = PgOptions::default()
+        .with_clock(clock.clone())
+        .with_schema(schema)
+        .with_delegation(d.clone());
+    PgStore::open(url, opts).expect("open the PostgreSQL store")
+}
+
+fn pg_backend(url: &str, d: DelegationConfig) -> Backend {
+    let schema = scratch_schema();
+    let clock = Arc::new(ManualClock::new(T0));
+    let store = Arc::new(open(url, &schema, &clock, &d));
+    let (url2, schema2, clock2) = (url.to_owned(), schema.clone(), clock.clone());
+    let died = clock.clone();
+    Backend {
+        registry: store.clone(),
+        sessions: store.clone(),
+        graph: store.clone(),
+        ledger: store,
+        clock,
+        probe: Arc::new(DeadPids::default()),
+        owner_pid: Some(3_999_999),
+        // The worker stops renewing; its lease lapses.
+        owner_died: Box::new(move || died.advance(WORKER_LEASE_SECS + 1.0)),
+        reopen: Box::new(move || Arc::new(open(&url2, &schema2, &clock2, &d))),
+        guard: Box::new(Scratch { url: url.to_owned(), schema }),
+    }
+}
+
+#[test]
+fn postgres_backend_conforms() {
+    let Some(url) = pg_url() else { return };
+    run_all("postgres", &|d| pg_backend(&url, d));
+}
+
+fn config(max_retained: u32) -> DelegationConfig {
+    DelegationConfig { max_retained, ..LoadedConfig::default().delegation }
+}
+
+fn unit(store: &PgStore, profile: &str, tag: &str) -> String {
+    let draft = UnitDraft {
+        parent_session_id: Some("P".into()),
+        owner_profile: profile.into(),
+        children: vec![ChildManifest {
+            subagent_id: format!("sa-0-{tag}"),
+            session_id: format!("s-{tag}"),
+            ..ChildManifest::default()
+        }],
+        ..UnitDraft::default()
+    };
+    let id = store.insert_unit(&draft).expect("insert");
+    assert!(store.retain_completed_delegation(&id, None).expect("retain"));
+    id
+}
+
+/// The cap counts per profile: one tenant's delegations never evict another's.
+#[test]
+fn retention_cap_is_per_profile() {
+    let Some(url) = pg_url() else { return };
+    let b = pg_backend(&url, config(2));
+    let clock = b.clock.clone();
+    let store = open(&url, &scratch_schema_of(&b), &clock, &config(2));
+    let a1 = unit(&store, "tenant-a", "a1");
+    clock.advance(1.0);
+    let _a2 = unit(&store, "tenant-a", "a2");
+    clock.advance(1.0);
+    for i in 0..3 {
+        unit(&store, "tenant-b", &format!("b{i}"));
+        clock.advance(1.0);
+    }
+    // tenant-b's three units capped only tenant-b's oldest.
+    assert!(store.find_retained_child(&a1).expect("find").is_some(), "tenant-a untouched");
+    assert!(matches!(
+        store.lookup("sa-0-b0").expect("lookup"),
+        Lookup::NotAddressable(_, Unaddressable::Tombstoned { reason: TombstoneReason::Cap, .. })
+    ));
+    assert_eq!(store.list_retained_children().expect("list").len(), 4);
+    assert_eq!(store.prune_retained_children(None, None).expect("prune").units, 0);
+}
+
+fn scratch_schema_of(b: &Backend) -> String {
+    b.guard.downcast_ref::<Scratch>().map(|s| s.schema.clone()).expect("a PostgreSQL backend")
+}
+
+/// Opening twice (two workers) migrates once and is idempotent; a worker's
+/// heartbeat keeps its units alive for recovery run elsewhere.
+#[test]
+fn heartbeat_keeps_units_alive_across_hosts() {
+    let Some(url) = pg_url() else { return };
+    let b = pg_backend(&url, config(10));
+    let schema = scratch_schema_of(&b);
+    let clock = b.clock.clone();
+    let a = Arc::new(open(&url, &schema, &clock, &config(10)));
+    let id = a
+        .insert_unit(&UnitDraft {
+            children: vec![ChildManifest::default()],
+            ..UnitDraft::default()
+        })
+        .expect("insert");
+    for _ in 0..3 {
+        clock.advance(WORKER_LEASE_SECS / 2.0);
+        a.heartbeat().expect("heartbeat");
+    }
+    let host_b = open(&url, &schema, &clock, &config(10));
+    let probe = DeadPids::default();
+    assert_eq!(host_b.recover_abandoned_delegations(&probe).abandoned, 0);
+    a.retire().expect("retire");
+    clock.advance(0.001);
+    assert_eq!(host_b.recover_abandoned_delegations(&probe).abandoned, 1);
+    assert!(matches!(
+        host_b.lookup(&id).expect("lookup"),
+        Lookup::Unknown | Lookup::NotAddressable(..)
+    ));
+}

@@ -1,0 +1,679 @@
+//! The backend conformance suite: the store's core behaviours, written once
+//! against the seam traits only, run by every storage backend (SQLite in
+//! `retinue-testkit`'s own tests, PostgreSQL in `retinue-store-pg`'s).
+//!
+//! A backend hands the suite a factory: given the delegation settings
+//! (retention limits), it returns a fresh, empty [`Backend`]. [`run_all`]
+//! runs every case on a fresh backend each and reports every failing case.
+//!
+//! ```no_run
+//! use retinue_testkit::conformance::{run_all, sqlite_backend};
+//! run_all("sqlite", &sqlite_backend);
+//! ```
+
+use std::any::Any;
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+
+use retinue_store::{
+    AttributionDraft, ChildManifest, Completion, DelegationConfig, DeliveryFilter, LEASE_SECS,
+    LoadedConfig, Lookup, ManualClock, Message, NewSession, OwnerProbe, ProcessState, Registry,
+    ResumeClaim, SessionGraph, SessionStore, StoreOptions, TombstoneReason, TotalsUpdate,
+    Unaddressable, UnitDraft, UsageLedger, UsageSwap, UsageTotals,
+};
+use serde_json::json;
+
+use crate::{T0, TempHome};
+
+/// One storage backend under test: every seam on the same storage, plus the
+/// controls the suite needs (time, owner death, a second process).
+pub struct Backend {
+    /// The registry (all four roles).
+    pub registry: Arc<dyn Registry>,
+    /// Sessions and transcripts.
+    pub sessions: Arc<dyn SessionStore>,
+    /// The session graph.
+    pub graph: Arc<dyn SessionGraph>,
+    /// The usage ledger.
+    pub ledger: Arc<dyn UsageLedger>,
+    /// The clock every handle of this backend reads.
+    pub clock: Arc<ManualClock>,
+    /// The liveness probe to pass to recovery.
+    pub probe: Arc<dyn OwnerProbe>,
+    /// The `owner_pid` the suite writes into drafts.
+    pub owner_pid: Option<i64>,
+    /// Makes the owner of the units inserted so far through `registry` dead
+    /// (SQLite: its pid stops answering; PostgreSQL: its worker lease lapses).
+    pub owner_died: Box<dyn Fn() + Send + Sync>,
+    /// A second handle on the same storage, as another process (or host) opens it.
+    pub reopen: Box<dyn Fn() -> Arc<dyn Registry> + Send + Sync>,
+    /// Keeps the storage alive (temp dir, scratch schema) until the backend drops.
+    pub guard: Box<dyn Any + Send + Sync>,
+}
+
+/// A factory of fresh, empty backends with the given delegation settings.
+pub type Factory<'a> = &'a dyn Fn(DelegationConfig) -> Backend;
+
+/// A probe that reports every pid alive except those marked dead.
+#[derive(Debug, Default)]
+pub struct DeadPids(Mutex<HashSet<i64>>);
+
+impl DeadPids {
+    /// Marks `pid` dead.
+    pub fn kill(&self, pid: i64) {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(pid);
+    }
+}
+
+impl OwnerProbe for DeadPids {
+    fn probe(&self, pid: i64) -> Option<ProcessState> {
+        let dead = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).contains(&pid);
+        Some(if dead { ProcessState::Dead } else { ProcessState::Alive { started_at: None } })
+    }
+}
+
+/// The SQLite backend: a `state.db` in a temporary home.
+///
+/// # Panics
+/// If the store cannot be opened.
+pub fn sqlite_backend(d: DelegationConfig) -> Backend {
+    const OWNER: i64 = 3_999_999;
+    let home = Arc::new(TempHome::new());
+    let clock = Arc::new(ManualClock::new(T0));
+    let opts = || StoreOptions::default().with_clock(clock.clone()).with_delegation(d.clone());
+    let store = Arc::new(home.open_store_with(opts()));
+    let probe = Arc::new(DeadPids::default());
+    let reopen_home = home.clone();
+    let reopen_opts = opts();
+    let dead = probe.clone();
+    Backend {
+        registry: store.clone(),
+        sessions: store.clone(),
+        graph: store.clone(),
+        ledger: store,
+        clock: clock.clone(),
+        probe,
+        owner_pid: Some(OWNER),
+        owner_died: Box::new(move || dead.kill(OWNER)),
+        reopen: Box::new(move || Arc::new(reopen_home.open_store_with(reopen_opts.clone()))),
+        guard: Box::new(home),
+    }
+}
+
+/// Runs every case against fresh backends from `make`; panics listing the
+/// failing cases (each failure's message is printed as it happens).
+pub fn run_all(backend: &str, make: Factory<'_>) {
+    let mut failed = Vec::new();
+    for (name, case) in CASES {
+        eprintln!("conformance[{backend}]: {name}");
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| case(make)));
+        if outcome.is_err() {
+            failed.push(*name);
+        }
+    }
+    assert!(failed.is_empty(), "conformance[{backend}]: failing cases: {failed:?}");
+}
+
+/// One conformance case.
+pub type Case = fn(Factory<'_>);
+
+/// Every case, by name.
+pub const CASES: &[(&str, Case)] = &[
+    ("insert_retain_list", insert_retain_list),
+    ("lookup_by_each_id_kind", lookup_by_each_id_kind),
+    ("tombstones", tombstones),
+    ("ttl_prune", ttl_prune),
+    ("cap_prune", cap_prune),
+    ("completion_and_delivery", completion_and_delivery),
+    ("delivery_exactly_once_concurrently", delivery_exactly_once_concurrently),
+    ("resume_claims_single_use", resume_claims_single_use),
+    ("resume_claims_concurrently", resume_claims_concurrently),
+    ("finish_follow_up_swaps_usage", finish_follow_up_swaps_usage),
+    ("ledger_keys_and_totals", ledger_keys_and_totals),
+    ("sessions_and_transcripts", sessions_and_transcripts),
+    ("compression_tip_and_graph", compression_tip_and_graph),
+    ("recovery_marks_dead_owners_unknown", recovery_marks_dead_owners_unknown),
+];
+
+fn config(max_retained: u32, ttl_hours: f64) -> DelegationConfig {
+    DelegationConfig {
+        max_retained,
+        retained_ttl_hours: ttl_hours,
+        ..LoadedConfig::default().delegation
+    }
+}
+
+fn default_config() -> DelegationConfig {
+    config(10, 72.0)
+}
+
+static SEQ: AtomicU32 = AtomicU32::new(0);
+
+/// A fresh unit with `n` children (unique ids) spawned by `parent`, not retained.
+fn insert(b: &Backend, parent: &str, profile: &str, n: usize) -> (String, Vec<ChildManifest>) {
+    let seq = SEQ.fetch_add(1, Ordering::Relaxed);
+    let children: Vec<ChildManifest> = (0..n)
+        .map(|i| ChildManifest {
+            subagent_id: format!("sa-{i}-{seq:08x}"),
+            session_id: format!("child-{seq}-{i}"),
+            model: Some("test/model".into()),
+            goal: Some(format!("goal {i}")),
+            ..ChildManifest::default()
+        })
+        .collect();
+    let draft = UnitDraft {
+        origin_session: format!("origin-{parent}"),
+        parent_session_id: Some(parent.to_owned()),
+        owner_pid: b.owner_pid,
+        task: json!({"goal": "g"}),
+        owner_profile: profile.to_owned(),
+        child_sessions: children
+            .iter()
+            .map(|c| NewSession {
+                id: c.session_id.clone(),
+                source: "delegate".into(),
+                parent_session_id: Some(parent.to_owned()),
+                ..NewSession::default()
+            })
+            .collect(),
+        children: children.clone(),
+        ..UnitDraft::default()
+    };
+    let id = b.registry.insert_unit(&draft).expect("insert_unit");
+    (id, children)
+}
+
+fn retained(b: &Backend, parent: &str, n: usize) -> (String, Vec<ChildManifest>) {
+    let (id, children) = insert(b, parent, "", n);
+    assert!(
+        b.registry
+            .retain_completed_delegation(&id, Some(&json!({"cost_usd": 0.5})))
+            .expect("retain")
+    );
+    (id, children)
+}
+
+fn root(b: &Backend, id: &str) {
+    b.sessions
+        .create_session(&NewSession {
+            id: id.into(),
+            source: "cli".into(),
+            ..NewSession::default()
+        })
+        .expect("create root session");
+}
+
+/// Insert, retain, list: children in index order with their manifest.
+pub fn insert_retain_list(make: Factory<'_>) {
+    let b = make(default_config());
+    root(&b, "P");
+    let (id, children) = insert(&b, "P", "", 2);
+    assert!(b.registry.list_retained_children().expect("list").is_empty());
+    assert!(matches!(
+        b.registry.lookup(&children[0].subagent_id).expect("lookup"),
+        Lookup::NotAddressable(_, Unaddressable::NeverRetained)
+    ));
+    assert!(
+        b.registry
+            .retain_completed_delegation(&id, Some(&json!({"cost_usd": 0.5})))
+            .expect("retain")
+    );
+    let list = b.registry.list_retained_children().expect("list");
+    assert_eq!(list.len(), 2);
+    for (i, e) in list.iter().enumerate() {
+        assert_eq!(e.delegation_id, id);
+        assert_eq!(e.child_index as usize, i);
+        assert_eq!(e.child_id(), children[i].subagent_id);
+        assert_eq!(e.child_session_id, children[i].session_id);
+        assert_eq!(e.parent_session_id, "P");
+        assert_eq!(e.manifest.goal.as_deref(), Some(format!("goal {i}").as_str()));
+        assert_eq!(e.retained_at, Some(T0));
+    }
+    assert_eq!(b.registry.unit_usage(&id).expect("usage"), Some(json!({"cost_usd": 0.5})));
+    assert_eq!(b.registry.unit_usage("nope").expect("usage"), None);
+    // The child sessions exist, linked to the spawner.
+    let kids = b.graph.child_sessions("P").expect("children");
+    assert_eq!(kids.len(), 2);
+}
+
+/// Lookup by subagent id, child session id and delegation id; misses are unknown.
+pub fn lookup_by_each_id_kind(make: Factory<'_>) {
+    let b = make(default_config());
+    let (id, children) = retained(&b, "P", 2);
+    let c1 = &children[1];
+    for key in [c1.subagent_id.clone(), c1.session_id.clone(), format!("  {}\n", c1.session_id)] {
+        let found = b.registry.find_retained_child(&key).expect("find");
+        assert_eq!(found.map(|e| e.child_index), Some(1), "{key}");
+    }
+    // A delegation id finds the first child.
+    let by_unit = b.registry.find_retained_child(&id).expect("find");
+    assert_eq!(by_unit.map(|e| e.child_index), Some(0));
+    for miss in ["nope", "", "   ", "' OR 1=1 --", "sa-%", &c1.subagent_id.to_uppercase()] {
+        assert!(b.registry.find_retained_child(miss).expect("find").is_none(), "{miss}");
+        assert_eq!(b.registry.lookup(miss).expect("lookup"), Lookup::Unknown, "{miss}");
+    }
+}
+
+/// Tombstones are per child, reasoned, final; the last live child takes the unit.
+pub fn tombstones(make: Factory<'_>) {
+    let b = make(default_config());
+    let (id, children) = retained(&b, "P", 2);
+    let r = &b.registry;
+    assert!(
+        r.tombstone_retained_child(&children[0].subagent_id, &TombstoneReason::Manual).expect("t")
+    );
+    assert!(
+        !r.tombstone_retained_child(&children[0].subagent_id, &TombstoneReason::Manual).expect("t")
+    );
+    match r.lookup(&children[0].subagent_id).expect("lookup") {
+        Lookup::NotAddressable(_, Unaddressable::Tombstoned { reason, .. }) => {
+            assert_eq!(reason, TombstoneReason::Manual);
+        }
+        other => panic!("expected a manual tombstone, got {other:?}"),
+    }
+    assert!(r.find_retained_child(&children[1].subagent_id).expect("find").is_some());
+    assert_eq!(r.list_retained_children().expect("list").len(), 1);
+    assert!(r.tombstone_retained_child(&id, &TombstoneReason::Other("op".into())).expect("t"));
+    assert!(r.list_retained_children().expect("list").is_empty());
+    assert!(!r.retain_completed_delegation(&id, None).expect("retain"), "never re-retained");
+    assert!(!r.tombstone_retained_child("", &TombstoneReason::Manual).expect("t"));
+}
+
+/// Past the TTL a child is hidden at once and the prune writes `ttl`.
+pub fn ttl_prune(make: Factory<'_>) {
+    let b = make(config(10, 1.0));
+    let (old, oc) = retained(&b, "P", 1);
+    b.clock.advance(1800.0);
+    let (_new, nc) = retained(&b, "P", 1);
+    b.clock.advance(1801.0);
+    assert!(b.registry.find_retained_child(&oc[0].subagent_id).expect("find").is_none());
+    assert!(matches!(
+        b.registry.lookup(&old).expect("lookup"),
+        Lookup::NotAddressable(_, Unaddressable::Tombstoned { reason: TombstoneReason::Ttl, .. })
+    ));
+    assert!(b.registry.find_retained_child(&nc[0].subagent_id).expect("find").is_some());
+    let n = b.registry.prune_retained_children(None, None).expect("prune");
+    assert_eq!((n.units, n.children), (1, 1));
+    assert_eq!(b.registry.prune_retained_children(None, None).expect("prune").units, 0);
+    assert!(matches!(
+        b.registry.lookup(&oc[0].session_id).expect("lookup"),
+        Lookup::NotAddressable(_, Unaddressable::Tombstoned { reason: TombstoneReason::Ttl, .. })
+    ));
+    assert_eq!(b.registry.rehydrate_retained_children().expect("rehydrate"), 1);
+    assert!(b.registry.prune_retained_children(None, Some(f64::NAN)).is_err());
+}
+
+/// Beyond `max_retained` the oldest unit is hidden before the prune and capped by it.
+pub fn cap_prune(make: Factory<'_>) {
+    let b = make(config(2, 72.0));
+    let mut units = Vec::new();
+    for _ in 0..3 {
+        units.push(retained(&b, "P", 1));
+        b.clock.advance(10.0);
+    }
+    // Retaining the third pruned the first (retain prunes).
+    assert!(matches!(
+        b.registry.lookup(&units[0].0).expect("lookup"),
+        Lookup::NotAddressable(_, Unaddressable::Tombstoned { reason: TombstoneReason::Cap, .. })
+    ));
+    let list = b.registry.list_retained_children().expect("list");
+    assert_eq!(
+        list.iter().map(|e| e.delegation_id.clone()).collect::<Vec<_>>(),
+        vec![units[2].0.clone(), units[1].0.clone()],
+        "newest first"
+    );
+    let n = b.registry.prune_retained_children(Some(1), None).expect("prune");
+    assert_eq!((n.units, n.children), (1, 1));
+    assert_eq!(b.registry.list_retained_children().expect("list").len(), 1);
+    assert_eq!(b.registry.prune_retained_children(Some(1), None).expect("prune").units, 0);
+}
+
+fn complete(b: &Backend, id: &str, status: &str, background: bool) -> bool {
+    b.registry
+        .persist_completion(&Completion {
+            delegation_id: id.to_owned(),
+            status: status.to_owned(),
+            event: json!({"type": "async_delegation", "delegation_id": id}),
+            result: json!({"status": status}),
+            usage: Some(json!({"cost_usd": 1.0})),
+            background,
+        })
+        .expect("persist")
+}
+
+/// Only `completed` retains; background completions are claimed exactly once.
+pub fn completion_and_delivery(make: Factory<'_>) {
+    let b = make(default_config());
+    let (failed, fc) = insert(&b, "P", "", 1);
+    assert!(complete(&b, &failed, "failed", true));
+    assert!(b.registry.find_retained_child(&fc[0].subagent_id).expect("find").is_none());
+    b.clock.advance(1.0);
+    let (done, dc) = insert(&b, "P", "", 1);
+    assert!(complete(&b, &done, "completed", true));
+    assert!(b.registry.find_retained_child(&dc[0].subagent_id).expect("find").is_some());
+    assert!(!complete(&b, "deleg_missing", "completed", true));
+    let (sync, _) = insert(&b, "P", "", 1);
+    assert!(complete(&b, &sync, "completed", false));
+
+    let r = &b.registry;
+    let first = r.claim_delivery(&DeliveryFilter::default()).expect("claim").expect("one");
+    assert_eq!(first.delegation_id, failed, "oldest first");
+    assert_eq!(first.attempt, 1);
+    assert_eq!(first.event["delegation_id"], json!(failed));
+    let second = r.claim_delivery(&DeliveryFilter::default()).expect("claim").expect("two");
+    assert_eq!(second.delegation_id, done);
+    assert!(
+        r.claim_delivery(&DeliveryFilter::default()).expect("claim").is_none(),
+        "sync is delivered"
+    );
+    assert!(!r.ack_delivery(&first.delegation_id, "wrong-token").expect("ack"));
+    assert!(r.ack_delivery(&first.delegation_id, &first.token).expect("ack"));
+    assert!(!r.ack_delivery(&first.delegation_id, &first.token).expect("ack twice"));
+    // An unacknowledged claim comes back after its lease, as attempt 2.
+    b.clock.advance(LEASE_SECS + 1.0);
+    let again = r.claim_delivery(&DeliveryFilter::default()).expect("claim").expect("again");
+    assert_eq!((again.delegation_id.as_str(), again.attempt), (done.as_str(), 2));
+    assert!(!r.ack_delivery(&done, &second.token).expect("stale token"));
+    assert!(r.ack_delivery(&done, &again.token).expect("ack"));
+    let filtered =
+        DeliveryFilter { parent_session_id: Some("other".into()), ..DeliveryFilter::default() };
+    assert!(r.claim_delivery(&filtered).expect("claim").is_none());
+}
+
+/// Concurrent claimers (two handles, several threads) take each completion once.
+pub fn delivery_exactly_once_concurrently(make: Factory<'_>) {
+    let b = make(default_config());
+    let mut ids = HashSet::new();
+    for _ in 0..12 {
+        let (id, _) = insert(&b, "P", "", 1);
+        assert!(complete(&b, &id, "failed", true));
+        ids.insert(id);
+    }
+    let other = (b.reopen)();
+    let claimed = Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for t in 0..6 {
+            let reg: Arc<dyn Registry> =
+                if t % 2 == 0 { b.registry.clone() } else { other.clone() };
+            let claimed = &claimed;
+            s.spawn(move || {
+                while let Some(c) = reg.claim_delivery(&DeliveryFilter::default()).expect("claim") {
+                    assert!(reg.ack_delivery(&c.delegation_id, &c.token).expect("ack"));
+                    claimed.lock().expect("lock").push(c.delegation_id);
+                }
+            });
+        }
+    });
+    let claimed = claimed.into_inner().expect("lock");
+    assert_eq!(claimed.len(), ids.len(), "each exactly once: {claimed:?}");
+    assert_eq!(claimed.into_iter().collect::<HashSet<_>>(), ids);
+}
+
+/// A resume claim is single-use until released or its lease expires.
+pub fn resume_claims_single_use(make: Factory<'_>) {
+    let b = make(default_config());
+    let (id, children) = retained(&b, "P", 2);
+    let r = &b.registry;
+    let ResumeClaim::Claimed { token } = r.claim_resume(&id, 0).expect("claim") else {
+        panic!("first claim must succeed")
+    };
+    assert!(matches!(r.claim_resume(&id, 0).expect("claim"), ResumeClaim::Busy { .. }));
+    assert!(matches!(r.claim_resume(&id, 1).expect("claim"), ResumeClaim::Claimed { .. }));
+    assert!(r.renew_resume(&id, 0, &token).expect("renew"));
+    assert!(!r.renew_resume(&id, 0, "not-mine").expect("renew"));
+    assert!(r.release_resume(&id, 0, &token).expect("release"));
+    assert!(!r.release_resume(&id, 0, &token).expect("release twice"));
+    let ResumeClaim::Claimed { token: t2 } = r.claim_resume(&id, 0).expect("claim") else {
+        panic!("released claim must be claimable")
+    };
+    b.clock.advance(LEASE_SECS + 1.0);
+    let ResumeClaim::Claimed { token: t3 } = r.claim_resume(&id, 0).expect("claim") else {
+        panic!("an expired lease passes on")
+    };
+    assert_ne!(t2, t3);
+    assert!(!r.renew_resume(&id, 0, &t2).expect("old holder lost it"));
+    assert_eq!(r.claim_resume(&id, 9).expect("claim"), ResumeClaim::Unavailable);
+    assert_eq!(r.claim_resume("deleg_none", 0).expect("claim"), ResumeClaim::Unavailable);
+    assert!(
+        r.tombstone_retained_child(&children[1].subagent_id, &TombstoneReason::Manual).expect("t")
+    );
+    assert_eq!(r.claim_resume(&id, 1).expect("claim"), ResumeClaim::Unavailable);
+}
+
+/// Many threads on two handles race for one resume claim: exactly one wins.
+pub fn resume_claims_concurrently(make: Factory<'_>) {
+    let b = make(default_config());
+    let (id, _) = retained(&b, "P", 1);
+    let other = (b.reopen)();
+    let wins = AtomicU32::new(0);
+    std::thread::scope(|s| {
+        for t in 0..8 {
+            let reg: Arc<dyn Registry> =
+                if t % 2 == 0 { b.registry.clone() } else { other.clone() };
+            let (id, wins) = (&id, &wins);
+            s.spawn(move || {
+                if let ResumeClaim::Claimed { .. } = reg.claim_resume(id, 0).expect("claim") {
+                    wins.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+        }
+    });
+    assert_eq!(wins.into_inner(), 1);
+}
+
+/// Finishing a follow-up refreshes retention, swaps usage by compare-and-swap, releases.
+pub fn finish_follow_up_swaps_usage(make: Factory<'_>) {
+    let b = make(config(10, 1.0));
+    let (id, children) = retained(&b, "P", 1);
+    let r = &b.registry;
+    let ResumeClaim::Claimed { token } = r.claim_resume(&id, 0).expect("claim") else {
+        panic!("claim")
+    };
+    let stale =
+        UsageSwap { expected: Some(json!({"cost_usd": 9.0})), new: json!({"cost_usd": 2.0}) };
+    let err = r.finish_follow_up(&id, 0, &token, Some(&stale)).expect_err("stale swap");
+    assert_eq!(err.kind(), retinue_store::ErrorKind::Stale);
+    assert_eq!(r.unit_usage(&id).expect("usage"), Some(json!({"cost_usd": 0.5})));
+    b.clock.advance(3000.0);
+    let swap =
+        UsageSwap { expected: Some(json!({"cost_usd": 0.5})), new: json!({"cost_usd": 2.0}) };
+    assert!(r.finish_follow_up(&id, 0, &token, Some(&swap)).expect("finish"));
+    assert_eq!(r.unit_usage(&id).expect("usage"), Some(json!({"cost_usd": 2.0})));
+    assert!(!r.finish_follow_up(&id, 0, &token, None).expect("released"));
+    // The TTL clock restarted: still addressable 3000 s later (past the original hour).
+    b.clock.advance(3000.0);
+    let e = r.find_retained_child(&children[0].subagent_id).expect("find").expect("alive");
+    assert_eq!(e.retained_at, Some(T0 + 3000.0));
+}
+
+fn delta(cost: f64, input: f64) -> TotalsUpdate {
+    TotalsUpdate {
+        delta: UsageTotals { cost_usd: cost, input_tokens: input, output_tokens: 0.0 },
+        catch_up: None,
+    }
+}
+
+/// Idempotency keys write once; totals add up; empty parents write nothing.
+pub fn ledger_keys_and_totals(make: Factory<'_>) {
+    let b = make(default_config());
+    let l = &b.ledger;
+    let draft = |key: Option<&str>, cost: f64| AttributionDraft {
+        parent_session_id: "PARENT".into(),
+        parent_turn_id: "turn".into(),
+        child_session_id: "kid".into(),
+        usage: json!({"cost_usd": cost}),
+        aggregate: None,
+        key: key.map(str::to_owned),
+    };
+    assert!(l.record_usage(&draft(Some("k1"), 0.25), &delta(0.25, 100.0)).expect("record"));
+    assert!(!l.record_usage(&draft(Some("k1"), 0.25), &delta(0.25, 100.0)).expect("same key"));
+    assert!(l.record_usage(&draft(Some("k2"), 0.5), &delta(0.5, 10.0)).expect("record"));
+    assert!(l.record_usage(&draft(None, 1.0), &delta(1.0, 1.0)).expect("record"));
+    let empty = AttributionDraft { parent_session_id: String::new(), ..draft(None, 1.0) };
+    assert!(!l.record_usage(&empty, &delta(1.0, 1.0)).expect("empty parent"));
+    let rows = l.usage_attributions("PARENT").expect("rows");
+    assert_eq!(rows.len(), 3);
+    assert!(rows.windows(2).all(|w| w[0].id < w[1].id));
+    assert_eq!(rows[0].usage, json!({"cost_usd": 0.25}));
+    assert_eq!(rows[0].aggregate, None);
+    let snap = l.usage_totals_snapshot("PARENT").expect("snapshot");
+    assert!((snap.maintained.cost_usd - 1.75).abs() < 1e-9);
+    assert!((snap.maintained.input_tokens - 111.0).abs() < 1e-9);
+    assert!(snap.pending.is_empty());
+    assert_eq!(snap.covered_id, rows[2].id);
+    assert!(l.usage_attributions("").expect("rows").is_empty());
+    assert_eq!(l.usage_totals_snapshot("nobody").expect("snapshot").covered_id, 0);
+    // Concurrent writers with distinct keys: no lost row, no lost total.
+    std::thread::scope(|s| {
+        for t in 0..4 {
+            let l = l.clone();
+            s.spawn(move || {
+                for i in 0..5 {
+                    let d = AttributionDraft {
+                        parent_session_id: "PAR".into(),
+                        usage: json!({"cost_usd": 1.0}),
+                        key: Some(format!("c-{t}-{i}")),
+                        ..AttributionDraft::default()
+                    };
+                    assert!(l.record_usage(&d, &delta(1.0, 0.0)).expect("record"));
+                }
+            });
+        }
+    });
+    let snap = l.usage_totals_snapshot("PAR").expect("snapshot");
+    let folded: f64 = snap.maintained.cost_usd + snap.pending.len() as f64;
+    assert_eq!(l.usage_attributions("PAR").expect("rows").len(), 20);
+    assert!((folded - 20.0).abs() < 1e-9, "{snap:?}");
+    // Session cost fields.
+    root(&b, "S");
+    assert_eq!(l.session_cost("nope").expect("cost"), None);
+    let cost = retinue_store::SessionCost {
+        estimated_cost_usd: Some(1.5),
+        cost_status: Some("estimated".into()),
+        cost_source: None,
+    };
+    assert!(l.write_session_cost("S", &cost).expect("write"));
+    assert!(!l.write_session_cost("nope", &cost).expect("write"));
+    assert_eq!(l.session_cost("S").expect("cost"), Some(cost));
+}
+
+/// Sessions, messages (NUL-prefixed content too), ending and reopening.
+pub fn sessions_and_transcripts(make: Factory<'_>) {
+    let b = make(default_config());
+    let s = &b.sessions;
+    root(&b, "A");
+    assert!(s.create_session(&NewSession { id: " ".into(), ..NewSession::default() }).is_err());
+    let bad =
+        NewSession { id: "X".into(), model_config: Some(json!([1])), ..NewSession::default() };
+    assert!(s.create_session(&bad).is_err());
+    assert!(
+        s.create_session(&NewSession { id: "A".into(), ..NewSession::default() }).is_err(),
+        "duplicate id"
+    );
+    let orphan = NewSession {
+        id: "O".into(),
+        parent_session_id: Some("missing".into()),
+        ..NewSession::default()
+    };
+    s.create_session(&orphan).expect("unlinked parent");
+    assert_eq!(b.graph.session("O").expect("row").and_then(|r| r.parent_session_id), None);
+    let structured = "\u{0}json:[{\"type\":\"text\"}]".to_owned();
+    let msgs =
+        [("user", Some("hi".to_owned())), ("assistant", Some(structured.clone())), ("tool", None)];
+    let mut ids = Vec::new();
+    for (role, content) in &msgs {
+        let m = Message { role: (*role).into(), content: content.clone(), ..Message::default() };
+        ids.push(s.append_message("A", &m).expect("append"));
+    }
+    assert!(ids.windows(2).all(|w| w[0] < w[1]));
+    assert!(
+        s.append_message("nope", &Message { role: "user".into(), ..Message::default() }).is_err()
+    );
+    let conv = s.conversation("A").expect("conversation");
+    assert_eq!(conv.len(), 3);
+    assert_eq!(conv[1].content.as_deref(), Some(structured.as_str()));
+    assert_eq!(conv[0].timestamp, T0);
+    assert!(s.end_session("A", "done").expect("end"));
+    assert!(!s.end_session("A", "again").expect("end twice"));
+    assert_eq!(b.graph.session("A").expect("row").and_then(|r| r.end_reason), Some("done".into()));
+    assert!(s.reopen_session("A").expect("reopen"));
+    assert_eq!(b.graph.session("A").expect("row").and_then(|r| r.ended_at), None);
+    assert!(!s.reopen_session("nope").expect("reopen"));
+    assert!(b.graph.session("nope").expect("row").is_none());
+}
+
+/// The compression tip follows continuations to the deepest one with messages;
+/// the neighbourhood holds every ancestor.
+pub fn compression_tip_and_graph(make: Factory<'_>) {
+    let b = make(default_config());
+    let s = &b.sessions;
+    let new = |id: &str, parent: Option<&str>, at: f64| NewSession {
+        id: id.into(),
+        source: "cli".into(),
+        parent_session_id: parent.map(str::to_owned),
+        started_at: Some(at),
+        ..NewSession::default()
+    };
+    s.create_session(&new("R", None, T0)).expect("R");
+    s.end_session("R", "compression").expect("end R");
+    s.create_session(&new("C1", Some("R"), T0 + 1.0)).expect("C1");
+    let branch = NewSession {
+        model_config: Some(json!({"_branched_from": "R"})),
+        ..new("BR", Some("R"), T0 + 2.0)
+    };
+    s.create_session(&branch).expect("BR");
+    s.append_message(
+        "C1",
+        &Message { role: "user".into(), content: Some("x".into()), ..Message::default() },
+    )
+    .expect("msg");
+    s.end_session("C1", "compression").expect("end C1");
+    s.create_session(&new("C2", Some("C1"), T0 + 3.0)).expect("C2");
+    // C2 has no messages yet: the tip stays at C1.
+    assert_eq!(s.compression_tip("R").expect("tip"), "C1");
+    s.append_message(
+        "C2",
+        &Message { role: "user".into(), content: Some("y".into()), ..Message::default() },
+    )
+    .expect("msg");
+    assert_eq!(s.compression_tip("R").expect("tip"), "C2");
+    assert_eq!(s.compression_tip("unknown").expect("tip"), "unknown");
+    let kids: Vec<String> =
+        b.graph.child_sessions("R").expect("kids").into_iter().map(|r| r.id).collect();
+    assert_eq!(kids, vec!["C1".to_owned(), "BR".to_owned()]);
+    if let Some(rows) = b.graph.neighbourhood("C2", 100).expect("neighbourhood") {
+        let ids: HashSet<String> = rows.into_iter().map(|r| r.id).collect();
+        for must in ["C2", "C1", "R", "BR"] {
+            assert!(ids.contains(must), "{must} missing from {ids:?}");
+        }
+    }
+}
+
+/// Units of a dead owner become `unknown` (from another process), retained
+/// units and units of live owners are untouched.
+pub fn recovery_marks_dead_owners_unknown(make: Factory<'_>) {
+    let b = make(default_config());
+    let (live, _) = insert(&b, "P", "", 1);
+    let (kept, _) = retained(&b, "P", 1);
+    let other = (b.reopen)();
+    let report = other.recover_abandoned_delegations(b.probe.as_ref());
+    assert_eq!((report.abandoned, report.error.as_deref()), (0, None), "owner alive");
+    (b.owner_died)();
+    let other = (b.reopen)();
+    let report = other.recover_abandoned_delegations(b.probe.as_ref());
+    assert_eq!(report.error, None);
+    assert_eq!(report.abandoned, 1);
+    assert_eq!(report.addressable, 1);
+    let c = other
+        .claim_delivery(&DeliveryFilter {
+            delegation_id: Some(live.clone()),
+            ..DeliveryFilter::default()
+        })
+        .expect("claim")
+        .expect("the unknown unit is delivered");
+    assert_eq!(c.event["status"], json!("unknown"));
+    assert!(other.find_retained_child(&kept).expect("find").is_some());
+    let again = other.recover_abandoned_delegations(b.probe.as_ref());
+    assert_eq!(again.abandoned, 0);
+}
