@@ -7,9 +7,8 @@ use retinue_delegate::scripted::{RecordingSink, Script, ScriptedRuntime};
 use retinue_delegate::{ChildHandle, Delegator, DelegatorParts, LiveChild, ParentContext};
 use retinue_lineage::Authority;
 use retinue_store::{
-    ChildManifest, Claims, DelegationConfig, DeliveryFilter, ManualClock, Message, NewSession,
-    RegistryRead, Retention, SessionGraph, SessionStore, Store, StoreOptions, TombstoneReason,
-    UnitDraft, UnitLifecycle,
+    Claims, DelegationConfig, DeliveryFilter, ManualClock, Message, NewSession, RegistryRead,
+    Retention, SessionGraph, SessionStore, Store, StoreOptions, TombstoneReason,
 };
 use serde_json::{Value, json};
 
@@ -81,28 +80,9 @@ impl Fx {
             .expect("append");
     }
 
-    /// The seed's `_dispatch_and_retain` for parent `A`.
+    /// The seed's `_dispatch_and_retain` (testkit's shared fixture).
     fn dispatch_and_retain(&self, parent: &str) -> String {
-        let id = self
-            .store
-            .insert_unit(&UnitDraft {
-                parent_session_id: Some(parent.into()),
-                children: vec![ChildManifest {
-                    subagent_id: "sa-0-abc12345".into(),
-                    session_id: "child-sess-1".into(),
-                    model: Some("test/model".into()),
-                    goal: Some("do the thing".into()),
-                    ..ChildManifest::default()
-                }],
-                ..UnitDraft::default()
-            })
-            .expect("unit");
-        assert!(
-            self.store
-                .retain_completed_delegation(&id, Some(&json!({"cost_usd": 0.5})))
-                .expect("retain")
-        );
-        id
+        retinue_testkit::dispatch_and_retain(&*self.store, parent)
     }
 
     /// A: root; child-sess-1: its delegate child with a two-turn transcript; retained unit.
@@ -1145,5 +1125,102 @@ mod budgets {
         assert!(remaining(&ok).abs() < 1e-9, "{ok}");
         let refused = fx.call(json!({"goal": "more", "follow_up": "child-sess-1"}), &parent("A"));
         assert!(err(&refused).starts_with("Budget exceeded"), "{refused}");
+    }
+}
+
+/// Failure injection at the budget seam.
+mod budget_seam {
+    use std::sync::Arc;
+
+    use retinue_delegate::scripted::ScriptedRuntime;
+    use retinue_delegate::{Delegator, DelegatorParts};
+    use retinue_lineage::Authority;
+    use retinue_store::{
+        BudgetLimit, BudgetStatus, DelegationConfig, Error, MockBudgets, Reservation, Spend,
+    };
+    use serde_json::json;
+
+    use super::{Fx, err, parent};
+
+    fn tool(fx: &Fx, budgets: MockBudgets, runtime: Arc<ScriptedRuntime>) -> Delegator {
+        Delegator::new(DelegatorParts {
+            registry: fx.store.clone(),
+            sessions: fx.store.clone(),
+            ledger: fx.store.clone(),
+            budgets: Some(Arc::new(budgets)),
+            authority: Arc::new(Authority::new(fx.store.clone(), fx.store.clone(), "")),
+            runtime,
+            completions: None,
+            config: DelegationConfig {
+                budget: BudgetLimit { max_cost_usd: Some(1.0), max_tokens: None },
+                ..DelegationConfig::default()
+            },
+            profile: String::new(),
+        })
+    }
+
+    #[test]
+    fn a_failing_budget_store_starts_nothing() {
+        let fx = Fx::new();
+        fx.session("A", "cli", None, None);
+        let mut budgets = MockBudgets::new();
+        budgets
+            .expect_reserve()
+            .times(1)
+            .returning(|_| Err(Error::Invalid("budget table on fire".into())));
+        budgets.expect_settle().never();
+        let runtime = Arc::new(ScriptedRuntime::new());
+        let out = tool(&fx, budgets, runtime.clone())
+            .delegate_task(&json!({"goal": "g"}), Some(&parent("A")));
+        assert_eq!(err(&out), "Failed to persist delegation; no child was started.");
+        assert!(runtime.runs().is_empty());
+    }
+
+    #[test]
+    fn a_refused_reservation_is_reported_and_nothing_is_settled() {
+        let fx = Fx::new();
+        fx.session("A", "cli", None, None);
+        let mut budgets = MockBudgets::new();
+        budgets.expect_reserve().times(1).returning(|d| {
+            Ok(Reservation::Refused(BudgetStatus {
+                limit: d.limit,
+                spent: Spend { cost_usd: 0.75, tokens: 0 },
+                reserved: Spend { cost_usd: 0.25, tokens: 0 },
+            }))
+        });
+        budgets.expect_settle().never();
+        let runtime = Arc::new(ScriptedRuntime::new());
+        let out = tool(&fx, budgets, runtime.clone())
+            .delegate_task(&json!({"goal": "g"}), Some(&parent("A")));
+        let text = err(&out);
+        assert!(
+            text.contains("spent $0.7500") && text.contains("reserved by running children $0.2500"),
+            "{text}"
+        );
+        assert!(text.contains("remaining $0.0000"), "{text}");
+        assert!(runtime.runs().is_empty());
+    }
+
+    #[test]
+    fn a_held_reservation_is_settled_once_after_the_run() {
+        let fx = Fx::new();
+        fx.session("A", "cli", None, None);
+        let mut budgets = MockBudgets::new();
+        budgets.expect_reserve().times(1).returning(|d| {
+            Ok(Reservation::Held {
+                id: "rsv_1".into(),
+                granted: Spend { cost_usd: 1.0, tokens: 0 },
+                before: BudgetStatus { limit: d.limit, ..BudgetStatus::default() },
+            })
+        });
+        budgets.expect_settle().times(1).withf(|id, _| id == "rsv_1").returning(|_, _| Ok(true));
+        budgets
+            .expect_budget_status()
+            .times(1)
+            .returning(|_, _, limit| Ok(BudgetStatus { limit, ..BudgetStatus::default() }));
+        let out = tool(&fx, budgets, Arc::new(ScriptedRuntime::new()))
+            .delegate_task(&json!({"goal": "g"}), Some(&parent("A")));
+        assert_eq!(out["results"][0]["status"], "completed", "{out}");
+        assert_eq!(out["budget"]["remaining"]["cost_usd"], 1.0);
     }
 }

@@ -512,3 +512,37 @@ fn build_refuses_missing_endpoint_and_unsupported_api_mode() {
         .unwrap_or_default();
     assert!(e.contains("codex_responses") && e.contains("chat_completions"), "{e}");
 }
+
+#[test]
+fn a_failing_tool_and_a_budget_stop_are_reported_to_the_model_and_the_parent() {
+    use retinue_delegate::BudgetMeter;
+    use retinue_runtime::MockToolExecutor;
+    use retinue_store::Spend;
+
+    let server = FakeModel::start();
+    server
+        .push(Reply::tool_call("c1", "lookup", json!({"q": "x"})).with_usage(Usage::new(100, 10)));
+    server.push(Reply::text("never").with_usage(Usage::new(100, 10)));
+    let mut tools = MockToolExecutor::new();
+    tools.expect_definitions().returning(|_| {
+        vec![json!({"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}})]
+    });
+    tools
+        .expect_execute()
+        .times(1)
+        .withf(|_, name, args| name == "lookup" && args["q"] == "x")
+        .returning(|_, _, _| Err("index offline".into()));
+    let rt = runtime(config(&server), Arc::new(tools));
+    let child = rt.build(&spec("sa-0-m")).expect("build");
+    let sink = Transcript::default();
+    // An allowance of 115 tokens: the first call (110) fits, the next would not.
+    let cancel = CancelToken::new()
+        .with_budget(BudgetMeter::new(Spend { cost_usd: f64::INFINITY, tokens: 115 }));
+    let out = rt.run(&child, &input("look it up"), &sink, &cancel);
+    assert_eq!(out.exit_reason, ExitReason::Budget, "{out:?}");
+    assert_eq!(out.api_calls, 1);
+    assert_eq!((out.tokens.input, out.tokens.output), (100, 10));
+    assert_eq!(server.request_count(), 1, "the call that would cross was never made");
+    let tool_result = sink.all().into_iter().find(|m| m.role == "tool").expect("tool result");
+    assert!(tool_result.content.as_deref().is_some_and(|c| c.contains("index offline")));
+}

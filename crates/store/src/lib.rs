@@ -58,6 +58,6 @@ pub use clock::MockClock;
 #[cfg(any(test, feature = "mocks"))]
 pub use probe::MockOwnerProbe;
 #[cfg(any(test, feature = "mocks"))]
-pub use registry::{MockClaims, MockRegistry, MockRegistryRead, MockRetention, MockUnitLifecycle};
+pub use registry::{MockRegistry, MockRegistryRead};
 #[cfg(any(test, feature = "mocks"))]
 pub use sessions::{MockSessionGraph, MockSessionStore};

@@ -48,7 +48,6 @@ pub trait RegistryRead: Send + Sync {
 }
 
 /// A unit's life from dispatch to retention.
-#[cfg_attr(any(test, feature = "mocks"), mockall::automock)]
 pub trait UnitLifecycle: Send + Sync {
     /// Writes a new `running` unit with its manifest and child sessions; returns its id.
     fn insert_unit(&self, draft: &UnitDraft) -> Result<String>;
@@ -62,7 +61,6 @@ pub trait UnitLifecycle: Send + Sync {
 }
 
 /// Tombstones, pruning, rehydration, restart recovery and history.
-#[cfg_attr(any(test, feature = "mocks"), mockall::automock)]
 pub trait Retention: Send + Sync {
     /// Tombstones exactly the child that [`RegistryRead::lookup`] resolves `id`
     /// to, if addressable (for a delegation id: that unit's live children
@@ -87,7 +85,6 @@ pub trait Retention: Send + Sync {
 }
 
 /// Leases: delivery claims, single-use resume claims, finishing a follow-up.
-#[cfg_attr(any(test, feature = "mocks"), mockall::automock)]
 pub trait Claims: Send + Sync {
     /// Claims the oldest deliverable completion.
     fn claim_delivery(&self, filter: &DeliveryFilter) -> Result<Option<DeliveryClaim>>;
@@ -119,6 +116,9 @@ pub trait Registry: RegistryRead + UnitLifecycle + Retention + Claims {}
 
 impl<T: RegistryRead + UnitLifecycle + Retention + Claims + ?Sized> Registry for T {}
 
+// Mocks: `RegistryRead` (what lineage takes) has its own; the write roles are
+// consumed together (by the delegate crate, through the umbrella), so one mock
+// of the whole registry serves their failure-injection tests.
 #[cfg(any(test, feature = "mocks"))]
 mockall::mock! {
     /// A mock of the whole [`Registry`] (all four roles on one object).

@@ -183,3 +183,38 @@ proptest! {
         }
     }
 }
+
+/// Failure injection at the clock seam: a clock that jumps back (NTP, a VM
+/// restore) or reads garbage never revives, expires or loses a child.
+#[test]
+fn a_clock_that_goes_backwards_or_reads_garbage_changes_nothing_it_should_not() {
+    use std::sync::Mutex;
+
+    use retinue_store::{MockClock, RegistryRead, Retention, StoreOptions};
+
+    const T0: f64 = 1_800_000_000.0;
+    let times = Arc::new(Mutex::new(vec![T0, T0]));
+    let feed = times.clone();
+    let mut clock = MockClock::new();
+    clock.expect_now().returning(move || {
+        let mut t = feed.lock().expect("times");
+        if t.len() > 1 { t.remove(0) } else { t[0] }
+    });
+    let dir = tempfile::tempdir().expect("tempdir");
+    let opts = StoreOptions::default().with_clock(Arc::new(clock));
+    let store = Store::open(dir.path().join("state.db"), opts).expect("open");
+    let id = retinue_testkit::dispatch_and_retain(&store, "A");
+    assert_eq!(store.list_retained_children().expect("list").len(), 1);
+    // The clock jumps back a week: the child is neither expired nor revived,
+    // and a prune has nothing to do.
+    *times.lock().expect("times") = vec![T0 - 7.0 * 86_400.0];
+    assert_eq!(store.list_retained_children().expect("list")[0].delegation_id, id);
+    let pruned = store.prune_retained_children(None, None).expect("prune");
+    assert_eq!((pruned.units, pruned.children), (0, 0));
+    // A clock reading NaN never tombstones anything either.
+    *times.lock().expect("times") = vec![f64::NAN];
+    let pruned = store.prune_retained_children(None, None).expect("prune");
+    assert_eq!((pruned.units, pruned.children), (0, 0));
+    *times.lock().expect("times") = vec![T0];
+    assert_eq!(store.list_retained_children().expect("list").len(), 1);
+}
