@@ -332,7 +332,7 @@ pub enum Unaddressable {
     NeverRetained,
 }
 
-/// The unscoped answer of [`crate::Registry::lookup`].
+/// The unscoped answer of [`crate::RegistryRead::lookup`].
 #[derive(Debug, Clone, PartialEq)]
 pub enum Lookup {
     /// The child may be addressed (subject to authority).
@@ -426,7 +426,7 @@ pub struct DeliveryClaim {
     pub event: Value,
 }
 
-/// Which rows [`crate::Registry::claim_delivery`] may take.
+/// Which rows [`crate::Claims::claim_delivery`] may take.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct DeliveryFilter {
     /// Only units of this origin routing key.
@@ -457,7 +457,7 @@ pub enum ResumeClaim {
 }
 
 /// A compare-and-swap of a unit's `usage_json` (see
-/// [`crate::Registry::finish_follow_up`]): applied only if the stored value
+/// [`crate::Claims::finish_follow_up`]): applied only if the stored value
 /// still equals `expected` (`None` = absent or malformed).
 #[derive(Debug, Clone, PartialEq)]
 pub struct UsageSwap {
