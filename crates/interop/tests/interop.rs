@@ -101,6 +101,7 @@ const RETINUE_TABLES: &[&str] = &[
     "delegation_child_usage",
     "refinery_schema_history",
     "retinue_children",
+    "retinue_unit_tombstones",
     "retinue_usage_keys",
     "retinue_usage_totals",
 ];

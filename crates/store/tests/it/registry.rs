@@ -298,7 +298,7 @@ fn lookup_query_plans_use_indexes() {
         ),
         (
             "SELECT delegation_id FROM async_delegations WHERE retained = 1 AND tombstoned_at IS NULL",
-            "retinue_idx_async_retained",
+            "retinue_idx_async_rank",
         ),
     ] {
         let plan: Vec<String> = raw
