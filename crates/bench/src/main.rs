@@ -410,11 +410,12 @@ fn run_size(b: &mut Bench, n: usize) -> Result<(), Box<dyn std::error::Error>> {
     // alternate which goes first).
     if b.runs("collapse") {
         let live = build(dir.path(), "live.db", n, true)?;
-        let (mut ours, mut limit, mut units) = (Vec::new(), Vec::new(), 0);
+        let (mut ours, mut limit, mut floor, mut units) = (Vec::new(), Vec::new(), Vec::new(), 0);
         for r in 0..b.repeat.max(1) {
             let mine = dir.path().join("live-ours.db");
             let copy = dir.path().join("live-limit.db");
-            for p in [&mine, &copy] {
+            let bare = dir.path().join("live-floor.db");
+            for p in [&mine, &copy, &bare] {
                 for suffix in ["-wal", "-shm"] {
                     let _ = std::fs::remove_file(p.with_extension(format!("db{suffix}")));
                 }
@@ -444,10 +445,16 @@ fn run_size(b: &mut Bench, n: usize) -> Result<(), Box<dyn std::error::Error>> {
                 run_limit(&mut limit)?;
                 run_ours(&mut ours, &mut units)?;
             }
+            let lf = limits::Limits::open(&bare)?;
+            let start = Instant::now();
+            lf.collapse_units_only(10, clock_now(&clock));
+            floor.push(start.elapsed().as_secs_f64() * 1e6);
         }
         let (m, p) = median_p90(ours);
         let (lm, lp) = median_p90(limit);
         b.push(n, &format!("prune N→10 ({units} units)"), (m, p), Some((lm, lp)));
+        let (fm, fp) = median_p90(floor);
+        b.push(n, "  same, limit = the unit rows' UPDATE alone", (m, p), Some((fm, fp)));
     }
     println!(
         "{n:>7} {:<44} peak RSS {} KiB, DB {} KiB",
