@@ -114,7 +114,7 @@ struct Pooled {
 }
 
 /// Most neighbourhoods one connection keeps (then it starts afresh).
-const CACHED_NEIGHBOURHOODS: usize = 256;
+const CACHED_NEIGHBOURHOODS: usize = 64;
 
 /// Reads a connection may answer again without reading the file: valid only
 /// while nothing has changed the database since they were read. The stamp
@@ -586,7 +586,10 @@ pub(crate) fn open_pool(path: &Path, opts: &StoreOptions) -> Result<Pool> {
     check_ours(&conn, path)?;
     check_not_newer(&conn)?;
     if opts.read_only {
-        pool.idle.lock().unwrap_or_else(PoisonError::into_inner).push(Pooled { conn, cache: ConnCache::default() });
+        pool.idle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(Pooled { conn, cache: ConnCache::default() });
         return Ok(pool);
     }
     // Before the first schema change or journal switch, the file must be intact.
@@ -616,7 +619,10 @@ pub(crate) fn open_pool(path: &Path, opts: &StoreOptions) -> Result<Pool> {
             Err(e) => return Err(e),
         }
     }
-    pool.idle.lock().unwrap_or_else(PoisonError::into_inner).push(Pooled { conn, cache: ConnCache::default() });
+    pool.idle
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .push(Pooled { conn, cache: ConnCache::default() });
     Ok(pool)
 }
 

@@ -515,9 +515,8 @@ fn unit_tombstones_cover_children_with_unchanged_answers() {
     )
     .expect("hermes tombstone");
     fx.clock.advance(67.5 * h); // now T0+73.5h: the cutoff is T0+1.5h
-    let all = [
-        "sa-o0", "sa-o1", "sa-p0", "sa-p1", "sa-m0", "sa-m1", "sa-c0", "sa-k0", "sa-k1", "sa-e0",
-    ];
+    let all =
+        ["sa-o0", "sa-o1", "sa-p0", "sa-p1", "sa-m0", "sa-m1", "sa-c0", "sa-k0", "sa-k1", "sa-e0"];
     let answers = |store: &retinue_store::Store| -> Vec<String> {
         all.iter().map(|id| format!("{id}: {:?}", store.lookup(id).expect("lookup"))).collect()
     };
