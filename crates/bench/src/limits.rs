@@ -188,6 +188,21 @@ impl Limits {
         });
     }
 
+    /// The floor of any collapse that keeps hermes compatibility: the unit
+    /// rows' `tombstoned_at` (and `updated_at`) alone, one bare UPDATE in one
+    /// transaction, no child row and no reason written.
+    pub(crate) fn collapse_units_only(&self, keep: usize, now: f64) {
+        self.tx(|c| {
+            c.execute(
+                "UPDATE async_delegations SET tombstoned_at = ?1, updated_at = ?1 WHERE delegation_id IN \
+                 (SELECT delegation_id FROM async_delegations WHERE retained = 1 AND tombstoned_at IS NULL \
+                  ORDER BY retained_at DESC, delegation_id DESC LIMIT -1 OFFSET ?2)",
+                params![now, keep as i64],
+            )?;
+            Ok(())
+        });
+    }
+
     /// Moves a unit's retention `secs` into the past (unit and children).
     pub(crate) fn age(&self, delegation_id: &str, secs: f64) {
         self.tx(|c| {

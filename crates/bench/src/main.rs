@@ -2,7 +2,11 @@
 //! the minimal hand-written prepared SQL returning the same answer on the
 //! same file — at N ∈ {100, 1,000, 10,000, 100,000} retained units.
 //!
-//! `cargo xtask bench [--quick] [--json FILE]`. Prints a table; no
+//! `cargo xtask bench [--quick] [--json FILE] [--n N[,N…]] [--only SECTION[,…]]
+//! [--repeat K]`. `--n` picks the sizes, `--only` the sections (`open`, `find`,
+//! `list`, `authority`, `usage`, `prune`, `writes`, `history`, `collapse`),
+//! `--repeat` runs the one-shot N→10 collapse K times on fresh copies
+//! (ours and the limit alternating) and reports the median. Prints a table; no
 //! assertion on time anywhere.
 
 mod fixture;
@@ -44,7 +48,7 @@ pub(crate) fn time_with_setup<S: FnMut(usize), F: FnMut(usize)>(
     mut setup: S,
     mut f: F,
 ) -> (f64, f64) {
-    let mut samples: Vec<f64> = (0..iters)
+    let samples: Vec<f64> = (0..iters)
         .map(|i| {
             setup(i);
             let start = Instant::now();
@@ -52,6 +56,11 @@ pub(crate) fn time_with_setup<S: FnMut(usize), F: FnMut(usize)>(
             start.elapsed().as_secs_f64() * 1e6
         })
         .collect();
+    median_p90(samples)
+}
+
+/// (median, p90) of samples in µs.
+fn median_p90(mut samples: Vec<f64>) -> (f64, f64) {
     samples.sort_by(f64::total_cmp);
     let pick = |q: f64| {
         samples.get(((samples.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(0.0)
@@ -62,6 +71,10 @@ pub(crate) fn time_with_setup<S: FnMut(usize), F: FnMut(usize)>(
 struct Bench {
     figures: Vec<Figure>,
     quick: bool,
+    /// Sections to run (empty: all).
+    only: Vec<String>,
+    /// Runs of the one-shot N→10 collapse.
+    repeat: usize,
 }
 
 impl Bench {
@@ -83,6 +96,10 @@ impl Bench {
             n, op, f.median_us, f.p90_us, limit, ratio
         );
         self.figures.push(f);
+    }
+
+    fn runs(&self, section: &str) -> bool {
+        self.only.is_empty() || self.only.iter().any(|s| s == section)
     }
 
     fn reads(&self) -> usize {
@@ -166,10 +183,12 @@ fn run_size(b: &mut Bench, n: usize) -> Result<(), Box<dyn std::error::Error>> {
     let cutoff = clock_now(&clock) - 72.0 * 3600.0;
 
     // Opening an existing DB.
-    let open = time(if b.quick { 10 } else { 50 }, |_| {
-        drop(Store::open(&path, options(&clock, Synchronous::Full)));
-    });
-    b.push(n, "open existing db", open, Some(time(50, |_| lim.open_limit(&path))));
+    if b.runs("open") {
+        let open = time(if b.quick { 10 } else { 50 }, |_| {
+            drop(Store::open(&path, options(&clock, Synchronous::Full)));
+        });
+        b.push(n, "open existing db", open, Some(time(50, |_| lim.open_limit(&path))));
+    }
 
     // Finds.
     for (op, id) in [
@@ -178,6 +197,9 @@ fn run_size(b: &mut Bench, n: usize) -> Result<(), Box<dyn std::error::Error>> {
         ("find by delegation id", unit_id(newest)),
         ("find miss", "sa-9-ffffffff".to_owned()),
     ] {
+        if !b.runs("find") {
+            break;
+        }
         let ours = time(reads, |_| {
             let _ = store.find_retained_child(&id);
         });
@@ -189,21 +211,26 @@ fn run_size(b: &mut Bench, n: usize) -> Result<(), Box<dyn std::error::Error>> {
         let limit = time(reads, |_| lim.find(column, &id, cutoff));
         b.push(n, op, ours, Some(limit));
     }
-    let list = time(reads, |_| {
-        let _ = store.list_retained_children();
-    });
-    b.push(n, "operator list", list, Some(time(reads, |_| lim.list(cutoff))));
     let authority = Authority::new(store.clone(), store.clone(), "");
-    let owner = fixture::parent_of(newest);
-    let scoped = time(reads, |_| {
-        let _ = authority.list_for(Some(&owner));
-    });
-    b.push(n, "owner-scoped list", scoped, Some(time(reads, |_| lim.list(cutoff))));
+    if b.runs("list") {
+        let list = time(reads, |_| {
+            let _ = store.list_retained_children();
+        });
+        b.push(n, "operator list", list, Some(time(reads, |_| lim.list(cutoff))));
+        let owner = fixture::parent_of(newest);
+        let scoped = time(reads, |_| {
+            let _ = authority.list_for(Some(&owner));
+        });
+        b.push(n, "owner-scoped list", scoped, Some(time(reads, |_| lim.list(cutoff))));
+    }
 
     // Authority at lineage depths (the spawner is L0; requesters walk up).
     let entry =
         store.find_retained_child(&subagent_id(newest, 0))?.ok_or("fixture child missing")?;
     for depth in [1usize, 10, 99, 100] {
+        if !b.runs("authority") {
+            break;
+        }
         let mut e = entry.clone();
         e.parent_session_id = "L0".into();
         let requester = format!("L{depth}");
@@ -213,18 +240,23 @@ fn run_size(b: &mut Bench, n: usize) -> Result<(), Box<dyn std::error::Error>> {
         let limit = time(reads, |_| lim.chain(&requester));
         b.push(n, &format!("authority, depth {depth}"), ours, Some(limit));
     }
-    let foreign = time(reads, |_| {
-        let _ = authority.check_follow_up_authority(&entry, Some("stranger"));
-    });
-    b.push(
-        n,
-        "authority, foreign requester",
-        foreign,
-        Some(time(reads, |_| lim.chain("stranger"))),
-    );
+    if b.runs("authority") {
+        let foreign = time(reads, |_| {
+            let _ = authority.check_follow_up_authority(&entry, Some("stranger"));
+        });
+        b.push(
+            n,
+            "authority, foreign requester",
+            foreign,
+            Some(time(reads, |_| lim.chain("stranger"))),
+        );
+    }
 
     // Ledger.
     for size in fixture::LEDGERS {
+        if !b.runs("usage") {
+            break;
+        }
         let parent = format!("ledger-{size}");
         let ours = time(reads, |_| {
             let _ = retinue_usage::load_child_usage_totals(&*store, &parent);
@@ -238,13 +270,23 @@ fn run_size(b: &mut Bench, n: usize) -> Result<(), Box<dyn std::error::Error>> {
     }
 
     // Prune, nothing due.
-    let noop = time(reads.min(500), |_| {
-        let _ = store.prune_retained_children(None, None);
-    });
-    b.push(n, "prune, nothing to do", noop, Some(time(reads.min(500), |_| lim.prune_noop(cutoff))));
+    if b.runs("prune") {
+        let noop = time(reads.min(500), |_| {
+            let _ = store.prune_retained_children(None, None);
+        });
+        b.push(
+            n,
+            "prune, nothing to do",
+            noop,
+            Some(time(reads.min(500), |_| lim.prune_noop(cutoff))),
+        );
+    }
 
     // Writes, at both durability settings.
     for sync in [Synchronous::Full, Synchronous::Normal] {
+        if !b.runs("writes") {
+            break;
+        }
         let label = if sync == Synchronous::Full { "full" } else { "normal" };
         let s = Store::open(&path, options(&clock, sync))?;
         let l = limits::Limits::open_with(&path, label)?;
@@ -300,81 +342,120 @@ fn run_size(b: &mut Bench, n: usize) -> Result<(), Box<dyn std::error::Error>> {
         b.push(n, &format!("tombstone one child, {label}"), tomb, Some(limit));
     }
 
-    // Prune with one TTL-expired unit, and with one over-cap unit (setup untimed).
-    let raw = limits::Limits::open(&path)?;
-    let ttl = time_with_setup(
-        writes.min(50),
-        |i| {
-            if let Ok(id) = store.insert_unit(&draft(&format!("ttl{i:06}"), "p-3")) {
-                let _ = store.retain_completed_delegation(&id, None);
-                raw.age(&id, 73.0 * 3600.0);
-            }
-        },
-        |_| {
-            let _ = store.prune_retained_children(None, None);
-        },
-    );
-    b.push(n, "prune, one TTL-expired unit", ttl, None);
-    let cap = time_with_setup(
-        writes.min(50),
-        |i| {
-            // Another writer (hermes) retains one more unit without pruning.
-            if let Ok(id) = store.insert_unit(&draft(&format!("cap{i:06}"), "p-4")) {
-                raw.retain_raw(&id, clock_now(&clock));
-            }
-            clock.advance(1.0);
-        },
-        |_| {
-            let _ = store.prune_retained_children(None, None);
-        },
-    );
-    b.push(n, "prune, one over-cap unit", cap, None);
-
-    // The history pruner, run after every spawn: with nothing due, and with
-    // one terminal unit beyond `TERMINAL_KEEP` (setup untimed). Neither may
-    // grow with N (the retained units are never read).
-    let finish_failed = |tag: String| {
-        if let Ok(id) = store.insert_unit(&draft(&tag, "p-5")) {
-            let _ = store.persist_completion(&Completion {
-                delegation_id: id.clone(),
-                status: "failed".into(),
-                event: json!({"type": "async_delegation", "delegation_id": id}),
-                result: json!({"status": "failed"}),
-                usage: None,
-                background: false,
-            });
-        }
-    };
-    for i in 0..retinue_store::TERMINAL_KEEP {
-        finish_failed(format!("hk{i:06}"));
+    if b.runs("prune") {
+        // Prune with one TTL-expired unit, and with one over-cap unit (setup untimed).
+        let raw = limits::Limits::open(&path)?;
+        let ttl = time_with_setup(
+            writes.min(50),
+            |i| {
+                if let Ok(id) = store.insert_unit(&draft(&format!("ttl{i:06}"), "p-3")) {
+                    let _ = store.retain_completed_delegation(&id, None);
+                    raw.age(&id, 73.0 * 3600.0);
+                }
+            },
+            |_| {
+                let _ = store.prune_retained_children(None, None);
+            },
+        );
+        b.push(n, "prune, one TTL-expired unit", ttl, None);
+        let cap = time_with_setup(
+            writes.min(50),
+            |i| {
+                // Another writer (hermes) retains one more unit without pruning.
+                if let Ok(id) = store.insert_unit(&draft(&format!("cap{i:06}"), "p-4")) {
+                    raw.retain_raw(&id, clock_now(&clock));
+                }
+                clock.advance(1.0);
+            },
+            |_| {
+                let _ = store.prune_retained_children(None, None);
+            },
+        );
+        b.push(n, "prune, one over-cap unit", cap, None);
     }
-    let _ = store.prune_history();
-    let idle = time(reads.min(500), |_| {
+    if b.runs("history") {
+        // The history pruner, run after every spawn: with nothing due, and with
+        // one terminal unit beyond `TERMINAL_KEEP` (setup untimed). Neither may
+        // grow with N (the retained units are never read).
+        let finish_failed = |tag: String| {
+            if let Ok(id) = store.insert_unit(&draft(&tag, "p-5")) {
+                let _ = store.persist_completion(&Completion {
+                    delegation_id: id.clone(),
+                    status: "failed".into(),
+                    event: json!({"type": "async_delegation", "delegation_id": id}),
+                    result: json!({"status": "failed"}),
+                    usage: None,
+                    background: false,
+                });
+            }
+        };
+        for i in 0..retinue_store::TERMINAL_KEEP {
+            finish_failed(format!("hk{i:06}"));
+        }
         let _ = store.prune_history();
-    });
-    b.push(n, "history prune, nothing due", idle, None);
-    let one = time_with_setup(
-        writes.min(50),
-        |i| finish_failed(format!("hp{i:06}")),
-        |_| {
+        let idle = time(reads.min(500), |_| {
             let _ = store.prune_history();
-        },
-    );
-    b.push(n, "history prune, one unit over the keep", one, None);
-
-    // Collapse N → 10 in one call.
-    let live = build(dir.path(), "live.db", n, true)?;
-    let copy = dir.path().join("live-limit.db");
-    std::fs::copy(&live, &copy)?;
-    let ls = Store::open(&live, options(&clock, Synchronous::Full))?;
-    let start = Instant::now();
-    let count = ls.prune_retained_children(Some(10), Some(1e9))?;
-    let us = start.elapsed().as_secs_f64() * 1e6;
-    let lc = limits::Limits::open(&copy)?;
-    let start = Instant::now();
-    lc.collapse(10, clock_now(&clock));
-    let limit_us = start.elapsed().as_secs_f64() * 1e6;
-    b.push(n, &format!("prune N→10 ({} units)", count.units), (us, us), Some((limit_us, limit_us)));
+        });
+        b.push(n, "history prune, nothing due", idle, None);
+        let one = time_with_setup(
+            writes.min(50),
+            |i| finish_failed(format!("hp{i:06}")),
+            |_| {
+                let _ = store.prune_history();
+            },
+        );
+        b.push(n, "history prune, one unit over the keep", one, None);
+    }
+    // Collapse N → 10 in one call, on fresh copies (ours and the limit
+    // alternate which goes first).
+    if b.runs("collapse") {
+        let live = build(dir.path(), "live.db", n, true)?;
+        let (mut ours, mut limit, mut floor, mut units) = (Vec::new(), Vec::new(), Vec::new(), 0);
+        for r in 0..b.repeat.max(1) {
+            let mine = dir.path().join("live-ours.db");
+            let copy = dir.path().join("live-limit.db");
+            let bare = dir.path().join("live-floor.db");
+            for p in [&mine, &copy, &bare] {
+                for suffix in ["-wal", "-shm"] {
+                    let _ = std::fs::remove_file(p.with_extension(format!("db{suffix}")));
+                }
+                std::fs::copy(&live, p)?;
+            }
+            let run_ours = |ours: &mut Vec<f64>,
+                            units: &mut usize|
+             -> Result<(), Box<dyn std::error::Error>> {
+                let ls = Store::open(&mine, options(&clock, Synchronous::Full))?;
+                let start = Instant::now();
+                let count = ls.prune_retained_children(Some(10), Some(1e9))?;
+                ours.push(start.elapsed().as_secs_f64() * 1e6);
+                *units = count.units;
+                Ok(())
+            };
+            let run_limit = |limit: &mut Vec<f64>| -> Result<(), Box<dyn std::error::Error>> {
+                let lc = limits::Limits::open(&copy)?;
+                let start = Instant::now();
+                lc.collapse(10, clock_now(&clock));
+                limit.push(start.elapsed().as_secs_f64() * 1e6);
+                Ok(())
+            };
+            if r % 2 == 0 {
+                run_ours(&mut ours, &mut units)?;
+                run_limit(&mut limit)?;
+            } else {
+                run_limit(&mut limit)?;
+                run_ours(&mut ours, &mut units)?;
+            }
+            let lf = limits::Limits::open(&bare)?;
+            let start = Instant::now();
+            lf.collapse_units_only(10, clock_now(&clock));
+            floor.push(start.elapsed().as_secs_f64() * 1e6);
+        }
+        let (m, p) = median_p90(ours);
+        let (lm, lp) = median_p90(limit);
+        b.push(n, &format!("prune N→10 ({units} units)"), (m, p), Some((lm, lp)));
+        let (fm, fp) = median_p90(floor);
+        b.push(n, "  same, limit = the unit rows' UPDATE alone", (m, p), Some((fm, fp)));
+    }
     println!(
         "{n:>7} {:<44} peak RSS {} KiB, DB {} KiB",
         "memory and size",
@@ -406,10 +487,21 @@ fn clock_now(clock: &ManualClock) -> f64 {
 fn main() -> std::process::ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let quick = args.iter().any(|a| a == "--quick");
-    let json_out = args.iter().position(|a| a == "--json").and_then(|i| args.get(i + 1)).cloned();
-    let sizes: Vec<usize> =
-        if quick { vec![100, 1_000] } else { vec![100, 1_000, 10_000, 100_000] };
-    let mut b = Bench { figures: Vec::new(), quick };
+    let value = |flag: &str| args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1));
+    let json_out = value("--json").cloned();
+    let list = |flag: &str| -> Vec<String> {
+        value(flag)
+            .map(|v| {
+                v.split(',').map(|s| s.trim().replace('_', "")).filter(|s| !s.is_empty()).collect()
+            })
+            .unwrap_or_default()
+    };
+    let mut sizes: Vec<usize> = list("--n").iter().filter_map(|s| s.parse().ok()).collect();
+    if sizes.is_empty() {
+        sizes = if quick { vec![100, 1_000] } else { vec![100, 1_000, 10_000, 100_000] };
+    }
+    let repeat = value("--repeat").and_then(|v| v.parse().ok()).unwrap_or(1);
+    let mut b = Bench { figures: Vec::new(), quick, only: list("--only"), repeat };
     println!(
         "{:>7} {:<44} {:>11} {:>11} {:>11} {:>7}",
         "N", "operation", "median µs", "p90 µs", "limit µs", "ratio"

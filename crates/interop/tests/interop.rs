@@ -102,6 +102,7 @@ const RETINUE_TABLES: &[&str] = &[
     "refinery_schema_history",
     "retinue_budget_reservations",
     "retinue_children",
+    "retinue_unit_tombstones",
     "retinue_usage_keys",
     "retinue_usage_totals",
 ];

@@ -98,7 +98,9 @@ pub fn check_row(row: &SessionRow) -> Result<(), RootError> {
 
 /// The lineage root of `session_id` (spec §5.2): walks parents back through
 /// proven compression continuations only, failing closed on every doubt.
-/// Computed from the graph on every call; never cached.
+/// Computed from the graph on every call, never stale: the graph may answer
+/// a neighbourhood it has already read only while provably nothing changed
+/// since (spec §0; the store validates by `PRAGMA data_version`).
 pub fn root(graph: &dyn SessionGraph, session_id: &str) -> Result<String, RootError> {
     let mut chain = lineage_chain(graph, session_id)?;
     chain.pop().ok_or(RootError::NoSession)

@@ -482,3 +482,52 @@ fn denials_of_the_examples_snapshot() {
             .collect();
     insta::assert_debug_snapshot!("example_authority_outcomes", report);
 }
+
+// ---------------------------------------------------------------------------
+// Roots are never stale: the store's per-connection neighbourhood cache is
+// validated by `PRAGMA data_version` (other connections' commits) and the
+// connection's own changes.
+// ---------------------------------------------------------------------------
+
+/// The same check twice (the second answered from the cache), then a second
+/// connection — another program — edits the chain between two checks: every
+/// answer is the one a fresh read gives.
+#[test]
+fn roots_are_never_stale_when_another_connection_edits_the_chain() {
+    let (home, store) = setup("");
+    // L0 … L99: depth 99 resolves to L0.
+    let authority = Authority::new(store.clone(), store.clone(), "");
+    let entry = unit_by(&store, "L0", "", "fresh");
+    for _ in 0..3 {
+        assert_eq!(root(&*store, "L99"), Ok("L0".to_owned()));
+        assert_eq!(authority.check_follow_up_authority(&entry, Some("L99")), Ok(()));
+    }
+    let other = rusqlite::Connection::open(home.db_path()).expect("second connection");
+    // Break a link halfway up: L50's parent did not end with compression.
+    other
+        .execute("UPDATE sessions SET end_reason = 'user_exit' WHERE id = 'L49'", [])
+        .expect("edit");
+    assert_eq!(root(&*store, "L99"), Err(RootError::ParentNotCompression));
+    assert!(lineage_denied(authority.check_follow_up_authority(&entry, Some("L99"))));
+    assert_eq!(root(&*store, "L49"), Ok("L0".to_owned()));
+    // Mend it: the answer comes back at once.
+    other
+        .execute("UPDATE sessions SET end_reason = 'compression' WHERE id = 'L49'", [])
+        .expect("mend");
+    assert_eq!(root(&*store, "L99"), Ok("L0".to_owned()));
+    assert_eq!(authority.check_follow_up_authority(&entry, Some("L99")), Ok(()));
+    // A sibling continuation appears under L10 (ambiguous), written by another process.
+    other
+        .execute(
+            "INSERT INTO sessions (id, source, parent_session_id, started_at) \
+             VALUES ('L11b', 'cli', 'L10', 1)",
+            [],
+        )
+        .expect("fork");
+    assert_eq!(root(&*store, "L99"), Err(RootError::AmbiguousContinuation));
+    other.execute("DELETE FROM sessions WHERE id = 'L11b'", []).expect("unfork");
+    assert_eq!(root(&*store, "L99"), Ok("L0".to_owned()));
+    // The store's own writes (through any of its connections) count too.
+    SessionGraphBuilder::new(&store).plain_child("L11c", "L10");
+    assert_eq!(root(&*store, "L99"), Err(RootError::AmbiguousContinuation));
+}

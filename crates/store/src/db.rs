@@ -1,6 +1,7 @@
 //! Opening `state.db`: pragmas, the in-place upgrade of hermes files
 //! (reconcile, then refinery), backfill, and the connection pool.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -10,6 +11,7 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, pa
 use crate::clock::{Clock, SystemClock};
 use crate::config::{DelegationConfig, JournalMode, LoadedConfig, Synchronous};
 use crate::error::{Error, Result, SqlResult, is_retryable, migration, sql};
+use crate::model::SessionRow;
 
 mod embedded {
     refinery::embed_migrations!("migrations");
@@ -113,7 +115,63 @@ pub(crate) struct Pool {
     read_only: bool,
     busy_timeout: Duration,
     synchronous: Synchronous,
-    idle: Mutex<Vec<Connection>>,
+    idle: Mutex<Vec<Pooled>>,
+}
+
+/// A pooled connection and what it has read that is provably still fresh.
+struct Pooled {
+    conn: Connection,
+    cache: ConnCache,
+}
+
+/// Most neighbourhoods one connection keeps (then it starts afresh).
+const CACHED_NEIGHBOURHOODS: usize = 64;
+
+/// Reads a connection may answer again without reading the file: valid only
+/// while nothing has changed the database since they were read. The stamp
+/// is `PRAGMA data_version` (changes whenever *another* connection, in this
+/// process or any other, commits) and the connection's own
+/// `total_changes()` (its own inserts, updates and deletes), both taken
+/// *before* the cached read; the cache is also dropped whenever the
+/// connection is used for anything but a read. So an entry is only ever
+/// returned when no commit at all happened since before it was read.
+#[derive(Default)]
+pub(crate) struct ConnCache {
+    stamp: Option<(i64, u64)>,
+    neighbourhoods: HashMap<(String, usize), Vec<SessionRow>>,
+}
+
+impl ConnCache {
+    /// Drops every entry unless the database is unchanged since the stamp;
+    /// restamps. Call before any cached read or fill.
+    pub(crate) fn validate(&mut self, conn: &Connection) -> SqlResult<()> {
+        let version: i64 =
+            conn.prepare_cached("PRAGMA data_version")?.query_row([], |r| r.get(0))?;
+        let stamp = (version, conn.total_changes());
+        if self.stamp != Some(stamp) {
+            self.clear();
+            self.stamp = Some(stamp);
+        }
+        Ok(())
+    }
+
+    fn clear(&mut self) {
+        self.stamp = None;
+        self.neighbourhoods.clear();
+    }
+
+    /// The cached neighbourhood of (`id`, `max_hops`), if any.
+    pub(crate) fn neighbourhood(&self, id: &str, max_hops: usize) -> Option<&Vec<SessionRow>> {
+        self.neighbourhoods.get(&(id.to_owned(), max_hops))
+    }
+
+    /// Keeps a neighbourhood read after [`ConnCache::validate`].
+    pub(crate) fn keep_neighbourhood(&mut self, id: &str, max_hops: usize, rows: Vec<SessionRow>) {
+        if self.neighbourhoods.len() >= CACHED_NEIGHBOURHOODS {
+            self.neighbourhoods.clear();
+        }
+        self.neighbourhoods.insert((id.to_owned(), max_hops), rows);
+    }
 }
 
 impl Pool {
@@ -133,26 +191,44 @@ impl Pool {
         Ok(conn)
     }
 
-    /// Runs `f` on a pooled connection; a failure names `op`.
+    /// Runs `f` on a pooled connection; a failure names `op`. The
+    /// connection's read cache is dropped (`f` may write).
     pub(crate) fn with<T>(
         &self,
         op: &'static str,
         f: impl FnOnce(&mut Connection) -> SqlResult<T>,
     ) -> Result<T> {
+        self.run(op, |p| {
+            p.cache.clear();
+            f(&mut p.conn)
+        })
+    }
+
+    /// Runs a read `f` on a pooled connection with its read cache (see
+    /// [`ConnCache`]); `f` must not write.
+    pub(crate) fn cached<T>(
+        &self,
+        op: &'static str,
+        f: impl FnOnce(&Connection, &mut ConnCache) -> SqlResult<T>,
+    ) -> Result<T> {
+        self.run(op, |p| f(&p.conn, &mut p.cache))
+    }
+
+    fn run<T>(&self, op: &'static str, f: impl FnOnce(&mut Pooled) -> SqlResult<T>) -> Result<T> {
         let taken = self.idle.lock().unwrap_or_else(PoisonError::into_inner).pop();
-        let mut conn = match taken {
+        let mut pooled = match taken {
             Some(c) => c,
-            None => self.connect()?,
+            None => Pooled { conn: self.connect()?, cache: ConnCache::default() },
         };
         let started = Instant::now();
-        let out = f(&mut conn)
+        let out = f(&mut pooled)
             .map_err(|e| e.during(op))
             .map_err(|e| with_wait(e, started, self.busy_timeout));
         // A connection left inside a transaction (it should never be) is dropped.
-        if conn.is_autocommit() {
+        if pooled.conn.is_autocommit() {
             let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
             if idle.len() < 8 {
-                idle.push(conn);
+                idle.push(pooled);
             }
         }
         out
@@ -178,7 +254,7 @@ impl Pool {
         op: &'static str,
         f: impl FnOnce(&Connection) -> SqlResult<T>,
     ) -> Result<T> {
-        self.with(op, |conn| f(conn))
+        self.run(op, |p| f(&p.conn))
     }
 
     /// Runs `f` inside one deferred (read) transaction.
@@ -188,7 +264,8 @@ impl Pool {
         op: &'static str,
         f: impl FnOnce(&Connection) -> SqlResult<T>,
     ) -> Result<T> {
-        self.with(op, |conn| {
+        self.run(op, |p| {
+            let conn = &p.conn;
             conn.prepare_cached("BEGIN DEFERRED")?.execute([])?;
             let out = f(conn);
             // A read transaction has nothing to keep: end it either way.
@@ -432,6 +509,9 @@ fn special_kind(_ft: &std::fs::FileType) -> &'static str {
 
 /// Refuses a SQLite file that has tables but neither hermes' `sessions`
 /// table nor Retinue's own: Retinue adopts only files that are hermes' or its own.
+/// The migration history table counts as Retinue's: a concurrent first open
+/// creates it (refinery does, before its one migration transaction) a moment
+/// before the rest of the schema.
 fn check_ours(conn: &Connection, path: &Path) -> Result<()> {
     const OP: &str = "reading the schema";
     let tables: i64 = conn
@@ -448,7 +528,8 @@ fn check_ours(conn: &Connection, path: &Path) -> Result<()> {
     let ours: bool = conn
         .query_row(
             "SELECT EXISTS (SELECT 1 FROM main.sqlite_master WHERE type = 'table' \
-             AND (name = 'sessions' OR name LIKE 'retinue\\_%' ESCAPE '\\'))",
+             AND (name = 'sessions' OR name = 'refinery_schema_history' \
+                  OR name LIKE 'retinue\\_%' ESCAPE '\\'))",
             [],
             |r| r.get(0),
         )
@@ -572,7 +653,10 @@ fn open_pool_timed(
     check_ours(&conn, path)?;
     check_not_newer(&conn)?;
     if opts.read_only {
-        pool.idle.lock().unwrap_or_else(PoisonError::into_inner).push(conn);
+        pool.idle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(Pooled { conn, cache: ConnCache::default() });
         return Ok(pool);
     }
     // Before the first schema change or journal switch, the file must be intact.
@@ -605,7 +689,10 @@ fn open_pool_timed(
             Err(e) => return Err(e),
         }
     }
-    pool.idle.lock().unwrap_or_else(PoisonError::into_inner).push(conn);
+    pool.idle
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .push(Pooled { conn, cache: ConnCache::default() });
     Ok(pool)
 }
 
@@ -741,6 +828,13 @@ fn read_view(conn: &Connection) -> SqlResult<()> {
                 missing.join(", ")
             ))?;
         }
+    }
+    // A file from before V5 has no unit-level tombstones: none covers a child.
+    if !main_exists("retinue_unit_tombstones")? {
+        conn.execute_batch(
+            "CREATE TEMP TABLE retinue_unit_tombstones (delegation_id TEXT PRIMARY KEY, \
+             tombstoned_at REAL NOT NULL, ttl_seconds REAL NOT NULL) WITHOUT ROWID",
+        )?;
     }
     let totals_trusted =
         main_exists("retinue_usage_totals")? && trigger_exists(conn, "retinue_usage_totals_del")?;

@@ -81,9 +81,11 @@ pub(crate) const CHILD_COLS: &str = "c.delegation_id, c.child_index, c.subagent_
      c.manifest_json, COALESCE(c.retained_at, CASE WHEN u.retained = 1 THEN u.retained_at END), \
      c.tombstoned_at, c.tombstone_reason, \
      u.parent_session_id, u.owner_profile, u.state, u.completed_at, u.retained, \
-     u.retained_at, u.tombstoned_at, c.rowid";
+     u.retained_at, u.tombstoned_at, c.rowid, ut.tombstoned_at, ut.ttl_seconds";
 
-/// A child row joined with its unit.
+/// A child row joined with its unit (and, as `ut`, the unit-level tombstone
+/// of `retinue_unit_tombstones`; callers that read no tombstoned unit select
+/// `NULL, NULL` there).
 pub(crate) struct ChildRow {
     /// The row's `rowid` in `retinue_children` (for messages about bad rows).
     pub(crate) rowid: i64,
@@ -100,6 +102,9 @@ pub(crate) struct ChildRow {
     pub(crate) unit_retained: bool,
     pub(crate) unit_retained_at: Option<f64>,
     pub(crate) unit_tombstoned_at: Option<f64>,
+    /// The unit-level tombstone a prune wrote (`retinue_unit_tombstones`):
+    /// its time and the TTL in force, in seconds.
+    pub(crate) covered: Option<(f64, f64)>,
 }
 
 impl ChildRow {
@@ -160,6 +165,7 @@ pub(crate) fn read_child_row_at(r: &Row<'_>, o: usize) -> rusqlite::Result<Child
         unit_retained: retained == Some(1.0),
         unit_retained_at: real_column(r, o + 13)?,
         unit_tombstoned_at,
+        covered: real_column(r, o + 16)?.zip(real_column(r, o + 17)?),
     })
 }
 

@@ -270,22 +270,35 @@ impl SessionGraph for Store {
             }
             Ok((rows, crowded))
         };
-        // Common case, one statement (atomic on its own): no parent has siblings.
-        let (rows, crowded) =
-            self.pool.query("walking the session neighbourhood", |conn| ancestors(conn))?;
-        if crowded.is_empty() {
-            return Ok(Some(rows));
-        }
-        // Otherwise read the ancestors and the siblings from one snapshot.
-        self.pool.read("reading the session neighbourhood", |conn| {
-            let (mut rows, crowded) = ancestors(conn)?;
-            let mut stmt = conn.prepare_cached(SIBLINGS)?;
-            for parent in &crowded {
-                let more = stmt.query_map([parent], read_walk_session)?;
-                for row in more {
-                    rows.push(row?.map_err(unreadable_session)?);
-                }
+        // A neighbourhood this connection read while nothing has changed
+        // since is answered again (the cache is provably fresh, see
+        // `ConnCache`); anything else is read now.
+        self.pool.cached("walking the session neighbourhood", |conn, cache| {
+            cache.validate(conn)?;
+            if let Some(rows) = cache.neighbourhood(id, max_hops) {
+                return Ok(Some(rows.clone()));
             }
+            // Common case, one statement (atomic on its own): no parent has siblings.
+            let (mut rows, crowded) = ancestors(conn)?;
+            if !crowded.is_empty() {
+                // Otherwise read the ancestors and the siblings from one snapshot.
+                conn.prepare_cached("BEGIN DEFERRED")?.execute([])?;
+                let read = (|| -> SqlResult<Vec<SessionRow>> {
+                    let (mut rows, crowded) = ancestors(conn)?;
+                    let mut stmt = conn.prepare_cached(SIBLINGS)?;
+                    for parent in &crowded {
+                        let more = stmt.query_map([parent], read_walk_session)?;
+                        for row in more {
+                            rows.push(row?.map_err(unreadable_session)?);
+                        }
+                    }
+                    Ok(rows)
+                })();
+                let end = conn.prepare_cached("COMMIT").and_then(|mut s| s.execute([]));
+                rows = read?;
+                end?;
+            }
+            cache.keep_neighbourhood(id, max_hops, rows.clone());
             Ok(Some(rows))
         })
     }

@@ -22,15 +22,16 @@ fn candidates(conn: &Connection, id: &str) -> SqlResult<Vec<(u8, ChildRow)>> {
         "c.delegation_id, c.child_index, c.subagent_id, c.child_session_id, c.manifest_json, ",
         "COALESCE(c.retained_at, CASE WHEN u.retained = 1 THEN u.retained_at END), c.tombstoned_at, ",
         "c.tombstone_reason, u.parent_session_id, u.owner_profile, u.state, u.completed_at, u.retained, ",
-        "u.retained_at, u.tombstoned_at, c.rowid, c.tombstone_note FROM retinue_children c ",
-        "JOIN async_delegations u ON u.delegation_id = c.delegation_id ",
+        "u.retained_at, u.tombstoned_at, c.rowid, ut.tombstoned_at, ut.ttl_seconds, c.tombstone_note ",
+        "FROM retinue_children c JOIN async_delegations u ON u.delegation_id = c.delegation_id ",
+        "LEFT JOIN retinue_unit_tombstones ut ON ut.delegation_id = c.delegation_id ",
         "WHERE c.subagent_id = ?1 OR c.child_session_id = ?1 OR c.delegation_id = ?1"
     );
     let mut stmt = conn.prepare_cached(SQL)?;
     let rows = stmt.query_map([id], |r| {
         let kind: i64 = r.get(0)?;
         let mut row = read_child_row_at(r, 1)?;
-        row.tombstone_note = text_column(r, 17)?;
+        row.tombstone_note = text_column(r, 19)?;
         Ok((u8::try_from(kind).unwrap_or(u8::MAX), row))
     })?;
     let rows = rows.collect::<rusqlite::Result<Vec<_>>>()?;
@@ -75,6 +76,11 @@ fn live_status(row: &ChildRow, lim: Limits) -> Option<Unaddressable> {
         return Some(Unaddressable::Tombstoned { at, reason, note });
     }
     if let Some(at) = row.unit_tombstoned_at {
+        // A prune's unit-level tombstone covers the child: it reports what a
+        // per-child write at that prune would have stored.
+        if let Some((pruned_at, ttl_seconds)) = row.covered.filter(|(t, _)| *t == at) {
+            return Some(covered_status(row.entry.retained_at, pruned_at, ttl_seconds));
+        }
         return Some(Unaddressable::Tombstoned {
             at,
             reason: TombstoneReason::External,
@@ -89,6 +95,31 @@ fn live_status(row: &ChildRow, lim: Limits) -> Option<Unaddressable> {
         return Some(Unaddressable::Tombstoned { at, reason: TombstoneReason::Ttl, note: None });
     }
     None
+}
+
+/// The status of a child covered by its unit's prune tombstone at `pruned_at`
+/// (TTL `ttl_seconds` then in force): `ttl` at its expiry (never after the
+/// prune) when its TTL clock had run out by then (a missing clock counts as
+/// run out), else `cap` at the prune — exactly what the prune's per-child
+/// write stored before units covered their children.
+pub(crate) fn covered_status(
+    retained_at: Option<f64>,
+    pruned_at: f64,
+    ttl_seconds: f64,
+) -> Unaddressable {
+    match retained_at {
+        Some(r) if r >= pruned_at - ttl_seconds => {
+            Unaddressable::Tombstoned { at: pruned_at, reason: TombstoneReason::Cap, note: None }
+        }
+        Some(r) => Unaddressable::Tombstoned {
+            at: pruned_at.min(r + ttl_seconds),
+            reason: TombstoneReason::Ttl,
+            note: None,
+        },
+        None => {
+            Unaddressable::Tombstoned { at: pruned_at, reason: TombstoneReason::Ttl, note: None }
+        }
+    }
 }
 
 /// The resolved row of a lookup: how `id` matched it (0 subagent id, 1 child
@@ -145,13 +176,15 @@ pub(crate) fn resolve_in(conn: &Connection, id: &str, lim: Limits) -> SqlResult<
 }
 
 pub(crate) fn list_in(tx: &Connection, lim: Limits) -> SqlResult<Vec<RetainedChild>> {
+    // Listed units are live: no unit-level tombstone to read.
+    let cols = CHILD_COLS.replace("ut.tombstoned_at, ut.ttl_seconds", "NULL, NULL");
     let sql = format!(
         "WITH top AS (SELECT u.delegation_id AS id, u.retained_at AS rat FROM async_delegations u \
            WHERE u.retained = 1 AND u.tombstoned_at IS NULL AND EXISTS (SELECT 1 FROM \
              retinue_children c WHERE c.delegation_id = u.delegation_id \
              AND c.tombstoned_at IS NULL AND COALESCE(c.retained_at, u.retained_at) >= ?1) \
            ORDER BY u.retained_at DESC, u.delegation_id DESC LIMIT ?2) \
-         SELECT {CHILD_COLS} FROM top \
+         SELECT {cols} FROM top \
            JOIN retinue_children c ON c.delegation_id = top.id \
            JOIN async_delegations u ON u.delegation_id = top.id \
          WHERE c.tombstoned_at IS NULL AND {CHILD_RETAINED_AT} >= ?1 \

@@ -189,8 +189,11 @@ impl Claims for Store {
                 .execute(params![swap.new.to_string(), now, id])?;
             }
             tx.prepare_cached(
+                // Never under a unit tombstone: a covered child's reported
+                // reason and time derive from its TTL clock as it was.
                 "UPDATE retinue_children SET retained_at = ?1 WHERE delegation_id = ?2 \
-                 AND child_index = ?3 AND tombstoned_at IS NULL",
+                 AND child_index = ?3 AND tombstoned_at IS NULL AND (SELECT u.tombstoned_at \
+                 FROM async_delegations u WHERE u.delegation_id = ?2) IS NULL",
             )?
             .execute(params![now, id, child_index])?;
             tx.prepare_cached(

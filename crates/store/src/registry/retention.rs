@@ -1,7 +1,7 @@
 //! Retention (spec §3.5): per-child tombstones, TTL and cap pruning,
 //! rehydration; the entry points of restart recovery and history pruning.
 
-use rusqlite::{Connection, Transaction, params};
+use rusqlite::{Connection, OptionalExtension, Transaction, params};
 
 use crate::error::{Error, Result, SqlResult};
 use crate::model::{PruneCount, RecoveryReport, TombstoneReason};
@@ -12,27 +12,96 @@ use crate::registry::backfill::backfill;
 use crate::rows::{CHILD_RETAINED_AT, Limits};
 use crate::store::Store;
 
-/// TTL then cap pruning inside the caller's transaction (spec §3.5).
 /// Whether a prune at `lim` has anything to write (one read statement).
 pub(crate) fn prune_due(conn: &Connection, lim: Limits) -> SqlResult<bool> {
+    // The cap first: when it is due, the scan over every live unit is skipped.
     const SQL: &str = concat!(
-        "SELECT EXISTS (SELECT 1 FROM async_delegations u WHERE u.retained = 1 ",
+        "SELECT (SELECT count(*) FROM (SELECT 1 FROM async_delegations WHERE retained = 1 ",
+        "    AND tombstoned_at IS NULL LIMIT ?2 + 1)) > ?2 ",
+        "OR EXISTS (SELECT 1 FROM async_delegations u WHERE u.retained = 1 ",
         "  AND u.tombstoned_at IS NULL AND (",
         "    NOT EXISTS (SELECT 1 FROM retinue_children c WHERE c.delegation_id = u.delegation_id ",
         "                AND c.tombstoned_at IS NULL) ",
         "    OR EXISTS (SELECT 1 FROM retinue_children c WHERE c.delegation_id = u.delegation_id ",
-        "               AND c.tombstoned_at IS NULL AND (c.retained_at IS NULL OR c.retained_at < ?1)))) ",
-        "OR (SELECT count(*) FROM (SELECT 1 FROM async_delegations WHERE retained = 1 ",
-        "    AND tombstoned_at IS NULL LIMIT ?2 + 1)) > ?2"
+        "               AND c.tombstoned_at IS NULL AND (c.retained_at IS NULL OR c.retained_at < ?1))))"
     );
     Ok(conn
         .prepare_cached(SQL)?
         .query_row(params![lim.cutoff(), lim.max_retained], |r| r.get(0))?)
 }
 
+/// Live units ranked beyond the cap: after the unit at the boundary
+/// (`?2` its `retained_at`, `?3` its id) in `retained_at DESC, delegation_id
+/// DESC` order (NULL times last). `u` is the unit.
+const BEYOND_CAP: &str = "u.retained = 1 AND u.tombstoned_at IS NULL AND CASE WHEN ?2 IS NULL \
+     THEN u.retained_at IS NULL AND u.delegation_id < ?3 \
+     ELSE u.retained_at IS NULL OR u.retained_at < ?2 \
+       OR (u.retained_at = ?2 AND u.delegation_id < ?3) END";
+
+/// Writes the unit-level tombstones of the units `pred` selects (a
+/// predicate on `u`, bound to `params`, whose `?1` is the time): their
+/// `retinue_unit_tombstones` rows, the count of children they cover, and
+/// the units' `tombstoned_at` (as hermes writes it). Returns (units, children).
+fn tombstone_units(
+    tx: &Transaction<'_>,
+    pred: &str,
+    params: &[&dyn rusqlite::ToSql],
+    ttl_seconds: f64,
+) -> SqlResult<(usize, usize)> {
+    // `?1` is the time; the TTL goes last.
+    let ttl_param = params.len() + 1;
+    let mut with_ttl: Vec<&dyn rusqlite::ToSql> = params.to_vec();
+    with_ttl.push(&ttl_seconds);
+    // `OR REPLACE` / `OR FAIL`: no statement journal (a failure fails the
+    // whole transaction, which the caller then rolls back), and a unit
+    // tombstoned again (another writer cleared its tombstone) replaces its row.
+    tx.prepare_cached(&format!(
+        "INSERT OR REPLACE INTO retinue_unit_tombstones (delegation_id, tombstoned_at, \
+         ttl_seconds) SELECT u.delegation_id, ?1, ?{ttl_param} FROM async_delegations u \
+         WHERE {pred}"
+    ))?
+    .execute(with_ttl.as_slice())?;
+    let children: i64 = tx
+        .prepare_cached(&format!(
+            "SELECT count(*) FROM async_delegations u JOIN retinue_children c \
+             ON c.delegation_id = u.delegation_id \
+             WHERE {pred} AND c.tombstoned_at IS NULL"
+        ))?
+        .query_row(params, |r| r.get(0))?;
+    let units = tx
+        .prepare_cached(&format!(
+            "UPDATE OR FAIL async_delegations AS u SET tombstoned_at = ?1, updated_at = ?1 \
+             WHERE {pred}"
+        ))?
+        .execute(params)?;
+    Ok((units, usize::try_from(children).unwrap_or(usize::MAX)))
+}
+
+/// TTL then cap pruning inside the caller's transaction (spec §3.5). A
+/// unit tombstoned here covers its children (one `retinue_unit_tombstones`
+/// row per unit, none per child; readers report each child's reason and
+/// time exactly as a per-child write stored them); children that expire in
+/// a unit that stays live get their own `ttl` row.
 pub(crate) fn prune_in(tx: &Transaction<'_>, lim: Limits) -> SqlResult<PruneCount> {
     let t = lim.now;
+    let ttl_seconds = lim.ttl_hours * 3600.0;
     let mut count = PruneCount::default();
+    if !tx.prepare_cached(TTL_DUE)?.query_row([lim.cutoff()], |r| r.get::<_, bool>(0))? {
+        return cap_in(tx, lim, count);
+    }
+    // TTL, whole units: live units left without a live child (every child
+    // tombstoned or past its TTL, or none at all).
+    let (units, children) = tombstone_units(
+        tx,
+        "u.retained = 1 AND u.tombstoned_at IS NULL AND NOT EXISTS (SELECT 1 FROM \
+           retinue_children c WHERE c.delegation_id = u.delegation_id \
+           AND c.tombstoned_at IS NULL AND c.retained_at >= ?2)",
+        &[&t, &lim.cutoff()],
+        ttl_seconds,
+    )?;
+    count.units += units;
+    count.children += children;
+    // TTL, single children of units that stay live: their own row.
     count.children += tx
         .prepare_cached(
             // The time is the child's expiry (as lookups reported it), never later than now.
@@ -42,30 +111,38 @@ pub(crate) fn prune_in(tx: &Transaction<'_>, lim: Limits) -> SqlResult<PruneCoun
                                      WHERE retained = 1 AND tombstoned_at IS NULL) \
                AND tombstoned_at IS NULL AND (retained_at IS NULL OR retained_at < ?2)",
         )?
-        .execute(params![t, lim.cutoff(), lim.ttl_hours * 3600.0])?;
-    count.units += tx
+        .execute(params![t, lim.cutoff(), ttl_seconds])?;
+    cap_in(tx, lim, count)
+}
+
+/// Whether the TTL has anything to write (`?1`: the cutoff): a live unit
+/// without a live child, or with a child past its TTL.
+const TTL_DUE: &str = concat!(
+    "SELECT EXISTS (SELECT 1 FROM async_delegations u WHERE u.retained = 1 ",
+    "  AND u.tombstoned_at IS NULL AND (",
+    "    NOT EXISTS (SELECT 1 FROM retinue_children c WHERE c.delegation_id = u.delegation_id ",
+    "                AND c.tombstoned_at IS NULL AND c.retained_at >= ?1) ",
+    "    OR EXISTS (SELECT 1 FROM retinue_children c WHERE c.delegation_id = u.delegation_id ",
+    "               AND c.tombstoned_at IS NULL AND (c.retained_at IS NULL OR c.retained_at < ?1))))"
+);
+
+/// The cap step of [`prune_in`]: live units ranked at or beyond
+/// `max_retained`, after the last one kept.
+fn cap_in(tx: &Transaction<'_>, lim: Limits, mut count: PruneCount) -> SqlResult<PruneCount> {
+    let (t, ttl_seconds) = (lim.now, lim.ttl_hours * 3600.0);
+    let boundary: Option<(Option<f64>, String)> = tx
         .prepare_cached(
-            "UPDATE async_delegations SET tombstoned_at = ?1, updated_at = ?1 \
-             WHERE retained = 1 AND tombstoned_at IS NULL AND NOT EXISTS (SELECT 1 FROM \
-               retinue_children c WHERE c.delegation_id = async_delegations.delegation_id \
-               AND c.tombstoned_at IS NULL)",
+            "SELECT retained_at, delegation_id FROM async_delegations \
+             WHERE retained = 1 AND tombstoned_at IS NULL \
+             ORDER BY retained_at DESC, delegation_id DESC LIMIT 1 OFFSET ?1",
         )?
-        .execute([t])?;
-    // Cap: live units ranked at or beyond `max_retained`, set-based.
-    const OVER_CAP: &str = "SELECT delegation_id FROM async_delegations WHERE retained = 1 \
-         AND tombstoned_at IS NULL ORDER BY retained_at DESC, delegation_id DESC LIMIT -1 OFFSET ?2";
-    count.children += tx
-        .prepare_cached(&format!(
-            "UPDATE retinue_children SET tombstoned_at = ?1, tombstone_reason = 'cap' \
-             WHERE tombstoned_at IS NULL AND delegation_id IN ({OVER_CAP})"
-        ))?
-        .execute(params![t, lim.max_retained])?;
-    count.units += tx
-        .prepare_cached(&format!(
-            "UPDATE async_delegations SET tombstoned_at = ?1, updated_at = ?1 \
-             WHERE delegation_id IN ({OVER_CAP})"
-        ))?
-        .execute(params![t, lim.max_retained])?;
+        .query_row([i64::from(lim.max_retained) - 1], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?;
+    if let Some((at, id)) = boundary {
+        let (units, children) = tombstone_units(tx, BEYOND_CAP, &[&t, &at, &id], ttl_seconds)?;
+        count.units += units;
+        count.children += children;
+    }
     Ok(count)
 }
 

@@ -331,7 +331,7 @@ fn lookup_query_plans_use_indexes() {
         ),
         (
             "SELECT delegation_id FROM async_delegations WHERE retained = 1 AND tombstoned_at IS NULL",
-            "retinue_idx_async_retained",
+            "retinue_idx_async_rank",
         ),
     ] {
         let plan: Vec<String> = raw
@@ -512,4 +512,113 @@ fn a_failing_unit_write_leaves_nothing_behind() {
         .query_row("SELECT parent_session_id FROM sessions WHERE id = 'g-child'", [], |r| r.get(0))
         .expect("row");
     assert_eq!(parent, None);
+}
+
+/// A prune's unit tombstone covers its children (one row per unit, none per
+/// child), and every child reports exactly what it reported at the prune's
+/// instant, before it: `ttl` at its own expiry, `cap` at the prune, a manual
+/// tombstone as written, a hermes unit tombstone as `external` — read-write
+/// and read-only, and still so later.
+#[test]
+fn unit_tombstones_cover_children_with_unchanged_answers() {
+    let fx = Fx::new();
+    let h = 3600.0;
+    let unit = |id: &str, kids: &[&str]| {
+        let children: Vec<_> =
+            kids.iter().map(|k| child(k, &format!("cs-{k}"), None, None)).collect();
+        fx.dispatch_and_retain(id, "p", &children);
+        fx.clock.advance(h);
+    };
+    unit("deleg_old", &["sa-o0", "sa-o1"]); // T0: every child expires (TTL, whole unit)
+    unit("deleg_part", &["sa-p0", "sa-p1"]); // T0+1h: one child expires, one was refreshed
+    unit("deleg_man", &["sa-m0", "sa-m1"]); // T0+2h: one manual tombstone, then capped
+    unit("deleg_cap", &["sa-c0"]); // T0+3h: kept (the cap is 2)
+    unit("deleg_keep", &["sa-k0", "sa-k1"]); // T0+4h: kept
+    unit("deleg_ext", &["sa-e0"]); // T0+5h: tombstoned by hermes
+    assert!(fx.store.tombstone_retained_child("sa-m0", &TombstoneReason::Manual).expect("t"));
+    let raw = fx.raw();
+    raw.execute(
+        "UPDATE retinue_children SET retained_at = ?1 WHERE subagent_id = 'sa-p1'",
+        [T0 + 5.0 * h],
+    )
+    .expect("refresh");
+    raw.execute(
+        "UPDATE async_delegations SET tombstoned_at = ?1 WHERE delegation_id = 'deleg_ext'",
+        [T0 + 5.5 * h],
+    )
+    .expect("hermes tombstone");
+    fx.clock.advance(67.5 * h); // now T0+73.5h: the cutoff is T0+1.5h
+    let all =
+        ["sa-o0", "sa-o1", "sa-p0", "sa-p1", "sa-m0", "sa-m1", "sa-c0", "sa-k0", "sa-k1", "sa-e0"];
+    let answers = |store: &retinue_store::Store| -> Vec<String> {
+        all.iter().map(|id| format!("{id}: {:?}", store.lookup(id).expect("lookup"))).collect()
+    };
+    let config = DelegationConfig { max_retained: 2, ..DelegationConfig::default() };
+    let store = super::fixture::open(&fx.db(), &fx.clock, config.clone());
+    let before = answers(&store);
+    let own_rows = |raw: &rusqlite::Connection| -> i64 {
+        raw.query_row(
+            "SELECT count(*) FROM retinue_children WHERE tombstoned_at IS NOT NULL",
+            [],
+            |r| r.get(0),
+        )
+        .expect("count")
+    };
+    let rows_before = own_rows(&raw);
+    let count = store.prune_retained_children(None, None).expect("prune");
+    // deleg_old (TTL), deleg_part and deleg_man (cap); 2 + 2 + 1 children.
+    assert_eq!(count, PruneCount { units: 3, children: 5 });
+    // Only sa-p0 (expired in a unit that stayed live until the cap) got a row.
+    assert_eq!(own_rows(&raw) - rows_before, 1);
+    assert_eq!(answers(&store), before);
+    let status = |id: &str| match store.lookup(id).expect("lookup") {
+        Lookup::NotAddressable(_, Unaddressable::Tombstoned { at, reason, .. }) => (reason, at),
+        other => panic!("{id}: {other:?}"),
+    };
+    let t = fx.clock_now();
+    assert_eq!(status("sa-o0"), (TombstoneReason::Ttl, T0 + 72.0 * h));
+    assert_eq!(status("sa-p0"), (TombstoneReason::Ttl, T0 + 73.0 * h));
+    assert_eq!(status("sa-p1"), (TombstoneReason::Cap, t));
+    assert_eq!(status("sa-m0").0, TombstoneReason::Manual);
+    assert_eq!(status("sa-m1"), (TombstoneReason::Cap, t));
+    assert_eq!(status("sa-e0"), (TombstoneReason::External, T0 + 5.5 * h));
+    assert_eq!(ids(&store), vec!["sa-k0", "sa-k1", "sa-c0"]);
+    // hermes sees its unit tombstones, written at the prune.
+    let unit_tomb = |id: &str| -> Option<f64> {
+        raw.query_row(
+            "SELECT tombstoned_at FROM async_delegations WHERE delegation_id = ?1",
+            [id],
+            |r| r.get(0),
+        )
+        .expect("unit")
+    };
+    for id in ["deleg_old", "deleg_part", "deleg_man"] {
+        assert_eq!(unit_tomb(id), Some(t), "{id}");
+    }
+    // Later, and read-only, nothing moves (the live units are left out: their TTL runs on).
+    let tombstoned = |v: Vec<String>| -> Vec<String> {
+        v.into_iter().filter(|a| !a.starts_with("sa-c0") && !a.starts_with("sa-k")).collect()
+    };
+    fx.clock.advance(10.0 * h);
+    assert_eq!(tombstoned(answers(&store)), tombstoned(before.clone()));
+    let ro = retinue_store::Store::open_read_only(
+        fx.db(),
+        retinue_store::StoreOptions {
+            config: retinue_store::LoadedConfig {
+                delegation: config.clone(),
+                ..retinue_store::LoadedConfig::default()
+            },
+            ..retinue_store::StoreOptions::default().with_clock(fx.clock.clone())
+        },
+    )
+    .expect("read-only");
+    assert_eq!(tombstoned(answers(&ro)), tombstoned(before));
+    // Another writer clears the unit's tombstone and sets its own: `external`.
+    raw.execute(
+        "UPDATE async_delegations SET tombstoned_at = ?1 WHERE delegation_id = 'deleg_man'",
+        [t + 7.0],
+    )
+    .expect("hermes re-tombstone");
+    assert_eq!(status("sa-m1"), (TombstoneReason::External, t + 7.0));
+    assert_eq!(status("sa-m0").0, TombstoneReason::Manual);
 }
