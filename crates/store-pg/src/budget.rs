@@ -1,7 +1,7 @@
 //! Budget reservations ([`Budgets`]) on PostgreSQL, with the SQLite
 //! backend's semantics: `reserve` is one `SERIALIZABLE` transaction that sums
-//! the ledger rows billed to the lineage's sessions (`cost_usd`, `tokens.input
-//! + tokens.output` of `usage_json`) and the open reservations of the lineage
+//! the ledger rows billed to the lineage's sessions (`cost_usd` and
+//! `tokens.input` plus `tokens.output` of `usage_json`) and the open reservations of the lineage
 //! root, and inserts the reservation only if its minimum still fits. Two
 //! workers reserving at once conflict (SQLSTATE 40001) and one is retried, so
 //! no interleaving — on any number of hosts — reserves past the limit.
