@@ -1,6 +1,7 @@
-//! The operator commands on a real `state.db`: each opens the store, does
-//! one thing through the store, lineage, usage or delegate crates, and
-//! returns its JSON and its human rendering.
+//! The operator commands: each opens the [`Backend`] (a `state.db`, or
+//! PostgreSQL in team mode), does one thing through the store's traits and
+//! the lineage, usage or delegate crates, and returns its JSON and its human
+//! rendering.
 
 use std::sync::Arc;
 
@@ -11,9 +12,9 @@ use retinue_delegate::{
 use retinue_lineage::{Authority, Denial, check_follow_up_authority, lineage_chain, list_for};
 use retinue_runtime::{ChatRuntime, NoTools, RuntimeConfig};
 use retinue_store::{
-    Budgets, Clock, DelegationConfig, LoadedConfig, Lookup, NewSession, ProcProbe, RegistryRead,
-    RetainedChild, Retention, SessionGraph, SessionStore, Store, SystemClock, TombstoneReason,
-    Unaddressable, UsageAttribution, UsageTotals, iso8601,
+    Clock, DelegationConfig, LoadedConfig, Lookup, NewSession, ProcProbe, RegistryRead,
+    RetainedChild, SessionStore, SystemClock, TombstoneReason, Unaddressable, UsageAttribution,
+    UsageTotals, iso8601,
 };
 use retinue_usage::{
     budget_json, child_breakdown, fold_usage, load_child_usage_attributions,
@@ -22,6 +23,7 @@ use retinue_usage::{
 use serde_json::{Value, json};
 
 use crate::Output;
+use crate::backend::Backend;
 use crate::cli::DelegateArgs;
 use crate::env::{Access, Env};
 use crate::error::{
@@ -29,14 +31,15 @@ use crate::error::{
 };
 use crate::table::{Table, clip, key_values};
 
-/// Opens the database read-only (read commands never write, lock or wait).
-fn open_read(env: &Env) -> Result<Arc<Store>> {
-    env.open(Arc::new(SystemClock), Access::Read)
+/// Opens the database read-only (read commands never write, lock or wait
+/// on a `state.db`).
+fn open_read(env: &Env) -> Result<Backend> {
+    Backend::open(env, Arc::new(SystemClock), Access::Read)
 }
 
-/// Opens an existing database for writing (a missing one is not found).
-fn open_write(env: &Env) -> Result<Arc<Store>> {
-    env.open(Arc::new(SystemClock), Access::WriteExisting)
+/// Opens an existing database for writing (a missing `state.db` is not found).
+fn open_write(env: &Env) -> Result<Backend> {
+    Backend::open(env, Arc::new(SystemClock), Access::WriteExisting)
 }
 
 /// An optional epoch time as ISO-8601, or `-`.
@@ -90,7 +93,7 @@ fn entry_block(e: &RetainedChild) -> String {
 }
 
 /// Why `id` cannot be addressed, as a not-found error naming the status.
-fn not_addressable(store: &Store, id: &str) -> Result<CliError> {
+fn not_addressable(store: &dyn RegistryRead, id: &str) -> Result<CliError> {
     let id = id.trim();
     Ok(CliError::NotFound(match store.lookup(id)? {
         Lookup::Unknown | Lookup::Addressable(_) => {
@@ -113,8 +116,8 @@ fn not_addressable(store: &Store, id: &str) -> Result<CliError> {
 pub(crate) fn children_list(env: &Env, owner: Option<&str>) -> Result<Output> {
     let store = open_read(env)?;
     let entries = match owner {
-        Some(owner) => list_for(&*store, &*store, Some(owner), &env.profile)?,
-        None => store.list_retained_children()?,
+        Some(owner) => list_for(&*store.registry, &*store.graph, Some(owner), &env.profile)?,
+        None => store.registry.list_retained_children()?,
     };
     let json = Value::Array(entries.iter().map(RetainedChild::to_json).collect());
     Ok(Output::ok(json, children_table(&entries)))
@@ -123,24 +126,24 @@ pub(crate) fn children_list(env: &Env, owner: Option<&str>) -> Result<Output> {
 /// `retinue children show ID`.
 pub(crate) fn children_show(env: &Env, id: &str) -> Result<Output> {
     let store = open_read(env)?;
-    match store.find_retained_child(id)? {
+    match store.registry.find_retained_child(id)? {
         Some(entry) => Ok(Output::ok(entry.to_json(), entry_block(&entry))),
-        None => Err(not_addressable(&store, id)?),
+        None => Err(not_addressable(&*store.registry, id)?),
     }
 }
 
 /// `retinue children tombstone ID [--reason TEXT]`.
 pub(crate) fn children_tombstone(env: &Env, id: &str, reason: Option<&str>) -> Result<Output> {
     let store = open_write(env)?;
-    let entry = match store.lookup(id)? {
+    let entry = match store.registry.lookup(id)? {
         Lookup::Addressable(entry) => entry,
-        _ => return Err(not_addressable(&store, id)?),
+        _ => return Err(not_addressable(&*store.registry, id)?),
     };
     // The reason is `manual`; `--reason` is the tombstone's note.
     let note = reason.map(str::trim).filter(|r| !r.is_empty());
     let reason = note.map_or(TombstoneReason::Manual, |r| TombstoneReason::Other(r.to_owned()));
-    if !store.tombstone_retained_child(id, &reason)? {
-        return Err(not_addressable(&store, id)?);
+    if !store.registry.tombstone_retained_child(id, &reason)? {
+        return Err(not_addressable(&*store.registry, id)?);
     }
     let what = if id.trim() == entry.delegation_id {
         format!("every live child of {}", entry.delegation_id)
@@ -161,8 +164,8 @@ pub(crate) fn children_prune(
     max_retained: Option<u32>,
 ) -> Result<Output> {
     let store = open_write(env)?;
-    let count = store.prune_retained_children(max_retained, ttl_hours)?;
-    let d = &store.config().delegation;
+    let count = store.registry.prune_retained_children(max_retained, ttl_hours)?;
+    let d = &store.config.delegation;
     let human = format!(
         "pruned with ttl {} h and max {} retained units: tombstoned {} unit(s), {} child(ren)\n",
         ttl_hours.map_or(d.retained_ttl_hours, |h| h.max(0.0)),
@@ -185,11 +188,11 @@ pub(crate) fn denial_kind(d: &Denial) -> &'static str {
 /// `retinue authority ID --caller SESSION`.
 pub(crate) fn authority(env: &Env, id: &str, caller: &str) -> Result<Output> {
     let store = open_read(env)?;
-    let entry = match store.lookup(id)? {
+    let entry = match store.registry.lookup(id)? {
         Lookup::Addressable(entry) => entry,
-        _ => return Err(not_addressable(&store, id)?),
+        _ => return Err(not_addressable(&*store.registry, id)?),
     };
-    let decision = check_follow_up_authority(&*store, &entry, Some(caller), &env.profile);
+    let decision = check_follow_up_authority(&*store.graph, &entry, Some(caller), &env.profile);
     Ok(match decision {
         Ok(()) => {
             let message = format!(
@@ -218,10 +221,10 @@ pub(crate) fn authority(env: &Env, id: &str, caller: &str) -> Result<Output> {
 pub(crate) fn lineage(env: &Env, session: &str) -> Result<Output> {
     let store = open_read(env)?;
     let session = session.trim();
-    if session.is_empty() || store.session(session)?.is_none() {
+    if session.is_empty() || store.sessions.session(session)?.is_none() {
         return Err(CliError::NotFound(format!("no session '{}'", clip(session, 128))));
     }
-    let (root, chain, why) = match lineage_chain(&*store, session) {
+    let (root, chain, why) = match lineage_chain(&*store.graph, session) {
         Ok(chain) => (chain.last().cloned(), chain, None),
         Err(e) => (None, Vec::new(), Some(e.to_string())),
     };
@@ -294,18 +297,18 @@ pub(crate) fn usage(env: &Env, session: &str, lineage: bool) -> Result<Output> {
     let store = open_read(env)?;
     let session = session.trim();
     let (totals, sessions, resolved) = if lineage {
-        let walk = retinue_lineage::CompressionWalk::new(&*store);
-        let lt = load_lineage_usage_totals(&*store, &walk, session)?;
+        let walk = retinue_lineage::CompressionWalk::new(&*store.graph);
+        let lt = load_lineage_usage_totals(&*store.ledger, &walk, session)?;
         (lt.totals, lt.sessions, Some(lt.lineage_resolved))
     } else {
-        (load_child_usage_totals(&*store, session)?, vec![session.to_owned()], None)
+        (load_child_usage_totals(&*store.ledger, session)?, vec![session.to_owned()], None)
     };
     let mut records = Vec::new();
     for s in &sessions {
-        records.extend(load_child_usage_attributions(&*store, s)?);
+        records.extend(load_child_usage_attributions(&*store.ledger, s)?);
     }
     // A session that exists nowhere (no session row, no ledger row) is not found.
-    if records.is_empty() && store.session(session)?.is_none() {
+    if records.is_empty() && store.sessions.session(session)?.is_none() {
         return Err(CliError::NotFound(format!("no session '{}'", clip(session, 128))));
     }
     if ![totals.cost_usd, totals.input_tokens, totals.output_tokens].iter().all(|v| v.is_finite()) {
@@ -341,10 +344,10 @@ pub(crate) fn usage(env: &Env, session: &str, lineage: bool) -> Result<Output> {
             human.push_str(&t.render());
         }
         // The lineage's budget, when delegation.budget sets one.
-        let limit = store.config().delegation.budget;
+        let limit = store.config.delegation.budget;
         if !limit.is_unlimited() {
             let root = sessions.first().cloned().unwrap_or_else(|| session.to_owned());
-            let status = store.budget_status(&root, &sessions, limit)?;
+            let status = store.budgets.budget_status(&root, &sessions, limit)?;
             let (cost_left, tokens_left) = status.remaining();
             let show = |cost: Option<f64>, tokens: Option<u64>| match (cost, tokens) {
                 (Some(c), Some(t)) => format!("${c:.4} / {t} tokens"),
@@ -368,13 +371,14 @@ pub(crate) fn usage(env: &Env, session: &str, lineage: bool) -> Result<Output> {
     Ok(Output::ok(json, human))
 }
 
-/// `retinue recover`.
+/// `retinue recover`. On PostgreSQL an owner's liveness is its worker
+/// lease, so this works from any host.
 pub(crate) fn recover(env: &Env) -> Result<Output> {
     let store = open_write(env)?;
-    let report = store.recover_abandoned_delegations(&ProcProbe);
+    let report = store.registry.recover_abandoned_delegations(&ProcProbe);
     let mut json = json!({ "abandoned": report.abandoned, "retained": report.addressable });
-    // Budget reservations held by processes that are gone are given back.
-    let released = store.release_abandoned_reservations(&ProcProbe)?;
+    // Budget reservations held by processes (workers) that are gone are given back.
+    let released = store.budgets.release_abandoned_reservations(&ProcProbe)?;
     if released > 0 {
         json["released_reservations"] = json!(released);
     }
@@ -463,17 +467,17 @@ pub(crate) fn delegate_human(out: &Value) -> String {
 
 /// A [`Delegator`] over `store` with `runtime` and the `delegation:` settings `config`.
 pub(crate) fn delegator(
-    store: &Arc<Store>,
+    store: &Backend,
     runtime: Arc<dyn ChildRuntime>,
     config: DelegationConfig,
     profile: &str,
 ) -> Delegator {
     Delegator::new(DelegatorParts {
-        registry: store.clone(),
-        sessions: store.clone(),
-        ledger: store.clone(),
-        budgets: Some(store.clone()),
-        authority: Arc::new(Authority::new(store.clone(), store.clone(), profile)),
+        registry: store.registry.clone(),
+        sessions: store.sessions.clone(),
+        ledger: store.ledger.clone(),
+        budgets: Some(store.budgets.clone()),
+        authority: Arc::new(Authority::new(store.registry.clone(), store.graph.clone(), profile)),
         runtime,
         completions: None,
         config,
@@ -512,7 +516,7 @@ pub(crate) fn configured_runtime(
 }
 
 /// A new top-level session (source `cli`) to act as the parent.
-fn new_parent(store: &Store) -> Result<String> {
+fn new_parent(store: &dyn SessionStore) -> Result<String> {
     let mut bytes = [0u8; 6];
     getrandom::fill(&mut bytes)
         .map_err(|e| CliError::Failed(format!("secure random source failed: {e}")))?;
@@ -530,10 +534,11 @@ fn new_parent(store: &Store) -> Result<String> {
 /// [--model M] [--base-url URL]`.
 pub(crate) fn delegate(env: &Env, args: &DelegateArgs) -> Result<Output> {
     let (runtime, config) = configured_runtime(env, args)?;
-    let store = env.open(Arc::new(SystemClock), Access::WriteOrCreate)?;
+    let store = Backend::open(env, Arc::new(SystemClock), Access::WriteOrCreate)?;
+    store.keep_alive();
     let (parent_id, created) = match &args.parent {
         Some(p) => (p.trim().to_owned(), false),
-        None => (new_parent(&store)?, true),
+        None => (new_parent(&*store.sessions)?, true),
     };
     let tool = delegator(&store, Arc::new(runtime), config, &env.profile);
     let mut call = serde_json::Map::new();
@@ -546,7 +551,7 @@ pub(crate) fn delegate(env: &Env, args: &DelegateArgs) -> Result<Output> {
     if let Some(target) = &args.follow_up {
         call.insert("follow_up".into(), json!(target));
     }
-    let parent_row = store.session(&parent_id)?;
+    let parent_row = store.sessions.session(&parent_id)?;
     let parent = ParentContext {
         session_id: Some(parent_id.clone()),
         model: parent_row.as_ref().and_then(|r| r.model.clone()),

@@ -291,7 +291,8 @@ fn run_story(env: &Env, home: Option<&Path>) -> Result<Output> {
     // 2. The parent delegates a batch of three tasks.
     let model = fake_model();
     let (runtime, config) = demo_runtime(&model)?;
-    let tool = delegator(&store, Arc::new(runtime), config, &profile);
+    let backend = crate::backend::Backend::from_sqlite(store.clone());
+    let tool = delegator(&backend, Arc::new(runtime), config, &profile);
     let tasks: Vec<Value> = TASKS.iter().map(|t| json!({ "goal": t.0 })).collect();
     let out = tool_ok(
         "delegate_task",

@@ -1,5 +1,6 @@
-//! Where the command works: the home, the database file, the profile and
-//! the output mode, resolved from the global options and the environment.
+//! Where the command works: the home, the database (a SQLite file, or a
+//! PostgreSQL URL in team mode), the profile and the output mode, resolved
+//! from the global options, the environment and `config.yaml`'s `database:`.
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
@@ -17,7 +18,14 @@ pub(crate) struct Env {
     pub(crate) home: PathBuf,
     /// The database file.
     pub(crate) db: PathBuf,
-    /// The process profile key (`''` = none).
+    /// Team mode: the PostgreSQL connection string (`--db postgres://…`,
+    /// else `database.url`); `None` = the SQLite file `db`. Never printed
+    /// (see [`redact_url`]).
+    pub(crate) pg_url: Option<String>,
+    /// Whether `--db` itself was the URL (not `database.url`).
+    pub(crate) db_is_url: bool,
+    /// The process profile key (`''` = none); in team mode also from
+    /// `database.profile`.
     pub(crate) profile: String,
     /// Machine output.
     pub(crate) json: bool,
@@ -70,28 +78,116 @@ impl Env {
                 home.display()
             )));
         }
+        let explicit = cli.profile.clone().or_else(|| std::env::var("HERMES_PROFILE").ok());
+        let mut pg_url = None;
         if let Some(db) = &cli.db
             && let Some(scheme) = db_url_scheme(db.as_os_str())
         {
-            return Err(CliError::Usage(format!(
-                "--db {}: unsupported database URL scheme '{scheme}://' (--db takes a file \
+            if scheme == "postgres" || scheme == "postgresql" {
+                pg_url = Some(db.to_string_lossy().trim().to_owned());
+            } else {
+                return Err(CliError::Usage(format!(
+                    "--db {}: unsupported database URL scheme '{scheme}://' (--db takes a file \
                  path to a SQLite state.db)",
-                crate::table::clip(&db.to_string_lossy(), 128)
-            )));
+                    crate::table::clip(&db.to_string_lossy(), 128)
+                )));
+            }
         }
-        let db = cli.db.clone().unwrap_or_else(|| home.join("state.db"));
-        let profile = cli
-            .profile
-            .clone()
-            .or_else(|| std::env::var("HERMES_PROFILE").ok())
-            .unwrap_or_default();
-        Ok(Env { home, db, profile, json: cli.json })
+        // `database.url` / `database.profile` (team mode) when no --db is given.
+        let database = if cli.db.is_none() || pg_url.is_some() {
+            quiet_database_config(&home)
+        } else {
+            retinue_store::DatabaseConfig::default()
+        };
+        if cli.db.is_none()
+            && let Some(url) = database.url.as_deref()
+        {
+            if !retinue_store_pg::is_postgres_url(url) {
+                return Err(CliError::Usage(format!(
+                    "database.url in {} must be a PostgreSQL connection string                      (postgres://user@host:port/db), not {}",
+                    home.join("config.yaml").display(),
+                    redact_url(url)
+                )));
+            }
+            pg_url = Some(url.trim().to_owned());
+        }
+        let db = match (&cli.db, &pg_url) {
+            (Some(db), None) => db.clone(),
+            _ => home.join("state.db"),
+        };
+        let profile = match &pg_url {
+            None => explicit.unwrap_or_default(),
+            Some(_) => {
+                explicit.filter(|p| !p.trim().is_empty()).or(database.profile).unwrap_or_default()
+            }
+        };
+        let db_is_url = cli.db.is_some() && pg_url.is_some();
+        Ok(Env { home, db, pg_url, db_is_url, profile, json: cli.json })
     }
 
-    /// Opens the database with the home's configuration, this profile and `clock`.
+    /// The team-mode URL, refused without an explicit profile (exit 2): in
+    /// team mode the profile is never derived from a host's path.
+    pub(crate) fn team(&self) -> Result<Option<&str>> {
+        match &self.pg_url {
+            None => Ok(None),
+            Some(url) if self.profile.trim().is_empty() => Err(CliError::Usage(format!(
+                "team mode ({}) needs an explicit profile: pass --profile NAME, set \
+                 HERMES_PROFILE, or set database.profile in {}",
+                redact_url(url),
+                self.home.join("config.yaml").display()
+            ))),
+            Some(url) => Ok(Some(url)),
+        }
+    }
+
+    /// Opens the SQLite database with the home's configuration, this
+    /// profile and `clock` (the demo's store; commands use [`crate::backend::Backend`]).
     pub(crate) fn open(&self, clock: Arc<dyn Clock>, access: Access) -> Result<Arc<Store>> {
         open_store_with(&self.home, &self.db, &self.profile, clock, access)
     }
+}
+
+/// `<home>/config.yaml`'s `database:` section, read without logging its
+/// warnings (the command's open reports them once, as before).
+fn quiet_database_config(home: &Path) -> retinue_store::DatabaseConfig {
+    let level = log::max_level();
+    log::set_max_level(log::LevelFilter::Off);
+    let database = LoadedConfig::load(home).database;
+    log::set_max_level(level);
+    database
+}
+
+/// `url` with its password hidden (`postgres://user:***@host/db`, and
+/// `password=***` in the query), for every message that names it.
+pub(crate) fn redact_url(url: &str) -> String {
+    let url = url.trim();
+    let (head, rest) = match url.split_once("://") {
+        Some((scheme, rest)) => (format!("{scheme}://"), rest),
+        None => (String::new(), url),
+    };
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    let authority = match authority.rsplit_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _)) => format!("{user}:***@{host}"),
+            None => format!("{userinfo}@{host}"),
+        },
+        None => authority.to_owned(),
+    };
+    let tail = match tail.split_once('?') {
+        Some((path, query)) => {
+            let params: Vec<String> = query
+                .split('&')
+                .map(|kv| match kv.split_once('=') {
+                    Some((k, _)) if k.eq_ignore_ascii_case("password") => format!("{k}=***"),
+                    _ => kv.to_owned(),
+                })
+                .collect();
+            format!("{path}?{}", params.join("&"))
+        }
+        None => tail.to_owned(),
+    };
+    crate::table::clip(&format!("{head}{authority}{tail}"), 128)
 }
 
 /// Opens `db` with `<home>/config.yaml`, `profile`, `clock` and `access`;
@@ -104,10 +200,9 @@ fn open_store_with(
     access: Access,
 ) -> Result<Arc<Store>> {
     if retinue_store_pg::is_postgres_url(&db.to_string_lossy()) {
-        // Never a file named `postgres:`: team mode is `migrate --to` only, so far.
+        // Never a file named `postgres:` (team mode opens a `PgStore` instead).
         return Err(crate::error::CliError::Usage(
-            "--db postgres://… is not supported by this command yet; use \
-             `retinue migrate --to postgres://…` to copy a state.db into PostgreSQL"
+            "--db postgres://… is not supported here: this command works on a state.db file"
                 .to_owned(),
         ));
     }
@@ -128,8 +223,19 @@ fn open_store_with(
 
 #[cfg(test)]
 mod tests {
-    use super::db_url_scheme;
+    use super::{db_url_scheme, redact_url};
     use std::ffi::OsStr;
+
+    #[test]
+    fn passwords_are_redacted() {
+        assert_eq!(redact_url("postgres://u:hunter2@h:5432/db"), "postgres://u:***@h:5432/db");
+        assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
+        assert_eq!(
+            redact_url("postgresql://h/db?user=u&password=hunter2&x=1"),
+            "postgresql://h/db?user=u&password=***&x=1"
+        );
+        assert!(!redact_url("postgres://u:p@ss:w@rd@h/db").contains("rd@h"));
+    }
 
     #[test]
     fn urls_are_recognised_and_paths_are_not() {

@@ -5,9 +5,11 @@
 //! The contract (options, commands, JSON keys, exit codes) is stable: scripts
 //! call it exactly as `retinue --help` shows. Exit codes: 0 ok, 2 bad usage,
 //! 3 denied, 4 not found, 1 any other error (message on stderr). This is the
-//! only crate that wires the concrete store, the lineage rules, the usage
-//! ledger and the delegate tool together.
+//! only crate that wires the concrete stores (SQLite, or PostgreSQL in team
+//! mode, behind [`backend::Backend`]), the lineage rules, the usage ledger and
+//! the delegate tool together.
 
+mod backend;
 mod cli;
 mod commands;
 mod demo;

@@ -1,4 +1,4 @@
-//! `retinue mcp`: wires the store, the authority and a delegator on the real
+//! `retinue mcp`: wires the backend (a state.db, or PostgreSQL in team mode), the authority and a delegator on the real
 //! runtime into `retinue-mcp`'s server, and serves it (stdio, or streamable
 //! HTTP on loopback). rmcp and tokio stay inside `retinue-mcp`.
 
@@ -10,6 +10,7 @@ use retinue_mcp::{McpParts, RetinueServer, ServerOptions, SessionChoice, Shutdow
 use retinue_store::SystemClock;
 
 use crate::Output;
+use crate::backend::Backend;
 use crate::cli::{DelegateArgs, McpArgs};
 use crate::commands::{configured_runtime, delegator};
 use crate::env::Env;
@@ -46,14 +47,15 @@ pub(crate) fn run(env: &Env, args: &McpArgs) -> Result<Output> {
     // No model configured: the registry tools still work, and delegate_task
     // answers with the message naming the keys to set.
     let runtime = configured_runtime(env, &overrides);
-    let store = env.open(Arc::new(SystemClock), crate::env::Access::WriteOrCreate)?;
+    let store = Backend::open(env, Arc::new(SystemClock), crate::env::Access::WriteOrCreate)?;
+    store.keep_alive();
     let choice = match (&args.session, args.new_session) {
         (Some(id), _) => SessionChoice::Existing(id.clone()),
         (None, true) => SessionChoice::New,
         (None, false) => SessionChoice::Project(std::env::current_dir()?),
     };
     let parent =
-        retinue_mcp::resolve_session(store.as_ref(), &choice, &env.profile).map_err(mcp_error)?;
+        retinue_mcp::resolve_session(&*store.sessions, &choice, &env.profile).map_err(mcp_error)?;
     let delegator = match runtime {
         Ok((runtime, config)) => {
             let runtime: Arc<dyn ChildRuntime> = Arc::new(runtime);
@@ -65,12 +67,16 @@ pub(crate) fn run(env: &Env, args: &McpArgs) -> Result<Output> {
         }
     };
     let parts = McpParts {
-        registry: store.clone(),
-        sessions: store.clone(),
-        ledger: store.clone(),
-        budgets: Some(store.clone()),
-        budget: store.config().delegation.budget,
-        authority: Arc::new(Authority::new(store.clone(), store.clone(), env.profile.as_str())),
+        registry: store.registry.clone(),
+        sessions: store.sessions.clone(),
+        ledger: store.ledger.clone(),
+        budgets: Some(store.budgets.clone()),
+        budget: store.config.delegation.budget,
+        authority: Arc::new(Authority::new(
+            store.registry.clone(),
+            store.graph.clone(),
+            env.profile.as_str(),
+        )),
         delegator,
     };
     let project = parent.project.as_ref().map(|p| p.display().to_string());

@@ -20,6 +20,13 @@ pub(crate) fn migrate(env: &Env, to: &str) -> Result<Output> {
             "--to takes a PostgreSQL connection string (postgres://user@host:port/db)".to_owned(),
         ));
     }
+    if env.db_is_url {
+        return Err(CliError::Usage(
+            "migrate copies a state.db into PostgreSQL: --db names the state.db file (not a \
+             URL), --to the PostgreSQL database"
+                .to_owned(),
+        ));
+    }
     if !env.db.is_file() {
         return Err(CliError::NotFound(format!("no state.db at {}", env.db.display())));
     }

@@ -1489,9 +1489,28 @@ fn hostile_paths_get_a_clear_answer_at_once() {
         seen.push(db_error(cwd, &fifo, &["children", "list"]));
         seen.push(db_error(cwd, &fifo, &["recover"]));
     }
-    // A URL is never a file path: no `postgres:` folder appears.
-    seen.push(db_error(cwd, Path::new("postgres://h/db"), &["children", "list"]));
-    seen.push(db_error(cwd, Path::new("postgres://h/db"), &["recover"]));
+    // A URL is never a file path: no `postgres:` (or `mysql:`) folder appears.
+    seen.push(db_error(cwd, Path::new("mysql://h/db"), &["children", "list"]));
+    seen.push(db_error(cwd, Path::new("mysql://h/db"), &["recover"]));
+    assert!(!cwd.join("mysql:").exists());
+    // Team mode without an explicit profile is refused before connecting.
+    for args in [&["children", "list"][..], &["recover"][..]] {
+        let out = Command::new(BIN)
+            .current_dir(cwd)
+            .args(["--home"])
+            .arg(cwd)
+            .args(["--db", "postgres://u:hunter2@127.0.0.1:1/db", "--json"])
+            .args(args)
+            .env_remove("HERMES_HOME")
+            .env_remove("HERMES_PROFILE")
+            .output()
+            .expect("run");
+        assert_eq!(out.status.code(), Some(2));
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(text.contains("needs an explicit profile"), "{text}");
+        assert!(text.contains("postgres://u:***@127.0.0.1:1/db") && !text.contains("hunter2"));
+    }
     assert!(!cwd.join("postgres:").exists());
     // A home that is a file.
     let file = cwd.join("afile");

@@ -4,7 +4,8 @@
 //! registry roles ([`retinue_store::RegistryRead`], [`retinue_store::UnitLifecycle`],
 //! [`retinue_store::Retention`], [`retinue_store::Claims`]), sessions and
 //! transcripts ([`retinue_store::SessionStore`], [`retinue_store::SessionGraph`]) and the
-//! usage ledger ([`retinue_store::UsageLedger`]) — on PostgreSQL through the
+//! usage ledger ([`retinue_store::UsageLedger`]) and budget reservations
+//! ([`retinue_store::Budgets`]) — on PostgreSQL through the
 //! synchronous `postgres` client, so one registry, one ledger and one
 //! authority serve agent workers on many hosts. The semantics are the
 //! SQLite backend's (the shared conformance suite of `retinue-testkit` runs
@@ -33,6 +34,7 @@
 //! # Ok::<(), retinue_store::Error>(())
 //! ```
 
+mod budget;
 mod ledger;
 mod migrate;
 mod pool;

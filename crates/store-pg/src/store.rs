@@ -17,7 +17,7 @@ use crate::pool::{Fail, Mode, PgResult, Pool, quote_ident, random_hex};
 pub const WORKER_LEASE_SECS: f64 = 60.0;
 
 /// The schema version this binary embeds.
-const SCHEMA_VERSION: i32 = 1;
+const SCHEMA_VERSION: i32 = 2;
 
 /// How to open a [`PgStore`].
 #[derive(Clone)]
@@ -216,11 +216,17 @@ fn migrate(client: &mut postgres::Client, schema: Option<&str>) -> PgResult<()> 
             .into());
         }
     }
-    let migrations = [refinery_pg::Migration::unapplied(
-        "V1__retinue_pg_base",
-        include_str!("../migrations/V1__retinue_pg_base.sql"),
-    )
-    .map_err(|e| Error::Migration { source: Box::new(e) })?];
+    let migration = |name: &str, sql: &str| {
+        refinery_pg::Migration::unapplied(name, sql)
+            .map_err(|e| Error::Migration { source: Box::new(e) })
+    };
+    let migrations = [
+        migration("V1__retinue_pg_base", include_str!("../migrations/V1__retinue_pg_base.sql"))?,
+        migration(
+            "V2__retinue_pg_budget_reservations",
+            include_str!("../migrations/V2__retinue_pg_budget_reservations.sql"),
+        )?,
+    ];
     refinery_pg::Runner::new(&migrations)
         .run(client)
         .map_err(|e| Error::Migration { source: Box::new(e) })?;
@@ -354,7 +360,8 @@ impl PgStore {
         self.pool.tx("truncating", Mode::Write, |tx| {
             tx.batch_execute(
                 "TRUNCATE messages, delegation_child_usage, retinue_children, async_delegations, \
-                 retinue_usage_keys, retinue_usage_totals, retinue_workers, sessions",
+                 retinue_usage_keys, retinue_usage_totals, retinue_workers, sessions, \
+                 retinue_budget_reservations",
             )?;
             Ok(())
         })?;

@@ -35,7 +35,9 @@ pub enum Synchronous {
 }
 
 /// The `database:` section.
-#[derive(Debug, Clone, PartialEq, Default)]
+///
+/// `Debug` never prints the connection string (it may hold a password).
+#[derive(Clone, PartialEq, Default)]
 pub struct DatabaseConfig {
     /// `database.journal_mode`.
     pub journal_mode: JournalMode,
@@ -45,6 +47,24 @@ pub struct DatabaseConfig {
     /// writer's lock before failing busy; `None` (not configured) keeps
     /// [`crate::StoreOptions::busy_timeout`] (10 s). At most one hour.
     pub busy_timeout_seconds: Option<f64>,
+    /// `database.url`: a PostgreSQL connection string (team mode) used
+    /// when no `--db` is given; `None` = the SQLite `state.db`.
+    pub url: Option<String>,
+    /// `database.profile`: the tenant profile in team mode (after
+    /// `--profile` and `HERMES_PROFILE`).
+    pub profile: Option<String>,
+}
+
+impl std::fmt::Debug for DatabaseConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DatabaseConfig")
+            .field("journal_mode", &self.journal_mode)
+            .field("synchronous", &self.synchronous)
+            .field("busy_timeout_seconds", &self.busy_timeout_seconds)
+            .field("url", &self.url.as_ref().map(|_| "<set>"))
+            .field("profile", &self.profile)
+            .finish()
+    }
 }
 
 /// One model's price (`delegation.pricing.MODEL`), in US dollars per million tokens.
@@ -409,6 +429,23 @@ impl LoadedConfig {
                  using the default (10)",
                 origin.display()
             )),
+        }
+        for key in ["url", "profile"] {
+            match v.get(key) {
+                None | Some(Value::Null) => {}
+                Some(Value::String(text)) if !text.trim().is_empty() => {
+                    let text = Some(text.trim().to_owned());
+                    if key == "url" {
+                        self.database.url = text;
+                    } else {
+                        self.database.profile = text;
+                    }
+                }
+                Some(_) => warnings.push(format!(
+                    "{}: database.{key} must be a non-empty string; ignored",
+                    origin.display()
+                )),
+            }
         }
         for w in warnings {
             self.warn(w);

@@ -17,10 +17,11 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use retinue_store::{
-    AttributionDraft, ChildManifest, Completion, DelegationConfig, DeliveryFilter, LEASE_SECS,
-    LoadedConfig, Lookup, ManualClock, Message, NewSession, OwnerProbe, ProcessState, Registry,
-    ResumeClaim, SessionGraph, SessionStore, StoreOptions, TombstoneReason, TotalsUpdate,
-    Unaddressable, UnitDraft, UsageLedger, UsageSwap, UsageTotals,
+    AttributionDraft, BudgetLimit, Budgets, ChildManifest, Completion, DelegationConfig,
+    DeliveryFilter, LEASE_SECS, LoadedConfig, Lookup, ManualClock, Message, NewSession, OwnerProbe,
+    ProcessState, Registry, Reservation, ReservationDraft, ResumeClaim, SessionGraph, SessionStore,
+    Spend, StoreOptions, TombstoneReason, TotalsUpdate, Unaddressable, UnitDraft, UsageLedger,
+    UsageSwap, UsageTotals,
 };
 use serde_json::json;
 
@@ -37,14 +38,17 @@ pub struct Backend {
     pub graph: Arc<dyn SessionGraph>,
     /// The usage ledger.
     pub ledger: Arc<dyn UsageLedger>,
+    /// Budget reservations over the ledger.
+    pub budgets: Arc<dyn Budgets>,
     /// The clock every handle of this backend reads.
     pub clock: Arc<ManualClock>,
     /// The liveness probe to pass to recovery.
     pub probe: Arc<dyn OwnerProbe>,
     /// The `owner_pid` the suite writes into drafts.
     pub owner_pid: Option<i64>,
-    /// Makes the owner of the units inserted so far through `registry` dead
-    /// (SQLite: its pid stops answering; PostgreSQL: its worker lease lapses).
+    /// Makes the owner of the units and budget reservations written so far
+    /// through this backend dead (SQLite: its pid stops answering;
+    /// PostgreSQL: its worker lease lapses).
     pub owner_died: Box<dyn Fn() + Send + Sync>,
     /// A second handle on the same storage, as another process (or host) opens it.
     pub reopen: Box<dyn Fn() -> Arc<dyn Registry> + Send + Sync>,
@@ -91,11 +95,16 @@ pub fn sqlite_backend(d: DelegationConfig) -> Backend {
         registry: store.clone(),
         sessions: store.clone(),
         graph: store.clone(),
-        ledger: store,
+        ledger: store.clone(),
+        budgets: store,
         clock: clock.clone(),
         probe,
         owner_pid: Some(OWNER),
-        owner_died: Box::new(move || dead.kill(OWNER)),
+        // Reservations are owned by this process (their writer).
+        owner_died: Box::new(move || {
+            dead.kill(OWNER);
+            dead.kill(i64::from(std::process::id()));
+        }),
         reopen: Box::new(move || Arc::new(reopen_home.open_store_with(reopen_opts.clone()))),
         guard: Box::new(home),
     }
@@ -134,6 +143,9 @@ pub const CASES: &[(&str, Case)] = &[
     ("sessions_and_transcripts", sessions_and_transcripts),
     ("compression_tip_and_graph", compression_tip_and_graph),
     ("recovery_marks_dead_owners_unknown", recovery_marks_dead_owners_unknown),
+    ("budget_reserve_refuse_settle", budget_reserve_refuse_settle),
+    ("budget_concurrent_reserves_never_overspend", budget_concurrent_reserves_never_overspend),
+    ("budget_release_abandoned", budget_release_abandoned),
 ];
 
 fn config(max_retained: u32, ttl_hours: f64) -> DelegationConfig {
@@ -676,4 +688,149 @@ pub fn recovery_marks_dead_owners_unknown(make: Factory<'_>) {
     assert!(other.find_retained_child(&kept).expect("find").is_some());
     let again = other.recover_abandoned_delegations(b.probe.as_ref());
     assert_eq!(again.abandoned, 0);
+}
+
+// ------------------------------------------------------------------ budgets
+
+/// A ledger row billed to `parent`: `cost` dollars, `input`/`output` tokens.
+fn bill(b: &Backend, parent: &str, cost: f64, input: u64, output: u64) {
+    let draft = AttributionDraft {
+        parent_session_id: parent.into(),
+        parent_turn_id: String::new(),
+        child_session_id: "kid".into(),
+        usage: json!({"cost_usd": cost, "tokens": {"input": input, "output": output}}),
+        aggregate: None,
+        key: None,
+    };
+    #[allow(clippy::cast_precision_loss)]
+    let update = TotalsUpdate {
+        delta: UsageTotals {
+            cost_usd: cost,
+            input_tokens: input as f64,
+            output_tokens: output as f64,
+        },
+        catch_up: None,
+    };
+    assert!(b.ledger.record_usage(&draft, &update).expect("record usage"));
+}
+
+fn reservation(root: &str, sessions: &[&str], limit: BudgetLimit, min: Spend) -> ReservationDraft {
+    ReservationDraft {
+        lineage_root: root.into(),
+        sessions: sessions.iter().map(|s| (*s).to_owned()).collect(),
+        limit,
+        minimum: min,
+        maximum: None,
+        delegation_id: None,
+    }
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() < 1e-9
+}
+
+/// The lineage's ledger rows (every session of it) and open reservations
+/// count; the grant is all that is left; a refusal writes nothing; settling
+/// is single-use and gives the allowance back.
+pub fn budget_reserve_refuse_settle(make: Factory<'_>) {
+    let b = make(default_config());
+    let limit = BudgetLimit { max_cost_usd: Some(1.0), max_tokens: Some(1000) };
+    bill(&b, "ROOT", 0.25, 100, 50);
+    bill(&b, "TIP", 0.15, 30, 20);
+    // Another lineage's spend does not count.
+    bill(&b, "ELSEWHERE", 5.0, 5000, 0);
+    let lineage = ["ROOT", "TIP"];
+    let status =
+        b.budgets.budget_status("ROOT", &lineage.map(str::to_owned), limit).expect("status");
+    assert!(close(status.spent.cost_usd, 0.4), "{status:?}");
+    assert_eq!(status.spent.tokens, 200);
+    assert_eq!(status.reserved, Spend::default());
+    let min = Spend { cost_usd: 0.1, tokens: 10 };
+    let held = b.budgets.reserve(&reservation("ROOT", &lineage, limit, min)).expect("reserve");
+    let Reservation::Held { id, granted, before } = held else {
+        panic!("expected a reservation, got {held:?}");
+    };
+    assert!(close(granted.cost_usd, 0.6), "{granted:?}");
+    assert_eq!(granted.tokens, 800);
+    assert!(close(before.spent.cost_usd, 0.4));
+    // Everything is held now: the next one is refused and nothing is written.
+    let refused = b.budgets.reserve(&reservation("ROOT", &lineage, limit, min)).expect("reserve");
+    let Reservation::Refused(status) = refused else {
+        panic!("expected a refusal, got {refused:?}");
+    };
+    assert!(close(status.reserved.cost_usd, 0.6), "{status:?}");
+    assert_eq!(status.reserved.tokens, 800);
+    let now = b.budgets.budget_status("ROOT", &lineage.map(str::to_owned), limit).expect("status");
+    assert_eq!(now, status, "a refusal writes nothing");
+    // A bounded reservation holds at most its maximum; an unlimited measure only the minimum.
+    let other = BudgetLimit { max_cost_usd: Some(10.0), max_tokens: None };
+    let bounded = ReservationDraft {
+        maximum: Some(Spend { cost_usd: 2.0, tokens: 0 }),
+        ..reservation("OTHER", &["OTHER"], other, min)
+    };
+    match b.budgets.reserve(&bounded).expect("reserve") {
+        Reservation::Held { granted, .. } => {
+            assert!(close(granted.cost_usd, 2.0), "{granted:?}");
+            assert_eq!(granted.tokens, 10);
+        }
+        r @ Reservation::Refused(_) => panic!("expected a reservation, got {r:?}"),
+    }
+    assert!(b.budgets.settle(&id, "settled").expect("settle"));
+    assert!(!b.budgets.settle(&id, "settled").expect("settle twice"), "single-use");
+    assert!(!b.budgets.settle("rsv_nonexistent", "x").expect("unknown id"));
+    let after =
+        b.budgets.budget_status("ROOT", &lineage.map(str::to_owned), limit).expect("status");
+    assert_eq!(after.reserved, Spend::default());
+    assert!(matches!(
+        b.budgets.reserve(&reservation("ROOT", &lineage, limit, min)).expect("reserve"),
+        Reservation::Held { .. }
+    ));
+    // A minimum above what is left is refused even with nothing reserved.
+    let big = Spend { cost_usd: 0.7, tokens: 0 };
+    let fresh = make(default_config());
+    bill(&fresh, "R", 0.4, 0, 0);
+    assert!(matches!(
+        fresh.budgets.reserve(&reservation("R", &["R"], limit, big)).expect("reserve"),
+        Reservation::Refused(_)
+    ));
+}
+
+/// Eight threads (and handles) reserving at once never hold more than the limit.
+pub fn budget_concurrent_reserves_never_overspend(make: Factory<'_>) {
+    let b = make(default_config());
+    let limit = BudgetLimit { max_cost_usd: Some(0.5), max_tokens: None };
+    bill(&b, "ROOT", 0.1, 0, 0);
+    let each = Spend { cost_usd: 0.1, tokens: 0 };
+    let held = AtomicU32::new(0);
+    std::thread::scope(|scope| {
+        for _ in 0..8 {
+            scope.spawn(|| {
+                let draft = ReservationDraft {
+                    maximum: Some(each),
+                    ..reservation("ROOT", &["ROOT"], limit, each)
+                };
+                if let Reservation::Held { .. } = b.budgets.reserve(&draft).expect("reserve") {
+                    held.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+        }
+    });
+    assert_eq!(held.load(Ordering::Relaxed), 4, "0.1 spent + 4 × 0.1 held = the 0.5 limit");
+    let status = b.budgets.budget_status("ROOT", &["ROOT".to_owned()], limit).expect("status");
+    assert!(close(status.reserved.cost_usd, 0.4), "{status:?}");
+}
+
+/// Recovery gives back the reservations of an owner that is gone, once.
+pub fn budget_release_abandoned(make: Factory<'_>) {
+    let b = make(default_config());
+    let limit = BudgetLimit { max_cost_usd: Some(1.0), max_tokens: None };
+    let min = Spend { cost_usd: 0.5, tokens: 0 };
+    let held = b.budgets.reserve(&reservation("ROOT", &["ROOT"], limit, min)).expect("reserve");
+    assert!(matches!(held, Reservation::Held { .. }));
+    assert_eq!(b.budgets.release_abandoned_reservations(b.probe.as_ref()).expect("release"), 0);
+    (b.owner_died)();
+    assert_eq!(b.budgets.release_abandoned_reservations(b.probe.as_ref()).expect("release"), 1);
+    assert_eq!(b.budgets.release_abandoned_reservations(b.probe.as_ref()).expect("again"), 0);
+    let status = b.budgets.budget_status("ROOT", &["ROOT".to_owned()], limit).expect("status");
+    assert_eq!(status.reserved, Spend::default());
 }

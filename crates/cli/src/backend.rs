@@ -1,0 +1,116 @@
+//! The backend handle every command works through: the store's seam traits
+//! opened from either backend — the SQLite `state.db` (a [`Store`]) or, in
+//! team mode, PostgreSQL (a [`PgStore`]) — with the configuration and the
+//! profile in force. Commands see only the traits, so each one runs the same
+//! on both; the SQLite open keeps its access modes (read commands open the
+//! file read-only).
+
+use std::sync::Arc;
+
+use retinue_store::{
+    Budgets, Clock, LoadedConfig, Registry, SessionGraph, SessionStore, Store, UsageLedger,
+};
+use retinue_store_pg::{PgOptions, PgStore};
+
+use crate::env::{Access, Env};
+use crate::error::Result;
+
+/// The open storage of one command.
+pub(crate) struct Backend {
+    /// The registry (all four roles).
+    pub(crate) registry: Arc<dyn Registry>,
+    /// Sessions and transcripts.
+    pub(crate) sessions: Arc<dyn SessionStore>,
+    /// The session graph.
+    pub(crate) graph: Arc<dyn SessionGraph>,
+    /// The usage ledger.
+    pub(crate) ledger: Arc<dyn UsageLedger>,
+    /// Budget reservations.
+    pub(crate) budgets: Arc<dyn Budgets>,
+    /// `config.yaml` as the store read it.
+    pub(crate) config: LoadedConfig,
+    /// The process profile (in team mode, never empty).
+    pub(crate) profile: String,
+    /// Team mode: the store, whose worker lease is given up when the command ends.
+    pg: Option<Arc<PgStore>>,
+}
+
+impl std::fmt::Debug for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Backend")
+            .field("profile", &self.profile)
+            .field("team", &self.pg.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Backend {
+    /// Opens `env`'s database with `clock`: PostgreSQL in team mode (an
+    /// explicit profile required, exit 2 without one), else the SQLite file
+    /// with `access`.
+    pub(crate) fn open(env: &Env, clock: Arc<dyn Clock>, access: Access) -> Result<Backend> {
+        match env.team()? {
+            Some(url) => Backend::open_pg(env, url, clock),
+            None => Ok(Backend::from_sqlite(env.open(clock, access)?)),
+        }
+    }
+
+    /// The handle over an open SQLite store.
+    pub(crate) fn from_sqlite(store: Arc<Store>) -> Backend {
+        Backend {
+            config: store.config().clone(),
+            profile: store.profile().to_owned(),
+            registry: store.clone(),
+            sessions: store.clone(),
+            graph: store.clone(),
+            ledger: store.clone(),
+            budgets: store,
+            pg: None,
+        }
+    }
+
+    fn open_pg(env: &Env, url: &str, clock: Arc<dyn Clock>) -> Result<Backend> {
+        let config = LoadedConfig::load(&env.home);
+        for warning in &config.warnings {
+            eprintln!("retinue: warning: {warning}");
+        }
+        let opts = PgOptions {
+            config: config.clone(),
+            clock,
+            profile: env.profile.clone(),
+            ..PgOptions::default()
+        };
+        // Errors of the PostgreSQL backend never echo the connection string.
+        let store = Arc::new(PgStore::open(url, opts)?);
+        Ok(Backend {
+            config,
+            profile: env.profile.clone(),
+            registry: store.clone(),
+            sessions: store.clone(),
+            graph: store.clone(),
+            ledger: store.clone(),
+            budgets: store.clone(),
+            pg: Some(store),
+        })
+    }
+
+    /// For a long command (delegate, mcp): keeps this worker's lease alive
+    /// in the background, so recovery on another host leaves its units alone.
+    pub(crate) fn keep_alive(&self) {
+        if let Some(pg) = &self.pg {
+            drop(pg.spawn_heartbeat());
+        }
+    }
+}
+
+impl Drop for Backend {
+    /// A command's worker gives its lease up when the command ends: what it
+    /// left running is recoverable at once, from any host.
+    fn drop(&mut self) {
+        if let Some(pg) = &self.pg
+            && let Err(e) = pg.retire()
+        {
+            log::debug!("giving up the worker lease failed: {e}");
+        }
+    }
+}

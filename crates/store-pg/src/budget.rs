@@ -1,0 +1,198 @@
+//! Budget reservations ([`Budgets`]) on PostgreSQL, with the SQLite
+//! backend's semantics: `reserve` is one `SERIALIZABLE` transaction that sums
+//! the ledger rows billed to the lineage's sessions (`cost_usd` and
+//! `tokens.input` plus `tokens.output` of `usage_json`) and the open reservations of the lineage
+//! root, and inserts the reservation only if its minimum still fits. Two
+//! workers reserving at once conflict (SQLSTATE 40001) and one is retried, so
+//! no interleaving — on any number of hosts — reserves past the limit.
+//! A reservation's owner is the worker (lease) that made it: recovery, from
+//! any host, releases those of workers whose lease expired.
+
+use postgres::Transaction;
+use retinue_store::{
+    BudgetLimit, BudgetStatus, Budgets, OwnerProbe, ProcessState, Reservation, ReservationDraft,
+    Result, Spend, current_owner,
+};
+use serde_json::Value;
+
+use crate::pool::{Mode, PgResult, random_hex};
+use crate::store::PgStore;
+
+/// A JSON value as SQLite's `CAST(json_extract(…) AS REAL)` reads it: a
+/// number, or a numeric string; other text is 0; absent or null is `None`.
+fn as_real(v: Option<&Value>) -> Option<f64> {
+    match v? {
+        Value::Null => None,
+        Value::Number(n) => n.as_f64(),
+        Value::String(s) => Some(s.trim().parse::<f64>().unwrap_or(0.0)),
+        Value::Bool(b) => Some(if *b { 1.0 } else { 0.0 }),
+        _ => Some(0.0),
+    }
+}
+
+/// As `CAST(… AS INTEGER)`: the real value truncated.
+fn as_integer(v: Option<&Value>) -> Option<i64> {
+    #[allow(clippy::cast_possible_truncation)]
+    as_real(v).map(|f| if f.is_finite() { f.trunc() as i64 } else { 0 })
+}
+
+/// What the ledger rows of `sessions` add up to, and what the open
+/// reservations of `root` hold.
+fn status_in(
+    tx: &mut Transaction<'_>,
+    root: &str,
+    sessions: &[String],
+    limit: BudgetLimit,
+) -> PgResult<BudgetStatus> {
+    let mut spent = Spend::default();
+    for s in sessions {
+        let rows = tx.query(
+            "SELECT usage_json FROM delegation_child_usage WHERE parent_session_id = $1",
+            &[s],
+        )?;
+        let (mut cost, mut tokens) = (0.0_f64, 0_i64);
+        for r in rows {
+            let text: Option<String> = r.try_get(0)?;
+            // Malformed JSON is absent, as `json_valid` filters it in SQLite.
+            let Some(usage) = text.and_then(|t| serde_json::from_str::<Value>(&t).ok()) else {
+                continue;
+            };
+            if let Some(c) = as_real(usage.get("cost_usd")) {
+                cost += c;
+            }
+            let t = usage.get("tokens");
+            if let (Some(i), Some(o)) = (
+                as_integer(t.and_then(|t| t.get("input"))),
+                as_integer(t.and_then(|t| t.get("output"))),
+            ) {
+                tokens = tokens.saturating_add(i.saturating_add(o));
+            }
+        }
+        if cost.is_finite() && cost > 0.0 {
+            spent.cost_usd += cost;
+        }
+        spent.tokens = spent.tokens.saturating_add(u64::try_from(tokens).unwrap_or(0));
+    }
+    let row = tx.query_one(
+        "SELECT COALESCE(SUM(cost_usd), 0)::DOUBLE PRECISION, COALESCE(SUM(tokens), 0)::BIGINT \
+         FROM retinue_budget_reservations WHERE lineage_root = $1 AND settled_at IS NULL",
+        &[&root],
+    )?;
+    let (cost, tokens): (f64, i64) = (row.try_get(0)?, row.try_get(1)?);
+    let reserved = Spend { cost_usd: cost.max(0.0), tokens: u64::try_from(tokens).unwrap_or(0) };
+    Ok(BudgetStatus { limit, spent, reserved })
+}
+
+fn settle_in(tx: &mut Transaction<'_>, id: &str, reason: &str, now: f64) -> PgResult<bool> {
+    Ok(tx.execute(
+        "UPDATE retinue_budget_reservations SET settled_at = $2, settle_reason = $3 \
+         WHERE reservation_id = $1 AND settled_at IS NULL",
+        &[&id, &now, &reason],
+    )? == 1)
+}
+
+impl Budgets for PgStore {
+    fn reserve(&self, draft: &ReservationDraft) -> Result<Reservation> {
+        let id = format!("rsv_{}", random_hex(8)?);
+        let now = self.clock.now();
+        let (pid, started) = current_owner();
+        self.pool.tx("reserving budget", Mode::Write, |tx| {
+            let before = status_in(tx, &draft.lineage_root, &draft.sessions, draft.limit)?;
+            if !before.fits(draft.minimum) {
+                return Ok(Reservation::Refused(before));
+            }
+            let want = before.grant(draft.minimum, draft.maximum);
+            let tokens = i64::try_from(want.tokens).unwrap_or(i64::MAX);
+            tx.execute(
+                "INSERT INTO retinue_budget_reservations (reservation_id, lineage_root, \
+                 delegation_id, cost_usd, tokens, owner_pid, owner_started_at, owner_worker, \
+                 created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+                &[
+                    &id,
+                    &draft.lineage_root,
+                    &draft.delegation_id,
+                    &want.cost_usd,
+                    &tokens,
+                    &pid,
+                    &started,
+                    &self.worker_id,
+                    &now,
+                ],
+            )?;
+            Ok(Reservation::Held { id: id.clone(), granted: want, before })
+        })
+    }
+
+    fn settle(&self, id: &str, reason: &str) -> Result<bool> {
+        let now = self.clock.now();
+        self.pool
+            .tx("settling a budget reservation", Mode::Write, |tx| settle_in(tx, id, reason, now))
+    }
+
+    fn budget_status(
+        &self,
+        lineage_root: &str,
+        sessions: &[String],
+        limit: BudgetLimit,
+    ) -> Result<BudgetStatus> {
+        self.pool
+            .tx("reading a budget", Mode::Read, |tx| status_in(tx, lineage_root, sessions, limit))
+    }
+
+    /// Releases the open reservations of workers whose lease expired (or
+    /// that no worker row knows); a reservation without a worker (none are
+    /// written so, but a copied row may be) is judged by `probe` like SQLite.
+    fn release_abandoned_reservations(&self, probe: &dyn OwnerProbe) -> Result<usize> {
+        let now = self.clock.now();
+        let can_probe = probe.probe(i64::from(std::process::id())).is_some();
+        self.pool.tx("releasing abandoned budget reservations", Mode::Write, |tx| {
+            let rows = tx.query(
+                "SELECT r.reservation_id, r.owner_pid, r.owner_started_at, r.owner_worker, \
+                 w.lease_expires_at FROM retinue_budget_reservations r \
+                 LEFT JOIN retinue_workers w ON w.worker_id = r.owner_worker \
+                 WHERE r.settled_at IS NULL FOR UPDATE OF r SKIP LOCKED",
+                &[],
+            )?;
+            let mut released = 0;
+            for r in rows {
+                let id: String = r.try_get(0)?;
+                let pid: Option<i64> = r.try_get(1)?;
+                let started: Option<i64> = r.try_get(2)?;
+                let worker: Option<String> = r.try_get(3)?;
+                let lease: Option<f64> = r.try_get(4)?;
+                let dead = match (worker, pid) {
+                    (Some(_), _) => lease.is_none_or(|l| l < now),
+                    (None, _) if !can_probe => false,
+                    (None, None) => true,
+                    (None, Some(pid)) => match probe.probe(pid) {
+                        Some(ProcessState::Dead) => true,
+                        Some(ProcessState::Alive { started_at }) => {
+                            started.is_some() && started_at.is_some() && started != started_at
+                        }
+                        None => false,
+                    },
+                };
+                if dead && settle_in(tx, &id, "released: owner gone", now)? {
+                    released += 1;
+                }
+            }
+            Ok(released)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn json_values_read_like_sqlite_casts() {
+        assert_eq!(as_real(Some(&json!(0.25))), Some(0.25));
+        assert_eq!(as_real(Some(&json!("1.5"))), Some(1.5));
+        assert_eq!(as_real(Some(&json!("x"))), Some(0.0));
+        assert_eq!(as_real(Some(&Value::Null)), None);
+        assert_eq!(as_real(None), None);
+        assert_eq!(as_integer(Some(&json!(7.9))), Some(7));
+    }
+}
