@@ -100,6 +100,7 @@ const RETINUE_TABLES: &[&str] = &[
     "async_delegations",
     "delegation_child_usage",
     "refinery_schema_history",
+    "retinue_adoption_queue",
     "retinue_budget_reservations",
     "retinue_children",
     "retinue_unit_tombstones",

@@ -38,19 +38,20 @@ impl Store {
         if !opts.read_only {
             // Live units, and units another writer both retained and tombstoned
             // before Retinue adopted them: they answer tombstoned (`external`),
-            // never unknown. Only units without child rows are visited.
+            // never unknown. The triggers of `retinue_adoption_queue` note every
+            // unit another writer retains without child rows, so an open looks
+            // at that queue only, never at the whole history.
             let unadopted = pool.query("looking for unadopted units", |conn| {
                 Ok(conn
-                    .prepare_cached(
-                        "SELECT EXISTS (SELECT 1 FROM async_delegations u WHERE u.retained = 1 \
-                         AND NOT EXISTS (SELECT 1 FROM retinue_children c \
-                                         WHERE c.delegation_id = u.delegation_id))",
-                    )?
+                    .prepare_cached("SELECT EXISTS (SELECT 1 FROM retinue_adoption_queue)")?
                     .query_row([], |r| r.get::<_, bool>(0))?)
             })?;
             if unadopted {
                 pool.write("adopting hermes-retained units", |tx| {
-                    crate::registry::backfill::backfill(tx, Some(f64::NEG_INFINITY))
+                    let adopted = crate::registry::backfill::backfill(tx, Some(f64::NEG_INFINITY))?;
+                    // Every queued unit is covered by that backfill.
+                    tx.prepare_cached("DELETE FROM retinue_adoption_queue")?.execute([])?;
+                    Ok(adopted)
                 })?;
             }
         }

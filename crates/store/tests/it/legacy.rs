@@ -135,6 +135,34 @@ fn full_hermes_table_with_retained_batch_is_backfilled() {
         other => panic!("unexpected {other:?}"),
     }
     assert_eq!(count(&path, "SELECT count(*) FROM async_delegations"), 5);
+    assert_eq!(count(&path, "SELECT count(*) FROM retinue_adoption_queue"), 0, "adopted at open");
+
+    // After adoption, hermes (another writer) retains and tombstones a new
+    // unit and retains an old one: the triggers queue them, the next open
+    // adopts them (tombstoned: `external`), and the queue is empty again.
+    drop(store);
+    let raw = rusqlite::Connection::open(&path).expect("open");
+    raw.execute(
+        "INSERT INTO async_delegations (delegation_id, origin_session, parent_session_id, state, \
+         dispatched_at, completed_at, updated_at, child_session_id, retained, retained_at, tombstoned_at) \
+         VALUES ('deleg_hermes03', '', 'A', 'completed', ?1, ?1, ?1, 'hs-late', 1, ?1, ?1)",
+        rusqlite::params![T0 - 10.0],
+    )
+    .expect("hermes retained and tombstoned later");
+    assert_eq!(count(&path, "SELECT count(*) FROM retinue_adoption_queue"), 1);
+    drop(raw);
+    let store = open(&path, &clock, DelegationConfig::default());
+    assert_eq!(count(&path, "SELECT count(*) FROM retinue_adoption_queue"), 0);
+    match store.lookup("hs-late").expect("lookup") {
+        Lookup::NotAddressable(entry, Unaddressable::Tombstoned { reason, .. }) => {
+            assert_eq!(entry.delegation_id, "deleg_hermes03");
+            assert_eq!(reason, TombstoneReason::External);
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    // Retinue's own retains are never queued (their child rows exist first).
+    retinue_testkit::dispatch_and_retain(&store, "A");
+    assert_eq!(count(&path, "SELECT count(*) FROM retinue_adoption_queue"), 0);
 }
 
 #[test]
