@@ -15,28 +15,6 @@ use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_retinue");
 
-/// The server URL, or `None` (after a loud message) when tests may skip.
-fn pg_url() -> Option<String> {
-    match std::env::var("RETINUE_PG_URL") {
-        Ok(url) if !url.trim().is_empty() => Some(url),
-        _ => {
-            let required = ["CI", "RETINUE_REQUIRE_PG"]
-                .iter()
-                .any(|v| std::env::var(v).is_ok_and(|x| !x.is_empty() && x != "0" && x != "false"));
-            assert!(
-                !required,
-                "RETINUE_PG_URL is unset but CI/RETINUE_REQUIRE_PG is set: the PostgreSQL tests \
-                 must run (use `cargo xtask test`, which starts a throwaway cluster)"
-            );
-            eprintln!(
-                "\n!!! SKIPPING the team-mode CLI tests: RETINUE_PG_URL is unset. Run `cargo \
-                 xtask test`, or `cargo xtask pg-start` and export the line it prints. !!!\n"
-            );
-            None
-        }
-    }
-}
-
 static SEQ: AtomicU32 = AtomicU32::new(0);
 
 /// A scratch schema (created and migrated), dropped at the end.
@@ -121,7 +99,7 @@ fn s<'a>(v: &'a Value, path: &[&str]) -> &'a str {
 /// (its own home, same profile) is followed up by another.
 #[test]
 fn team_mode_commands_across_two_hosts() {
-    let Some(url) = pg_url() else { return };
+    let Some(url) = retinue_testkit::pg_url("team-mode CLI tests") else { return };
     let scratch = Scratch::new(&url);
     let db = scratch.cli_url.as_str();
     let model = done_model();
@@ -196,7 +174,7 @@ fn team_mode_commands_across_two_hosts() {
 /// and the password never shows.
 #[test]
 fn database_url_in_config_and_explicit_profile() {
-    let Some(url) = pg_url() else { return };
+    let Some(url) = retinue_testkit::pg_url("team-mode CLI tests") else { return };
     let scratch = Scratch::new(&url);
     let home = TempHome::new();
     let yaml = format!("database:\n  url: \"{}\"\n  profile: team\n", scratch.cli_url);
@@ -233,7 +211,7 @@ fn database_url_in_config_and_explicit_profile() {
 /// next run of the lineage is refused with the numbers.
 #[test]
 fn budget_refusal_on_postgres() {
-    let Some(url) = pg_url() else { return };
+    let Some(url) = retinue_testkit::pg_url("team-mode CLI tests") else { return };
     let scratch = Scratch::new(&url);
     let model = done_model();
     let home = TempHome::new();

@@ -14,28 +14,6 @@ use retinue_store_pg::{PgOptions, PgStore, WORKER_LEASE_SECS};
 use retinue_testkit::T0;
 use retinue_testkit::conformance::{Backend, DeadPids, run_all};
 
-/// The server URL, or `None` (after a loud message) when tests may skip.
-fn pg_url() -> Option<String> {
-    match std::env::var("RETINUE_PG_URL") {
-        Ok(url) if !url.trim().is_empty() => Some(url),
-        _ => {
-            let required = ["CI", "RETINUE_REQUIRE_PG"]
-                .iter()
-                .any(|v| std::env::var(v).is_ok_and(|x| !x.is_empty() && x != "0" && x != "false"));
-            assert!(
-                !required,
-                "RETINUE_PG_URL is unset but CI/RETINUE_REQUIRE_PG is set: the PostgreSQL tests \
-                 must run (use `cargo xtask test`, which starts a throwaway cluster)"
-            );
-            eprintln!(
-                "\n!!! SKIPPING the PostgreSQL tests: RETINUE_PG_URL is unset. Run `cargo xtask \
-                 test`, or `cargo xtask pg-start` and export the line it prints. !!!\n"
-            );
-            None
-        }
-    }
-}
-
 static SEQ: AtomicU32 = AtomicU32::new(0);
 
 fn scratch_schema() -> String {
@@ -91,7 +69,7 @@ fn pg_backend(url: &str, d: DelegationConfig) -> Backend {
 
 #[test]
 fn postgres_backend_conforms() {
-    let Some(url) = pg_url() else { return };
+    let Some(url) = retinue_testkit::pg_url("PostgreSQL conformance tests") else { return };
     run_all("postgres", &|d| pg_backend(&url, d));
 }
 
@@ -118,7 +96,7 @@ fn unit(store: &PgStore, profile: &str, tag: &str) -> String {
 /// The cap counts per profile: one tenant's delegations never evict another's.
 #[test]
 fn retention_cap_is_per_profile() {
-    let Some(url) = pg_url() else { return };
+    let Some(url) = retinue_testkit::pg_url("PostgreSQL conformance tests") else { return };
     let b = pg_backend(&url, config(2));
     let clock = b.clock.clone();
     let store = open(&url, &scratch_schema_of(&b), &clock, &config(2));
@@ -148,7 +126,7 @@ fn scratch_schema_of(b: &Backend) -> String {
 /// heartbeat keeps its units alive for recovery run elsewhere.
 #[test]
 fn heartbeat_keeps_units_alive_across_hosts() {
-    let Some(url) = pg_url() else { return };
+    let Some(url) = retinue_testkit::pg_url("PostgreSQL conformance tests") else { return };
     let b = pg_backend(&url, config(10));
     let schema = scratch_schema_of(&b);
     let clock = b.clock.clone();

@@ -28,22 +28,6 @@ const ROUNDS: usize = 12;
 const DELIVERIES: usize = 96;
 const RESUMABLE: usize = 6;
 
-fn pg_url() -> Option<String> {
-    match std::env::var("RETINUE_PG_URL") {
-        Ok(url) if !url.trim().is_empty() => Some(url),
-        _ => {
-            let required = ["CI", "RETINUE_REQUIRE_PG"]
-                .iter()
-                .any(|v| std::env::var(v).is_ok_and(|x| !x.is_empty() && x != "0" && x != "false"));
-            assert!(!required, "RETINUE_PG_URL is unset but CI/RETINUE_REQUIRE_PG is set");
-            eprintln!(
-                "\n!!! SKIPPING the PostgreSQL contention test: RETINUE_PG_URL is unset !!!\n"
-            );
-            None
-        }
-    }
-}
-
 fn now_nanos() -> u128 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos())
 }
@@ -197,7 +181,7 @@ impl Drop for Scratch {
 
 #[test]
 fn four_hosts_contend_without_errors() {
-    let Some(url) = pg_url() else { return };
+    let Some(url) = retinue_testkit::pg_url("PostgreSQL contention test") else { return };
     let schema = format!("cont_{}", std::process::id());
     let _ = PgStore::drop_schema(&url, &schema);
     let _scratch = Scratch(url.clone(), schema.clone());
@@ -300,7 +284,7 @@ fn tempfile_dir() -> PathBuf {
 
 #[test]
 fn a_killed_host_is_recovered_after_its_lease() {
-    let Some(url) = pg_url() else { return };
+    let Some(url) = retinue_testkit::pg_url("PostgreSQL contention test") else { return };
     let schema = format!("kill_{}", std::process::id());
     let _ = PgStore::drop_schema(&url, &schema);
     let _scratch = Scratch(url.clone(), schema.clone());

@@ -10,25 +10,9 @@ use retinue_store::{
 use retinue_store_pg::{PgOptions, PgStore};
 use retinue_testkit::{T0, TempHome, dispatch_and_retain, manual_clock};
 
-fn pg_url() -> Option<String> {
-    match std::env::var("RETINUE_PG_URL") {
-        Ok(url) if !url.trim().is_empty() => Some(url),
-        _ => {
-            let required = ["CI", "RETINUE_REQUIRE_PG"]
-                .iter()
-                .any(|v| std::env::var(v).is_ok_and(|x| !x.is_empty() && x != "0" && x != "false"));
-            assert!(!required, "RETINUE_PG_URL is unset but CI/RETINUE_REQUIRE_PG is set");
-            eprintln!(
-                "\n!!! SKIPPING the PostgreSQL migration test: RETINUE_PG_URL is unset !!!\n"
-            );
-            None
-        }
-    }
-}
-
 #[test]
 fn a_state_db_migrates_idempotently_and_reads_the_same() {
-    let Some(url) = pg_url() else { return };
+    let Some(url) = retinue_testkit::pg_url("PostgreSQL migrate tests") else { return };
     let home = TempHome::new();
     let clock = manual_clock(T0);
     let sqlite = home.open_store(clock.clone());

@@ -397,3 +397,31 @@ pub fn retain_unit(
         Err(e) => panic!("retain_completed_delegation({id}) failed: {e}"),
     }
 }
+
+/// The PostgreSQL server the team-mode tests use (`RETINUE_PG_URL`), or
+/// `None` — after a loud message naming `suite` — when they may skip.
+///
+/// # Panics
+/// When the URL is unset but `CI` or `RETINUE_REQUIRE_PG` is set: in CI the
+/// PostgreSQL tests must run, never skip silently (`cargo xtask test` starts
+/// a throwaway cluster and sets the URL).
+pub fn pg_url(suite: &str) -> Option<String> {
+    match std::env::var("RETINUE_PG_URL") {
+        Ok(url) if !url.trim().is_empty() => Some(url),
+        _ => {
+            let required = ["CI", "RETINUE_REQUIRE_PG"]
+                .iter()
+                .any(|v| std::env::var(v).is_ok_and(|x| !x.is_empty() && x != "0" && x != "false"));
+            assert!(
+                !required,
+                "RETINUE_PG_URL is unset but CI/RETINUE_REQUIRE_PG is set: the {suite} must run \
+                 (use `cargo xtask test`, which starts a throwaway cluster)"
+            );
+            eprintln!(
+                "\n!!! SKIPPING the {suite}: RETINUE_PG_URL is unset. Run `cargo xtask test`, or \
+                 `cargo xtask pg-start` and export the line it prints. !!!\n"
+            );
+            None
+        }
+    }
+}
