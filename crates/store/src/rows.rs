@@ -77,6 +77,37 @@ pub(crate) fn text_column(r: &rusqlite::Row<'_>, idx: usize) -> rusqlite::Result
 pub(crate) const CHILD_RETAINED_AT: &str =
     "COALESCE(c.retained_at, CASE WHEN u.retained = 1 THEN u.retained_at END)";
 
+/// `p(v)`: the distinct profile keys of the live (retained, untombstoned)
+/// units, in index order, then a NULL row: one seek per profile through
+/// `retinue_idx_async_profile_rank` (a skip scan written out), never a scan
+/// of the units.
+macro_rules! live_profiles_cte {
+    () => {
+        "WITH RECURSIVE p(v) AS ( \
+           SELECT (SELECT COALESCE(owner_profile, '') AS k FROM async_delegations \
+                   WHERE retained = 1 AND tombstoned_at IS NULL ORDER BY k LIMIT 1) \
+           UNION ALL \
+           SELECT (SELECT COALESCE(owner_profile, '') AS k FROM async_delegations \
+                   WHERE retained = 1 AND tombstoned_at IS NULL \
+                     AND COALESCE(owner_profile, '') > p.v ORDER BY k LIMIT 1) \
+           FROM p WHERE p.v IS NOT NULL) "
+    };
+}
+pub(crate) use live_profiles_cte;
+
+/// The distinct profile keys of the live units (see [`live_profiles_cte`]).
+const LIVE_PROFILES: &str = concat!(live_profiles_cte!(), "SELECT v FROM p WHERE v IS NOT NULL");
+
+/// The profile keys of [`LIVE_PROFILES`], each as stored (text, or whatever a
+/// hostile writer stored: bound back as is, so comparisons stay exact).
+pub(crate) fn live_profiles(
+    conn: &rusqlite::Connection,
+) -> rusqlite::Result<Vec<rusqlite::types::Value>> {
+    let mut stmt = conn.prepare_cached(LIVE_PROFILES)?;
+    let rows = stmt.query_map([], |r| r.get::<_, rusqlite::types::Value>(0))?;
+    rows.collect()
+}
+
 pub(crate) const CHILD_COLS: &str = "c.delegation_id, c.child_index, c.subagent_id, c.child_session_id, \
      c.manifest_json, COALESCE(c.retained_at, CASE WHEN u.retained = 1 THEN u.retained_at END), \
      c.tombstoned_at, c.tombstone_reason, \

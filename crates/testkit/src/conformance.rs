@@ -134,6 +134,7 @@ pub const CASES: &[(&str, Case)] = &[
     ("tombstones", tombstones),
     ("ttl_prune", ttl_prune),
     ("cap_prune", cap_prune),
+    ("retention_per_profile", retention_per_profile),
     ("completion_and_delivery", completion_and_delivery),
     ("delivery_exactly_once_concurrently", delivery_exactly_once_concurrently),
     ("resume_claims_single_use", resume_claims_single_use),
@@ -339,6 +340,61 @@ pub fn cap_prune(make: Factory<'_>) {
     assert_eq!((n.units, n.children), (1, 1));
     assert_eq!(b.registry.list_retained_children().expect("list").len(), 1);
     assert_eq!(b.registry.prune_retained_children(Some(1), None).expect("prune").units, 0);
+}
+
+/// A retained unit of `profile` with one child; returns its unit id.
+fn retained_in(b: &Backend, profile: &str) -> String {
+    let (id, _) = insert(b, "P", profile, 1);
+    assert!(b.registry.retain_completed_delegation(&id, None).expect("retain"));
+    id
+}
+
+/// The cap applies per profile: one tenant's delegations never evict
+/// another's retained children, and the empty profile is a tenant too.
+pub fn retention_per_profile(make: Factory<'_>) {
+    let b = make(config(2, 72.0));
+    let addressable =
+        |id: &str| matches!(b.registry.lookup(id).expect("lookup"), Lookup::Addressable(_));
+    let quiet = retained_in(&b, "tenant-b");
+    b.clock.advance(10.0);
+    let empty = retained_in(&b, "");
+    b.clock.advance(10.0);
+    let mut a = Vec::new();
+    for _ in 0..4 {
+        a.push(retained_in(&b, "tenant-a"));
+        b.clock.advance(10.0);
+    }
+    // tenant-a's two oldest are capped (by its own retains); the others stay.
+    for old in &a[..2] {
+        assert!(matches!(
+            b.registry.lookup(old).expect("lookup"),
+            Lookup::NotAddressable(
+                _,
+                Unaddressable::Tombstoned { reason: TombstoneReason::Cap, .. }
+            )
+        ));
+    }
+    for id in [&quiet, &empty, &a[2], &a[3]] {
+        assert!(addressable(id), "{id} evicted by another profile's retains");
+    }
+    // Listed newest first across profiles.
+    let listed: Vec<String> = b
+        .registry
+        .list_retained_children()
+        .expect("list")
+        .into_iter()
+        .map(|e| e.delegation_id)
+        .collect();
+    assert_eq!(listed, vec![a[3].clone(), a[2].clone(), empty.clone(), quiet.clone()]);
+    // A tighter cap prunes each profile to its own newest.
+    let n = b.registry.prune_retained_children(Some(1), None).expect("prune");
+    assert_eq!((n.units, n.children), (1, 1), "only tenant-a is over a cap of 1");
+    for id in [&quiet, &empty, &a[3]] {
+        assert!(addressable(id), "{id}");
+    }
+    assert!(!addressable(&a[2]));
+    assert_eq!(b.registry.prune_retained_children(Some(1), None).expect("prune").units, 0);
+    assert_eq!(b.registry.rehydrate_retained_children().expect("rehydrate"), 3);
 }
 
 fn complete(b: &Backend, id: &str, status: &str, background: bool) -> bool {

@@ -9,7 +9,7 @@ use crate::error::{Result, SqlResult};
 use crate::model::{Lookup, RetainedChild, TombstoneReason, Unaddressable, parse_json_opt};
 use crate::registry::RegistryRead;
 use crate::rows::{
-    CHILD_COLS, CHILD_RETAINED_AT, ChildRow, Limits, json_column, read_child_row,
+    CHILD_COLS, CHILD_RETAINED_AT, ChildRow, Limits, json_column, live_profiles, read_child_row,
     read_child_row_at, text_column,
 };
 use crate::store::Store;
@@ -49,11 +49,14 @@ fn candidates(conn: &Connection, id: &str) -> SqlResult<Vec<(u8, ChildRow)>> {
         .collect())
 }
 
-/// Number of live units ranked strictly above a unit, capped at `max`.
+/// Number of live units of the same profile ranked strictly above a unit
+/// (the cap applies per profile), capped at `max`.
 fn rank_of(conn: &Connection, id: &str, retained_at: Option<f64>, lim: Limits) -> SqlResult<u32> {
     let mut stmt = conn.prepare_cached(
         "SELECT count(*) FROM (SELECT 1 FROM async_delegations u \
          WHERE u.retained = 1 AND u.tombstoned_at IS NULL \
+           AND COALESCE(u.owner_profile, '') = (SELECT COALESCE(owner_profile, '') \
+               FROM async_delegations WHERE delegation_id = ?2) \
            AND (u.retained_at > ?1 OR (u.retained_at IS ?1 AND u.delegation_id > ?2) \
                 OR (?1 IS NULL AND u.retained_at IS NOT NULL)) \
            AND EXISTS (SELECT 1 FROM retinue_children c WHERE c.delegation_id = u.delegation_id \
@@ -175,12 +178,16 @@ pub(crate) fn resolve_in(conn: &Connection, id: &str, lim: Limits) -> SqlResult<
     Ok(scored.into_iter().next().map(|(status, kind, row)| (kind, status, row)))
 }
 
+/// The addressable children: each profile's newest `max_retained` live
+/// units with a live child (the cap applies per profile), newest unit first
+/// across profiles, children in index order.
 pub(crate) fn list_in(tx: &Connection, lim: Limits) -> SqlResult<Vec<RetainedChild>> {
     // Listed units are live: no unit-level tombstone to read.
     let cols = CHILD_COLS.replace("ut.tombstoned_at, ut.ttl_seconds", "NULL, NULL");
     let sql = format!(
         "WITH top AS (SELECT u.delegation_id AS id, u.retained_at AS rat FROM async_delegations u \
-           WHERE u.retained = 1 AND u.tombstoned_at IS NULL AND EXISTS (SELECT 1 FROM \
+           WHERE u.retained = 1 AND u.tombstoned_at IS NULL \
+             AND COALESCE(u.owner_profile, '') = ?3 AND EXISTS (SELECT 1 FROM \
              retinue_children c WHERE c.delegation_id = u.delegation_id \
              AND c.tombstoned_at IS NULL AND COALESCE(c.retained_at, u.retained_at) >= ?1) \
            ORDER BY u.retained_at DESC, u.delegation_id DESC LIMIT ?2) \
@@ -190,9 +197,26 @@ pub(crate) fn list_in(tx: &Connection, lim: Limits) -> SqlResult<Vec<RetainedChi
          WHERE c.tombstoned_at IS NULL AND {CHILD_RETAINED_AT} >= ?1 \
          ORDER BY top.rat DESC, top.id DESC, c.child_index"
     );
+    let profiles = live_profiles(tx)?;
     let mut stmt = tx.prepare_cached(&sql)?;
-    let rows = stmt.query_map(params![lim.cutoff(), lim.max_retained], read_child_row)?;
-    let rows = rows.collect::<rusqlite::Result<Vec<_>>>()?;
+    let mut rows = Vec::new();
+    for profile in &profiles {
+        let found =
+            stmt.query_map(params![lim.cutoff(), lim.max_retained, profile], read_child_row)?;
+        for row in found {
+            rows.push(row?);
+        }
+    }
+    if profiles.len() > 1 {
+        // Each profile's rows are in order; merge them as one query's ORDER BY would.
+        rows.sort_by(|a, b| {
+            let at = |r: &ChildRow| r.unit_retained_at.unwrap_or(f64::NEG_INFINITY);
+            at(b)
+                .total_cmp(&at(a))
+                .then_with(|| b.entry.delegation_id.cmp(&a.entry.delegation_id))
+                .then_with(|| a.entry.child_index.cmp(&b.entry.child_index))
+        });
+    }
     // A malformed row (unreadable id) never hides the healthy ones.
     Ok(rows
         .into_iter()

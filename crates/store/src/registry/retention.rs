@@ -1,6 +1,7 @@
 //! Retention (spec §3.5): per-child tombstones, TTL and cap pruning,
 //! rehydration; the entry points of restart recovery and history pruning.
 
+use rusqlite::types::Value;
 use rusqlite::{Connection, OptionalExtension, Transaction, params};
 
 use crate::error::{Error, Result, SqlResult};
@@ -9,15 +10,19 @@ use crate::probe::OwnerProbe;
 use crate::registry::Retention;
 use crate::registry::addressability::{list_in, resolve_in};
 use crate::registry::backfill::backfill;
-use crate::rows::{CHILD_RETAINED_AT, Limits};
+use crate::rows::{CHILD_RETAINED_AT, Limits, live_profiles, live_profiles_cte};
 use crate::store::Store;
 
 /// Whether a prune at `lim` has anything to write (one read statement).
 pub(crate) fn prune_due(conn: &Connection, lim: Limits) -> SqlResult<bool> {
-    // The cap first: when it is due, the scan over every live unit is skipped.
+    // The cap first (per profile: a unit ranked at `max_retained` in its
+    // profile exists); when it is due, the scan over every live unit is skipped.
     const SQL: &str = concat!(
-        "SELECT (SELECT count(*) FROM (SELECT 1 FROM async_delegations WHERE retained = 1 ",
-        "    AND tombstoned_at IS NULL LIMIT ?2 + 1)) > ?2 ",
+        live_profiles_cte!(),
+        "SELECT EXISTS (SELECT 1 FROM p WHERE p.v IS NOT NULL AND EXISTS (SELECT 1 ",
+        "    FROM async_delegations u WHERE u.retained = 1 AND u.tombstoned_at IS NULL ",
+        "    AND COALESCE(u.owner_profile, '') = p.v ",
+        "    ORDER BY u.retained_at DESC, u.delegation_id DESC LIMIT 1 OFFSET ?2)) ",
         "OR EXISTS (SELECT 1 FROM async_delegations u WHERE u.retained = 1 ",
         "  AND u.tombstoned_at IS NULL AND (",
         "    NOT EXISTS (SELECT 1 FROM retinue_children c WHERE c.delegation_id = u.delegation_id ",
@@ -30,10 +35,11 @@ pub(crate) fn prune_due(conn: &Connection, lim: Limits) -> SqlResult<bool> {
         .query_row(params![lim.cutoff(), lim.max_retained], |r| r.get(0))?)
 }
 
-/// Live units ranked beyond the cap: after the unit at the boundary
-/// (`?2` its `retained_at`, `?3` its id) in `retained_at DESC, delegation_id
-/// DESC` order (NULL times last). `u` is the unit.
-const BEYOND_CAP: &str = "u.retained = 1 AND u.tombstoned_at IS NULL AND CASE WHEN ?2 IS NULL \
+/// Live units of profile `?4` ranked beyond the cap: after the unit at the
+/// boundary (`?2` its `retained_at`, `?3` its id) in `retained_at DESC,
+/// delegation_id DESC` order (NULL times last). `u` is the unit.
+const BEYOND_CAP: &str = "u.retained = 1 AND u.tombstoned_at IS NULL \
+     AND COALESCE(u.owner_profile, '') = ?4 AND CASE WHEN ?2 IS NULL \
      THEN u.retained_at IS NULL AND u.delegation_id < ?3 \
      ELSE u.retained_at IS NULL OR u.retained_at < ?2 \
        OR (u.retained_at = ?2 AND u.delegation_id < ?3) END";
@@ -126,22 +132,30 @@ const TTL_DUE: &str = concat!(
     "               AND c.tombstoned_at IS NULL AND (c.retained_at IS NULL OR c.retained_at < ?1))))"
 );
 
-/// The cap step of [`prune_in`]: live units ranked at or beyond
-/// `max_retained`, after the last one kept.
+/// The cap step of [`prune_in`], per profile: each profile's live units
+/// ranked at or beyond `max_retained` among that profile's, after the last
+/// one kept. Profiles within their cap cost one index seek each.
 fn cap_in(tx: &Transaction<'_>, lim: Limits, mut count: PruneCount) -> SqlResult<PruneCount> {
     let (t, ttl_seconds) = (lim.now, lim.ttl_hours * 3600.0);
-    let boundary: Option<(Option<f64>, String)> = tx
-        .prepare_cached(
-            "SELECT retained_at, delegation_id FROM async_delegations \
-             WHERE retained = 1 AND tombstoned_at IS NULL \
-             ORDER BY retained_at DESC, delegation_id DESC LIMIT 1 OFFSET ?1",
-        )?
-        .query_row([i64::from(lim.max_retained) - 1], |r| Ok((r.get(0)?, r.get(1)?)))
-        .optional()?;
-    if let Some((at, id)) = boundary {
-        let (units, children) = tombstone_units(tx, BEYOND_CAP, &[&t, &at, &id], ttl_seconds)?;
-        count.units += units;
-        count.children += children;
+    for profile in live_profiles(tx)? {
+        // Read and bound back as stored (a hostile row's id may not be text).
+        let boundary: Option<(Value, Value)> = tx
+            .prepare_cached(
+                "SELECT u.retained_at, u.delegation_id FROM async_delegations u \
+                 WHERE u.retained = 1 AND u.tombstoned_at IS NULL \
+                   AND COALESCE(u.owner_profile, '') = ?2 \
+                 ORDER BY u.retained_at DESC, u.delegation_id DESC LIMIT 1 OFFSET ?1",
+            )?
+            .query_row(params![i64::from(lim.max_retained) - 1, profile], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+            .optional()?;
+        if let Some((at, id)) = boundary {
+            let (units, children) =
+                tombstone_units(tx, BEYOND_CAP, &[&t, &at, &id, &profile], ttl_seconds)?;
+            count.units += units;
+            count.children += children;
+        }
     }
     Ok(count)
 }

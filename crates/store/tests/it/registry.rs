@@ -331,7 +331,22 @@ fn lookup_query_plans_use_indexes() {
         ),
         (
             "SELECT delegation_id FROM async_delegations WHERE retained = 1 AND tombstoned_at IS NULL",
-            "retinue_idx_async_rank",
+            "retinue_idx_async_profile_rank",
+        ),
+        // The per-profile cap: a profile's live units in rank order, and
+        // the next profile key (the skip scan over profiles).
+        (
+            "SELECT u.retained_at, u.delegation_id FROM async_delegations u \
+             WHERE u.retained = 1 AND u.tombstoned_at IS NULL \
+             AND COALESCE(u.owner_profile, '') = 'p' \
+             ORDER BY u.retained_at DESC, u.delegation_id DESC LIMIT 1 OFFSET 9",
+            "COVERING INDEX retinue_idx_async_profile_rank (retained=? AND tombstoned_at=? AND <expr>=?)",
+        ),
+        (
+            "SELECT COALESCE(owner_profile, '') AS k FROM async_delegations \
+             WHERE retained = 1 AND tombstoned_at IS NULL AND COALESCE(owner_profile, '') > 'p' \
+             ORDER BY k LIMIT 1",
+            "COVERING INDEX retinue_idx_async_profile_rank (retained=? AND tombstoned_at=? AND <expr>>?)",
         ),
     ] {
         let plan: Vec<String> = raw
@@ -342,6 +357,7 @@ fn lookup_query_plans_use_indexes() {
             .map(|r| r.expect("row"))
             .collect();
         assert!(plan.iter().any(|p| p.contains(index)), "{sql}: {plan:?}");
+        assert!(!plan.iter().any(|p| p.contains("TEMP B-TREE")), "sorts: {sql}: {plan:?}");
     }
 }
 
@@ -351,20 +367,26 @@ mod invariant {
 
     use super::super::fixture::{Fx, child};
 
+    /// The profiles units are written with: NULL and '' are one key.
+    const PROFILES: [Option<&str>; 4] = [None, Some(""), Some("a"), Some("b")];
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(24))]
         /// Spec §3.1: the addressable set before `prune(t)` equals the live set after it.
         #[test]
         fn addressable_before_prune_equals_after(
-            units in proptest::collection::vec((0u32..200, 1usize..4, proptest::option::of(0usize..3)), 1..12),
+            units in proptest::collection::vec((0u32..200, 1usize..4, proptest::option::of(0usize..3), 0usize..4), 1..12),
             max in 1u32..5,
             advance_h in 0u32..150,
         ) {
             let fx = Fx::with_config(DelegationConfig { max_retained: 100, retained_ttl_hours: 72.0, ..DelegationConfig::default() });
-            for (i, (age_h, n, tomb)) in units.iter().enumerate() {
+            for (i, (age_h, n, tomb, profile)) in units.iter().enumerate() {
                 let id = format!("deleg_p{i:03}");
                 let kids: Vec<_> = (0..*n).map(|k| child(&format!("sa-{i}-{k}"), &format!("cs-{i}-{k}"), None, None)).collect();
                 fx.dispatch_and_retain(&id, "p", &kids);
+                // The cap applies per profile; NULL and '' are the same (empty) profile.
+                fx.raw().execute("UPDATE async_delegations SET owner_profile = ?1 WHERE delegation_id = ?2",
+                    rusqlite::params![PROFILES[*profile], id]).expect("profile");
                 fx.raw().execute("UPDATE retinue_children SET retained_at = retained_at - ?1 WHERE delegation_id = ?2",
                     rusqlite::params![f64::from(*age_h) * 3600.0, id]).expect("age");
                 fx.raw().execute("UPDATE async_delegations SET retained_at = retained_at - ?1 WHERE delegation_id = ?2",
@@ -399,7 +421,33 @@ mod invariant {
             live.sort();
             let mut was: Vec<String> = before.iter().map(|e| e.subagent_id.clone()).collect();
             was.sort();
-            prop_assert_eq!(was, live);
+            prop_assert_eq!(&was, &live);
+            // A model of the spec: per profile key, the newest `max` units
+            // with a child inside its TTL, each listing those children.
+            let mut expected: Vec<String> = Vec::new();
+            for key in ["", "a", "b"] {
+                let mut ranked: Vec<(u32, String, usize)> = units
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, u)| PROFILES[u.3].unwrap_or("") == key)
+                    .filter(|(_, u)| u.0 + advance_h <= 72 && (u.1 > 1 || u.2.is_none_or(|k| k >= u.1)))
+                    .map(|(i, u)| (u.0, format!("deleg_p{i:03}"), i))
+                    .collect();
+                ranked.sort_by(|x, y| x.0.cmp(&y.0).then_with(|| y.1.cmp(&x.1)));
+                for (_, _, i) in ranked.iter().take(max as usize) {
+                    let (_, n, tomb, _) = units[*i];
+                    expected.extend((0..n).filter(|k| tomb != Some(*k)).map(|k| format!("sa-{i}-{k}")));
+                }
+            }
+            expected.sort();
+            prop_assert_eq!(was, expected);
+            // Newest unit first across profiles, children in index order.
+            let order: Vec<(Option<f64>, String, u32)> = before.iter()
+                .map(|e| (e.retained_at, e.delegation_id.clone(), e.child_index)).collect();
+            let mut sorted = order.clone();
+            sorted.sort_by(|x, y| y.0.unwrap_or(f64::NEG_INFINITY).total_cmp(&x.0.unwrap_or(f64::NEG_INFINITY))
+                .then_with(|| y.1.cmp(&x.1)).then_with(|| x.2.cmp(&y.2)));
+            prop_assert_eq!(order, sorted);
         }
     }
 }

@@ -470,8 +470,8 @@ fn history_pruner_uses_the_history_index() {
     ] {
         let p = plan(&sql);
         let indexed = p.contains("USING INDEX retinue_idx_async_history")
-            || p.contains("USING INDEX retinue_idx_async_rank (retained=?)")
-            || p.contains("USING COVERING INDEX retinue_idx_async_rank (retained=?)");
+            || p.contains("USING INDEX retinue_idx_async_profile_rank (retained=?)")
+            || p.contains("USING COVERING INDEX retinue_idx_async_profile_rank (retained=?)");
         assert!(indexed, "{sql}\n{p}");
     }
     assert_eq!(fx.store.prune_history().expect("prune"), 0);
