@@ -222,7 +222,7 @@ fn convert(v: ValueRef<'_>, ty: Ty) -> Val {
 }
 
 fn sqlite_err(operation: &'static str) -> impl Fn(rusqlite::Error) -> Error {
-    move |e| Error::Sqlite { operation, source: Box::new(e) }
+    move |e| Error::Database { operation, source: Box::new(e) }
 }
 
 /// Reads every row of `table` (columns the file lacks read as NULL), in key order.

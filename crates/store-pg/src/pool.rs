@@ -63,7 +63,7 @@ pub(crate) fn classify(operation: &'static str, e: postgres::Error) -> Error {
         "53100" => Error::DiskFull { operation, source },
         "25006" => Error::ReadOnly { operation, source },
         "XX001" | "XX002" => Error::Corrupt { operation, source },
-        _ => Error::Sqlite { operation, source },
+        _ => Error::Database { operation, source },
     }
 }
 

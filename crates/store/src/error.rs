@@ -160,8 +160,8 @@ pub enum Error {
     #[error("secure random source failed: {0}")]
     Random(String),
     /// Any other database error.
-    #[error("sqlite error while {operation}")]
-    Sqlite {
+    #[error("database error while {operation}")]
+    Database {
         /// What the store was doing.
         operation: &'static str,
         /// The underlying error.
@@ -231,7 +231,7 @@ impl Error {
             Error::NotFound { .. } => ErrorKind::NotFound,
             Error::Stale { .. } => ErrorKind::Stale,
             Error::Random(_) => ErrorKind::Random,
-            Error::Sqlite { .. } => ErrorKind::Other,
+            Error::Database { .. } => ErrorKind::Other,
         }
     }
 
@@ -248,7 +248,7 @@ impl Error {
             | Error::ReadOnly { operation, .. }
             | Error::DiskFull { operation, .. }
             | Error::Conflict { operation, .. }
-            | Error::Sqlite { operation, .. } => Some(operation),
+            | Error::Database { operation, .. } => Some(operation),
             _ => None,
         }
     }
@@ -314,7 +314,7 @@ fn classify(operation: &'static str, e: rusqlite::Error) -> Error {
         }
         Some(ErrorCode::ReadOnly) => Error::ReadOnly { operation, source },
         Some(ErrorCode::DiskFull) => Error::DiskFull { operation, source },
-        _ => Error::Sqlite { operation, source },
+        _ => Error::Database { operation, source },
     }
 }
 
@@ -407,7 +407,7 @@ mod tests {
         }
         assert_eq!(
             from_code(ffi::SQLITE_IOERR).to_string(),
-            "sqlite error while testing the classification"
+            "database error while testing the classification"
         );
         assert!(is_retryable(&from_code(ffi::SQLITE_BUSY)));
         assert!(!is_retryable(&from_code(ffi::SQLITE_FULL)));
