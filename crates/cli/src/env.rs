@@ -104,7 +104,8 @@ impl Env {
         {
             if !retinue_store_pg::is_postgres_url(url) {
                 return Err(CliError::Usage(format!(
-                    "database.url in {} must be a PostgreSQL connection string                      (postgres://user@host:port/db), not {}",
+                    "database.url in {} must be a PostgreSQL connection string \
+                     (postgres://user@host:port/db), not {}",
                     home.join("config.yaml").display(),
                     redact_url(url)
                 )));

@@ -56,11 +56,24 @@ pub(crate) fn migrate(env: &Env, to: &str) -> Result<Output> {
         "  ledger totals: {:.6} USD (source = target)\n",
         report.ledger_cost_usd
     ));
+    match &report.rekeyed {
+        Some((from, n)) => human.push_str(&format!(
+            "  {n} unit(s) of the home's profile {} now belong to profile {}\n",
+            crate::table::clip(from, 128),
+            crate::table::clip(&env.profile, 128)
+        )),
+        None => human.push_str(
+            "  profiles kept as stored (pass --profile NAME to give the home's units to a tenant)\n",
+        ),
+    }
     let json = json!({
         "source": env.db.display().to_string(),
         "tables": tables,
         "dangling_parents": report.dangling_parents,
         "ledger_cost_usd": report.ledger_cost_usd,
+        "profile": report.rekeyed.as_ref().map(|(from, n)| json!({
+            "from": from, "to": env.profile, "units": n,
+        })),
         "verified": true,
     });
     Ok(Output::ok(json, human))

@@ -234,3 +234,49 @@ fn budget_refusal_on_postgres() {
     assert!(usage["budget"].is_object(), "{usage}");
     drop(scratch);
 }
+
+/// A hermes home migrated with `--profile` joins that tenant: its children
+/// (keyed by the home's path in the state.db) are followed up in team mode
+/// under the explicit profile; another tenant is still denied.
+#[test]
+fn migrate_into_a_tenant_then_follow_up() {
+    use retinue_store::{NewSession, SessionStore};
+    let Some(url) = retinue_testkit::pg_url("team-mode CLI tests") else { return };
+    let scratch = Scratch::new(&url);
+    let home = TempHome::new();
+    let key = retinue_store::default_profile_key(home.path());
+    {
+        // The real clock: the CLI judges TTLs at the real time.
+        let store = home.open_store_with(retinue_store::StoreOptions::default().with_profile(&key));
+        store
+            .create_session(&NewSession {
+                id: "P".into(),
+                source: "cli".into(),
+                ..NewSession::default()
+            })
+            .expect("parent");
+        retinue_testkit::retain_unit(
+            &store,
+            "P",
+            &key,
+            vec![retinue_store::ChildManifest {
+                subagent_id: "sa-home".into(),
+                session_id: "cs-home".into(),
+                ..retinue_store::ChildManifest::default()
+            }],
+        );
+    }
+    let h = home.path();
+    let migrated = expect(0, h, &["--profile", "acme", "migrate", "--to", &scratch.cli_url]);
+    assert_eq!(migrated["profile"]["to"], "acme", "{migrated}");
+    assert_eq!(migrated["profile"]["from"], key.as_str(), "{migrated}");
+    assert_eq!(migrated["profile"]["units"], 1, "{migrated}");
+    let db = scratch.cli_url.as_str();
+    let allowed =
+        expect(0, h, &["--db", db, "--profile", "acme", "authority", "sa-home", "--caller", "P"]);
+    assert_eq!(allowed["allowed"], true, "{allowed}");
+    let denied =
+        expect(3, h, &["--db", db, "--profile", "other", "authority", "sa-home", "--caller", "P"]);
+    assert_eq!(denied["denial"], "profile");
+    drop(scratch);
+}

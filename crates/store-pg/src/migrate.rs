@@ -165,6 +165,11 @@ pub struct MigrationReport {
     pub dangling_parents: usize,
     /// Sum of the ledger's maintained cost totals (source = target, verified).
     pub ledger_cost_usd: f64,
+    /// The source's host-path profile key (hermes's: the canonical path of
+    /// the state.db's home) whose units were re-keyed to this store's
+    /// explicit profile, and how many units carried it (`None`: no re-key,
+    /// this store has no profile).
+    pub rekeyed: Option<(String, usize)>,
 }
 
 /// A value in transit, already in its PostgreSQL type.
@@ -346,6 +351,14 @@ impl PgStore {
                 .collect::<rusqlite::Result<_>>()
                 .map_err(sqlite_err("reading the source"))?
         };
+        // Units keyed by the source home's path (hermes's profile key) join
+        // this store's explicit tenant: in team mode a profile is never a
+        // host's path. Other profiles (and the empty one) copy as they are.
+        let mut data = data;
+        let rekeyed = TABLES
+            .iter()
+            .position(|t| t.name == "async_delegations")
+            .and_then(|i| self.rekey_home_profile(source, &TABLES[i], &mut data[i]));
         let source_totals: f64 = data[6]
             .iter()
             .map(|r| match r[1] {
@@ -409,6 +422,32 @@ impl PgStore {
                  {target_totals})"
             )));
         }
-        Ok(MigrationReport { tables, dangling_parents, ledger_cost_usd: source_totals })
+        Ok(MigrationReport { tables, dangling_parents, ledger_cost_usd: source_totals, rekeyed })
+    }
+
+    /// Re-keys the `async_delegations` rows of `units` whose `owner_profile`
+    /// is the profile key of `source`'s home to this store's profile.
+    fn rekey_home_profile(
+        &self,
+        source: &Path,
+        table: &Table,
+        units: &mut [Vec<Val>],
+    ) -> Option<(String, usize)> {
+        if self.profile.trim().is_empty() {
+            return None;
+        }
+        let home = source.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        let from = retinue_store::default_profile_key(home);
+        let col = table.cols.iter().position(|(c, _)| *c == "owner_profile")?;
+        let mut n = 0;
+        for row in units.iter_mut() {
+            if let Some(Val::Text(Some(p))) = row.get_mut(col)
+                && *p == from
+            {
+                p.clone_from(&self.profile);
+                n += 1;
+            }
+        }
+        Some((from, n))
     }
 }

@@ -93,3 +93,52 @@ fn a_state_db_migrates_idempotently_and_reads_the_same() {
     drop(pg);
     PgStore::drop_schema(&url, &schema).expect("drop");
 }
+
+/// A hermes home's units (keyed by the home's path, hermes's profile key)
+/// join the explicit tenant they are migrated into; units of another
+/// profile and of the empty profile copy as they are.
+#[test]
+fn a_home_migrates_into_an_explicit_tenant() {
+    let Some(url) = retinue_testkit::pg_url("PostgreSQL migrate tests") else { return };
+    let home = TempHome::new();
+    let clock = manual_clock(T0);
+    let key = retinue_store::default_profile_key(home.path());
+    let sqlite = home.open_store_as(clock.clone(), &key);
+    let child = |sa: &str| retinue_store::ChildManifest {
+        subagent_id: sa.into(),
+        session_id: format!("cs-{sa}"),
+        ..retinue_store::ChildManifest::default()
+    };
+    let mine = retinue_testkit::retain_unit(&sqlite, "P", &key, vec![child("sa-mine")]);
+    let other = retinue_testkit::retain_unit(&sqlite, "P", "other", vec![child("sa-other")]);
+    let shared = retinue_testkit::retain_unit(&sqlite, "P", "", vec![child("sa-shared")]);
+
+    let schema = format!("mig_tenant_{}", std::process::id());
+    let _ = PgStore::drop_schema(&url, &schema);
+    let pg = PgStore::open(
+        &url,
+        PgOptions::default().with_clock(clock.clone()).with_schema(&schema).with_profile("acme"),
+    )
+    .expect("open");
+    let report = pg.import_state_db(&home.db_path()).expect("migrate");
+    assert_eq!(report.rekeyed, Some((key.clone(), 1)));
+    let profile_of = |id: &str| {
+        pg.find_retained_child(id).expect("find").map(|e| e.owner_profile).unwrap_or_default()
+    };
+    assert_eq!(profile_of(&mine), "acme");
+    assert_eq!(profile_of(&other), "other");
+    assert_eq!(profile_of(&shared), "");
+    // A rerun copies nothing and re-keys nothing already copied.
+    let again = pg.import_state_db(&home.db_path()).expect("again");
+    assert!(again.tables.values().all(|(_, copied)| *copied == 0), "{again:?}");
+    assert_eq!(profile_of(&mine), "acme");
+    drop(pg);
+    // Without a tenant, profiles copy as stored.
+    let _ = PgStore::drop_schema(&url, &schema);
+    let pg = PgStore::open(&url, PgOptions::default().with_clock(clock).with_schema(&schema))
+        .expect("open");
+    assert_eq!(pg.import_state_db(&home.db_path()).expect("migrate").rekeyed, None);
+    assert_eq!(pg.find_retained_child(&mine).expect("find").map(|e| e.owner_profile), Some(key));
+    drop(pg);
+    PgStore::drop_schema(&url, &schema).expect("drop");
+}
