@@ -5,9 +5,10 @@
 
 use rusqlite::Row;
 
-use crate::config::DelegationConfig;
 use crate::model::{ChildManifest, RetainedChild};
 use crate::status::UnitState;
+
+pub(crate) use crate::rules::Limits;
 
 /// Reads a JSON text column the way spec §2.7 reads JSON: corruption-tolerant.
 /// NULL, and text or a BLOB that is not UTF-8, read as absent (malformed);
@@ -146,6 +147,19 @@ impl ChildRow {
             self.manifest_json.as_deref().and_then(ChildManifest::parse).unwrap_or_default();
         entry
     }
+
+    /// The facts the shared addressability rule reads.
+    pub(crate) fn facts(&self) -> crate::rules::ChildFacts<'_> {
+        crate::rules::ChildFacts {
+            tombstoned_at: self.child_tombstoned_at,
+            tombstone_reason: self.child_tombstone_reason.as_deref(),
+            tombstone_note: self.tombstone_note.as_deref(),
+            retained_at: self.entry.retained_at,
+            unit_retained: self.unit_retained,
+            unit_tombstoned_at: self.unit_tombstoned_at,
+            covered: self.covered,
+        }
+    }
 }
 
 pub(crate) fn read_child_row(r: &Row<'_>) -> rusqlite::Result<ChildRow> {
@@ -198,28 +212,4 @@ pub(crate) fn read_child_row_at(r: &Row<'_>, o: usize) -> rusqlite::Result<Child
         unit_tombstoned_at,
         covered: real_column(r, o + 16)?.zip(real_column(r, o + 17)?),
     })
-}
-
-/// Limits in force for one evaluation.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Limits {
-    pub(crate) now: f64,
-    pub(crate) max_retained: u32,
-    pub(crate) ttl_hours: f64,
-}
-
-impl Limits {
-    /// The configured limits at `now` (`max_retained` floored at 1, the TTL at 0).
-    pub(crate) fn new(now: f64, d: &DelegationConfig) -> Limits {
-        Limits {
-            now,
-            max_retained: d.max_retained.max(1),
-            ttl_hours: d.retained_ttl_hours.max(0.0),
-        }
-    }
-
-    /// Children retained before this instant are past their TTL.
-    pub(crate) fn cutoff(self) -> f64 {
-        self.now - self.ttl_hours * 3600.0
-    }
 }

@@ -12,6 +12,7 @@ use crate::rows::{
     CHILD_COLS, CHILD_RETAINED_AT, ChildRow, Limits, json_column, live_profiles, read_child_row,
     read_child_row_at, text_column,
 };
+use crate::rules::child_status;
 use crate::store::Store;
 
 /// Every child row matching `id` as a subagent id (kind 0), a child session
@@ -69,60 +70,9 @@ fn rank_of(conn: &Connection, id: &str, retained_at: Option<f64>, lim: Limits) -
     Ok(u32::try_from(n).unwrap_or(u32::MAX))
 }
 
-/// Status without the cap rank: `Some(status)` when not live, `None` when
-/// live (the caller then checks the rank).
+/// Status without the cap rank (the shared rule of [`child_status`]).
 fn live_status(row: &ChildRow, lim: Limits) -> Option<Unaddressable> {
-    if let Some(at) = row.child_tombstoned_at {
-        let reason = TombstoneReason::parse(row.child_tombstone_reason.as_deref());
-        let note =
-            (reason == TombstoneReason::Manual).then(|| row.tombstone_note.clone()).flatten();
-        return Some(Unaddressable::Tombstoned { at, reason, note });
-    }
-    if let Some(at) = row.unit_tombstoned_at {
-        // A prune's unit-level tombstone covers the child: it reports what a
-        // per-child write at that prune would have stored.
-        if let Some((pruned_at, ttl_seconds)) = row.covered.filter(|(t, _)| *t == at) {
-            return Some(covered_status(row.entry.retained_at, pruned_at, ttl_seconds));
-        }
-        return Some(Unaddressable::Tombstoned {
-            at,
-            reason: TombstoneReason::External,
-            note: None,
-        });
-    }
-    let Some(retained_at) = row.entry.retained_at.filter(|_| row.unit_retained) else {
-        return Some(Unaddressable::NeverRetained);
-    };
-    if retained_at < lim.cutoff() {
-        let at = retained_at + lim.ttl_hours * 3600.0;
-        return Some(Unaddressable::Tombstoned { at, reason: TombstoneReason::Ttl, note: None });
-    }
-    None
-}
-
-/// The status of a child covered by its unit's prune tombstone at `pruned_at`
-/// (TTL `ttl_seconds` then in force): `ttl` at its expiry (never after the
-/// prune) when its TTL clock had run out by then (a missing clock counts as
-/// run out), else `cap` at the prune — exactly what the prune's per-child
-/// write stored before units covered their children.
-pub(crate) fn covered_status(
-    retained_at: Option<f64>,
-    pruned_at: f64,
-    ttl_seconds: f64,
-) -> Unaddressable {
-    match retained_at {
-        Some(r) if r >= pruned_at - ttl_seconds => {
-            Unaddressable::Tombstoned { at: pruned_at, reason: TombstoneReason::Cap, note: None }
-        }
-        Some(r) => Unaddressable::Tombstoned {
-            at: pruned_at.min(r + ttl_seconds),
-            reason: TombstoneReason::Ttl,
-            note: None,
-        },
-        None => {
-            Unaddressable::Tombstoned { at: pruned_at, reason: TombstoneReason::Ttl, note: None }
-        }
-    }
+    child_status(&row.facts(), lim)
 }
 
 /// The resolved row of a lookup: how `id` matched it (0 subagent id, 1 child

@@ -4,7 +4,7 @@
 use rusqlite::types::Value;
 use rusqlite::{Connection, OptionalExtension, Transaction, params};
 
-use crate::error::{Error, Result, SqlResult};
+use crate::error::{Result, SqlResult};
 use crate::model::{PruneCount, RecoveryReport, TombstoneReason};
 use crate::probe::OwnerProbe;
 use crate::registry::Retention;
@@ -90,7 +90,7 @@ fn tombstone_units(
 /// a unit that stays live get their own `ttl` row.
 pub(crate) fn prune_in(tx: &Transaction<'_>, lim: Limits) -> SqlResult<PruneCount> {
     let t = lim.now;
-    let ttl_seconds = lim.ttl_hours * 3600.0;
+    let ttl_seconds = lim.ttl_seconds();
     let mut count = PruneCount::default();
     if !tx.prepare_cached(TTL_DUE)?.query_row([lim.cutoff()], |r| r.get::<_, bool>(0))? {
         return cap_in(tx, lim, count);
@@ -136,7 +136,7 @@ const TTL_DUE: &str = concat!(
 /// ranked at or beyond `max_retained` among that profile's, after the last
 /// one kept. Profiles within their cap cost one index seek each.
 fn cap_in(tx: &Transaction<'_>, lim: Limits, mut count: PruneCount) -> SqlResult<PruneCount> {
-    let (t, ttl_seconds) = (lim.now, lim.ttl_hours * 3600.0);
+    let (t, ttl_seconds) = (lim.now, lim.ttl_seconds());
     for profile in live_profiles(tx)? {
         // Read and bound back as stored (a hostile row's id may not be text).
         let boundary: Option<(Value, Value)> = tx
@@ -208,7 +208,7 @@ fn tombstone_in(
                WHERE u.delegation_id = retinue_children.delegation_id)) + ?3, ?1)) \
              WHERE delegation_id = ?2 AND tombstoned_at IS NULL",
         )?
-        .execute(params![t, unit, lim.ttl_hours * 3600.0])?;
+        .execute(params![t, unit, lim.ttl_seconds()])?;
         tx.prepare_cached(
             "UPDATE async_delegations SET tombstoned_at = ?1, updated_at = ?1 \
              WHERE delegation_id = ?2 AND tombstoned_at IS NULL",
@@ -241,16 +241,7 @@ impl Retention for Store {
         max_retained: Option<u32>,
         ttl_hours: Option<f64>,
     ) -> Result<PruneCount> {
-        let mut lim = self.limits();
-        if let Some(m) = max_retained {
-            lim.max_retained = m.max(1);
-        }
-        if let Some(h) = ttl_hours {
-            if !h.is_finite() {
-                return Err(Error::Invalid(format!("ttl_hours must be finite, got {h}")));
-            }
-            lim.ttl_hours = h.max(0.0);
-        }
+        let lim = self.limits().with_overrides(max_retained, ttl_hours)?;
         // Nothing due (the common case): no write transaction at all.
         if !self.pool.query("checking whether a prune is due", |conn| prune_due(conn, lim))? {
             return Ok(PruneCount::default());

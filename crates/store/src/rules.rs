@@ -1,0 +1,228 @@
+//! The retention rules every backend applies the same way (spec §3.1, §3.5):
+//! the limits in force for one evaluation, a prune's argument overrides and
+//! the addressability status of one child from its row's facts. Pure
+//! functions of plain values, so the SQLite and PostgreSQL backends share
+//! them instead of restating them.
+
+use crate::config::DelegationConfig;
+use crate::error::{Error, Result};
+use crate::model::{TombstoneReason, Unaddressable};
+
+/// The retention limits in force for one evaluation.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Limits {
+    /// The evaluation's instant (epoch seconds).
+    pub now: f64,
+    /// Live units kept per profile (at least 1).
+    pub max_retained: u32,
+    /// A child's TTL after it was retained (hours, at least 0).
+    pub ttl_hours: f64,
+}
+
+impl Limits {
+    /// The configured limits at `now` (`max_retained` floored at 1, the TTL at 0).
+    pub fn new(now: f64, d: &DelegationConfig) -> Limits {
+        Limits {
+            now,
+            max_retained: d.max_retained.max(1),
+            ttl_hours: d.retained_ttl_hours.max(0.0),
+        }
+    }
+
+    /// These limits with a prune call's overrides (`max_retained` floored at
+    /// 1, the TTL at 0); a TTL that is not finite is refused.
+    pub fn with_overrides(
+        mut self,
+        max_retained: Option<u32>,
+        ttl_hours: Option<f64>,
+    ) -> Result<Limits> {
+        if let Some(m) = max_retained {
+            self.max_retained = m.max(1);
+        }
+        if let Some(h) = ttl_hours {
+            if !h.is_finite() {
+                return Err(Error::Invalid(format!("ttl_hours must be finite, got {h}")));
+            }
+            self.ttl_hours = h.max(0.0);
+        }
+        Ok(self)
+    }
+
+    /// The TTL in seconds.
+    pub fn ttl_seconds(self) -> f64 {
+        self.ttl_hours * 3600.0
+    }
+
+    /// Children retained before this instant are past their TTL.
+    pub fn cutoff(self) -> f64 {
+        self.now - self.ttl_seconds()
+    }
+}
+
+/// What a backend read about one child and its unit, for [`child_status`].
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ChildFacts<'a> {
+    /// The child's own tombstone time.
+    pub tombstoned_at: Option<f64>,
+    /// The child's own tombstone reason, as stored.
+    pub tombstone_reason: Option<&'a str>,
+    /// The operator's note of a manual tombstone.
+    pub tombstone_note: Option<&'a str>,
+    /// The child's TTL clock (its `retained_at`, else its unit's).
+    pub retained_at: Option<f64>,
+    /// Whether the unit is retained (`retained = 1`).
+    pub unit_retained: bool,
+    /// The unit's tombstone time.
+    pub unit_tombstoned_at: Option<f64>,
+    /// A prune's unit-level tombstone (time, TTL seconds then in force), if
+    /// the backend records them: it covers the children of that unit.
+    pub covered: Option<(f64, f64)>,
+}
+
+/// A child's status without the cap rank: `Some(status)` when it is not
+/// live, `None` when it is (the caller then checks the rank in its profile).
+pub fn child_status(f: &ChildFacts<'_>, lim: Limits) -> Option<Unaddressable> {
+    if let Some(at) = f.tombstoned_at {
+        let reason = TombstoneReason::parse(f.tombstone_reason);
+        let note = (reason == TombstoneReason::Manual).then(|| f.tombstone_note.map(str::to_owned));
+        return Some(Unaddressable::Tombstoned { at, reason, note: note.flatten() });
+    }
+    if let Some(at) = f.unit_tombstoned_at {
+        // A prune's unit-level tombstone covers the child: it reports what a
+        // per-child write at that prune would have stored.
+        if let Some((pruned_at, ttl_seconds)) = f.covered.filter(|(t, _)| *t == at) {
+            return Some(covered_status(f.retained_at, pruned_at, ttl_seconds));
+        }
+        return Some(Unaddressable::Tombstoned {
+            at,
+            reason: TombstoneReason::External,
+            note: None,
+        });
+    }
+    let Some(retained_at) = f.retained_at.filter(|_| f.unit_retained) else {
+        return Some(Unaddressable::NeverRetained);
+    };
+    if retained_at < lim.cutoff() {
+        let at = retained_at + lim.ttl_seconds();
+        return Some(Unaddressable::Tombstoned { at, reason: TombstoneReason::Ttl, note: None });
+    }
+    None
+}
+
+/// The status of a child covered by its unit's prune tombstone at `pruned_at`
+/// (TTL `ttl_seconds` then in force): `ttl` at its expiry (never after the
+/// prune) when its TTL clock had run out by then (a missing clock counts as
+/// run out), else `cap` at the prune — exactly what the prune's per-child
+/// write stores.
+pub fn covered_status(retained_at: Option<f64>, pruned_at: f64, ttl_seconds: f64) -> Unaddressable {
+    match retained_at {
+        Some(r) if r >= pruned_at - ttl_seconds => {
+            Unaddressable::Tombstoned { at: pruned_at, reason: TombstoneReason::Cap, note: None }
+        }
+        Some(r) => Unaddressable::Tombstoned {
+            at: pruned_at.min(r + ttl_seconds),
+            reason: TombstoneReason::Ttl,
+            note: None,
+        },
+        None => {
+            Unaddressable::Tombstoned { at: pruned_at, reason: TombstoneReason::Ttl, note: None }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIM: Limits = Limits { now: 10_000.0, max_retained: 2, ttl_hours: 1.0 };
+
+    fn live(retained_at: f64) -> ChildFacts<'static> {
+        ChildFacts { retained_at: Some(retained_at), unit_retained: true, ..ChildFacts::default() }
+    }
+
+    #[test]
+    fn a_live_child_within_its_ttl_has_no_status() {
+        assert_eq!(child_status(&live(LIM.cutoff()), LIM), None);
+    }
+
+    #[test]
+    fn past_the_ttl_a_child_is_ttl_tombstoned_at_its_expiry() {
+        let status = child_status(&live(LIM.cutoff() - 1.0), LIM);
+        assert_eq!(
+            status,
+            Some(Unaddressable::Tombstoned {
+                at: LIM.now - 1.0,
+                reason: TombstoneReason::Ttl,
+                note: None
+            })
+        );
+    }
+
+    #[test]
+    fn only_a_manual_tombstone_shows_its_note() {
+        let manual = ChildFacts {
+            tombstoned_at: Some(5.0),
+            tombstone_reason: Some("manual"),
+            tombstone_note: Some("done"),
+            ..live(LIM.now)
+        };
+        assert!(matches!(
+            child_status(&manual, LIM),
+            Some(Unaddressable::Tombstoned { reason: TombstoneReason::Manual, note: Some(n), .. }) if n == "done"
+        ));
+        let cap = ChildFacts { tombstone_reason: Some("cap"), ..manual };
+        assert!(matches!(
+            child_status(&cap, LIM),
+            Some(Unaddressable::Tombstoned { reason: TombstoneReason::Cap, note: None, .. })
+        ));
+    }
+
+    #[test]
+    fn a_unit_tombstone_is_external_unless_a_prune_covers_it() {
+        let external = ChildFacts { unit_tombstoned_at: Some(7.0), ..live(LIM.now) };
+        assert!(matches!(
+            child_status(&external, LIM),
+            Some(Unaddressable::Tombstoned { reason: TombstoneReason::External, .. })
+        ));
+        let covered = ChildFacts { covered: Some((7.0, 3600.0)), ..external };
+        assert!(matches!(
+            child_status(&covered, LIM),
+            Some(Unaddressable::Tombstoned { reason: TombstoneReason::Cap, at, .. }) if at == 7.0
+        ));
+        // A covering row of another prune time does not cover this tombstone.
+        let stale = ChildFacts { covered: Some((8.0, 3600.0)), ..external };
+        assert!(matches!(
+            child_status(&stale, LIM),
+            Some(Unaddressable::Tombstoned { reason: TombstoneReason::External, .. })
+        ));
+    }
+
+    #[test]
+    fn never_retained_without_a_clock_or_a_retained_unit() {
+        let unretained = ChildFacts { unit_retained: false, ..live(LIM.now) };
+        assert_eq!(child_status(&unretained, LIM), Some(Unaddressable::NeverRetained));
+        let no_clock = ChildFacts { retained_at: None, ..live(LIM.now) };
+        assert_eq!(child_status(&no_clock, LIM), Some(Unaddressable::NeverRetained));
+    }
+
+    #[test]
+    fn covered_children_report_what_a_per_child_write_stored() {
+        let ttl = |at| Unaddressable::Tombstoned { at, reason: TombstoneReason::Ttl, note: None };
+        assert_eq!(covered_status(Some(100.0), 200.0, 50.0), ttl(150.0));
+        assert_eq!(covered_status(None, 200.0, 50.0), ttl(200.0));
+        assert!(matches!(
+            covered_status(Some(150.0), 200.0, 50.0),
+            Unaddressable::Tombstoned { reason: TombstoneReason::Cap, at, .. } if at == 200.0
+        ));
+    }
+
+    #[test]
+    fn overrides_floor_and_refuse_non_finite_ttls() {
+        let lim = LIM.with_overrides(Some(0), Some(-3.0)).expect("finite");
+        assert_eq!((lim.max_retained, lim.ttl_hours), (1, 0.0));
+        for bad in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+            assert!(matches!(LIM.with_overrides(None, Some(bad)), Err(Error::Invalid(_))));
+        }
+        assert_eq!(LIM.with_overrides(None, None).expect("none"), LIM);
+    }
+}
