@@ -99,13 +99,49 @@ pub(crate) use live_profiles_cte;
 /// The distinct profile keys of the live units (see [`live_profiles_cte`]).
 const LIVE_PROFILES: &str = concat!(live_profiles_cte!(), "SELECT v FROM p WHERE v IS NOT NULL");
 
-/// The profile keys of [`LIVE_PROFILES`], each as stored (text, or whatever a
-/// hostile writer stored: bound back as is, so comparisons stay exact).
-pub(crate) fn live_profiles(
-    conn: &rusqlite::Connection,
-) -> rusqlite::Result<Vec<rusqlite::types::Value>> {
+/// A column value exactly as stored, bound back byte for byte: TEXT that is
+/// not valid UTF-8 (a hostile writer's) stays that TEXT, where rusqlite's
+/// `Value` would refuse to read it. For keys read and compared again.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum RawValue {
+    Null,
+    Integer(i64),
+    Real(f64),
+    Text(Vec<u8>),
+    Blob(Vec<u8>),
+}
+
+impl rusqlite::types::FromSql for RawValue {
+    fn column_result(v: rusqlite::types::ValueRef<'_>) -> rusqlite::types::FromSqlResult<Self> {
+        use rusqlite::types::ValueRef;
+        Ok(match v {
+            ValueRef::Null => RawValue::Null,
+            ValueRef::Integer(i) => RawValue::Integer(i),
+            ValueRef::Real(f) => RawValue::Real(f),
+            ValueRef::Text(b) => RawValue::Text(b.to_vec()),
+            ValueRef::Blob(b) => RawValue::Blob(b.to_vec()),
+        })
+    }
+}
+
+impl rusqlite::ToSql for RawValue {
+    fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
+        use rusqlite::types::{ToSqlOutput, ValueRef};
+        Ok(ToSqlOutput::Borrowed(match self {
+            RawValue::Null => ValueRef::Null,
+            RawValue::Integer(i) => ValueRef::Integer(*i),
+            RawValue::Real(f) => ValueRef::Real(*f),
+            RawValue::Text(b) => ValueRef::Text(b),
+            RawValue::Blob(b) => ValueRef::Blob(b),
+        }))
+    }
+}
+
+/// The profile keys of [`LIVE_PROFILES`], each exactly as stored (bound back
+/// as is, so comparisons stay exact whatever a writer stored).
+pub(crate) fn live_profiles(conn: &rusqlite::Connection) -> rusqlite::Result<Vec<RawValue>> {
     let mut stmt = conn.prepare_cached(LIVE_PROFILES)?;
-    let rows = stmt.query_map([], |r| r.get::<_, rusqlite::types::Value>(0))?;
+    let rows = stmt.query_map([], |r| r.get::<_, RawValue>(0))?;
     rows.collect()
 }
 
@@ -173,9 +209,15 @@ pub(crate) fn read_child_row_at(r: &Row<'_>, o: usize) -> rusqlite::Result<Child
     let index = real_column(r, o + 1)?;
     let subagent_id = text_column(r, o + 2)?;
     let child_session_id = text_column(r, o + 3)?;
+    // An unreadable profile (a BLOB, invalid UTF-8) must not read as the
+    // empty profile, which every profile may address: the row is malformed
+    // (fail closed), as with an unreadable id.
+    let owner_profile = text_column(r, o + 9)?;
     let malformed = delegation_id.is_none()
         || index.is_none()
-        || (subagent_id.is_none() && child_session_id.is_none());
+        || (subagent_id.is_none() && child_session_id.is_none())
+        || (owner_profile.is_none()
+            && !matches!(r.get_ref(o + 9), Ok(rusqlite::types::ValueRef::Null)));
     let retained = real_column(r, o + 12)?;
     // A tombstone whose time is unreadable still counts as a tombstone.
     let child_tombstone_reason = text_column(r, o + 7)?;
@@ -198,7 +240,7 @@ pub(crate) fn read_child_row_at(r: &Row<'_>, o: usize) -> rusqlite::Result<Child
             child_session_id: child_session_id.unwrap_or_default(),
             retained_at: real_column(r, o + 5)?,
             parent_session_id: text_column(r, o + 8)?.unwrap_or_default(),
-            owner_profile: text_column(r, o + 9)?.unwrap_or_default(),
+            owner_profile: owner_profile.unwrap_or_default(),
             state: UnitState::parse(&text_column(r, o + 10)?.unwrap_or_default()),
             completed_at: real_column(r, o + 11)?,
             manifest: ChildManifest::default(),

@@ -41,7 +41,7 @@ fn candidates(conn: &Connection, id: &str) -> SqlResult<Vec<(u8, ChildRow)>> {
         .filter(|(_, row)| {
             if row.malformed {
                 log::warn!(
-                    "retinue_children rowid {} is malformed (unreadable id); skipped",
+                    "retinue_children rowid {} is malformed (unreadable id or profile); skipped",
                     row.rowid
                 );
             }
@@ -173,7 +173,7 @@ pub(crate) fn list_in(tx: &Connection, lim: Limits) -> SqlResult<Vec<RetainedChi
         .filter(|row| {
             if row.malformed {
                 log::warn!(
-                    "retinue_children rowid {} is malformed (unreadable id); skipped",
+                    "retinue_children rowid {} is malformed (unreadable id or profile); skipped",
                     row.rowid
                 );
             }

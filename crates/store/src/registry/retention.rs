@@ -1,7 +1,6 @@
 //! Retention (spec §3.5): per-child tombstones, TTL and cap pruning,
 //! rehydration; the entry points of restart recovery and history pruning.
 
-use rusqlite::types::Value;
 use rusqlite::{Connection, OptionalExtension, Transaction, params};
 
 use crate::error::{Result, SqlResult};
@@ -10,7 +9,7 @@ use crate::probe::OwnerProbe;
 use crate::registry::Retention;
 use crate::registry::addressability::{list_in, resolve_in};
 use crate::registry::backfill::backfill;
-use crate::rows::{CHILD_RETAINED_AT, Limits, live_profiles, live_profiles_cte};
+use crate::rows::{CHILD_RETAINED_AT, Limits, RawValue, live_profiles, live_profiles_cte};
 use crate::store::Store;
 
 /// Whether a prune at `lim` has anything to write (one read statement).
@@ -139,7 +138,7 @@ fn cap_in(tx: &Transaction<'_>, lim: Limits, mut count: PruneCount) -> SqlResult
     let (t, ttl_seconds) = (lim.now, lim.ttl_seconds());
     for profile in live_profiles(tx)? {
         // Read and bound back as stored (a hostile row's id may not be text).
-        let boundary: Option<(Value, Value)> = tx
+        let boundary: Option<(RawValue, RawValue)> = tx
             .prepare_cached(
                 "SELECT u.retained_at, u.delegation_id FROM async_delegations u \
                  WHERE u.retained = 1 AND u.tombstoned_at IS NULL \

@@ -670,3 +670,41 @@ fn unit_tombstones_cover_children_with_unchanged_answers() {
     assert_eq!(status("sa-m1"), (TombstoneReason::External, t + 7.0));
     assert_eq!(status("sa-m0").0, TombstoneReason::Manual);
 }
+
+/// A unit whose `owner_profile` is unreadable (a BLOB, invalid UTF-8) is
+/// never read as the empty profile (which every profile may address): its
+/// children are skipped by lists and lookups, and it ranks only among its
+/// own key, so it never evicts another profile's children.
+#[test]
+fn unreadable_profiles_fail_closed_and_rank_apart() {
+    let fx = Fx::with_config(DelegationConfig { max_retained: 2, ..DelegationConfig::default() });
+    for (i, profile) in ["x'00ff'", "CAST(x'ff' AS TEXT)", "'p'", "'p'"].into_iter().enumerate() {
+        let id = format!("deleg_h{i}");
+        fx.dispatch_and_retain(
+            &id,
+            "parent",
+            &[child(&format!("sa-h{i}"), &format!("cs-h{i}"), None, None)],
+        );
+        fx.raw()
+            .execute(&format!("UPDATE async_delegations SET owner_profile = {profile} WHERE delegation_id = ?1"), [&id])
+            .expect("profile");
+        fx.clock.advance(1.0);
+    }
+    let listed: Vec<String> = fx
+        .store
+        .list_retained_children()
+        .expect("list")
+        .into_iter()
+        .map(|e| e.subagent_id)
+        .collect();
+    assert_eq!(listed, vec!["sa-h3", "sa-h2"]);
+    for hostile in ["sa-h0", "sa-h1", "deleg_h0", "cs-h1"] {
+        assert!(fx.store.find_retained_child(hostile).expect("find").is_none(), "{hostile}");
+    }
+    // Three keys, each within a cap of 2: nothing to prune.
+    let n = fx.store.prune_retained_children(None, None).expect("prune");
+    assert_eq!(n.units, 0);
+    let n = fx.store.prune_retained_children(Some(1), None).expect("prune");
+    assert_eq!(n.units, 1, "only profile p is over a cap of 1");
+    assert_eq!(ids(&fx.store), vec!["sa-h3"]);
+}
