@@ -289,6 +289,14 @@ pub fn tombstones(make: Factory<'_>) {
     assert_eq!(r.list_retained_children().expect("list").len(), 1);
     assert!(r.tombstone_retained_child(&id, &TombstoneReason::Other("op".into())).expect("t"));
     assert!(r.list_retained_children().expect("list").is_empty());
+    // An operator's text is a note; the reason stays `manual` (issue #12).
+    match r.lookup(&children[1].subagent_id).expect("lookup") {
+        Lookup::NotAddressable(_, Unaddressable::Tombstoned { reason, note, .. }) => {
+            assert_eq!(reason, TombstoneReason::Manual);
+            assert_eq!(note.as_deref(), Some("op"));
+        }
+        other => panic!("expected a manual tombstone with a note, got {other:?}"),
+    }
     assert!(!r.retain_completed_delegation(&id, None).expect("retain"), "never re-retained");
     assert!(!r.tombstone_retained_child("", &TombstoneReason::Manual).expect("t"));
 }
@@ -306,13 +314,17 @@ pub fn ttl_prune(make: Factory<'_>) {
         Lookup::NotAddressable(_, Unaddressable::Tombstoned { reason: TombstoneReason::Ttl, .. })
     ));
     assert!(b.registry.find_retained_child(&nc[0].subagent_id).expect("find").is_some());
+    let expired = b.registry.lookup(&oc[0].session_id).expect("lookup");
     let n = b.registry.prune_retained_children(None, None).expect("prune");
     assert_eq!((n.units, n.children), (1, 1));
     assert_eq!(b.registry.prune_retained_children(None, None).expect("prune").units, 0);
+    // The prune writes down what lookups already said: `ttl` at the expiry.
     assert!(matches!(
         b.registry.lookup(&oc[0].session_id).expect("lookup"),
-        Lookup::NotAddressable(_, Unaddressable::Tombstoned { reason: TombstoneReason::Ttl, .. })
+        Lookup::NotAddressable(_, Unaddressable::Tombstoned { reason: TombstoneReason::Ttl, at, .. })
+            if at == T0 + 3600.0
     ));
+    assert_eq!(b.registry.lookup(&oc[0].session_id).expect("lookup"), expired);
     assert_eq!(b.registry.rehydrate_retained_children().expect("rehydrate"), 1);
     assert!(b.registry.prune_retained_children(None, Some(f64::NAN)).is_err());
 }
