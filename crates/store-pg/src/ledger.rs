@@ -2,17 +2,16 @@
 //! idempotency key and the maintained totals in one `SERIALIZABLE`
 //! transaction, as in the SQLite backend.
 
-use postgres::Transaction;
 use retinue_store::{
     AttributionDraft, PendingUsage, Result, SessionCost, TotalsSnapshot, TotalsUpdate,
     UsageAttribution, UsageLedger, UsageTotals, parse_json_opt,
 };
 use serde_json::Value;
 
-use crate::pool::{Mode, PgResult};
+use crate::pool::{Mode, PgResult, Tx};
 use crate::store::PgStore;
 
-fn totals_row(tx: &mut Transaction<'_>, parent: &str) -> PgResult<Option<(UsageTotals, i64)>> {
+fn totals_row(tx: &mut Tx<'_>, parent: &str) -> PgResult<Option<(UsageTotals, i64)>> {
     let row = tx.query_opt(
         "SELECT cost_usd, input_tokens, output_tokens, covered_id \
          FROM retinue_usage_totals WHERE parent_session_id = $1",
@@ -31,12 +30,7 @@ fn totals_row(tx: &mut Transaction<'_>, parent: &str) -> PgResult<Option<(UsageT
     .transpose()
 }
 
-fn add_totals(
-    tx: &mut Transaction<'_>,
-    parent: &str,
-    delta: &UsageTotals,
-    covered_id: i64,
-) -> PgResult<()> {
+fn add_totals(tx: &mut Tx<'_>, parent: &str, delta: &UsageTotals, covered_id: i64) -> PgResult<()> {
     tx.execute(
         "INSERT INTO retinue_usage_totals \
          (parent_session_id, cost_usd, input_tokens, output_tokens, covered_id) \
@@ -52,7 +46,7 @@ fn add_totals(
 }
 
 fn record_in(
-    tx: &mut Transaction<'_>,
+    tx: &mut Tx<'_>,
     draft: &AttributionDraft,
     totals: &TotalsUpdate,
     now: f64,
@@ -127,7 +121,7 @@ impl UsageLedger for PgStore {
         if parent.is_empty() {
             return Ok(Vec::new());
         }
-        self.pool.tx("reading usage attributions", Mode::Read, |tx| {
+        self.pool.tx("reading usage attributions", Mode::ReadOne, |tx| {
             let rows = tx.query(
                 "SELECT id, parent_session_id, parent_turn_id, child_session_id, usage_json, \
                  aggregate_json, created_at FROM delegation_child_usage \
@@ -178,7 +172,7 @@ impl UsageLedger for PgStore {
     }
 
     fn session_cost(&self, session: &str) -> Result<Option<SessionCost>> {
-        self.pool.tx("reading a session cost", Mode::Read, |tx| {
+        self.pool.tx("reading a session cost", Mode::ReadOne, |tx| {
             let row = tx.query_opt(
                 "SELECT estimated_cost_usd, cost_status, cost_source FROM sessions WHERE id = $1",
                 &[&session],

@@ -15,7 +15,7 @@ use postgres::types::ToSql;
 use retinue_store::{Error, Result};
 use rusqlite::types::ValueRef;
 
-use crate::pool::{Fail, Mode, PgResult};
+use crate::pool::{Fail, Mode, PgResult, Tx};
 use crate::store::PgStore;
 
 /// A column's type in PostgreSQL.
@@ -269,11 +269,7 @@ fn read_table(conn: &rusqlite::Connection, table: &Table) -> Result<Vec<Vec<Val>
 }
 
 /// Copies `table`'s rows; returns how many were new.
-fn copy_rows(
-    tx: &mut postgres::Transaction<'_>,
-    table: &Table,
-    rows: &[Vec<Val>],
-) -> PgResult<usize> {
+fn copy_rows(tx: &mut Tx<'_>, table: &Table, rows: &[Vec<Val>]) -> PgResult<usize> {
     let names: Vec<&str> = table.cols.iter().map(|(c, _)| *c).collect();
     let marks: Vec<String> = (1..=names.len()).map(|i| format!("${i}")).collect();
     let sql = format!(
@@ -293,7 +289,7 @@ fn copy_rows(
 
 /// Every source key must be in the target, owned by the same row (for
 /// tables keyed by an id: the same second column).
-fn verify(tx: &mut postgres::Transaction<'_>, table: &Table, rows: &[Vec<Val>]) -> PgResult<()> {
+fn verify(tx: &mut Tx<'_>, table: &Table, rows: &[Vec<Val>]) -> PgResult<()> {
     let a = table.cols[0].0;
     let sql = if table.key == 2 {
         let b = table.cols[1].0;

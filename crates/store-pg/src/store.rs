@@ -17,7 +17,7 @@ use crate::pool::{Fail, Mode, PgResult, Pool, quote_ident, random_hex};
 pub const WORKER_LEASE_SECS: f64 = 60.0;
 
 /// The schema version this binary embeds.
-const SCHEMA_VERSION: i32 = 2;
+const SCHEMA_VERSION: i32 = 3;
 
 /// How to open a [`PgStore`].
 #[derive(Clone)]
@@ -225,6 +225,10 @@ fn migrate(client: &mut postgres::Client, schema: Option<&str>) -> PgResult<()> 
         migration(
             "V2__retinue_pg_budget_reservations",
             include_str!("../migrations/V2__retinue_pg_budget_reservations.sql"),
+        )?,
+        migration(
+            "V3__retinue_pg_retention_indexes",
+            include_str!("../migrations/V3__retinue_pg_retention_indexes.sql"),
         )?,
     ];
     refinery_pg::Runner::new(&migrations)

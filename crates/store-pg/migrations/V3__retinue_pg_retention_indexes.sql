@@ -1,0 +1,16 @@
+-- Retention reads through indexes instead of over every retained unit.
+--
+-- The live retained units of each profile in cap order (newest first): the
+-- lookup's cap rank and the "is any profile over its cap?" check of a prune
+-- read a range of this index (index-only: the profile column is included so
+-- PostgreSQL can answer from the index alone).
+CREATE INDEX IF NOT EXISTS retinue_idx_async_cap_rank
+    ON async_delegations ((COALESCE(owner_profile, '')), retained_at DESC NULLS LAST,
+                          delegation_id DESC)
+    INCLUDE (owner_profile)
+    WHERE retained = 1 AND tombstoned_at IS NULL;
+
+-- Live children by TTL clock: "is any child past its TTL?" reads the oldest
+-- end of this index only.
+CREATE INDEX IF NOT EXISTS retinue_idx_children_ttl
+    ON retinue_children (retained_at) WHERE tombstoned_at IS NULL;
