@@ -45,6 +45,9 @@ fn add_totals(tx: &mut Tx<'_>, parent: &str, delta: &UsageTotals, covered_id: i6
     Ok(())
 }
 
+/// One keyed attribution in three statements (plus `BEGIN`/`COMMIT`): the
+/// key claimed together with the parent's last ledger id and covered id;
+/// the ledger row inserted together with its key's `usage_id`; the totals.
 fn record_in(
     tx: &mut Tx<'_>,
     draft: &AttributionDraft,
@@ -52,24 +55,22 @@ fn record_in(
     now: f64,
 ) -> PgResult<bool> {
     let parent = draft.parent_session_id.as_str();
-    if let Some(key) = &draft.key {
-        let fresh = tx.execute(
-            "INSERT INTO retinue_usage_keys (attribution_key, usage_id, created_at) \
-             VALUES ($1, 0, $2) ON CONFLICT DO NOTHING",
-            &[key, &now],
-        )?;
-        if fresh == 0 {
-            return Ok(false);
-        }
+    let row = tx.query_one(
+        "WITH k AS (INSERT INTO retinue_usage_keys (attribution_key, usage_id, created_at) \
+           SELECT $2::text, 0, $3::float8 WHERE $2::text IS NOT NULL \
+           ON CONFLICT DO NOTHING RETURNING 1) \
+         SELECT (SELECT count(*) FROM k), \
+           (SELECT COALESCE(MAX(id), 0)::BIGINT FROM delegation_child_usage \
+            WHERE parent_session_id = $1), \
+           (SELECT covered_id FROM retinue_usage_totals WHERE parent_session_id = $1)",
+        &[&parent, &draft.key, &now],
+    )?;
+    let claimed: i64 = row.try_get(0)?;
+    if draft.key.is_some() && claimed == 0 {
+        return Ok(false);
     }
-    let prev_max: i64 = tx
-        .query_one(
-            "SELECT COALESCE(MAX(id), 0)::BIGINT FROM delegation_child_usage \
-             WHERE parent_session_id = $1",
-            &[&parent],
-        )?
-        .try_get(0)?;
-    let mut covered = totals_row(tx, parent)?.map_or(0, |(_, c)| c);
+    let prev_max: i64 = row.try_get(1)?;
+    let mut covered: i64 = row.try_get::<_, Option<i64>>(2)?.unwrap_or(0);
     if let Some(c) = &totals.catch_up
         && c.from_covered_id == covered
         && c.to_id == prev_max
@@ -81,9 +82,12 @@ fn record_in(
     let aggregate = draft.aggregate.as_ref().map(Value::to_string);
     let id: i64 = tx
         .query_one(
-            "INSERT INTO delegation_child_usage (parent_session_id, parent_turn_id, \
-             child_session_id, usage_json, aggregate_json, created_at) \
-             VALUES ($1, $2, $3, $4, $5, $6) RETURNING id",
+            "WITH ins AS (INSERT INTO delegation_child_usage (parent_session_id, parent_turn_id, \
+               child_session_id, usage_json, aggregate_json, created_at) \
+               VALUES ($1, $2, $3, $4, $5, $6) RETURNING id), \
+             k AS (UPDATE retinue_usage_keys SET usage_id = (SELECT id FROM ins) \
+               WHERE attribution_key = $7::text) \
+             SELECT id FROM ins",
             &[
                 &parent,
                 &draft.parent_turn_id,
@@ -91,15 +95,10 @@ fn record_in(
                 &draft.usage.to_string(),
                 &aggregate,
                 &now,
+                &draft.key,
             ],
         )?
         .try_get(0)?;
-    if let Some(key) = &draft.key {
-        tx.execute(
-            "UPDATE retinue_usage_keys SET usage_id = $1 WHERE attribution_key = $2",
-            &[&id, key],
-        )?;
-    }
     // Ids of concurrent writers may be handed out out of commit order; only a
     // row above every row of the parent moves the totals (else it stays pending).
     if covered == prev_max && id > prev_max {
