@@ -144,9 +144,25 @@ fn heartbeat_keeps_units_alive_across_hosts() {
     let host_b = open(&url, &schema, &clock, &config(10));
     let probe = DeadPids::default();
     assert_eq!(host_b.recover_abandoned_delegations(&probe).abandoned, 0);
+    let workers = |schema: &str| -> Vec<String> {
+        let mut c = postgres::Client::connect(&url, postgres::NoTls).expect("connect");
+        c.batch_execute(&format!("SET search_path TO {schema}")).expect("search path");
+        let rows = c.query("SELECT worker_id FROM retinue_workers", &[]).expect("workers");
+        rows.iter().map(|r| r.get(0)).collect()
+    };
+    assert!(workers(&schema).contains(&a.worker_id().to_owned()));
     a.retire().expect("retire");
+    // A retired worker leaves no row behind (every CLI invocation retires).
+    assert!(!workers(&schema).contains(&a.worker_id().to_owned()));
     clock.advance(0.001);
     assert_eq!(host_b.recover_abandoned_delegations(&probe).abandoned, 1);
+    // Rows of workers long dead are forgotten at any worker's heartbeat.
+    let c = open(&url, &schema, &clock, &config(10));
+    let c_id = c.worker_id().to_owned();
+    clock.advance(WORKER_LEASE_SECS + retinue_store_pg::FORGET_WORKERS_AFTER_SECS + 1.0);
+    host_b.heartbeat().expect("heartbeat");
+    let left = workers(&schema);
+    assert!(!left.contains(&c_id) && left.contains(&host_b.worker_id().to_owned()), "{left:?}");
     assert!(matches!(
         host_b.lookup(&id).expect("lookup"),
         Lookup::Unknown | Lookup::NotAddressable(..)
