@@ -65,6 +65,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
          FROM generate_series(1::bigint, $2) i",
         &[&now, &n],
     )?;
+    // The per-profile live count, as the retains that would have made these units leave it.
+    bare.execute(
+        "INSERT INTO retinue_profile_live (profile, units) VALUES ('', $1) \
+         ON CONFLICT (profile) DO UPDATE SET units = EXCLUDED.units",
+        &[&n],
+    )?;
     // As autovacuum leaves a settled table: statistics and the visibility map.
     bare.batch_execute("VACUUM ANALYZE")?;
     let pick = |i: usize| format!("{:08}", (i as i64 * 7919) % n + 1);

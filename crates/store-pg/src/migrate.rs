@@ -350,6 +350,7 @@ impl PgStore {
             })
             .sum();
         let mut tables = BTreeMap::new();
+        let lim = self.limits();
         let dangling_parents = self.pool.tx("copying a state.db", Mode::Write, |tx| {
             tables.clear();
             for (table, rows) in TABLES.iter().zip(&data) {
@@ -386,6 +387,10 @@ impl PgStore {
             for (table, rows) in TABLES.iter().zip(&data) {
                 verify(tx, table, rows)?;
             }
+            // Adopt and prune what was copied, as any write of this backend
+            // leaves it (child rows for retained units; no live unit without
+            // a live child; the per-profile live counts exact).
+            crate::registry::adopt_and_prune(tx, lim)?;
             Ok(dangling)
         })?;
         // Ledger totals: the target's totals of the source's parents equal the source's.

@@ -34,7 +34,9 @@ const CAP_LIVE_CHILD: &str = "EXISTS (SELECT 1 FROM retinue_children k \
 /// its profile ranked strictly above it, counted up to `max_retained` ($3).
 /// One statement, so one snapshot, in autocommit (no `BEGIN`/`COMMIT`).
 ///
-/// The rank first counts the index entries above (index-only, through
+/// The rank is 0 (within the cap, whatever it is exactly) when the profile
+/// has no more live units than the cap (`retinue_profile_live`, one row);
+/// else the index entries above are counted first (index-only, through
 /// `retinue_idx_async_cap_rank`, a superset of the live units above): when
 /// fewer than the cap, the exact count (which also reads each unit's
 /// children for the TTL) cannot reach it either and is skipped.
@@ -54,6 +56,8 @@ fn candidates(
          CASE WHEN c.tombstoned_at IS NOT NULL OR u.tombstoned_at IS NOT NULL \
                 OR u.retained IS DISTINCT FROM 1 \
                 OR ({CHILD_RETAINED_AT} >= $2) IS NOT TRUE THEN NULL \
+              WHEN COALESCE((SELECT n.units FROM retinue_profile_live n \
+                WHERE n.profile = COALESCE(u.owner_profile, '')), $3::bigint + 1) <= $3::bigint THEN 0 \
               WHEN u.retained_at IS NULL THEN (SELECT count(*) FROM (SELECT 1 \
                 FROM async_delegations a WHERE {same} AND {above_null} AND {CAP_LIVE_CHILD} \
                 LIMIT $3) t) \
@@ -249,33 +253,58 @@ fn backfill(tx: &mut Tx<'_>) -> PgResult<usize> {
 
 /// Whether a prune would change anything, in one read-only statement that
 /// looks only where something can be due: children past the TTL (the old
-/// end of `retinue_idx_children_ttl`), live retained units without a live
-/// child, and, per profile (distinct profiles by a skip scan), whether a
-/// unit exists beyond the cap (`OFFSET max_retained` in
-/// `retinue_idx_async_cap_rank`, index-only).
+/// end of `retinue_idx_children_ttl`, and live children without a TTL clock)
+/// and profiles with more live units than the cap (`retinue_profile_live`,
+/// one row per profile).
+///
+/// A live retained unit without any live child is not looked for (that
+/// would read every live unit): no write of this backend leaves one behind —
+/// tombstoning a unit's last live child tombstones the unit, and retaining
+/// or completing a unit prunes in the same transaction, as does `retinue
+/// migrate` after copying a state.db.
 fn prune_due(tx: &mut Tx<'_>, lim: Limits) -> PgResult<bool> {
-    const LIVE: &str = "retained = 1 AND tombstoned_at IS NULL";
-    let sql = format!(
-        "WITH RECURSIVE p(k) AS ( \
-           SELECT min({PROFILE}) FROM async_delegations WHERE {LIVE} \
-           UNION ALL SELECT (SELECT min({PROFILE}) FROM async_delegations \
-             WHERE {LIVE} AND {PROFILE} > p.k) FROM p WHERE p.k IS NOT NULL) \
-         SELECT EXISTS (SELECT 1 FROM retinue_children c \
+    // Two range reads of the TTL index, each in index order, so that the
+    // generic plan of the prepared statement (the cutoff unknown) keeps
+    // reading the index from its old end instead of scanning the table.
+    // (A scalar subquery, because EXISTS drops the ORDER BY … LIMIT.)
+    let sql = "SELECT (SELECT c.retained_at FROM retinue_children c \
              JOIN async_delegations u ON u.delegation_id = c.delegation_id \
-             WHERE c.tombstoned_at IS NULL AND (c.retained_at < $1 OR c.retained_at IS NULL) \
+             WHERE c.tombstoned_at IS NULL AND c.retained_at < $1 \
+             AND u.retained = 1 AND u.tombstoned_at IS NULL \
+             ORDER BY c.retained_at LIMIT 1) IS NOT NULL \
+         OR EXISTS (SELECT 1 FROM retinue_children c \
+             JOIN async_delegations u ON u.delegation_id = c.delegation_id \
+             WHERE c.tombstoned_at IS NULL AND c.retained_at IS NULL \
              AND u.retained = 1 AND u.tombstoned_at IS NULL) \
-         OR EXISTS (SELECT 1 FROM async_delegations u WHERE u.retained = 1 \
-             AND u.tombstoned_at IS NULL AND NOT EXISTS (SELECT 1 FROM retinue_children c \
-               WHERE c.delegation_id = u.delegation_id AND c.tombstoned_at IS NULL)) \
-         OR EXISTS (SELECT 1 FROM p WHERE p.k IS NOT NULL AND EXISTS (SELECT 1 \
-             FROM async_delegations WHERE {LIVE} AND {PROFILE} = p.k \
-             ORDER BY {PROFILE}, retained_at DESC NULLS LAST, delegation_id DESC \
-             OFFSET $2 LIMIT 1))"
-    );
-    Ok(tx.query_one(&sql, &[&lim.cutoff(), &int(lim.max_retained)])?.try_get(0)?)
+         OR EXISTS (SELECT 1 FROM retinue_profile_live WHERE units > $2)";
+    Ok(tx.query_one(sql, &[&lim.cutoff(), &int(lim.max_retained)])?.try_get(0)?)
 }
 
-fn prune_in(tx: &mut Tx<'_>, lim: Limits) -> PgResult<PruneCount> {
+/// What a prune's write transaction does: adopt (child rows for retained
+/// units that have none), then prune.
+pub(crate) fn adopt_and_prune(tx: &mut Tx<'_>, lim: Limits) -> PgResult<PruneCount> {
+    backfill(tx)?;
+    prune_in(tx, lim)
+}
+
+/// Recounts `retinue_profile_live` exactly (every profile), in the caller's
+/// transaction: rows that changed are written, profiles without live units
+/// go to 0.
+pub(crate) fn recount_live(tx: &mut Tx<'_>) -> PgResult<()> {
+    let sql = format!(
+        "WITH c AS (SELECT {PROFILE} AS p, count(*) AS n FROM async_delegations \
+           WHERE retained = 1 AND tombstoned_at IS NULL GROUP BY 1), \
+         z AS (UPDATE retinue_profile_live SET units = 0 \
+           WHERE units <> 0 AND profile NOT IN (SELECT p FROM c)) \
+         INSERT INTO retinue_profile_live (profile, units) SELECT p, n FROM c \
+         ON CONFLICT (profile) DO UPDATE SET units = EXCLUDED.units \
+         WHERE retinue_profile_live.units <> EXCLUDED.units"
+    );
+    tx.execute(&sql, &[])?;
+    Ok(())
+}
+
+pub(crate) fn prune_in(tx: &mut Tx<'_>, lim: Limits) -> PgResult<PruneCount> {
     let t = lim.now;
     let mut n = PruneCount::default();
     n.children += count(tx.execute(
@@ -312,6 +341,7 @@ fn prune_in(tx: &mut Tx<'_>, lim: Limits) -> PgResult<PruneCount> {
         ),
         &[&t, &int(lim.max_retained)],
     )?);
+    recount_live(tx)?;
     Ok(n)
 }
 
@@ -716,13 +746,16 @@ impl UnitLifecycle for PgStore {
             } else {
                 Some(lone_child_session(children).unwrap_or_default())
             };
-            let changed = tx.execute(
+            let updated = tx.query_opt(
                 "UPDATE async_delegations SET children_json = $1, child_session_id = $2, \
-                 owner_profile = $3, updated_at = $4 WHERE delegation_id = $5",
+                 owner_profile = $3, updated_at = $4 WHERE delegation_id = $5 \
+                 RETURNING (retained = 1 AND tombstoned_at IS NULL) IS TRUE",
                 &[&children_json(children), &lone, &self.profile, &now, &id],
             )?;
-            if changed == 0 {
-                return Ok(false);
+            let Some(updated) = updated else { return Ok(false) };
+            if updated.try_get::<_, bool>(0)? {
+                // A live unit may have changed profile.
+                recount_live(tx)?;
             }
             upsert_children(tx, id, children)?;
             Ok(true)

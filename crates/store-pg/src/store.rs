@@ -373,7 +373,7 @@ impl PgStore {
             tx.batch_execute(
                 "TRUNCATE messages, delegation_child_usage, retinue_children, async_delegations, \
                  retinue_usage_keys, retinue_usage_totals, retinue_workers, sessions, \
-                 retinue_budget_reservations",
+                 retinue_budget_reservations, retinue_profile_live",
             )?;
             Ok(())
         })?;

@@ -122,6 +122,40 @@ fn scratch_schema_of(b: &Backend) -> String {
     b.guard.downcast_ref::<Scratch>().map(|s| s.schema.clone()).expect("a PostgreSQL backend")
 }
 
+/// A reader whose cap is lower than the writers' (another host's config)
+/// still refuses the units beyond its own cap, although the per-profile
+/// live count it reads first says the profile holds more than that; and a
+/// prune by that reader is due, and prunes to its cap.
+#[test]
+fn a_lower_cap_elsewhere_is_enforced_at_read_time() {
+    let Some(url) = retinue_testkit::pg_url("PostgreSQL conformance tests") else { return };
+    let b = pg_backend(&url, config(10));
+    let clock = b.clock.clone();
+    let schema = scratch_schema_of(&b);
+    let writer = open(&url, &schema, &clock, &config(10));
+    for i in 0..4 {
+        unit(&writer, "tenant", &format!("u{i}"));
+        clock.advance(1.0);
+    }
+    let reader = open(&url, &schema, &clock, &config(2));
+    for (tag, capped) in [("u0", true), ("u1", true), ("u2", false), ("u3", false)] {
+        let found = reader.lookup(&format!("sa-0-{tag}")).expect("lookup");
+        let is_capped = matches!(
+            found,
+            Lookup::NotAddressable(
+                _,
+                Unaddressable::Tombstoned { reason: TombstoneReason::Cap, .. }
+            )
+        );
+        assert_eq!(is_capped, capped, "{tag}: {found:?}");
+    }
+    assert_eq!(reader.list_retained_children().expect("list").len(), 2);
+    assert_eq!(writer.list_retained_children().expect("list").len(), 4);
+    assert_eq!(reader.prune_retained_children(None, None).expect("prune").units, 2);
+    assert_eq!(reader.prune_retained_children(None, None).expect("prune").units, 0);
+    assert_eq!(writer.list_retained_children().expect("list").len(), 2);
+}
+
 /// Opening twice (two workers) migrates once and is idempotent; a worker's
 /// heartbeat keeps its units alive for recovery run elsewhere.
 #[test]
