@@ -33,7 +33,8 @@ tasks:
   tidy    source hygiene and crate-boundary checks
   interop share a state.db with the published Python hermes-agent (downloads its wheel)
   mcp-e2e `retinue mcp` driven by the official Python MCP SDK (pip-installs `mcp` into target/)
-  reliability  kill -9, contention and lineage-oracle harnesses (--full: release, full size)
+  reliability  kill -9, contention and lineage-oracle harnesses (--full: release, full size;
+               --backend pg: the PostgreSQL contention and killed-host harness)
   bench   the registry benchmark, then the child runtime's (pass --quick for a smoke run,
           --json FILE to save the registry figures; --backend pg: the PostgreSQL rows)
 ";

@@ -7,6 +7,11 @@
 //! operations, 20,000 oracle forests. `--full` builds `--release` and runs
 //! 200 kills, 4 × 8 × 5,000 operations and 1,000,000 forests (20,000 of them
 //! through a real store); `docs/reliability.md` records such a run.
+//!
+//! `--backend pg` runs the PostgreSQL harness instead (`retinue-store-pg`'s
+//! `contention` test: 4 processes × 8 threads with their own pools, and a
+//! host SIGKILLed mid-work), against `RETINUE_PG_URL` or a throwaway cluster;
+//! with `--full` in a release build at the full size (`RETINUE_PG_FULL=1`).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -52,8 +57,26 @@ fn fresh_dir(root: &Path, name: &str) -> Result<String, String> {
     Ok(dir.display().to_string())
 }
 
+/// The PostgreSQL harness; its figures are the lines it prints (stderr).
+fn run_pg(root: &Path, full: bool) -> Result<(), String> {
+    let (url, _cluster) = crate::pg::for_tests(root)?;
+    let mut cmd = crate::cargo();
+    cmd.args(["test", "--locked", "-p", "retinue-store-pg", "--test", "contention"]);
+    if full {
+        cmd.arg("--release");
+    }
+    cmd.args(["--", "--test-threads=1", "--nocapture"])
+        .env(crate::pg::URL_VAR, &url)
+        .env("RETINUE_REQUIRE_PG", "1")
+        .env("RETINUE_PG_FULL", if full { "1" } else { "0" });
+    crate::run(&mut cmd)
+}
+
 pub(crate) fn run(root: &Path, args: &[String]) -> Result<(), String> {
     let full = args.iter().any(|a| a == "--full");
+    if args.windows(2).any(|w| w[0] == "--backend" && w[1] == "pg") {
+        return run_pg(root, full);
+    }
     let json_out = args.iter().position(|a| a == "--json").and_then(|i| args.get(i + 1));
     let sizes = if full { FULL } else { CI };
     let profile = if full { "release" } else { "debug" };

@@ -8,14 +8,13 @@
 //! A reservation's owner is the worker (lease) that made it: recovery, from
 //! any host, releases those of workers whose lease expired.
 
-use postgres::Transaction;
 use retinue_store::{
     BudgetLimit, BudgetStatus, Budgets, OwnerProbe, ProcessState, Reservation, ReservationDraft,
     Result, Spend, current_owner,
 };
 use serde_json::Value;
 
-use crate::pool::{Mode, PgResult, random_hex};
+use crate::pool::{Mode, PgResult, Tx, random_hex};
 use crate::store::PgStore;
 
 /// A JSON value as SQLite's `CAST(json_extract(…) AS REAL)` reads it: a
@@ -39,7 +38,7 @@ fn as_integer(v: Option<&Value>) -> Option<i64> {
 /// What the ledger rows of `sessions` add up to, and what the open
 /// reservations of `root` hold.
 fn status_in(
-    tx: &mut Transaction<'_>,
+    tx: &mut Tx<'_>,
     root: &str,
     sessions: &[String],
     limit: BudgetLimit,
@@ -83,7 +82,7 @@ fn status_in(
     Ok(BudgetStatus { limit, spent, reserved })
 }
 
-fn settle_in(tx: &mut Transaction<'_>, id: &str, reason: &str, now: f64) -> PgResult<bool> {
+fn settle_in(tx: &mut Tx<'_>, id: &str, reason: &str, now: f64) -> PgResult<bool> {
     Ok(tx.execute(
         "UPDATE retinue_budget_reservations SET settled_at = $2, settle_reason = $3 \
          WHERE reservation_id = $1 AND settled_at IS NULL",

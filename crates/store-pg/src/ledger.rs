@@ -2,17 +2,16 @@
 //! idempotency key and the maintained totals in one `SERIALIZABLE`
 //! transaction, as in the SQLite backend.
 
-use postgres::Transaction;
 use retinue_store::{
     AttributionDraft, PendingUsage, Result, SessionCost, TotalsSnapshot, TotalsUpdate,
     UsageAttribution, UsageLedger, UsageTotals, parse_json_opt,
 };
 use serde_json::Value;
 
-use crate::pool::{Mode, PgResult};
+use crate::pool::{Mode, PgResult, Tx};
 use crate::store::PgStore;
 
-fn totals_row(tx: &mut Transaction<'_>, parent: &str) -> PgResult<Option<(UsageTotals, i64)>> {
+fn totals_row(tx: &mut Tx<'_>, parent: &str) -> PgResult<Option<(UsageTotals, i64)>> {
     let row = tx.query_opt(
         "SELECT cost_usd, input_tokens, output_tokens, covered_id \
          FROM retinue_usage_totals WHERE parent_session_id = $1",
@@ -31,12 +30,7 @@ fn totals_row(tx: &mut Transaction<'_>, parent: &str) -> PgResult<Option<(UsageT
     .transpose()
 }
 
-fn add_totals(
-    tx: &mut Transaction<'_>,
-    parent: &str,
-    delta: &UsageTotals,
-    covered_id: i64,
-) -> PgResult<()> {
+fn add_totals(tx: &mut Tx<'_>, parent: &str, delta: &UsageTotals, covered_id: i64) -> PgResult<()> {
     tx.execute(
         "INSERT INTO retinue_usage_totals \
          (parent_session_id, cost_usd, input_tokens, output_tokens, covered_id) \
@@ -51,31 +45,32 @@ fn add_totals(
     Ok(())
 }
 
+/// One keyed attribution in three statements (plus `BEGIN`/`COMMIT`): the
+/// key claimed together with the parent's last ledger id and covered id;
+/// the ledger row inserted together with its key's `usage_id`; the totals.
 fn record_in(
-    tx: &mut Transaction<'_>,
+    tx: &mut Tx<'_>,
     draft: &AttributionDraft,
     totals: &TotalsUpdate,
     now: f64,
 ) -> PgResult<bool> {
     let parent = draft.parent_session_id.as_str();
-    if let Some(key) = &draft.key {
-        let fresh = tx.execute(
-            "INSERT INTO retinue_usage_keys (attribution_key, usage_id, created_at) \
-             VALUES ($1, 0, $2) ON CONFLICT DO NOTHING",
-            &[key, &now],
-        )?;
-        if fresh == 0 {
-            return Ok(false);
-        }
+    let row = tx.query_one(
+        "WITH k AS (INSERT INTO retinue_usage_keys (attribution_key, usage_id, created_at) \
+           SELECT $2::text, 0, $3::float8 WHERE $2::text IS NOT NULL \
+           ON CONFLICT DO NOTHING RETURNING 1) \
+         SELECT (SELECT count(*) FROM k), \
+           (SELECT COALESCE(MAX(id), 0)::BIGINT FROM delegation_child_usage \
+            WHERE parent_session_id = $1), \
+           (SELECT covered_id FROM retinue_usage_totals WHERE parent_session_id = $1)",
+        &[&parent, &draft.key, &now],
+    )?;
+    let claimed: i64 = row.try_get(0)?;
+    if draft.key.is_some() && claimed == 0 {
+        return Ok(false);
     }
-    let prev_max: i64 = tx
-        .query_one(
-            "SELECT COALESCE(MAX(id), 0)::BIGINT FROM delegation_child_usage \
-             WHERE parent_session_id = $1",
-            &[&parent],
-        )?
-        .try_get(0)?;
-    let mut covered = totals_row(tx, parent)?.map_or(0, |(_, c)| c);
+    let prev_max: i64 = row.try_get(1)?;
+    let mut covered: i64 = row.try_get::<_, Option<i64>>(2)?.unwrap_or(0);
     if let Some(c) = &totals.catch_up
         && c.from_covered_id == covered
         && c.to_id == prev_max
@@ -87,9 +82,12 @@ fn record_in(
     let aggregate = draft.aggregate.as_ref().map(Value::to_string);
     let id: i64 = tx
         .query_one(
-            "INSERT INTO delegation_child_usage (parent_session_id, parent_turn_id, \
-             child_session_id, usage_json, aggregate_json, created_at) \
-             VALUES ($1, $2, $3, $4, $5, $6) RETURNING id",
+            "WITH ins AS (INSERT INTO delegation_child_usage (parent_session_id, parent_turn_id, \
+               child_session_id, usage_json, aggregate_json, created_at) \
+               VALUES ($1, $2, $3, $4, $5, $6) RETURNING id), \
+             k AS (UPDATE retinue_usage_keys SET usage_id = (SELECT id FROM ins) \
+               WHERE attribution_key = $7::text) \
+             SELECT id FROM ins",
             &[
                 &parent,
                 &draft.parent_turn_id,
@@ -97,15 +95,10 @@ fn record_in(
                 &draft.usage.to_string(),
                 &aggregate,
                 &now,
+                &draft.key,
             ],
         )?
         .try_get(0)?;
-    if let Some(key) = &draft.key {
-        tx.execute(
-            "UPDATE retinue_usage_keys SET usage_id = $1 WHERE attribution_key = $2",
-            &[&id, key],
-        )?;
-    }
     // Ids of concurrent writers may be handed out out of commit order; only a
     // row above every row of the parent moves the totals (else it stays pending).
     if covered == prev_max && id > prev_max {
@@ -127,7 +120,7 @@ impl UsageLedger for PgStore {
         if parent.is_empty() {
             return Ok(Vec::new());
         }
-        self.pool.tx("reading usage attributions", Mode::Read, |tx| {
+        self.pool.tx("reading usage attributions", Mode::ReadOne, |tx| {
             let rows = tx.query(
                 "SELECT id, parent_session_id, parent_turn_id, child_session_id, usage_json, \
                  aggregate_json, created_at FROM delegation_child_usage \
@@ -178,7 +171,7 @@ impl UsageLedger for PgStore {
     }
 
     fn session_cost(&self, session: &str) -> Result<Option<SessionCost>> {
-        self.pool.tx("reading a session cost", Mode::Read, |tx| {
+        self.pool.tx("reading a session cost", Mode::ReadOne, |tx| {
             let row = tx.query_opt(
                 "SELECT estimated_cost_usd, cost_status, cost_source FROM sessions WHERE id = $1",
                 &[&session],

@@ -44,4 +44,6 @@ mod sessions;
 mod store;
 
 pub use migrate::MigrationReport;
-pub use store::{PgOptions, PgStore, WORKER_LEASE_SECS, is_postgres_url};
+pub use store::{
+    FORGET_WORKERS_AFTER_SECS, PgOptions, PgStore, WORKER_LEASE_SECS, is_postgres_url,
+};

@@ -15,7 +15,7 @@ use postgres::types::ToSql;
 use retinue_store::{Error, Result};
 use rusqlite::types::ValueRef;
 
-use crate::pool::{Fail, Mode, PgResult};
+use crate::pool::{Fail, Mode, PgResult, Tx};
 use crate::store::PgStore;
 
 /// A column's type in PostgreSQL.
@@ -274,11 +274,7 @@ fn read_table(conn: &rusqlite::Connection, table: &Table) -> Result<Vec<Vec<Val>
 }
 
 /// Copies `table`'s rows; returns how many were new.
-fn copy_rows(
-    tx: &mut postgres::Transaction<'_>,
-    table: &Table,
-    rows: &[Vec<Val>],
-) -> PgResult<usize> {
+fn copy_rows(tx: &mut Tx<'_>, table: &Table, rows: &[Vec<Val>]) -> PgResult<usize> {
     let names: Vec<&str> = table.cols.iter().map(|(c, _)| *c).collect();
     let marks: Vec<String> = (1..=names.len()).map(|i| format!("${i}")).collect();
     let sql = format!(
@@ -298,7 +294,7 @@ fn copy_rows(
 
 /// Every source key must be in the target, owned by the same row (for
 /// tables keyed by an id: the same second column).
-fn verify(tx: &mut postgres::Transaction<'_>, table: &Table, rows: &[Vec<Val>]) -> PgResult<()> {
+fn verify(tx: &mut Tx<'_>, table: &Table, rows: &[Vec<Val>]) -> PgResult<()> {
     let a = table.cols[0].0;
     let sql = if table.key == 2 {
         let b = table.cols[1].0;
@@ -367,6 +363,7 @@ impl PgStore {
             })
             .sum();
         let mut tables = BTreeMap::new();
+        let lim = self.limits();
         let dangling_parents = self.pool.tx("copying a state.db", Mode::Write, |tx| {
             tables.clear();
             for (table, rows) in TABLES.iter().zip(&data) {
@@ -403,6 +400,10 @@ impl PgStore {
             for (table, rows) in TABLES.iter().zip(&data) {
                 verify(tx, table, rows)?;
             }
+            // Adopt and prune what was copied, as any write of this backend
+            // leaves it (child rows for retained units; no live unit without
+            // a live child; the per-profile live counts exact).
+            crate::registry::adopt_and_prune(tx, lim)?;
             Ok(dangling)
         })?;
         // Ledger totals: the target's totals of the source's parents equal the source's.

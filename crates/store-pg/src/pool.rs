@@ -3,11 +3,13 @@
 //! PostgreSQL errors into the store's one [`Error`] enum (by SQLSTATE, never
 //! by message text). No `postgres` type leaves the crate.
 
+use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use postgres::error::SqlState;
-use postgres::{Client, Config, IsolationLevel, NoTls, Transaction};
+use postgres::types::ToSql;
+use postgres::{Client, Config, NoTls, Row, Statement};
 use retinue_store::{Error, Result, Source};
 
 /// A failure inside an operation, before its context is attached.
@@ -57,7 +59,7 @@ pub(crate) fn classify(operation: &'static str, e: postgres::Error) -> Error {
     match code.as_str() {
         c if c.starts_with("23") => Error::Conflict { operation, source },
         "40001" | "40P01" | "55P03" | "57014" | "53300" => {
-            // PostgreSQL waits on its own (lock_timeout); the wait is not measured here.
+            // `Pool::tx` fills in the time spent retrying.
             Error::Busy { operation, waited_ms: 0, timeout_ms: 0, source }
         }
         "53100" => Error::DiskFull { operation, source },
@@ -70,20 +72,151 @@ pub(crate) fn classify(operation: &'static str, e: postgres::Error) -> Error {
 /// How a transaction runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Mode {
-    /// `SERIALIZABLE` read-write: every multi-row change, retried on 40001/40P01.
+    /// `SERIALIZABLE` read-write: every change, retried on 40001/40P01.
     Write,
-    /// `REPEATABLE READ READ ONLY`: one consistent snapshot, never fails to serialize.
+    /// `REPEATABLE READ READ ONLY`: several statements on one consistent
+    /// snapshot, never fails to serialize.
     Read,
+    /// Exactly one read-only statement in autocommit: PostgreSQL runs every
+    /// statement on one snapshot, so no `BEGIN`/`COMMIT` round trips are
+    /// needed. A second statement is refused (it would see another snapshot).
+    ReadOne,
 }
 
 /// Attempts of one transaction before a serialization failure is surfaced (as `Busy`).
 const MAX_ATTEMPTS: u32 = 200;
 
+/// Prepared statements kept per connection (the SQL texts are a fixed set;
+/// the bound only guards against a caller building texts without end).
+const MAX_CACHED: usize = 512;
+
+/// One pooled connection and its prepared statements, keyed by SQL text.
+/// The statements die with the connection (a replaced connection starts empty).
+struct Conn {
+    client: Client,
+    stmts: HashMap<String, Statement>,
+    /// A transaction could not be ended: never pooled again.
+    broken: bool,
+}
+
+/// A statement to run: SQL text (prepared once per connection, then cached)
+/// or an already prepared statement.
+pub(crate) trait Sql {
+    /// The prepared statement, from the connection's cache when known.
+    fn prepared(&self, tx: &mut Tx<'_>) -> PgResult<Statement>;
+}
+
+impl Sql for str {
+    fn prepared(&self, tx: &mut Tx<'_>) -> PgResult<Statement> {
+        tx.prepare(self)
+    }
+}
+
+impl Sql for String {
+    fn prepared(&self, tx: &mut Tx<'_>) -> PgResult<Statement> {
+        tx.prepare(self)
+    }
+}
+
+impl Sql for Statement {
+    fn prepared(&self, _tx: &mut Tx<'_>) -> PgResult<Statement> {
+        Ok(self.clone())
+    }
+}
+
+/// Parameters of one statement.
+pub(crate) type Params<'a> = [&'a (dyn ToSql + Sync)];
+
+/// The inside of one operation: a connection in (or, for
+/// [`Mode::ReadOne`], outside) a transaction, with its statement cache.
+pub(crate) struct Tx<'a> {
+    client: &'a mut Client,
+    stmts: &'a mut HashMap<String, Statement>,
+    mode: Mode,
+    issued: u32,
+}
+
+impl Tx<'_> {
+    /// `sql` prepared on this connection (once; later calls hit the cache).
+    pub(crate) fn prepare(&mut self, sql: &str) -> PgResult<Statement> {
+        if let Some(s) = self.stmts.get(sql) {
+            return Ok(s.clone());
+        }
+        let stmt = self.client.prepare(sql)?;
+        if self.stmts.len() >= MAX_CACHED {
+            self.stmts.clear();
+        }
+        self.stmts.insert(sql.to_owned(), stmt.clone());
+        Ok(stmt)
+    }
+
+    /// Counts a statement; a second one in [`Mode::ReadOne`] is a bug of the caller.
+    fn issue(&mut self) -> PgResult<()> {
+        self.issued += 1;
+        if self.mode == Mode::ReadOne && self.issued > 1 {
+            return Err(Fail::Store(Error::Invalid(
+                "internal: a second statement in a one-statement read".to_owned(),
+            )));
+        }
+        Ok(())
+    }
+
+    /// Rows of one statement.
+    pub(crate) fn query<S: Sql + ?Sized>(
+        &mut self,
+        sql: &S,
+        params: &Params<'_>,
+    ) -> PgResult<Vec<Row>> {
+        self.issue()?;
+        let stmt = sql.prepared(self)?;
+        Ok(self.client.query(&stmt, params)?)
+    }
+
+    /// The one row of one statement.
+    pub(crate) fn query_one<S: Sql + ?Sized>(
+        &mut self,
+        sql: &S,
+        params: &Params<'_>,
+    ) -> PgResult<Row> {
+        self.issue()?;
+        let stmt = sql.prepared(self)?;
+        Ok(self.client.query_one(&stmt, params)?)
+    }
+
+    /// At most one row of one statement.
+    pub(crate) fn query_opt<S: Sql + ?Sized>(
+        &mut self,
+        sql: &S,
+        params: &Params<'_>,
+    ) -> PgResult<Option<Row>> {
+        self.issue()?;
+        let stmt = sql.prepared(self)?;
+        Ok(self.client.query_opt(&stmt, params)?)
+    }
+
+    /// Rows changed by one statement.
+    pub(crate) fn execute<S: Sql + ?Sized>(
+        &mut self,
+        sql: &S,
+        params: &Params<'_>,
+    ) -> PgResult<u64> {
+        self.issue()?;
+        let stmt = sql.prepared(self)?;
+        Ok(self.client.execute(&stmt, params)?)
+    }
+
+    /// Statements without parameters (simple protocol, not cached).
+    pub(crate) fn batch_execute(&mut self, sql: &str) -> PgResult<()> {
+        self.issue()?;
+        Ok(self.client.batch_execute(sql)?)
+    }
+}
+
 /// A small pool of synchronous clients (each operation takes one).
 pub(crate) struct Pool {
     config: Config,
     schema: Option<String>,
-    idle: Mutex<Vec<Client>>,
+    idle: Mutex<Vec<Conn>>,
     max_idle: usize,
 }
 
@@ -113,36 +246,39 @@ impl Pool {
         Ok(client)
     }
 
-    fn take(&self) -> PgResult<Client> {
+    fn take(&self) -> PgResult<Conn> {
         let pooled = self.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner).pop();
         match pooled {
-            Some(c) if !c.is_closed() => Ok(c),
-            _ => self.connect(),
+            Some(c) if !c.client.is_closed() => Ok(c),
+            _ => Ok(Conn { client: self.connect()?, stmts: HashMap::new(), broken: false }),
         }
     }
 
-    fn give(&self, client: Client) {
-        if client.is_closed() {
+    fn give(&self, conn: Conn) {
+        if conn.broken || conn.client.is_closed() {
             return;
         }
         let mut idle = self.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if idle.len() < self.max_idle {
-            idle.push(client);
+            idle.push(conn);
         }
     }
 
-    /// Runs `f` in one transaction; serialization failures and deadlocks
-    /// are retried with jittered backoff (so `f` must be re-runnable).
+    /// Runs `f` in one transaction (or, for [`Mode::ReadOne`], one
+    /// autocommit statement); serialization failures and deadlocks are
+    /// retried with jittered backoff (so `f` must be re-runnable). A
+    /// failure surfaced as `Busy` reports the time spent retrying.
     pub(crate) fn tx<T>(
         &self,
         operation: &'static str,
         mode: Mode,
-        mut f: impl FnMut(&mut Transaction<'_>) -> PgResult<T>,
+        mut f: impl FnMut(&mut Tx<'_>) -> PgResult<T>,
     ) -> Result<T> {
+        let started = Instant::now();
         let mut attempt = 0;
         loop {
             attempt += 1;
-            let mut client = match self.take() {
+            let mut conn = match self.take() {
                 Ok(c) => c,
                 // A refused connection (server restarting, too many clients) is retried briefly.
                 Err(e) if attempt < 5 => {
@@ -150,21 +286,25 @@ impl Pool {
                     backoff(attempt);
                     continue;
                 }
-                Err(e) => return Err(e.during(operation)),
+                Err(e) => return Err(waited(e.during(operation), started)),
             };
-            let result = run_once(&mut client, mode, &mut f);
+            let result = run_once(&mut conn, mode, &mut f);
             match result {
                 Ok(v) => {
-                    self.give(client);
+                    self.give(conn);
                     return Ok(v);
                 }
                 Err(Fail::Pg(e)) if is_retryable(&e) && attempt < MAX_ATTEMPTS => {
-                    self.give(client);
+                    self.give(conn);
                     backoff(attempt);
                 }
                 Err(e) => {
-                    self.give(client);
-                    return Err(e.during(operation));
+                    if matches!(&e, Fail::Pg(p) if is_stale_statement(p)) {
+                        // A cached plan outlived a schema change: start the cache afresh.
+                        conn.stmts.clear();
+                    }
+                    self.give(conn);
+                    return Err(waited(e.during(operation), started));
                 }
             }
         }
@@ -176,29 +316,64 @@ impl Pool {
         operation: &'static str,
         f: impl FnOnce(&mut Client) -> PgResult<T>,
     ) -> Result<T> {
-        let mut client = self.take().map_err(|e| e.during(operation))?;
-        let result = f(&mut client);
-        self.give(client);
+        let mut conn = self.take().map_err(|e| e.during(operation))?;
+        let result = f(&mut conn.client);
+        // DDL may have invalidated what was prepared.
+        conn.stmts.clear();
+        self.give(conn);
         result.map_err(|e| e.during(operation))
     }
 }
 
-fn run_once<T>(
-    client: &mut Client,
-    mode: Mode,
-    f: &mut impl FnMut(&mut Transaction<'_>) -> PgResult<T>,
-) -> PgResult<T> {
-    let mut tx = match mode {
-        Mode::Write => client.build_transaction().isolation_level(IsolationLevel::Serializable),
-        Mode::Read => client
-            .build_transaction()
-            .isolation_level(IsolationLevel::RepeatableRead)
-            .read_only(true),
+/// `Busy` with the time actually spent since `started`.
+fn waited(e: Error, started: Instant) -> Error {
+    match e {
+        Error::Busy { operation, timeout_ms, source, .. } => {
+            let ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+            Error::Busy { operation, waited_ms: ms, timeout_ms, source }
+        }
+        other => other,
     }
-    .start()?;
-    let value = f(&mut tx)?;
-    tx.commit()?;
-    Ok(value)
+}
+
+/// A prepared statement the server no longer knows or can no longer run as
+/// prepared (26000 invalid statement name; 0A000 "cached plan must not change
+/// result type" after a schema change).
+fn is_stale_statement(e: &postgres::Error) -> bool {
+    matches!(e.code(), Some(c) if *c == SqlState::INVALID_SQL_STATEMENT_NAME
+        || *c == SqlState::FEATURE_NOT_SUPPORTED)
+}
+
+fn run_once<T>(
+    conn: &mut Conn,
+    mode: Mode,
+    f: &mut impl FnMut(&mut Tx<'_>) -> PgResult<T>,
+) -> PgResult<T> {
+    let begin = match mode {
+        Mode::Write => Some("BEGIN ISOLATION LEVEL SERIALIZABLE"),
+        Mode::Read => Some("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"),
+        Mode::ReadOne => None,
+    };
+    let Some(begin) = begin else {
+        let mut tx = Tx { client: &mut conn.client, stmts: &mut conn.stmts, mode, issued: 0 };
+        return f(&mut tx);
+    };
+    conn.client.batch_execute(begin)?;
+    let mut tx = Tx { client: &mut conn.client, stmts: &mut conn.stmts, mode, issued: 0 };
+    match f(&mut tx) {
+        Ok(value) => {
+            // A failed COMMIT (e.g. 40001 at commit) ends the transaction too.
+            conn.client.batch_execute("COMMIT")?;
+            Ok(value)
+        }
+        Err(e) => {
+            if conn.client.batch_execute("ROLLBACK").is_err() {
+                // The connection is unusable: drop it rather than pool it.
+                conn.broken = true;
+            }
+            Err(e)
+        }
+    }
 }
 
 /// Sleeps 1–2× an exponential step (2 ms doubling, capped at 100 ms).

@@ -8,8 +8,6 @@
 //! LOCKED` for deliveries) so that workers contend on rows, not on aborts.
 //! Reads are one `REPEATABLE READ` snapshot.
 
-use postgres::Transaction;
-use postgres::types::ToSql;
 use retinue_store::{
     ChildManifest, Claims, Completion, DeliveryClaim, DeliveryFilter, Error, LEASE_SECS, Lookup,
     MAX_DELIVERY_ATTEMPTS, OwnerProbe, ProcessState, PruneCount, RecoveryReport, RegistryRead,
@@ -18,53 +16,66 @@ use retinue_store::{
 };
 use serde_json::{Map, Value, json};
 
-use crate::pool::{Fail, Mode, PgResult, count, int, random_hex, u32_of};
-use crate::rows::{CHILD_COLS, CHILD_RETAINED_AT, ChildRow, PROFILE, read_child_row_at};
+use crate::pool::{Fail, Mode, Params, PgResult, Tx, count, int, random_hex, u32_of};
+use crate::rows::{CHILD_COLS, CHILD_RETAINED_AT, ChildRow, PROFILE, PROFILE_U, read_child_row_at};
 use crate::sessions::insert_session;
 use crate::store::{Limits, PgStore};
 
-type Params<'a> = [&'a (dyn ToSql + Sync)];
-
 // ---------------------------------------------------------------- reads
 
-fn candidates(tx: &mut Transaction<'_>, id: &str) -> PgResult<Vec<(u8, ChildRow)>> {
+/// Whether a unit counts towards its profile's cap: `{a}` is a live retained
+/// unit (the partial index's rows) with a live child within the TTL ($2).
+const CAP_LIVE_CHILD: &str = "EXISTS (SELECT 1 FROM retinue_children k \
+     WHERE k.delegation_id = a.delegation_id AND k.tombstoned_at IS NULL \
+     AND COALESCE(k.retained_at, a.retained_at) >= $2)";
+
+/// The candidates for an id (subagent id, child session id or unit id), each
+/// with its cap rank when it is otherwise live: the number of live units of
+/// its profile ranked strictly above it, counted up to `max_retained` ($3).
+/// One statement, so one snapshot, in autocommit (no `BEGIN`/`COMMIT`).
+///
+/// The rank is 0 (within the cap, whatever it is exactly) when the profile
+/// has no more live units than the cap (`retinue_profile_live`, one row);
+/// else the index entries above are counted first (index-only, through
+/// `retinue_idx_async_cap_rank`, a superset of the live units above): when
+/// fewer than the cap, the exact count (which also reads each unit's
+/// children for the TTL) cannot reach it either and is skipped.
+fn candidates(
+    tx: &mut Tx<'_>,
+    id: &str,
+    lim: Limits,
+) -> PgResult<Vec<(u8, Option<i64>, ChildRow)>> {
+    let same = "a.retained = 1 AND a.tombstoned_at IS NULL \
+         AND COALESCE(a.owner_profile, '') = COALESCE(u.owner_profile, '')";
+    let above = "a.retained_at >= u.retained_at \
+         AND (a.retained_at > u.retained_at OR a.delegation_id > u.delegation_id)";
+    let above_null = "(a.retained_at IS NOT NULL OR a.delegation_id > u.delegation_id)";
     let sql = format!(
         "SELECT (CASE WHEN c.subagent_id = $1 THEN 0 WHEN c.child_session_id = $1 THEN 1 \
-         ELSE 2 END)::BIGINT, {CHILD_COLS} FROM retinue_children c \
+         ELSE 2 END)::BIGINT, \
+         CASE WHEN c.tombstoned_at IS NOT NULL OR u.tombstoned_at IS NOT NULL \
+                OR u.retained IS DISTINCT FROM 1 \
+                OR ({CHILD_RETAINED_AT} >= $2) IS NOT TRUE THEN NULL \
+              WHEN COALESCE((SELECT n.units FROM retinue_profile_live n \
+                WHERE n.profile = COALESCE(u.owner_profile, '')), $3::bigint + 1) <= $3::bigint THEN 0 \
+              WHEN u.retained_at IS NULL THEN (SELECT count(*) FROM (SELECT 1 \
+                FROM async_delegations a WHERE {same} AND {above_null} AND {CAP_LIVE_CHILD} \
+                LIMIT $3) t) \
+              WHEN (SELECT count(*) FROM (SELECT 1 FROM async_delegations a \
+                WHERE {same} AND {above} LIMIT $3) s) < $3 THEN 0 \
+              ELSE (SELECT count(*) FROM (SELECT 1 FROM async_delegations a \
+                WHERE {same} AND {above} AND {CAP_LIVE_CHILD} LIMIT $3) t) END, \
+         {CHILD_COLS} FROM retinue_children c \
          JOIN async_delegations u ON u.delegation_id = c.delegation_id \
          WHERE c.subagent_id = $1 OR c.child_session_id = $1 OR c.delegation_id = $1"
     );
     let mut out = Vec::new();
-    for r in tx.query(&sql, &[&id])? {
+    for r in tx.query(&sql, &[&id, &lim.cutoff(), &int(lim.max_retained)])? {
         let kind: i64 = r.try_get(0)?;
-        out.push((u8::try_from(kind).unwrap_or(u8::MAX), read_child_row_at(&r, 1)?));
+        let rank: Option<i64> = r.try_get(1)?;
+        out.push((u8::try_from(kind).unwrap_or(u8::MAX), rank, read_child_row_at(&r, 2)?));
     }
     Ok(out)
-}
-
-/// Live units of the same profile ranked strictly above a unit, capped at `max`.
-fn rank_of(
-    tx: &mut Transaction<'_>,
-    id: &str,
-    profile: &str,
-    retained_at: Option<f64>,
-    lim: Limits,
-) -> PgResult<u32> {
-    let sql = format!(
-        "SELECT count(*) FROM (SELECT 1 FROM async_delegations u \
-         WHERE u.retained = 1 AND u.tombstoned_at IS NULL AND {PROFILE} = $5 \
-           AND (u.retained_at > $1::float8 \
-                OR (u.retained_at IS NOT DISTINCT FROM $1::float8 AND u.delegation_id > $2) \
-                OR ($1::float8 IS NULL AND u.retained_at IS NOT NULL)) \
-           AND EXISTS (SELECT 1 FROM retinue_children c WHERE c.delegation_id = u.delegation_id \
-                       AND c.tombstoned_at IS NULL \
-                       AND COALESCE(c.retained_at, u.retained_at) >= $3) \
-         LIMIT $4) t"
-    );
-    let n: i64 = tx
-        .query_one(&sql, &[&retained_at, &id, &lim.cutoff(), &int(lim.max_retained), &profile])?
-        .try_get(0)?;
-    Ok(u32_of(n))
 }
 
 fn live_status(row: &ChildRow, lim: Limits) -> Option<Unaddressable> {
@@ -104,33 +115,26 @@ fn order(a: &Scored, b: &Scored) -> std::cmp::Ordering {
         .then(a.2.entry.child_index.cmp(&b.2.entry.child_index))
 }
 
-fn lookup_in(tx: &mut Transaction<'_>, id: &str, lim: Limits) -> PgResult<Lookup> {
+fn lookup_in(tx: &mut Tx<'_>, id: &str, lim: Limits) -> PgResult<Lookup> {
     let id = id.trim();
     if id.is_empty() {
         return Ok(Lookup::Unknown);
     }
-    let mut scored: Vec<Scored> = candidates(tx, id)?
+    let cap = i64::from(lim.max_retained);
+    let mut scored: Vec<Scored> = candidates(tx, id, lim)?
         .into_iter()
-        .map(|(kind, row)| (live_status(&row, lim), kind, row))
+        .map(|(kind, rank, row)| {
+            let status = live_status(&row, lim).or_else(|| {
+                // Live but ranked at or beyond the cap of its profile.
+                rank.filter(|r| *r >= cap).map(|_| Unaddressable::Tombstoned {
+                    at: lim.now,
+                    reason: TombstoneReason::Cap,
+                    note: None,
+                })
+            });
+            (status, kind, row)
+        })
         .collect();
-    scored.sort_by(order);
-    for item in scored.iter_mut().filter(|s| s.0.is_none()) {
-        let rank = rank_of(
-            tx,
-            &item.2.entry.delegation_id,
-            &item.2.entry.owner_profile,
-            item.2.unit_retained_at,
-            lim,
-        )?;
-        if rank < lim.max_retained {
-            break;
-        }
-        item.0 = Some(Unaddressable::Tombstoned {
-            at: lim.now,
-            reason: TombstoneReason::Cap,
-            note: None,
-        });
-    }
     scored.sort_by(order);
     Ok(match scored.into_iter().next() {
         None => Lookup::Unknown,
@@ -139,21 +143,19 @@ fn lookup_in(tx: &mut Transaction<'_>, id: &str, lim: Limits) -> PgResult<Lookup
     })
 }
 
-pub(crate) fn list_in(tx: &mut Transaction<'_>, lim: Limits) -> PgResult<Vec<RetainedChild>> {
+/// Every addressable child, in one statement: the live children within
+/// the TTL joined with their live retained units; a unit counts towards
+/// its profile's cap exactly when it has such a child, so `dense_rank` over
+/// these rows is the unit's cap rank (no second pass over the units).
+pub(crate) fn list_in(tx: &mut Tx<'_>, lim: Limits) -> PgResult<Vec<RetainedChild>> {
+    // Output columns 14, 1 and 2: the unit's `retained_at`, its id, the child index.
     let sql = format!(
-        "WITH live AS (SELECT u.delegation_id AS id, u.retained_at AS rat, \
-             row_number() OVER (PARTITION BY COALESCE(u.owner_profile, '') \
-                 ORDER BY u.retained_at DESC NULLS LAST, u.delegation_id DESC) AS rn \
-           FROM async_delegations u \
-           WHERE u.retained = 1 AND u.tombstoned_at IS NULL AND EXISTS (SELECT 1 FROM \
-             retinue_children c WHERE c.delegation_id = u.delegation_id \
-             AND c.tombstoned_at IS NULL AND COALESCE(c.retained_at, u.retained_at) >= $1)), \
-         top AS (SELECT id, rat FROM live WHERE rn <= $2) \
-         SELECT {CHILD_COLS} FROM top \
-           JOIN retinue_children c ON c.delegation_id = top.id \
-           JOIN async_delegations u ON u.delegation_id = top.id \
-         WHERE c.tombstoned_at IS NULL AND {CHILD_RETAINED_AT} >= $1 \
-         ORDER BY top.rat DESC NULLS LAST, top.id DESC, c.child_index"
+        "SELECT * FROM (SELECT {CHILD_COLS}, dense_rank() OVER (PARTITION BY {PROFILE_U} \
+             ORDER BY u.retained_at DESC NULLS LAST, u.delegation_id DESC) AS rn \
+           FROM async_delegations u JOIN retinue_children c ON c.delegation_id = u.delegation_id \
+           WHERE u.retained = 1 AND u.tombstoned_at IS NULL AND c.tombstoned_at IS NULL \
+             AND COALESCE(c.retained_at, u.retained_at) >= $1) t \
+         WHERE rn <= $2 ORDER BY 14 DESC NULLS LAST, 1 DESC, 2"
     );
     let mut out = Vec::new();
     for r in tx.query(&sql, &[&lim.cutoff(), &int(lim.max_retained)])? {
@@ -165,7 +167,7 @@ pub(crate) fn list_in(tx: &mut Transaction<'_>, lim: Limits) -> PgResult<Vec<Ret
 impl RegistryRead for PgStore {
     fn list_retained_children(&self) -> Result<Vec<RetainedChild>> {
         let lim = self.limits();
-        self.pool.tx("listing retained children", Mode::Read, |tx| list_in(tx, lim))
+        self.pool.tx("listing retained children", Mode::ReadOne, |tx| list_in(tx, lim))
     }
 
     fn find_retained_child(&self, id: &str) -> Result<Option<RetainedChild>> {
@@ -177,11 +179,11 @@ impl RegistryRead for PgStore {
 
     fn lookup(&self, id: &str) -> Result<Lookup> {
         let lim = self.limits();
-        self.pool.tx("looking up a retained child", Mode::Read, |tx| lookup_in(tx, id, lim))
+        self.pool.tx("looking up a retained child", Mode::ReadOne, |tx| lookup_in(tx, id, lim))
     }
 
     fn unit_usage(&self, id: &str) -> Result<Option<Value>> {
-        self.pool.tx("reading a unit's usage", Mode::Read, |tx| {
+        self.pool.tx("reading a unit's usage", Mode::ReadOne, |tx| {
             let raw: Option<String> = match tx.query_opt(
                 "SELECT usage_json FROM async_delegations WHERE delegation_id = $1",
                 &[&id],
@@ -198,7 +200,7 @@ impl RegistryRead for PgStore {
 
 /// Child rows for `retained=1` units that have none (units copied from a
 /// hermes file), as the SQLite backend's backfill.
-fn backfill(tx: &mut Transaction<'_>) -> PgResult<usize> {
+fn backfill(tx: &mut Tx<'_>) -> PgResult<usize> {
     let units = tx.query(
         "SELECT delegation_id, children_json, child_session_id, retained_at, tombstoned_at \
          FROM async_delegations u WHERE retained = 1 AND tombstoned_at IS NULL AND NOT EXISTS \
@@ -249,21 +251,60 @@ fn backfill(tx: &mut Transaction<'_>) -> PgResult<usize> {
 
 // ---------------------------------------------------------------- retention
 
-fn prune_due(tx: &mut Transaction<'_>, lim: Limits) -> PgResult<bool> {
-    let sql = format!(
-        "SELECT EXISTS (SELECT 1 FROM async_delegations u WHERE u.retained = 1 \
-           AND u.tombstoned_at IS NULL AND ( \
-             NOT EXISTS (SELECT 1 FROM retinue_children c WHERE c.delegation_id = u.delegation_id \
-                         AND c.tombstoned_at IS NULL) \
-             OR EXISTS (SELECT 1 FROM retinue_children c WHERE c.delegation_id = u.delegation_id \
-                        AND c.tombstoned_at IS NULL AND (c.retained_at IS NULL OR c.retained_at < $1)))) \
-         OR EXISTS (SELECT 1 FROM async_delegations WHERE retained = 1 AND tombstoned_at IS NULL \
-             GROUP BY {PROFILE} HAVING count(*) > $2)"
-    );
-    Ok(tx.query_one(&sql, &[&lim.cutoff(), &int(lim.max_retained)])?.try_get(0)?)
+/// Whether a prune would change anything, in one read-only statement that
+/// looks only where something can be due: children past the TTL (the old
+/// end of `retinue_idx_children_ttl`, and live children without a TTL clock)
+/// and profiles with more live units than the cap (`retinue_profile_live`,
+/// one row per profile).
+///
+/// A live retained unit without any live child is not looked for (that
+/// would read every live unit): no write of this backend leaves one behind —
+/// tombstoning a unit's last live child tombstones the unit, and retaining
+/// or completing a unit prunes in the same transaction, as does `retinue
+/// migrate` after copying a state.db.
+fn prune_due(tx: &mut Tx<'_>, lim: Limits) -> PgResult<bool> {
+    // Two range reads of the TTL index, each in index order, so that the
+    // generic plan of the prepared statement (the cutoff unknown) keeps
+    // reading the index from its old end instead of scanning the table.
+    // (A scalar subquery, because EXISTS drops the ORDER BY … LIMIT.)
+    let sql = "SELECT (SELECT c.retained_at FROM retinue_children c \
+             JOIN async_delegations u ON u.delegation_id = c.delegation_id \
+             WHERE c.tombstoned_at IS NULL AND c.retained_at < $1 \
+             AND u.retained = 1 AND u.tombstoned_at IS NULL \
+             ORDER BY c.retained_at LIMIT 1) IS NOT NULL \
+         OR EXISTS (SELECT 1 FROM retinue_children c \
+             JOIN async_delegations u ON u.delegation_id = c.delegation_id \
+             WHERE c.tombstoned_at IS NULL AND c.retained_at IS NULL \
+             AND u.retained = 1 AND u.tombstoned_at IS NULL) \
+         OR EXISTS (SELECT 1 FROM retinue_profile_live WHERE units > $2)";
+    Ok(tx.query_one(sql, &[&lim.cutoff(), &int(lim.max_retained)])?.try_get(0)?)
 }
 
-fn prune_in(tx: &mut Transaction<'_>, lim: Limits) -> PgResult<PruneCount> {
+/// What a prune's write transaction does: adopt (child rows for retained
+/// units that have none), then prune.
+pub(crate) fn adopt_and_prune(tx: &mut Tx<'_>, lim: Limits) -> PgResult<PruneCount> {
+    backfill(tx)?;
+    prune_in(tx, lim)
+}
+
+/// Recounts `retinue_profile_live` exactly (every profile), in the caller's
+/// transaction: rows that changed are written, profiles without live units
+/// go to 0.
+pub(crate) fn recount_live(tx: &mut Tx<'_>) -> PgResult<()> {
+    let sql = format!(
+        "WITH c AS (SELECT {PROFILE} AS p, count(*) AS n FROM async_delegations \
+           WHERE retained = 1 AND tombstoned_at IS NULL GROUP BY 1), \
+         z AS (UPDATE retinue_profile_live SET units = 0 \
+           WHERE units <> 0 AND profile NOT IN (SELECT p FROM c)) \
+         INSERT INTO retinue_profile_live (profile, units) SELECT p, n FROM c \
+         ON CONFLICT (profile) DO UPDATE SET units = EXCLUDED.units \
+         WHERE retinue_profile_live.units <> EXCLUDED.units"
+    );
+    tx.execute(&sql, &[])?;
+    Ok(())
+}
+
+pub(crate) fn prune_in(tx: &mut Tx<'_>, lim: Limits) -> PgResult<PruneCount> {
     let t = lim.now;
     let mut n = PruneCount::default();
     n.children += count(tx.execute(
@@ -300,6 +341,7 @@ fn prune_in(tx: &mut Transaction<'_>, lim: Limits) -> PgResult<PruneCount> {
         ),
         &[&t, &int(lim.max_retained)],
     )?);
+    recount_live(tx)?;
     Ok(n)
 }
 
@@ -375,7 +417,10 @@ impl Retention for PgStore {
             }
             lim.ttl_hours = h.max(0.0);
         }
-        if !self.pool.tx("checking whether a prune is due", Mode::Read, |tx| prune_due(tx, lim))? {
+        if !self
+            .pool
+            .tx("checking whether a prune is due", Mode::ReadOne, |tx| prune_due(tx, lim))?
+        {
             return Ok(PruneCount::default());
         }
         self.pool.tx("pruning retained children", Mode::Write, |tx| {
@@ -386,14 +431,17 @@ impl Retention for PgStore {
 
     fn rehydrate_retained_children(&self) -> Result<usize> {
         let lim = self.limits();
-        if self.pool.tx("checking whether a prune is due", Mode::Read, |tx| prune_due(tx, lim))? {
+        if self
+            .pool
+            .tx("checking whether a prune is due", Mode::ReadOne, |tx| prune_due(tx, lim))?
+        {
             self.pool.tx("rehydrating retained children", Mode::Write, |tx| {
                 backfill(tx)?;
                 prune_in(tx, lim)
             })?;
         }
         let n =
-            self.pool.tx("counting retained children", Mode::Read, |tx| list_in(tx, lim))?.len();
+            self.pool.tx("counting retained children", Mode::ReadOne, |tx| list_in(tx, lim))?.len();
         log::info!("rehydrated {n} addressable retained children");
         Ok(n)
     }
@@ -513,7 +561,7 @@ impl PgStore {
              OR (SELECT count(*) FROM (SELECT 1 FROM async_delegations WHERE {TERMINAL} \
                  AND delivery_state = 'pending' LIMIT $3 + 1) b) > $3"
         );
-        let due = self.pool.tx("checking whether history is due", Mode::Read, |tx| {
+        let due = self.pool.tx("checking whether history is due", Mode::ReadOne, |tx| {
             Ok(tx
                 .query_one(&due_sql, &[&old, &TERMINAL_KEEP, &PENDING_KEEP])?
                 .try_get::<_, bool>(0)?)
@@ -562,12 +610,7 @@ impl PgStore {
 
 // ---------------------------------------------------------------- lifecycle
 
-fn retain_in(
-    tx: &mut Transaction<'_>,
-    id: &str,
-    usage: Option<&Value>,
-    lim: Limits,
-) -> PgResult<bool> {
+fn retain_in(tx: &mut Tx<'_>, id: &str, usage: Option<&Value>, lim: Limits) -> PgResult<bool> {
     let now = lim.now;
     let changed = match usage {
         Some(u) => tx.execute(
@@ -594,7 +637,7 @@ fn retain_in(
     Ok(true)
 }
 
-fn upsert_children(tx: &mut Transaction<'_>, id: &str, children: &[ChildManifest]) -> PgResult<()> {
+fn upsert_children(tx: &mut Tx<'_>, id: &str, children: &[ChildManifest]) -> PgResult<()> {
     let stmt = tx.prepare(
         "INSERT INTO retinue_children (delegation_id, child_index, subagent_id, \
          child_session_id, model, provider, goal, manifest_json) \
@@ -633,7 +676,7 @@ fn lone_child_session(children: &[ChildManifest]) -> Option<String> {
 impl PgStore {
     fn insert_unit_in(
         &self,
-        tx: &mut Transaction<'_>,
+        tx: &mut Tx<'_>,
         draft: &UnitDraft,
         id: &str,
         now: f64,
@@ -703,13 +746,16 @@ impl UnitLifecycle for PgStore {
             } else {
                 Some(lone_child_session(children).unwrap_or_default())
             };
-            let changed = tx.execute(
+            let updated = tx.query_opt(
                 "UPDATE async_delegations SET children_json = $1, child_session_id = $2, \
-                 owner_profile = $3, updated_at = $4 WHERE delegation_id = $5",
+                 owner_profile = $3, updated_at = $4 WHERE delegation_id = $5 \
+                 RETURNING (retained = 1 AND tombstoned_at IS NULL) IS TRUE",
                 &[&children_json(children), &lone, &self.profile, &now, &id],
             )?;
-            if changed == 0 {
-                return Ok(false);
+            let Some(updated) = updated else { return Ok(false) };
+            if updated.try_get::<_, bool>(0)? {
+                // A live unit may have changed profile.
+                recount_live(tx)?;
             }
             upsert_children(tx, id, children)?;
             Ok(true)
@@ -759,7 +805,7 @@ impl UnitLifecycle for PgStore {
 
 // ---------------------------------------------------------------- claims
 
-fn release_in(tx: &mut Transaction<'_>, id: &str, child_index: u32, token: &str) -> PgResult<bool> {
+fn release_in(tx: &mut Tx<'_>, id: &str, child_index: u32, token: &str) -> PgResult<bool> {
     let n = tx.execute(
         "UPDATE retinue_children SET resume_claim = NULL, resume_claimed_at = NULL \
          WHERE delegation_id = $1 AND child_index = $2 AND resume_claim = $3",

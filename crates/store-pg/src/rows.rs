@@ -21,6 +21,9 @@ pub(crate) const CHILD_COLS: &str = "c.delegation_id, c.child_index, c.subagent_
 /// A unit's tenant key: retention limits apply per profile (NULL = `''`).
 pub(crate) const PROFILE: &str = "COALESCE(owner_profile, '')";
 
+/// [`PROFILE`] of the unit aliased `u`.
+pub(crate) const PROFILE_U: &str = "COALESCE(u.owner_profile, '')";
+
 /// A child row joined with its unit.
 pub(crate) struct ChildRow {
     pub(crate) entry: RetainedChild,

@@ -1,20 +1,20 @@
 //! Sessions and transcripts ([`SessionStore`]) and the session graph
 //! ([`SessionGraph`]) on PostgreSQL, with the SQLite backend's semantics.
 
-use postgres::{Row, Transaction};
+use postgres::Row;
 use retinue_store::{
     MAX_HOPS, Message, NewSession, Result, SessionGraph, SessionRow, SessionStore,
 };
 use serde_json::Value;
 
-use crate::pool::{Fail, Mode, PgResult};
+use crate::pool::{Fail, Mode, PgResult, Tx};
 use crate::store::{PgStore, invalid};
 
 const SESSION_COLS: &str = "id, source, model, model_config, parent_session_id, started_at, \
      ended_at, end_reason, profile_name, estimated_cost_usd, cost_status, cost_source, \
      system_prompt";
 
-pub(crate) fn insert_session(tx: &mut Transaction<'_>, s: &NewSession, now: f64) -> PgResult<()> {
+pub(crate) fn insert_session(tx: &mut Tx<'_>, s: &NewSession, now: f64) -> PgResult<()> {
     if s.id.trim().is_empty() {
         return Err(invalid("session id must not be empty"));
     }
@@ -59,12 +59,12 @@ fn read_session(r: &Row) -> PgResult<SessionRow> {
     })
 }
 
-fn session_in(tx: &mut Transaction<'_>, id: &str) -> PgResult<Option<SessionRow>> {
+fn session_in(tx: &mut Tx<'_>, id: &str) -> PgResult<Option<SessionRow>> {
     let sql = format!("SELECT {SESSION_COLS} FROM sessions WHERE id = $1");
     tx.query_opt(&sql, &[&id])?.as_ref().map(read_session).transpose()
 }
 
-fn children_in(tx: &mut Transaction<'_>, parent: &str) -> PgResult<Vec<SessionRow>> {
+fn children_in(tx: &mut Tx<'_>, parent: &str) -> PgResult<Vec<SessionRow>> {
     let sql = format!(
         "SELECT {SESSION_COLS} FROM sessions WHERE parent_session_id = $1 ORDER BY started_at, id"
     );
@@ -98,11 +98,11 @@ fn has_marker(model_config: Option<&str>) -> bool {
 
 impl SessionGraph for PgStore {
     fn session(&self, id: &str) -> Result<Option<SessionRow>> {
-        self.pool.tx("reading a session", Mode::Read, |tx| session_in(tx, id))
+        self.pool.tx("reading a session", Mode::ReadOne, |tx| session_in(tx, id))
     }
 
     fn child_sessions(&self, parent: &str) -> Result<Vec<SessionRow>> {
-        self.pool.tx("reading child sessions", Mode::Read, |tx| children_in(tx, parent))
+        self.pool.tx("reading child sessions", Mode::ReadOne, |tx| children_in(tx, parent))
     }
 
     fn neighbourhood(&self, id: &str, max_hops: usize) -> Result<Option<Vec<SessionRow>>> {
@@ -122,7 +122,7 @@ impl SessionGraph for PgStore {
                (SELECT parent_session_id FROM up WHERE parent_session_id IS NOT NULL) \
              AND s.id NOT IN (SELECT id FROM up)";
         let hops = i64::try_from(max_hops.min(MAX_HOPS * 100)).unwrap_or(i64::MAX);
-        self.pool.tx("walking the session neighbourhood", Mode::Read, |tx| {
+        self.pool.tx("walking the session neighbourhood", Mode::ReadOne, |tx| {
             let rows = tx.query(SQL, &[&id, &hops])?;
             rows.iter().map(read_session).collect::<PgResult<Vec<_>>>().map(Some)
         })
@@ -197,7 +197,7 @@ impl SessionStore for PgStore {
     }
 
     fn conversation(&self, id: &str) -> Result<Vec<Message>> {
-        self.pool.tx("reading a conversation", Mode::Read, |tx| {
+        self.pool.tx("reading a conversation", Mode::ReadOne, |tx| {
             let rows = tx.query(
                 "SELECT id, role, content, timestamp, tool_call_id, tool_calls, tool_name, \
                  token_count, finish_reason FROM messages \

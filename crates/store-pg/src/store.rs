@@ -16,8 +16,12 @@ use crate::pool::{Fail, Mode, PgResult, Pool, quote_ident, random_hex};
 /// for this long is dead, and recovery marks its live units `unknown`.
 pub const WORKER_LEASE_SECS: f64 = 60.0;
 
+/// A worker whose lease lapsed this long ago (seconds) loses its row at the
+/// next heartbeat of any worker (it is dead either way).
+pub const FORGET_WORKERS_AFTER_SECS: f64 = 3_600.0;
+
 /// The schema version this binary embeds.
-const SCHEMA_VERSION: i32 = 2;
+const SCHEMA_VERSION: i32 = 3;
 
 /// How to open a [`PgStore`].
 #[derive(Clone)]
@@ -226,6 +230,10 @@ fn migrate(client: &mut postgres::Client, schema: Option<&str>) -> PgResult<()> 
             "V2__retinue_pg_budget_reservations",
             include_str!("../migrations/V2__retinue_pg_budget_reservations.sql"),
         )?,
+        migration(
+            "V3__retinue_pg_retention_indexes",
+            include_str!("../migrations/V3__retinue_pg_retention_indexes.sql"),
+        )?,
     ];
     refinery_pg::Runner::new(&migrations)
         .run(client)
@@ -296,35 +304,39 @@ impl PgStore {
         &self.clock
     }
 
-    /// Renews this worker's lease (registering it if needed).
+    /// Renews this worker's lease (registering it if needed), and forgets
+    /// workers whose lease lapsed more than [`FORGET_WORKERS_AFTER_SECS`]
+    /// ago: to recovery and to the budget, a worker without a row is a
+    /// worker whose lease lapsed, so nothing changes but the table's size.
     pub fn heartbeat(&self) -> Result<()> {
         let now = self.clock.now();
         let expires = now + self.lease_secs;
+        let forget_before = now - FORGET_WORKERS_AFTER_SECS;
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
             .map(|h| h.trim().to_owned())
             .unwrap_or_default();
         let pid = i64::from(std::process::id());
         self.pool.tx("renewing the worker lease", Mode::Write, |tx| {
             tx.execute(
-                "INSERT INTO retinue_workers (worker_id, owner_profile, host, pid, started_at, \
+                "WITH gone AS (DELETE FROM retinue_workers WHERE lease_expires_at < $7 \
+                   AND worker_id <> $1) \
+                 INSERT INTO retinue_workers (worker_id, owner_profile, host, pid, started_at, \
                  heartbeat_at, lease_expires_at) VALUES ($1, $2, $3, $4, $5, $5, $6) \
                  ON CONFLICT (worker_id) DO UPDATE SET heartbeat_at = EXCLUDED.heartbeat_at, \
                  lease_expires_at = EXCLUDED.lease_expires_at",
-                &[&self.worker_id, &self.profile, &host, &pid, &now, &expires],
+                &[&self.worker_id, &self.profile, &host, &pid, &now, &expires, &forget_before],
             )?;
             Ok(())
         })
     }
 
-    /// Gives the lease up now (a clean shutdown): this worker's live units
-    /// become recoverable at once.
+    /// Gives the lease up now (a clean shutdown): this worker's row is
+    /// deleted, so its live units (if any) become recoverable at once — a
+    /// worker without a row is one whose lease lapsed — and a short-lived
+    /// process (every CLI invocation) leaves no row behind.
     pub fn retire(&self) -> Result<()> {
-        let now = self.clock.now();
         self.pool.tx("retiring the worker", Mode::Write, |tx| {
-            tx.execute(
-                "UPDATE retinue_workers SET lease_expires_at = $2 WHERE worker_id = $1",
-                &[&self.worker_id, &now],
-            )?;
+            tx.execute("DELETE FROM retinue_workers WHERE worker_id = $1", &[&self.worker_id])?;
             Ok(())
         })
     }
@@ -361,7 +373,7 @@ impl PgStore {
             tx.batch_execute(
                 "TRUNCATE messages, delegation_child_usage, retinue_children, async_delegations, \
                  retinue_usage_keys, retinue_usage_totals, retinue_workers, sessions, \
-                 retinue_budget_reservations",
+                 retinue_budget_reservations, retinue_profile_live",
             )?;
             Ok(())
         })?;

@@ -122,6 +122,40 @@ fn scratch_schema_of(b: &Backend) -> String {
     b.guard.downcast_ref::<Scratch>().map(|s| s.schema.clone()).expect("a PostgreSQL backend")
 }
 
+/// A reader whose cap is lower than the writers' (another host's config)
+/// still refuses the units beyond its own cap, although the per-profile
+/// live count it reads first says the profile holds more than that; and a
+/// prune by that reader is due, and prunes to its cap.
+#[test]
+fn a_lower_cap_elsewhere_is_enforced_at_read_time() {
+    let Some(url) = retinue_testkit::pg_url("PostgreSQL conformance tests") else { return };
+    let b = pg_backend(&url, config(10));
+    let clock = b.clock.clone();
+    let schema = scratch_schema_of(&b);
+    let writer = open(&url, &schema, &clock, &config(10));
+    for i in 0..4 {
+        unit(&writer, "tenant", &format!("u{i}"));
+        clock.advance(1.0);
+    }
+    let reader = open(&url, &schema, &clock, &config(2));
+    for (tag, capped) in [("u0", true), ("u1", true), ("u2", false), ("u3", false)] {
+        let found = reader.lookup(&format!("sa-0-{tag}")).expect("lookup");
+        let is_capped = matches!(
+            found,
+            Lookup::NotAddressable(
+                _,
+                Unaddressable::Tombstoned { reason: TombstoneReason::Cap, .. }
+            )
+        );
+        assert_eq!(is_capped, capped, "{tag}: {found:?}");
+    }
+    assert_eq!(reader.list_retained_children().expect("list").len(), 2);
+    assert_eq!(writer.list_retained_children().expect("list").len(), 4);
+    assert_eq!(reader.prune_retained_children(None, None).expect("prune").units, 2);
+    assert_eq!(reader.prune_retained_children(None, None).expect("prune").units, 0);
+    assert_eq!(writer.list_retained_children().expect("list").len(), 2);
+}
+
 /// Opening twice (two workers) migrates once and is idempotent; a worker's
 /// heartbeat keeps its units alive for recovery run elsewhere.
 #[test]
@@ -144,9 +178,25 @@ fn heartbeat_keeps_units_alive_across_hosts() {
     let host_b = open(&url, &schema, &clock, &config(10));
     let probe = DeadPids::default();
     assert_eq!(host_b.recover_abandoned_delegations(&probe).abandoned, 0);
+    let workers = |schema: &str| -> Vec<String> {
+        let mut c = postgres::Client::connect(&url, postgres::NoTls).expect("connect");
+        c.batch_execute(&format!("SET search_path TO {schema}")).expect("search path");
+        let rows = c.query("SELECT worker_id FROM retinue_workers", &[]).expect("workers");
+        rows.iter().map(|r| r.get(0)).collect()
+    };
+    assert!(workers(&schema).contains(&a.worker_id().to_owned()));
     a.retire().expect("retire");
+    // A retired worker leaves no row behind (every CLI invocation retires).
+    assert!(!workers(&schema).contains(&a.worker_id().to_owned()));
     clock.advance(0.001);
     assert_eq!(host_b.recover_abandoned_delegations(&probe).abandoned, 1);
+    // Rows of workers long dead are forgotten at any worker's heartbeat.
+    let c = open(&url, &schema, &clock, &config(10));
+    let c_id = c.worker_id().to_owned();
+    clock.advance(WORKER_LEASE_SECS + retinue_store_pg::FORGET_WORKERS_AFTER_SECS + 1.0);
+    host_b.heartbeat().expect("heartbeat");
+    let left = workers(&schema);
+    assert!(!left.contains(&c_id) && left.contains(&host_b.worker_id().to_owned()), "{left:?}");
     assert!(matches!(
         host_b.lookup(&id).expect("lookup"),
         Lookup::Unknown | Lookup::NotAddressable(..)

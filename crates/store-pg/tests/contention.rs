@@ -7,6 +7,10 @@
 //!
 //! The processes are this test binary re-run with `RETINUE_PG_WORKER` set
 //! (the `worker_process` test is a no-op otherwise).
+//!
+//! Sizes: CI's by default; `RETINUE_PG_FULL=1` (`cargo xtask reliability
+//! --backend pg --full`, a release build) runs the full size: 25× the rounds
+//! and deliveries, and a killed host with 30 live units instead of 3.
 
 use std::collections::{BTreeMap, HashSet};
 use std::io::Write;
@@ -24,9 +28,25 @@ use retinue_testkit::conformance::DeadPids;
 
 const PROCS: usize = 4;
 const THREADS: usize = 8;
-const ROUNDS: usize = 12;
-const DELIVERIES: usize = 96;
 const RESUMABLE: usize = 6;
+
+/// The size of a run: CI's, or the full one (`RETINUE_PG_FULL=1`).
+struct Size {
+    /// Rounds per thread (each: 2 delivery claims, a resume claim, a keyed ledger row).
+    rounds: usize,
+    /// Completions to deliver.
+    deliveries: usize,
+    /// Live units of the killed host.
+    hung_units: usize,
+}
+
+fn size() -> Size {
+    if std::env::var("RETINUE_PG_FULL").is_ok_and(|v| v == "1") {
+        Size { rounds: 300, deliveries: 2_400, hung_units: 30 }
+    } else {
+        Size { rounds: 12, deliveries: 96, hung_units: 3 }
+    }
+}
 
 fn now_nanos() -> u128 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos())
@@ -76,7 +96,7 @@ fn contend(url: &str, schema: &str, out: &Path, resumable: &[String]) {
                     Ok(_) => {}
                     Err(e) => mine.push(format!("error {e}")),
                 };
-                for i in 0..ROUNDS {
+                for i in 0..size().rounds {
                     // Deliveries: claim and acknowledge.
                     for _ in 0..2 {
                         note(store.claim_delivery(&DeliveryFilter::default()).and_then(|c| {
@@ -160,7 +180,7 @@ fn worker_process() {
         "hang" => {
             let store = Arc::new(open(&url, &schema, 1.5));
             let _beat = store.spawn_heartbeat();
-            for i in 0..3 {
+            for i in 0..size().hung_units {
                 store.insert_unit(&unit_draft(&format!("hang-{i}"))).expect("insert");
             }
             std::fs::write(&out, "ready").expect("ready");
@@ -186,8 +206,9 @@ fn four_hosts_contend_without_errors() {
     let _ = PgStore::drop_schema(&url, &schema);
     let _scratch = Scratch(url.clone(), schema.clone());
     let seed = open(&url, &schema, 30.0);
+    let Size { rounds, deliveries, .. } = size();
     let mut expected = HashSet::new();
-    for i in 0..DELIVERIES {
+    for i in 0..deliveries {
         let id = seed.insert_unit(&unit_draft(&format!("d{i}"))).expect("insert");
         let done = Completion {
             delegation_id: id.clone(),
@@ -244,16 +265,17 @@ fn four_hosts_contend_without_errors() {
         );
     }
     let billed = lines.iter().filter(|l| *l == "billed").count();
-    assert_eq!(billed, PROCS * THREADS * ROUNDS);
+    assert_eq!(billed, PROCS * THREADS * rounds);
     let rows = seed.usage_attributions("PAR").expect("rows");
     assert_eq!(rows.len(), billed, "no lost ledger row");
     let snap = seed.usage_totals_snapshot("PAR").expect("totals");
     let total = snap.maintained.cost_usd + snap.pending.len() as f64;
     assert!((total - billed as f64).abs() < 1e-9, "no lost total: {snap:?}");
-    let ops = lines.len() + PROCS * THREADS * (ROUNDS / 4);
+    let ops = lines.len() + PROCS * THREADS * rounds.div_ceil(4);
     eprintln!(
-        "contention: {PROCS} procs × {THREADS} threads, {} ops ({} deliveries, {} resume holds, \
-         {billed} ledger rows) in {:.2}s = {:.0} ops/s",
+        "contention: {PROCS} procs × {THREADS} threads × {rounds} rounds, {} ops ({} deliveries, \
+         {} resume holds, {billed} ledger rows, 0 errors surfaced, each delivered exactly once, \
+         no ledger row or total lost) in {:.2}s = {:.0} ops/s",
         ops,
         delivered.len(),
         holds.values().map(Vec::len).sum::<usize>(),
@@ -307,6 +329,8 @@ fn a_killed_host_is_recovered_after_its_lease() {
     let _ = writeln!(out, "worker killed; waiting for its lease to lapse");
     std::thread::sleep(Duration::from_millis(1700));
     let report = other_host.recover_abandoned_delegations(&probe);
-    assert_eq!((report.abandoned, report.error), (3, None));
+    let hung = size().hung_units;
+    assert_eq!((report.abandoned, report.error), (hung, None));
+    eprintln!("kill: a SIGKILLed host's {hung} live units recovered after its lease lapsed");
     assert_eq!(other_host.recover_abandoned_delegations(&probe).abandoned, 0);
 }
