@@ -122,6 +122,7 @@ const TABLES: &[Table] = &[
             ("tombstone_reason", Text),
             ("resume_claim", Text),
             ("resume_claimed_at", Float),
+            ("tombstone_note", Text),
         ],
         key: 2,
     },

@@ -12,7 +12,8 @@ use retinue_store::{
     ChildManifest, Claims, Completion, DeliveryClaim, DeliveryFilter, Error, LEASE_SECS, Lookup,
     MAX_DELIVERY_ATTEMPTS, OwnerProbe, ProcessState, PruneCount, RecoveryReport, RegistryRead,
     Result, ResumeClaim, RetainedChild, Retention, TombstoneReason, Unaddressable, UnitDraft,
-    UnitLifecycle, UsageSwap, children_json, parse_children_json, parse_json_opt, truncate_chars,
+    UnitLifecycle, UsageSwap, child_status, children_json, parse_children_json, parse_json_opt,
+    truncate_chars,
 };
 use serde_json::{Map, Value, json};
 
@@ -78,26 +79,9 @@ fn candidates(
     Ok(out)
 }
 
+/// Status without the cap rank: the store's shared rule.
 fn live_status(row: &ChildRow, lim: Limits) -> Option<Unaddressable> {
-    if let Some(at) = row.child_tombstoned_at {
-        let reason = TombstoneReason::parse(row.child_tombstone_reason.as_deref());
-        return Some(Unaddressable::Tombstoned { at, reason, note: None });
-    }
-    if let Some(at) = row.unit_tombstoned_at {
-        return Some(Unaddressable::Tombstoned {
-            at,
-            reason: TombstoneReason::External,
-            note: None,
-        });
-    }
-    let Some(retained_at) = row.entry.retained_at.filter(|_| row.unit_retained) else {
-        return Some(Unaddressable::NeverRetained);
-    };
-    if retained_at < lim.cutoff() {
-        let at = retained_at + lim.ttl_hours * 3600.0;
-        return Some(Unaddressable::Tombstoned { at, reason: TombstoneReason::Ttl, note: None });
-    }
-    None
+    child_status(&row.facts(), lim)
 }
 
 type Scored = (Option<Unaddressable>, u8, ChildRow);
@@ -115,10 +99,13 @@ fn order(a: &Scored, b: &Scored) -> std::cmp::Ordering {
         .then(a.2.entry.child_index.cmp(&b.2.entry.child_index))
 }
 
-fn lookup_in(tx: &mut Tx<'_>, id: &str, lim: Limits) -> PgResult<Lookup> {
+/// The one row `id` resolves to (spec §3.3 order): how it matched (0
+/// subagent id, 1 child session, 2 delegation id), its status (`None`:
+/// addressable) and the row.
+fn resolve_in(tx: &mut Tx<'_>, id: &str, lim: Limits) -> PgResult<Option<Scored>> {
     let id = id.trim();
     if id.is_empty() {
-        return Ok(Lookup::Unknown);
+        return Ok(None);
     }
     let cap = i64::from(lim.max_retained);
     let mut scored: Vec<Scored> = candidates(tx, id, lim)?
@@ -136,7 +123,11 @@ fn lookup_in(tx: &mut Tx<'_>, id: &str, lim: Limits) -> PgResult<Lookup> {
         })
         .collect();
     scored.sort_by(order);
-    Ok(match scored.into_iter().next() {
+    Ok(scored.into_iter().next())
+}
+
+fn lookup_in(tx: &mut Tx<'_>, id: &str, lim: Limits) -> PgResult<Lookup> {
+    Ok(match resolve_in(tx, id, lim)? {
         None => Lookup::Unknown,
         Some((None, _, row)) => Lookup::Addressable(row.into_entry()),
         Some((Some(status), _, row)) => Lookup::NotAddressable(row.into_entry(), status),
@@ -308,11 +299,13 @@ pub(crate) fn prune_in(tx: &mut Tx<'_>, lim: Limits) -> PgResult<PruneCount> {
     let t = lim.now;
     let mut n = PruneCount::default();
     n.children += count(tx.execute(
-        "UPDATE retinue_children SET tombstoned_at = $1, tombstone_reason = 'ttl' \
+        // The time is the child's expiry (as lookups reported it), never later than now.
+        "UPDATE retinue_children SET tombstone_reason = 'ttl', \
+           tombstoned_at = LEAST($1, COALESCE(retained_at + $3, $1)) \
          WHERE delegation_id IN (SELECT delegation_id FROM async_delegations \
                                  WHERE retained = 1 AND tombstoned_at IS NULL) \
            AND tombstoned_at IS NULL AND (retained_at IS NULL OR retained_at < $2)",
-        &[&t, &lim.cutoff()],
+        &[&t, &lim.cutoff(), &lim.ttl_seconds()],
     )?);
     n.units += count(tx.execute(
         "UPDATE async_delegations SET tombstoned_at = $1, updated_at = $1 \
@@ -345,60 +338,75 @@ pub(crate) fn prune_in(tx: &mut Tx<'_>, lim: Limits) -> PgResult<PruneCount> {
     Ok(n)
 }
 
+/// Tombstones exactly the row `id` resolves to (the child `show` shows),
+/// if addressable: a delegation id takes that unit's live children. The
+/// unit left without a live child is tombstoned; its children already past
+/// their TTL keep `ttl` at their expiry (as lookups reported them).
+fn tombstone_in(tx: &mut Tx<'_>, id: &str, note: Option<&str>, lim: Limits) -> PgResult<bool> {
+    let Some((None, kind, row)) = resolve_in(tx, id, lim)? else {
+        return Ok(false);
+    };
+    let (t, unit) = (lim.now, row.entry.delegation_id.as_str());
+    let changed = if kind == 2 {
+        tx.execute(
+            &format!(
+                "UPDATE retinue_children c SET tombstoned_at = $1, tombstone_reason = 'manual', \
+                 tombstone_note = $2 FROM async_delegations u \
+                 WHERE u.delegation_id = c.delegation_id AND c.delegation_id = $3 \
+                 AND c.tombstoned_at IS NULL AND {CHILD_RETAINED_AT} >= $4"
+            ),
+            &[&t, &note, &unit, &lim.cutoff()],
+        )?
+    } else {
+        tx.execute(
+            "UPDATE retinue_children SET tombstoned_at = $1, tombstone_reason = 'manual', \
+             tombstone_note = $2 WHERE delegation_id = $3 AND child_index = $4 \
+             AND tombstoned_at IS NULL",
+            &[&t, &note, &unit, &i64::from(row.entry.child_index)],
+        )?
+    };
+    let any_live = tx
+        .query_opt(
+            &format!(
+                "SELECT 1 FROM retinue_children c JOIN async_delegations u \
+                 ON u.delegation_id = c.delegation_id WHERE c.delegation_id = $1 \
+                 AND c.tombstoned_at IS NULL AND {CHILD_RETAINED_AT} >= $2 LIMIT 1"
+            ),
+            &[&unit, &lim.cutoff()],
+        )?
+        .is_some();
+    if !any_live {
+        tx.execute(
+            "UPDATE retinue_children c SET tombstone_reason = 'ttl', tombstoned_at = \
+             LEAST($1, COALESCE(COALESCE(c.retained_at, u.retained_at) + $3, $1)) \
+             FROM async_delegations u WHERE u.delegation_id = c.delegation_id \
+             AND c.delegation_id = $2 AND c.tombstoned_at IS NULL",
+            &[&t, &unit, &lim.ttl_seconds()],
+        )?;
+        tx.execute(
+            "UPDATE async_delegations SET tombstoned_at = $1, updated_at = $1 \
+             WHERE delegation_id = $2 AND tombstoned_at IS NULL",
+            &[&t, &unit],
+        )?;
+    }
+    Ok(changed > 0)
+}
+
 impl Retention for PgStore {
     fn tombstone_retained_child(&self, id: &str, reason: &TombstoneReason) -> Result<bool> {
         let id = id.trim();
         if id.is_empty() {
             return Ok(false);
         }
+        // The reason of an operator's tombstone is `manual`; any text is its note.
+        let note = match reason {
+            TombstoneReason::Manual => None,
+            other => Some(other.as_str().to_owned()),
+        };
         let lim = self.limits();
-        let t = lim.now;
         self.pool.tx("tombstoning a retained child", Mode::Write, |tx| {
             backfill(tx)?;
-            let mut units: Vec<String> = Vec::new();
-            let mut changed = 0;
-            for column in ["subagent_id", "child_session_id", "delegation_id"] {
-                let sql = format!(
-                    "UPDATE retinue_children SET tombstoned_at = $1, tombstone_reason = $2 \
-                     WHERE {column} = $3 AND tombstoned_at IS NULL \
-                     AND EXISTS (SELECT 1 FROM async_delegations u \
-                       WHERE u.delegation_id = retinue_children.delegation_id \
-                       AND u.retained = 1 AND u.tombstoned_at IS NULL) \
-                     RETURNING delegation_id"
-                );
-                for r in tx.query(&sql, &[&t, &reason.as_str(), &id])? {
-                    let unit: String = r.try_get(0)?;
-                    changed += 1;
-                    if !units.contains(&unit) {
-                        units.push(unit);
-                    }
-                }
-                if changed > 0 {
-                    break;
-                }
-            }
-            for unit in &units {
-                let any_live = tx
-                    .query_opt(
-                        "SELECT 1 FROM retinue_children WHERE delegation_id = $1 \
-                         AND tombstoned_at IS NULL AND retained_at >= $2 LIMIT 1",
-                        &[unit, &lim.cutoff()],
-                    )?
-                    .is_some();
-                if !any_live {
-                    tx.execute(
-                        "UPDATE retinue_children SET tombstoned_at = $1, tombstone_reason = 'ttl' \
-                         WHERE delegation_id = $2 AND tombstoned_at IS NULL",
-                        &[&t, unit],
-                    )?;
-                    tx.execute(
-                        "UPDATE async_delegations SET tombstoned_at = $1, updated_at = $1 \
-                         WHERE delegation_id = $2 AND tombstoned_at IS NULL",
-                        &[&t, unit],
-                    )?;
-                }
-            }
-            Ok(changed > 0)
+            tombstone_in(tx, id, note.as_deref(), lim)
         })
     }
 
@@ -407,16 +415,7 @@ impl Retention for PgStore {
         max_retained: Option<u32>,
         ttl_hours: Option<f64>,
     ) -> Result<PruneCount> {
-        let mut lim = self.limits();
-        if let Some(m) = max_retained {
-            lim.max_retained = m.max(1);
-        }
-        if let Some(h) = ttl_hours {
-            if !h.is_finite() {
-                return Err(Error::Invalid(format!("ttl_hours must be finite, got {h}")));
-            }
-            lim.ttl_hours = h.max(0.0);
-        }
+        let lim = self.limits().with_overrides(max_retained, ttl_hours)?;
         if !self
             .pool
             .tx("checking whether a prune is due", Mode::ReadOne, |tx| prune_due(tx, lim))?

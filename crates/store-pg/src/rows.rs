@@ -2,7 +2,7 @@
 //! SQLite backend's) and the per-profile key.
 
 use postgres::Row;
-use retinue_store::{ChildManifest, RetainedChild, UnitState};
+use retinue_store::{ChildFacts, ChildManifest, RetainedChild, UnitState};
 
 use crate::pool::{PgResult, u32_of};
 
@@ -16,7 +16,7 @@ pub(crate) const CHILD_COLS: &str = "c.delegation_id, c.child_index, c.subagent_
      COALESCE(c.retained_at, CASE WHEN u.retained = 1 THEN u.retained_at END), \
      c.tombstoned_at, c.tombstone_reason, \
      u.parent_session_id, u.owner_profile, u.state, u.completed_at, u.retained, \
-     u.retained_at, u.tombstoned_at";
+     u.retained_at, u.tombstoned_at, c.tombstone_note";
 
 /// A unit's tenant key: retention limits apply per profile (NULL = `''`).
 pub(crate) const PROFILE: &str = "COALESCE(owner_profile, '')";
@@ -30,6 +30,8 @@ pub(crate) struct ChildRow {
     pub(crate) manifest_json: Option<String>,
     pub(crate) child_tombstoned_at: Option<f64>,
     pub(crate) child_tombstone_reason: Option<String>,
+    /// The operator's note of a manual tombstone.
+    pub(crate) tombstone_note: Option<String>,
     pub(crate) unit_retained: bool,
     pub(crate) unit_retained_at: Option<f64>,
     pub(crate) unit_tombstoned_at: Option<f64>,
@@ -42,6 +44,20 @@ impl ChildRow {
         entry.manifest =
             self.manifest_json.as_deref().and_then(ChildManifest::parse).unwrap_or_default();
         entry
+    }
+
+    /// The facts the store's shared addressability rule reads (this backend
+    /// writes no unit-level prune tombstones: nothing is covered).
+    pub(crate) fn facts(&self) -> ChildFacts<'_> {
+        ChildFacts {
+            tombstoned_at: self.child_tombstoned_at,
+            tombstone_reason: self.child_tombstone_reason.as_deref(),
+            tombstone_note: self.tombstone_note.as_deref(),
+            retained_at: self.entry.retained_at,
+            unit_retained: self.unit_retained,
+            unit_tombstoned_at: self.unit_tombstoned_at,
+            covered: None,
+        }
     }
 }
 
@@ -66,6 +82,7 @@ pub(crate) fn read_child_row_at(r: &Row, o: usize) -> PgResult<ChildRow> {
         manifest_json: r.try_get(o + 4)?,
         child_tombstoned_at: r.try_get(o + 6)?,
         child_tombstone_reason: r.try_get(o + 7)?,
+        tombstone_note: r.try_get(o + 15)?,
         unit_retained: retained == Some(1),
         unit_retained_at: r.try_get(o + 13)?,
         unit_tombstoned_at: r.try_get(o + 14)?,

@@ -8,6 +8,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use postgres::Config;
+pub(crate) use retinue_store::Limits;
 use retinue_store::{Clock, DelegationConfig, Error, LoadedConfig, Result, SystemClock};
 
 use crate::pool::{Fail, Mode, PgResult, Pool, quote_ident, random_hex};
@@ -21,7 +22,25 @@ pub const WORKER_LEASE_SECS: f64 = 60.0;
 pub const FORGET_WORKERS_AFTER_SECS: f64 = 3_600.0;
 
 /// The schema version this binary embeds.
-const SCHEMA_VERSION: i32 = 3;
+/// The schema's migrations, in order (refinery's `V<n>__<name>`).
+const MIGRATIONS: &[(&str, &str)] = &[
+    ("V1__retinue_pg_base", include_str!("../migrations/V1__retinue_pg_base.sql")),
+    (
+        "V2__retinue_pg_budget_reservations",
+        include_str!("../migrations/V2__retinue_pg_budget_reservations.sql"),
+    ),
+    (
+        "V3__retinue_pg_retention_indexes",
+        include_str!("../migrations/V3__retinue_pg_retention_indexes.sql"),
+    ),
+    (
+        "V4__retinue_pg_tombstone_note",
+        include_str!("../migrations/V4__retinue_pg_tombstone_note.sql"),
+    ),
+];
+
+#[allow(clippy::cast_possible_truncation, clippy::cast_possible_wrap)] // a handful of files
+const SCHEMA_VERSION: i32 = MIGRATIONS.len() as i32;
 
 /// How to open a [`PgStore`].
 #[derive(Clone)]
@@ -224,17 +243,8 @@ fn migrate(client: &mut postgres::Client, schema: Option<&str>) -> PgResult<()> 
         refinery_pg::Migration::unapplied(name, sql)
             .map_err(|e| Error::Migration { source: Box::new(e) })
     };
-    let migrations = [
-        migration("V1__retinue_pg_base", include_str!("../migrations/V1__retinue_pg_base.sql"))?,
-        migration(
-            "V2__retinue_pg_budget_reservations",
-            include_str!("../migrations/V2__retinue_pg_budget_reservations.sql"),
-        )?,
-        migration(
-            "V3__retinue_pg_retention_indexes",
-            include_str!("../migrations/V3__retinue_pg_retention_indexes.sql"),
-        )?,
-    ];
+    let migrations =
+        MIGRATIONS.iter().map(|(name, sql)| migration(name, sql)).collect::<Result<Vec<_>>>()?;
     refinery_pg::Runner::new(&migrations)
         .run(client)
         .map_err(|e| Error::Migration { source: Box::new(e) })?;
@@ -359,12 +369,7 @@ impl PgStore {
 
     /// The retention limits in force now.
     pub(crate) fn limits(&self) -> Limits {
-        let d = &self.config.delegation;
-        Limits {
-            now: self.clock.now(),
-            max_retained: d.max_retained.max(1),
-            ttl_hours: d.retained_ttl_hours.max(0.0),
-        }
+        Limits::new(self.clock.now(), &self.config.delegation)
     }
 
     /// Deletes everything this store holds (tests and benches on a scratch schema).
@@ -393,21 +398,6 @@ impl PgStore {
 /// Fail helper for domain errors inside transactions.
 pub(crate) fn invalid(msg: &str) -> Fail {
     Fail::Store(Error::Invalid(msg.to_owned()))
-}
-
-/// Limits in force for one evaluation.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Limits {
-    pub(crate) now: f64,
-    pub(crate) max_retained: u32,
-    pub(crate) ttl_hours: f64,
-}
-
-impl Limits {
-    /// Children retained before this instant are past their TTL.
-    pub(crate) fn cutoff(self) -> f64 {
-        self.now - self.ttl_hours * 3600.0
-    }
 }
 
 #[cfg(test)]

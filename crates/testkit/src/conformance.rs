@@ -132,6 +132,7 @@ pub const CASES: &[(&str, Case)] = &[
     ("insert_retain_list", insert_retain_list),
     ("lookup_by_each_id_kind", lookup_by_each_id_kind),
     ("tombstones", tombstones),
+    ("tombstone_hits_the_shown_child", tombstone_hits_the_shown_child),
     ("ttl_prune", ttl_prune),
     ("cap_prune", cap_prune),
     ("retention_per_profile", retention_per_profile),
@@ -299,6 +300,38 @@ pub fn tombstones(make: Factory<'_>) {
     }
     assert!(!r.retain_completed_delegation(&id, None).expect("retain"), "never re-retained");
     assert!(!r.tombstone_retained_child("", &TombstoneReason::Manual).expect("t"));
+}
+
+/// A tombstone hits exactly the child a lookup shows: a child session id
+/// two units share resolves to the newer unit's child, and only that one
+/// is tombstoned (issue #12).
+pub fn tombstone_hits_the_shown_child(make: Factory<'_>) {
+    let b = make(default_config());
+    let seq = SEQ.fetch_add(1, Ordering::Relaxed);
+    let shared = format!("shared-{seq}");
+    let unit = |sa: &str| {
+        let child = ChildManifest {
+            subagent_id: format!("{sa}-{seq}"),
+            session_id: shared.clone(),
+            ..ChildManifest::default()
+        };
+        crate::retain_unit(b.registry.as_ref(), "P", "", vec![child])
+    };
+    let old = unit("sa-old");
+    b.clock.advance(10.0);
+    let new = unit("sa-new");
+    match b.registry.lookup(&shared).expect("lookup") {
+        Lookup::Addressable(e) => assert_eq!(e.delegation_id, new),
+        other => panic!("expected the newer unit's child, got {other:?}"),
+    }
+    assert!(b.registry.tombstone_retained_child(&shared, &TombstoneReason::Manual).expect("t"));
+    assert!(b.registry.find_retained_child(&format!("sa-new-{seq}")).expect("find").is_none());
+    let kept = b.registry.find_retained_child(&format!("sa-old-{seq}")).expect("find");
+    assert_eq!(kept.map(|e| e.delegation_id), Some(old.clone()), "the older unit's child stays");
+    // Now the shared id shows the older child: the next tombstone takes it.
+    assert!(b.registry.tombstone_retained_child(&shared, &TombstoneReason::Manual).expect("t"));
+    assert!(b.registry.list_retained_children().expect("list").is_empty());
+    assert!(!b.registry.tombstone_retained_child(&shared, &TombstoneReason::Manual).expect("t"));
 }
 
 /// Past the TTL a child is hidden at once and the prune writes `ttl`.
