@@ -166,15 +166,20 @@ pub(crate) fn redact_url(url: &str) -> String {
         Some((scheme, rest)) => (format!("{scheme}://"), rest),
         None => (String::new(), url),
     };
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    let authority = match authority.rsplit_once('@') {
-        Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _)) => format!("{user}:***@{host}"),
-            None => format!("{userinfo}@{host}"),
-        },
-        None => authority.to_owned(),
+    // The userinfo runs to its last `@` (a password may hold `/` or `@`).
+    let (userinfo, rest) = match retinue_store::userinfo_at(rest) {
+        Some(at) => (
+            match rest[..at].split_once(':') {
+                Some((user, _)) => format!("{user}:***@"),
+                None => format!("{}@", &rest[..at]),
+            },
+            &rest[at + 1..],
+        ),
+        None => (String::new(), rest),
     };
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (host, tail) = rest.split_at(authority_end);
+    let authority = format!("{userinfo}{host}");
     let tail = match tail.split_once('?') {
         Some((path, query)) => {
             let params: Vec<String> = query
@@ -236,6 +241,11 @@ mod tests {
             "postgresql://h/db?user=u&password=***&x=1"
         );
         assert!(!redact_url("postgres://u:p@ss:w@rd@h/db").contains("rd@h"));
+        for raw in ["postgres://u:pa/ss@h/db", "postgres://u:a/b@c/d@h:5432/db?sslmode=require"] {
+            let shown = redact_url(raw);
+            assert!(!shown.contains("pa/ss") && !shown.contains("a/b"), "{raw} -> {shown}");
+            assert!(shown.starts_with("postgres://u:***@h"), "{raw} -> {shown}");
+        }
     }
 
     #[test]

@@ -228,9 +228,9 @@ pub fn redact_url(url: &str) -> String {
         Some(i) => (&url[..i + 3], &url[i + 3..]),
         None => ("", url),
     };
+    let rest = userinfo_at(rest).map_or(rest, |at| &rest[at + 1..]);
     let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let (host, tail) = rest.split_at(authority_end);
     let (before_fragment, fragment) = match tail.find('#') {
         Some(i) => tail.split_at(i),
         None => (tail, ""),
@@ -255,6 +255,26 @@ pub fn redact_url(url: &str) -> String {
     }
     out.push_str(fragment);
     out
+}
+
+/// The byte index of the `@` that ends the userinfo of `rest` (a URL after
+/// its `scheme://`), if it has one. The userinfo runs to the last `@` before
+/// the query or fragment, so a password holding `/` or `@` (which clients
+/// accept unencoded) is never read as a host and path and kept; an `@`
+/// inside a path stays the path's when what precedes its first `/` is a
+/// plain host or `host:port` (no password can be there).
+pub fn userinfo_at(rest: &str) -> Option<usize> {
+    let end = rest.find(['?', '#']).unwrap_or(rest.len());
+    let at = rest[..end].rfind('@')?;
+    let info = &rest[..at];
+    match info.find('/') {
+        None => Some(at),
+        Some(slash) => match info[..slash].split_once(':') {
+            Some((_, port)) if !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) => None,
+            Some(_) => Some(at),
+            None => None,
+        },
+    }
 }
 
 /// One retained child: the registry's entry.
@@ -581,6 +601,10 @@ mod redact_tests {
             ("http://user@127.0.0.1:8080/v1#frag", "http://127.0.0.1:8080/v1#frag"),
             ("https://h/v1?sig=abc&se=2&key=k&password=p&secret=s", "https://h/v1?se=2"),
             ("https://h/p@q?a=1", "https://h/p@q?a=1"),
+            ("https://h:8080/v1/m@x", "https://h:8080/v1/m@x"),
+            ("https://u:pa/ss@h.example/v1", "https://h.example/v1"),
+            ("https://u:p@ss/w@h.example/v1?q=1", "https://h.example/v1?q=1"),
+            ("https://u:p@h?key=a/b@c", "https://h"),
         ] {
             assert_eq!(redact_url(raw), clean, "{raw}");
         }
