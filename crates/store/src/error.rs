@@ -79,12 +79,10 @@ pub enum Error {
         /// Highest version this binary embeds.
         supported: i64,
     },
-    /// A write could not take the lock within the busy timeout.
-    #[error(
-        "database is busy: waited {:.1} s for another writer's lock (busy timeout {:.1} s)",
-        *waited_ms as f64 / 1000.0,
-        *timeout_ms as f64 / 1000.0
-    )]
+    /// A write could not take the lock within the busy timeout (SQLite), or
+    /// kept conflicting with concurrent transactions (PostgreSQL: no busy
+    /// timeout, `timeout_ms` 0).
+    #[error("{}", busy_message(*waited_ms, *timeout_ms))]
     Busy {
         /// What the store was doing.
         operation: &'static str,
@@ -168,6 +166,20 @@ pub enum Error {
         #[source]
         source: Source,
     },
+}
+
+#[allow(clippy::cast_precision_loss)] // milliseconds, shown to a tenth of a second
+fn busy_message(waited_ms: u64, timeout_ms: u64) -> String {
+    let waited = waited_ms as f64 / 1000.0;
+    if timeout_ms == 0 {
+        format!("database is busy: waited {waited:.1} s retrying transactions that conflicted")
+    } else {
+        let timeout = timeout_ms as f64 / 1000.0;
+        format!(
+            "database is busy: waited {waited:.1} s for another writer's lock (busy timeout \
+             {timeout:.1} s)"
+        )
+    }
 }
 
 /// The class of an [`Error`], for callers that branch on it (exit codes,
@@ -381,7 +393,18 @@ pub(crate) fn is_retryable(e: &Error) -> bool {
 mod tests {
     use rusqlite::ffi;
 
-    use super::{Error, ErrorKind, Fail, is_retryable};
+    use super::{Error, ErrorKind, Fail, busy_message, is_retryable};
+
+    #[test]
+    fn busy_messages_name_the_wait_and_what_was_waited_for() {
+        assert_eq!(
+            busy_message(1_250, 300),
+            "database is busy: waited 1.2 s for another writer's lock (busy timeout 0.3 s)"
+        );
+        // PostgreSQL has no busy timeout: the wait was spent retrying conflicts.
+        let pg = busy_message(2_000, 0);
+        assert_eq!(pg, "database is busy: waited 2.0 s retrying transactions that conflicted");
+    }
 
     fn from_code(code: i32) -> Error {
         Fail::Sql(rusqlite::Error::SqliteFailure(ffi::Error::new(code), None))
