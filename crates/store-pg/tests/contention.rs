@@ -20,8 +20,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use retinue_store::{
-    AttributionDraft, ChildManifest, Claims, Completion, DeliveryFilter, ResumeClaim, Retention,
-    TotalsUpdate, UnitDraft, UnitLifecycle, UsageLedger, UsageTotals,
+    AttributionDraft, ChildManifest, Claims, Completion, DeliveryFilter, RegistryRead, ResumeClaim,
+    Retention, TotalsUpdate, UnitDraft, UnitLifecycle, UsageLedger, UsageTotals,
 };
 use retinue_store_pg::{PgOptions, PgStore};
 use retinue_testkit::conformance::DeadPids;
@@ -68,6 +68,9 @@ fn spawn_worker(schema: &str, mode: &str, out: &Path) -> std::process::Child {
         .spawn()
         .expect("spawn a worker process")
 }
+
+/// The profile of the resumable units (the other units have none).
+const RESUME_TENANT: &str = "resume-tenant";
 
 fn unit_draft(tag: &str) -> UnitDraft {
     UnitDraft {
@@ -221,9 +224,13 @@ fn four_hosts_contend_without_errors() {
         assert!(seed.persist_completion(&done).expect("complete"));
         expected.insert(id);
     }
+    // The resumable units belong to another tenant than the stream of
+    // insert+retain: the cap is per profile, so that stream never evicts them.
     let resumable: Vec<String> = (0..RESUMABLE)
         .map(|i| {
-            let id = seed.insert_unit(&unit_draft(&format!("r{i}"))).expect("insert");
+            let draft =
+                UnitDraft { owner_profile: RESUME_TENANT.into(), ..unit_draft(&format!("r{i}")) };
+            let id = seed.insert_unit(&draft).expect("insert");
             assert!(seed.retain_completed_delegation(&id, None).expect("retain"));
             id
         })
@@ -263,6 +270,15 @@ fn four_hosts_contend_without_errors() {
             h.windows(2).all(|w| w[0].1 <= w[1].0),
             "resume claim of {unit} held twice at once"
         );
+    }
+    // Another tenant's retains (each pruning to the cap) evicted none of them,
+    // so every one was claimed and held.
+    for unit in &resumable {
+        assert!(
+            matches!(seed.lookup(unit).expect("lookup"), retinue_store::Lookup::Addressable(_)),
+            "{unit} of {RESUME_TENANT} was evicted by another profile's retains"
+        );
+        assert!(holds.contains_key(unit), "{unit} was never held");
     }
     let billed = lines.iter().filter(|l| *l == "billed").count();
     assert_eq!(billed, PROCS * THREADS * rounds);
