@@ -552,13 +552,14 @@ impl PgStore {
         use retinue_store::{DELIVERED_MAX_AGE_SECS, PENDING_KEEP, TERMINAL_KEEP};
         const TERMINAL: &str = "retained IS NULL AND state NOT IN ('running', 'finalizing')";
         let old = self.clock.now() - DELIVERED_MAX_AGE_SECS;
+        // The keeps are BIGINT parameters (`$2 + 1` alone would make them INT4).
         let due_sql = format!(
             "SELECT EXISTS (SELECT 1 FROM async_delegations WHERE {TERMINAL} \
                AND delivery_state = 'delivered' AND COALESCE(delivered_at, updated_at) < $1) \
              OR (SELECT count(*) FROM (SELECT 1 FROM async_delegations WHERE {TERMINAL} \
-                 AND delivery_state != 'pending' LIMIT $2 + 1) a) > $2 \
+                 AND delivery_state != 'pending' LIMIT $2::bigint + 1) a) > $2::bigint \
              OR (SELECT count(*) FROM (SELECT 1 FROM async_delegations WHERE {TERMINAL} \
-                 AND delivery_state = 'pending' LIMIT $3 + 1) b) > $3"
+                 AND delivery_state = 'pending' LIMIT $3::bigint + 1) b) > $3::bigint"
         );
         let due = self.pool.tx("checking whether history is due", Mode::ReadOne, |tx| {
             Ok(tx

@@ -106,6 +106,9 @@ impl SessionGraph for PgStore {
     }
 
     fn neighbourhood(&self, id: &str, max_hops: usize) -> Result<Option<Vec<SessionRow>>> {
+        // The siblings through the parent index: `= ANY (ARRAY(…))` makes the
+        // ancestors' parents one array parameter; an `IN (SELECT …)` over the
+        // CTE was planned as a hash semi-join over a scan of every session.
         const SQL: &str = "WITH RECURSIVE up(id, source, model_config, parent_session_id, \
                started_at, ended_at, end_reason, n) AS ( \
              SELECT id, source, model_config, parent_session_id, started_at, ended_at, \
@@ -118,8 +121,8 @@ impl SessionGraph for PgStore {
            UNION ALL \
            SELECT s.id, s.source, NULL::text, s.model_config, s.parent_session_id, s.started_at, \
              s.ended_at, s.end_reason, NULL::text, NULL::float8, NULL::text, NULL::text, NULL::text \
-             FROM sessions s WHERE s.parent_session_id IN \
-               (SELECT parent_session_id FROM up WHERE parent_session_id IS NOT NULL) \
+             FROM sessions s WHERE s.parent_session_id = ANY (ARRAY( \
+               SELECT parent_session_id FROM up WHERE parent_session_id IS NOT NULL)) \
              AND s.id NOT IN (SELECT id FROM up)";
         let hops = i64::try_from(max_hops.min(MAX_HOPS * 100)).unwrap_or(i64::MAX);
         self.pool.tx("walking the session neighbourhood", Mode::ReadOne, |tx| {

@@ -202,3 +202,33 @@ fn heartbeat_keeps_units_alive_across_hosts() {
         Lookup::Unknown | Lookup::NotAddressable(..)
     ));
 }
+
+/// The history pruner runs (its "due?" check binds the keeps as BIGINT) and
+/// deletes the oldest terminal units beyond `TERMINAL_KEEP`, never a retained one.
+#[test]
+fn history_prune_keeps_the_newest_terminal_units() {
+    use retinue_store::{Completion, TERMINAL_KEEP};
+    let Some(url) = retinue_testkit::pg_url("PostgreSQL conformance tests") else { return };
+    let b = pg_backend(&url, config(10));
+    let clock = b.clock.clone();
+    let store = open(&url, &scratch_schema_of(&b), &clock, &config(10));
+    let kept = unit(&store, "", "kept");
+    assert_eq!(store.prune_history().expect("prune, nothing due"), 0);
+    let total = usize::try_from(TERMINAL_KEEP).expect("a small keep") + 2;
+    for i in 0..total {
+        clock.advance(1.0);
+        let id = store.insert_unit(&UnitDraft::default()).expect("insert");
+        let failed = Completion {
+            delegation_id: id.clone(),
+            status: "failed".into(),
+            event: serde_json::json!({"delegation_id": id, "i": i}),
+            result: serde_json::json!({"status": "failed"}),
+            usage: None,
+            background: false,
+        };
+        store.persist_completion(&failed).expect("complete");
+    }
+    assert_eq!(store.prune_history().expect("prune"), 2);
+    assert_eq!(store.prune_history().expect("prune again"), 0);
+    assert!(store.find_retained_child(&kept).expect("find").is_some(), "retained unit kept");
+}
