@@ -319,21 +319,35 @@ fn run_size(b: &mut Bench, n: usize) -> Result<(), Box<dyn std::error::Error>> {
             record,
             Some(time(writes, |i| l.record(label, i))),
         );
-        // Tombstone one child of a fresh live unit (setup untimed).
+        // Tombstone one child of a fresh live unit (setup untimed). The
+        // clock moves on per setup so the fresh unit is the newest: with
+        // equal times a random id can rank beyond the cap, be pruned by its
+        // own retain, and the tombstone would time a no-op.
+        let hits = std::cell::Cell::new(0usize);
         let tomb = time_with_setup(
             writes,
             |i| {
+                clock.advance(1.0);
                 if let Ok(id) = s.insert_unit(&draft(&format!("t{label}{i:06}"), "p-2")) {
                     let _ = s.retain_completed_delegation(&id, None);
                 }
             },
             |i| {
-                let _ = s.tombstone_retained_child(
+                if let Ok(true) = s.tombstone_retained_child(
                     &format!("sa-0-t{label}{i:06}"),
                     &TombstoneReason::Manual,
-                );
+                ) {
+                    hits.set(hits.get() + 1);
+                }
             },
         );
+        if hits.get() != writes {
+            return Err(format!(
+                "tombstone one child, {label}: {} of {writes} tombstones changed nothing",
+                writes - hits.get()
+            )
+            .into());
+        }
         let limit = time_with_setup(
             writes,
             |i| l.write_unit(&format!("T{label}{i:06}"), clock_now(&clock)),
