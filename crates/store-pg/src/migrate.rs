@@ -274,10 +274,42 @@ fn read_table(conn: &rusqlite::Connection, table: &Table) -> Result<Vec<Vec<Val>
     Ok(out)
 }
 
-/// Copies `table`'s rows; returns how many were new.
+/// The PostgreSQL type a [`Ty`] binds as.
+fn pg_type(ty: Ty) -> &'static str {
+    match ty {
+        Ty::Text => "text",
+        Ty::Float => "float8",
+        Ty::Int => "bigint",
+        Ty::Bytes => "bytea",
+    }
+}
+
+/// Copies `table`'s rows; returns how many were new. A NULL where the target
+/// column is `NOT NULL` with a default (hermes leaves `origin_session_id`
+/// and others NULL; this schema says `NOT NULL DEFAULT ''`) takes that
+/// default; a NULL where a value is required is refused, naming the row.
 fn copy_rows(tx: &mut Tx<'_>, table: &Table, rows: &[Vec<Val>]) -> PgResult<usize> {
+    // The target's defaults of its NOT NULL columns (catalog text of our own schema).
+    let defaults: BTreeMap<String, String> = tx
+        .query(
+            "SELECT column_name::text, column_default::text FROM information_schema.columns \
+             WHERE table_schema = current_schema() AND table_name = $1 \
+             AND is_nullable = 'NO' AND column_default IS NOT NULL",
+            &[&table.name],
+        )?
+        .iter()
+        .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+        .collect::<PgResult<_>>()?;
     let names: Vec<&str> = table.cols.iter().map(|(c, _)| *c).collect();
-    let marks: Vec<String> = (1..=names.len()).map(|i| format!("${i}")).collect();
+    let marks: Vec<String> = table
+        .cols
+        .iter()
+        .enumerate()
+        .map(|(i, (c, ty))| match defaults.get(*c) {
+            Some(default) => format!("COALESCE(${}::{}, {default})", i + 1, pg_type(*ty)),
+            None => format!("${}::{}", i + 1, pg_type(*ty)),
+        })
+        .collect();
     let sql = format!(
         "INSERT INTO {} ({}) VALUES ({}) ON CONFLICT DO NOTHING",
         table.name,
@@ -288,7 +320,21 @@ fn copy_rows(tx: &mut Tx<'_>, table: &Table, rows: &[Vec<Val>]) -> PgResult<usiz
     let mut n = 0;
     for row in rows {
         let params: Vec<&(dyn ToSql + Sync)> = row.iter().map(Val::sql).collect();
-        n += tx.execute(&stmt, &params)?;
+        n += match tx.execute(&stmt, &params) {
+            Ok(n) => n,
+            Err(Fail::Pg(e))
+                if e.code() == Some(&postgres::error::SqlState::NOT_NULL_VIOLATION) =>
+            {
+                let column = e.as_db_error().and_then(|d| d.column()).unwrap_or("?").to_owned();
+                return Err(Fail::Store(Error::Invalid(format!(
+                    "cannot copy {} row `{}`: its `{column}` is NULL (or unreadable) in the \
+                     state.db, and PostgreSQL requires a value; nothing was copied",
+                    table.name,
+                    row.first().map(Val::key_text).unwrap_or_default()
+                ))));
+            }
+            Err(e) => return Err(e),
+        };
     }
     Ok(usize::try_from(n).unwrap_or(usize::MAX))
 }

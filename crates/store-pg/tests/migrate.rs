@@ -142,3 +142,42 @@ fn a_home_migrates_into_an_explicit_tenant() {
     drop(pg);
     PgStore::drop_schema(&url, &schema).expect("drop");
 }
+
+/// A state.db exactly as hermes-agent writes it (never opened by Retinue:
+/// no Retinue tables, hermes's nullable columns such as
+/// `origin_session_id` left NULL, legacy units) migrates: a NULL where this
+/// schema has a default takes the default. A NULL where a value is
+/// required is refused with the row named, and nothing is copied.
+#[test]
+fn a_hermes_written_state_db_migrates() {
+    let Some(url) = retinue_testkit::pg_url("PostgreSQL migrate tests") else { return };
+    let home = TempHome::new();
+    let fx = retinue_testkit::HermesDb::standard(&home.db_path(), T0);
+    home.exec("UPDATE async_delegations SET origin_session_id = NULL");
+    let units = retinue_testkit::HermesDb::table_rows(&home.db_path(), "async_delegations").len();
+    let schema = format!("mig_hermes_{}", std::process::id());
+    let _ = PgStore::drop_schema(&url, &schema);
+    let pg =
+        PgStore::open(&url, PgOptions::default().with_clock(manual_clock(T0)).with_schema(&schema))
+            .expect("open");
+    let report = pg.import_state_db(&home.db_path()).expect("a hermes file migrates");
+    assert_eq!(report.tables["async_delegations"], (units, units));
+    assert!(pg.lookup(fx.root).is_ok());
+    drop(pg);
+    PgStore::drop_schema(&url, &schema).expect("drop");
+
+    // A required value unreadable (a time that is not a number): refused,
+    // the row named, nothing copied.
+    home.exec(
+        "UPDATE sessions SET started_at = 'not a time' WHERE id = (SELECT min(id) FROM sessions)",
+    );
+    let pg =
+        PgStore::open(&url, PgOptions::default().with_clock(manual_clock(T0)).with_schema(&schema))
+            .expect("open");
+    let err = pg.import_state_db(&home.db_path()).expect_err("an unreadable time is refused");
+    let text = err.to_string();
+    assert!(text.contains("sessions row") && text.contains("`started_at` is NULL"), "{text}");
+    assert!(pg.list_retained_children().expect("list").is_empty(), "nothing copied");
+    drop(pg);
+    PgStore::drop_schema(&url, &schema).expect("drop");
+}
