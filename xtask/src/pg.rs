@@ -2,7 +2,8 @@
 //! `ci`) and for local use (`cargo xtask pg-start` / `pg-stop`).
 //!
 //! When `RETINUE_PG_URL` is set, it is used as is and nothing is started.
-//! Otherwise `initdb` creates a cluster in `target/pg-cluster` (as the
+//! Otherwise `initdb` creates a cluster in `target/pg-test-cluster` (tests;
+//! `pg-start` uses `target/pg-cluster`, which a test run never touches) (as the
 //! `postgres` user when running as root, the data directory chowned to it),
 //! the server listens on 127.0.0.1 only, on a free port, with its unix socket
 //! inside the data directory, and a `retinue` database is created. The
@@ -53,12 +54,19 @@ impl Drop for Cluster {
     }
 }
 
-/// The data directory of the throwaway cluster: `target/pg-cluster`, unless
-/// the `postgres` user (when we are root) cannot reach the checkout (a clone
-/// under a 0700 home): then a directory under the system temp dir, named
-/// after the checkout.
-pub(crate) fn cluster_dir(root: &Path, as_postgres: bool) -> PathBuf {
-    let preferred = root.join("target").join("pg-cluster");
+/// The cluster `pg-start` runs for people (`target/pg-cluster`).
+const SHARED: &str = "pg-cluster";
+/// The tests' own cluster (`target/pg-test-cluster`): a test run never
+/// replaces the cluster someone started with `pg-start` (and the data they
+/// migrated into it).
+const TESTS: &str = "pg-test-cluster";
+
+/// The data directory of the throwaway cluster `name`: `target/<name>`,
+/// unless the `postgres` user (when we are root) cannot reach the checkout
+/// (a clone under a 0700 home): then a directory under the system temp dir,
+/// named after the checkout.
+pub(crate) fn cluster_dir(root: &Path, as_postgres: bool, name: &str) -> PathBuf {
+    let preferred = root.join("target").join(name);
     if !as_postgres || postgres_can_reach(root) {
         return preferred;
     }
@@ -68,7 +76,7 @@ pub(crate) fn cluster_dir(root: &Path, as_postgres: bool) -> PathBuf {
         .chars()
         .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
         .collect();
-    std::env::temp_dir().join(format!("retinue-pg-cluster{tag}"))
+    std::env::temp_dir().join(format!("retinue-{name}{tag}"))
 }
 
 /// Whether the `postgres` user can traverse every directory down to `dir`.
@@ -176,16 +184,17 @@ fn open_up(dir: &Path) {
     let _ = Command::new("chmod").arg("o+x").arg(dir).status();
 }
 
-/// Starts a fresh cluster in `target/pg-cluster`. `watch_pid`: stop the
+/// Starts a fresh cluster in `target/<name>`. `watch_pid`: stop the
 /// server when that process is gone; `max_secs`: stop it after that long.
 pub(crate) fn start(
     root: &Path,
+    name: &str,
     watch_pid: Option<u32>,
     max_secs: Option<u64>,
 ) -> Result<Cluster, String> {
     let bin = find_bin()?;
     let as_postgres = is_root();
-    let data = cluster_dir(root, as_postgres);
+    let data = cluster_dir(root, as_postgres, name);
     // A cluster left by an earlier run that could not clean up: stop and remove it.
     let _ = pg_ctl_stop(&bin, &data, as_postgres);
     if data.exists() {
@@ -299,7 +308,7 @@ pub(crate) fn pg_start(root: &Path, args: &[String]) -> Result<(), String> {
         }
         _ => return Err("usage: cargo xtask pg-start [--minutes N]".to_owned()),
     };
-    let cluster = start(root, None, Some(minutes * 60))?;
+    let cluster = start(root, SHARED, None, Some(minutes * 60))?;
     println!("export {URL_VAR}={}", cluster.url());
     eprintln!("xtask: it stops by itself after {minutes} minutes, or run `cargo xtask pg-stop`");
     Ok(())
@@ -309,7 +318,7 @@ pub(crate) fn pg_start(root: &Path, args: &[String]) -> Result<(), String> {
 pub(crate) fn pg_stop(root: &Path) -> Result<(), String> {
     let bin = find_bin()?;
     let as_postgres = is_root();
-    let data = cluster_dir(root, as_postgres);
+    let data = cluster_dir(root, as_postgres, SHARED);
     pg_ctl_stop(&bin, &data, as_postgres)?;
     eprintln!("xtask: PostgreSQL cluster in {} stopped", data.display());
     Ok(())
@@ -324,6 +333,6 @@ pub(crate) fn for_tests(root: &Path) -> Result<(String, Option<Cluster>), String
         eprintln!("xtask: PostgreSQL tests use {URL_VAR} (set by the caller)");
         return Ok((url, None));
     }
-    let cluster = start(root, Some(std::process::id()), None)?;
+    let cluster = start(root, TESTS, Some(std::process::id()), None)?;
     Ok((cluster.url().to_owned(), Some(cluster)))
 }
