@@ -271,7 +271,7 @@ impl PgStore {
         loop {
             attempt += 1;
             match pool
-                .with("migrating the PostgreSQL schema", |c| migrate(c, opts.schema.as_deref()))
+                .with("connecting to PostgreSQL and migrating its schema", |c| migrate(c, opts.schema.as_deref()))
             {
                 Ok(()) => break,
                 Err(e @ Error::SchemaTooNew { .. }) => return Err(e),
