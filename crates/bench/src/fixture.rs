@@ -3,6 +3,7 @@
 
 use std::path::Path;
 
+use retinue_testkit::workload::{child_session, children_of, parent_of, subagent_id, unit_id};
 use rusqlite::{Connection, params};
 
 /// Base time of the fixture.
@@ -17,27 +18,6 @@ pub(crate) fn payload(i: usize) -> String {
     format!(
         "{{\"delegation_id\":\"deleg_{i:08x}\",\"status\":\"completed\",\"summary\":\"{filler}\"}}"
     )
-}
-
-/// Children of unit `i`: 1–3.
-pub(crate) fn children_of(i: usize) -> usize {
-    i % 3 + 1
-}
-
-pub(crate) fn unit_id(i: usize) -> String {
-    format!("deleg_{i:08x}")
-}
-
-pub(crate) fn subagent_id(i: usize, k: usize) -> String {
-    format!("sa-{k}-{i:08x}")
-}
-
-pub(crate) fn child_session(i: usize, k: usize) -> String {
-    format!("cs-{i:08x}-{k}")
-}
-
-pub(crate) fn parent_of(i: usize) -> String {
-    format!("p-{}", i % 64)
 }
 
 /// Writes N units into the (already migrated) database at `path`. With

@@ -18,14 +18,15 @@ use std::time::Instant;
 
 use retinue_lineage::{Authority, LineageAuthority};
 use retinue_store::{
-    ChildManifest, Completion, DelegationConfig, LoadedConfig, ManualClock, NewSession,
-    RegistryRead, Retention, Store, StoreOptions, Synchronous, TombstoneReason, UnitDraft,
-    UnitLifecycle,
+    Completion, DelegationConfig, LoadedConfig, ManualClock, RegistryRead, Retention, Store,
+    StoreOptions, Synchronous, TombstoneReason, UnitLifecycle,
 };
 use retinue_usage::AttributionDraft;
 use serde_json::{Value, json};
 
-use crate::fixture::{T0, child_session, subagent_id, unit_id};
+use retinue_testkit::workload::{child_session, draft, parent_of, subagent_id, unit_id};
+
+use crate::fixture::T0;
 
 /// One measured operation.
 #[derive(Debug, Clone)]
@@ -118,35 +119,6 @@ fn options(clock: &Arc<ManualClock>, sync: Synchronous) -> StoreOptions {
     StoreOptions { config, ..StoreOptions::default().with_clock(clock.clone()) }
 }
 
-fn draft(tag: &str, parent: &str) -> UnitDraft {
-    let children: Vec<ChildManifest> = (0..2)
-        .map(|k| ChildManifest {
-            subagent_id: format!("sa-{k}-{tag}"),
-            session_id: format!("cs-{tag}-{k}"),
-            model: Some("bench/model".into()),
-            goal: Some("a benchmark goal".into()),
-            ..ChildManifest::default()
-        })
-        .collect();
-    UnitDraft {
-        origin_session: parent.into(),
-        parent_session_id: Some(parent.into()),
-        task: json!({"goal": "a benchmark goal", "is_batch": true}),
-        child_sessions: children
-            .iter()
-            .map(|c| NewSession {
-                id: c.session_id.clone(),
-                source: "delegate".into(),
-                parent_session_id: Some(parent.into()),
-                model_config: Some(json!({"_delegate_from": parent})),
-                ..NewSession::default()
-            })
-            .collect(),
-        children,
-        ..UnitDraft::default()
-    }
-}
-
 fn rss_peak_kib() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     status.lines().find(|l| l.starts_with("VmHWM:"))?.split_whitespace().nth(1)?.parse().ok()
@@ -217,7 +189,7 @@ fn run_size(b: &mut Bench, n: usize) -> Result<(), Box<dyn std::error::Error>> {
             let _ = store.list_retained_children();
         });
         b.push(n, "operator list", list, Some(time(reads, |_| lim.list(cutoff))));
-        let owner = fixture::parent_of(newest);
+        let owner = parent_of(newest);
         let scoped = time(reads, |_| {
             let _ = authority.list_for(Some(&owner));
         });

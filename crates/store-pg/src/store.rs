@@ -270,9 +270,9 @@ impl PgStore {
         let mut attempt: u32 = 0;
         loop {
             attempt += 1;
-            match pool
-                .with("connecting to PostgreSQL and migrating its schema", |c| migrate(c, opts.schema.as_deref()))
-            {
+            match pool.with("connecting to PostgreSQL and migrating its schema", |c| {
+                migrate(c, opts.schema.as_deref())
+            }) {
                 Ok(()) => break,
                 Err(e @ Error::SchemaTooNew { .. }) => return Err(e),
                 Err(e) if attempt >= 5 => return Err(e),

@@ -40,6 +40,7 @@ use serde_json::Value;
 pub mod conformance;
 pub mod fake_model;
 pub mod hermes;
+pub mod workload;
 pub use fake_model::{FakeModel, FakeToolCall, RecordedRequest, Reply, Usage};
 pub use hermes::{HermesDb, HermesFixture, HermesSession, HermesUnit};
 pub use retinue_store::{Clock, ManualClock};

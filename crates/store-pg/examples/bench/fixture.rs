@@ -10,22 +10,6 @@ pub(crate) const T0: f64 = 1_800_000_000.0;
 /// Ledger sizes for the totals rows.
 pub(crate) const LEDGERS: [usize; 3] = [10, 1_000, 100_000];
 
-pub(crate) fn unit_id(i: usize) -> String {
-    format!("deleg_{i:08x}")
-}
-
-pub(crate) fn subagent_id(i: usize, k: usize) -> String {
-    format!("sa-{k}-{i:08x}")
-}
-
-pub(crate) fn child_session(i: usize, k: usize) -> String {
-    format!("cs-{i:08x}-{k}")
-}
-
-pub(crate) fn parent_of(i: usize) -> String {
-    format!("p-{}", i % 64)
-}
-
 /// Writes N units into the (already migrated) schema the client's
 /// `search_path` points at. Units `live_from..N` are live; the older ones
 /// are tombstoned by the cap, as a prune would have left them (`live_from`

@@ -16,14 +16,16 @@ use std::time::Instant;
 
 use retinue_lineage::{Authority, LineageAuthority};
 use retinue_store::{
-    ChildManifest, Claims, Clock, Completion, ManualClock, NewSession, RegistryRead, ResumeClaim,
-    Retention, TERMINAL_KEEP, TombstoneReason, UnitDraft, UnitLifecycle,
+    Claims, Clock, Completion, ManualClock, RegistryRead, ResumeClaim, Retention, TERMINAL_KEEP,
+    TombstoneReason, UnitLifecycle,
 };
 use retinue_store_pg::{PgOptions, PgStore};
 use retinue_usage::AttributionDraft;
 use serde_json::json;
 
-use crate::fixture::{LEDGERS, T0, child_session, parent_of, subagent_id, unit_id};
+use retinue_testkit::workload::{child_session, draft, parent_of, subagent_id, unit_id};
+
+use crate::fixture::{LEDGERS, T0};
 use crate::limits::{Limits, Res};
 
 /// Median of `iters` timed calls of `f(i)` after an untimed `setup(i)`, in µs.
@@ -53,36 +55,6 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 fn ok<T, E: Into<Box<dyn std::error::Error>>>(r: Result<T, E>) -> Res<()> {
     r.map(|_| ()).map_err(Into::into)
-}
-
-/// A unit of two children, as the SQLite bench's `draft`.
-fn draft(tag: &str, parent: &str) -> UnitDraft {
-    let children: Vec<ChildManifest> = (0..2)
-        .map(|k| ChildManifest {
-            subagent_id: format!("sa-{k}-{tag}"),
-            session_id: format!("cs-{tag}-{k}"),
-            model: Some("bench/model".into()),
-            goal: Some("a benchmark goal".into()),
-            ..ChildManifest::default()
-        })
-        .collect();
-    UnitDraft {
-        origin_session: parent.into(),
-        parent_session_id: Some(parent.into()),
-        task: json!({"goal": "a benchmark goal", "is_batch": true}),
-        child_sessions: children
-            .iter()
-            .map(|c| NewSession {
-                id: c.session_id.clone(),
-                source: "delegate".into(),
-                parent_session_id: Some(parent.into()),
-                model_config: Some(json!({"_delegate_from": parent})),
-                ..NewSession::default()
-            })
-            .collect(),
-        children,
-        ..UnitDraft::default()
-    }
 }
 
 struct Table {
