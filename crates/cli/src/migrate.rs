@@ -10,7 +10,7 @@ use retinue_store_pg::{PgOptions, PgStore, is_postgres_url};
 use serde_json::json;
 
 use crate::Output;
-use crate::env::Env;
+use crate::env::{Access, Env};
 use crate::error::{CliError, Result};
 
 /// Runs the migration of `env`'s database into the PostgreSQL database `to`.
@@ -30,6 +30,10 @@ pub(crate) fn migrate(env: &Env, to: &str) -> Result<Output> {
     if !env.db.is_file() {
         return Err(CliError::NotFound(format!("no state.db at {}", env.db.display())));
     }
+    // The source is checked as every read command checks it (header, a
+    // hermes or Retinue schema, readable), read-only: a foreign or damaged
+    // file gets the same clear refusal, and nothing is written to it.
+    drop(env.open(Arc::new(SystemClock), Access::Read)?);
     let opts = PgOptions {
         config: LoadedConfig::load(&env.home),
         clock: Arc::new(SystemClock),

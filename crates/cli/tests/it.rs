@@ -1550,6 +1550,10 @@ fn foreign_and_corrupt_files_are_refused_unmodified() {
         seen.push(db_error(cwd, &foreign, args));
         assert_eq!(std::fs::read(&foreign).expect("read"), before, "{args:?} modified it");
     }
+    // `migrate` checks its source as the read commands do (before any connection).
+    let migrate = db_error(cwd, &foreign, &["migrate", "--to", "postgres://u@127.0.0.1:1/db"]);
+    assert_eq!(migrate, seen[0], "migrate refuses a foreign file as `children list` does");
+    assert_eq!(std::fs::read(&foreign).expect("read"), before, "migrate modified it");
     // A hermes file with a damaged page: refused before any schema change, byte-identical.
     let home = TempHome::new();
     let fxd = HermesDb::standard(&home.db_path(), now());
