@@ -133,7 +133,7 @@ const TTL_DUE: &str = concat!(
 
 /// The cap step of [`prune_in`], per profile: each profile's live units
 /// ranked at or beyond `max_retained` among that profile's, after the last
-/// one kept. Profiles within their cap cost one index seek each.
+/// one kept. A profile within its cap costs one bounded index range.
 fn cap_in(tx: &Transaction<'_>, lim: Limits, mut count: PruneCount) -> SqlResult<PruneCount> {
     let (t, ttl_seconds) = (lim.now, lim.ttl_seconds());
     for profile in live_profiles(tx)? {
