@@ -377,10 +377,11 @@ pub(crate) fn recover(env: &Env) -> Result<Output> {
     let store = open_write(env)?;
     let report = store.registry.recover_abandoned_delegations(&ProcProbe);
     let mut json = json!({ "abandoned": report.abandoned, "retained": report.addressable });
-    // Budget reservations held by processes (workers) that are gone are given back.
-    let released = store.budgets.release_abandoned_reservations(&ProcProbe)?;
-    if released > 0 {
-        json["released_reservations"] = json!(released);
+    // Budget reservations held by processes (workers) that are gone are
+    // kept as spent (what they hold is the best known spend; never free).
+    let kept = store.budgets.release_abandoned_reservations(&ProcProbe)?;
+    if kept > 0 {
+        json["kept_reservations"] = json!(kept);
     }
     let human = format!(
         "{} abandoned delegation(s) marked unknown; {} retained child(ren) addressable\n",
@@ -492,7 +493,15 @@ pub(crate) fn configured_runtime(
     env: &Env,
     args: &DelegateArgs,
 ) -> Result<(ChatRuntime, DelegationConfig)> {
-    let mut config = LoadedConfig::load(&env.home).delegation;
+    let loaded = LoadedConfig::load(&env.home);
+    if !loaded.errors.is_empty() {
+        // Fail closed: an invalid budget is never "no limit" (no model call).
+        return Err(CliError::Usage(format!(
+            "refusing to delegate with an invalid configuration: {}",
+            loaded.errors.join("; ")
+        )));
+    }
+    let mut config = loaded.delegation;
     if let Some(model) = &args.model {
         config.model.clone_from(model);
     }
@@ -570,7 +579,13 @@ pub(crate) fn delegate(env: &Env, args: &DelegateArgs) -> Result<Output> {
                     "parent session {parent_id} (new; follow up later with --parent {parent_id})\n{human}"
                 );
             }
-            Output { human, json: Some(out), code: EXIT_OK, stderr: None }
+            match outcome.ledger_error() {
+                // The spend is kept in the budget; the command still fails.
+                Some(e) => {
+                    Output { human, json: Some(out), code: EXIT_FAILED, stderr: Some(e.to_owned()) }
+                }
+                None => Output { human, json: Some(out), code: EXIT_OK, stderr: None },
+            }
         }
         Err(e) => Output {
             json: Some(json!({ "error": e.to_string(), "code": delegate_error_kind(&e) })),

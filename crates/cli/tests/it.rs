@@ -9,7 +9,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use retinue_store::{Store, StoreOptions};
 use retinue_testkit::fake_model::{FakeModel, Reply, Usage};
-use retinue_testkit::hermes::HERMES_TABLES;
+use retinue_testkit::hermes::{HERMES_TABLES, HermesSession};
 use retinue_testkit::{HermesDb, HermesFixture, TempHome};
 use serde_json::{Value, json};
 
@@ -1201,6 +1201,14 @@ fn two_processes_racing_for_the_last_dollar_never_overspend() {
     std::fs::write(fx.home.path().join("config.yaml"), yaml).expect("config.yaml");
     for round in 0..3 {
         let parent = format!("race-{round}");
+        // A parent that exists: an unknown one has no provable budget root
+        // and is refused under a budget (fail closed).
+        HermesDb::open(&fx.home.db_path()).session(&HermesSession {
+            id: parent.clone(),
+            source: "cli".to_owned(),
+            started_at: now(),
+            ..HermesSession::default()
+        });
         let spawn = || {
             fx.cmd(&["--json", "delegate", "--parent", &parent, "--goal", "the last dollar"])
                 .output()

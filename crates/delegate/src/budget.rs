@@ -13,7 +13,7 @@ use serde_json::json;
 
 use crate::Inner;
 use crate::error::DelegateError;
-use crate::runtime::{BudgetMeter, CancelToken};
+use crate::runtime::{BudgetMeter, CancelToken, MeterStore};
 
 /// A held reservation and the meter its runs charge.
 pub(crate) struct Held {
@@ -69,17 +69,55 @@ pub(crate) fn parse_call_budget(args: &Value) -> Result<BudgetLimit, DelegateErr
     Ok(limit)
 }
 
+/// The budget root `payer`'s delegations draw on: the root recorded for
+/// `stored` (a follow-up's target child session) or for `payer` itself (a
+/// child of an earlier unit spawning in its turn), else — a top-level
+/// parent — its compression-lineage root. Any doubt is an error: the caller
+/// refuses under a budget.
+pub(crate) fn budget_root(
+    inner: &Inner,
+    payer: &str,
+    stored: Option<&str>,
+) -> Result<String, String> {
+    if let Some(budgets) = &inner.parts.budgets {
+        for session in stored.into_iter().chain(std::iter::once(payer)) {
+            match budgets.budget_root_of(session) {
+                Ok(Some(root)) if !root.trim().is_empty() => return Ok(root),
+                Ok(_) => {}
+                Err(e) => return Err(format!("reading its budget root failed: {e}")),
+            }
+        }
+    }
+    inner.parts.authority.root(payer).map_err(|e| e.to_string())
+}
+
+/// Records `sessions` (children a unit spawns) as members of `root`'s
+/// budget, so their own spawns and their follow-ups draw on it. Under a
+/// budget a failure refuses; without one it is only logged.
+pub(crate) fn join(inner: &Inner, root: &str, sessions: &[String]) -> Result<(), DelegateError> {
+    let Some(budgets) = &inner.parts.budgets else { return Ok(()) };
+    budgets.join_budget(root, sessions).map_err(DelegateError::Storage)
+}
+
 /// Reserves what runs for `payer` may spend under the lineage budget of
 /// `delegation.budget` and the call's narrower `call` budget; `None` when
-/// neither limits anything. `minimum` is what the runs need at least.
+/// neither limits anything. `minimum` is what the runs need at least (the
+/// first calls' prompts); each model call then grows the reservation by
+/// what it may spend (see [`BudgetMeter`]). `root` is the budget's root
+/// ([`budget_root`]), or why it could not be found.
 pub(crate) fn reserve(
     inner: &Inner,
     payer: Option<&str>,
+    root: &Result<String, String>,
     call: BudgetLimit,
     minimum: Spend,
     delegation_id: Option<&str>,
 ) -> Result<Option<Held>, DelegateError> {
     let lineage_limit = inner.parts.config.budget;
+    let invalid =
+        |why: String| DelegateError::Budget { message: crate::texts::invalid_budget(&why) };
+    lineage_limit.check().map_err(invalid)?;
+    call.check().map_err(invalid)?;
     if lineage_limit.is_unlimited() && call.is_unlimited() {
         return Ok(None);
     }
@@ -90,25 +128,27 @@ pub(crate) fn reserve(
     let Some(payer) = payer.map(str::trim).filter(|p| !p.is_empty()) else {
         return Err(refuse(crate::texts::NO_BUDGET_PAYER));
     };
-    let authority = &inner.parts.authority;
-    // A session whose root cannot be proven (a branch, a broken chain) is a
-    // budget of its own: never merged into another lineage's.
-    let root = authority.root(payer).unwrap_or_else(|_| payer.to_owned());
-    let sessions = authority.lineage_sessions(payer).unwrap_or_else(|_| vec![payer.to_owned()]);
-    let maximum = (!call.is_unlimited()).then(|| Spend {
-        cost_usd: call.max_cost_usd.unwrap_or(f64::INFINITY),
-        tokens: call.max_tokens.unwrap_or(u64::MAX),
-    });
+    let root = match root {
+        Ok(r) => r.clone(),
+        Err(why) => return Err(refuse(&crate::texts::budget_root_unknown(payer, why))),
+    };
+    // The spend of the lineage's continuations counts (the members' rows are
+    // added by the store); a lineage that cannot be walked is refused.
+    let sessions = inner
+        .parts
+        .authority
+        .lineage_sessions(&root)
+        .map_err(|e| refuse(&crate::texts::budget_root_unknown(payer, &e.to_string())))?;
     let draft = ReservationDraft {
         lineage_root: root.clone(),
         sessions: sessions.clone(),
         limit: lineage_limit,
         minimum,
-        maximum,
+        maximum: Some(minimum),
         delegation_id: delegation_id.map(str::to_owned),
     };
     let reservation = budgets.reserve(&draft).map_err(DelegateError::Storage)?;
-    let granted = match reservation {
+    let (id, granted) = match reservation {
         Reservation::Held { id, granted, .. } => (id, granted),
         Reservation::Refused(status) => {
             return Err(DelegateError::Budget {
@@ -116,21 +156,22 @@ pub(crate) fn reserve(
             });
         }
     };
-    // The runs' cap per measure: what the lineage reservation holds, or the
-    // call's own limit where the lineage has none, or nothing.
-    let cap = |lineage: bool, held: f64, own: Option<f64>| {
-        if lineage { held } else { own.unwrap_or(f64::INFINITY) }
+    // The runs' own cap: the call's limit (the lineage's is the store's).
+    let cap = Spend {
+        cost_usd: call.max_cost_usd.unwrap_or(f64::INFINITY),
+        tokens: call.max_tokens.unwrap_or(u64::MAX),
     };
-    let tokens_cap = if lineage_limit.max_tokens.is_some() {
-        granted.1.tokens
+    let meter = if lineage_limit.is_unlimited() {
+        // Only the call's own limit: nothing to hold in the store.
+        if let Err(e) = budgets.settle(&id, "released: the call's own limit is metered in memory") {
+            log::warn!("could not release budget reservation {id}: {e}");
+        }
+        BudgetMeter::new(cap)
     } else {
-        call.max_tokens.unwrap_or(u64::MAX)
+        let store = MeterStore { budgets: Arc::clone(&budgets), reservation: id.clone(), draft };
+        BudgetMeter::with_store(cap, store, granted)
     };
-    let meter = BudgetMeter::new(Spend {
-        cost_usd: cap(lineage_limit.max_cost_usd.is_some(), granted.1.cost_usd, call.max_cost_usd),
-        tokens: tokens_cap,
-    });
-    Ok(Some(Held { id: granted.0, meter, root, sessions, limit: lineage_limit, budgets }))
+    Ok(Some(Held { id, meter, root, sessions, limit: lineage_limit, budgets }))
 }
 
 impl Held {
@@ -139,10 +180,29 @@ impl Held {
         cancel.clone().with_budget(Arc::clone(&self.meter))
     }
 
-    /// Settles the reservation (after the runs' ledger rows are written) and
-    /// returns the lineage budget as the result reports it.
-    pub(crate) fn settle(self) -> Option<Value> {
-        if let Err(e) = self.budgets.settle(&self.id, "settled") {
+    /// Settles the reservation after the runs' ledger rows are written
+    /// (`ledger_ok`), or keeps it as spent when they could not be (never
+    /// given back as free), and returns the lineage budget as the result
+    /// reports it.
+    pub(crate) fn settle(self, ledger_ok: bool) -> Option<Value> {
+        let inflight = self.meter.inflight();
+        let done = if ledger_ok && inflight == Spend::default() {
+            self.budgets.settle(&self.id, "settled")
+        } else if ledger_ok {
+            // Calls of an abandoned child were still in flight: what they
+            // may have spent is kept (the ledger rows hold the rest).
+            let _ = self.budgets.set_hold(&self.id, inflight);
+            self.budgets.keep_as_spent(&self.id, "kept as spent: calls still in flight")
+        } else {
+            // What the runs spent is what it holds now (their permits set it).
+            let spent = self.meter.spent();
+            let held = self.meter.held();
+            if held.tokens < spent.tokens || held.cost_usd < spent.cost_usd {
+                let _ = self.budgets.set_hold(&self.id, spent);
+            }
+            self.budgets.keep_as_spent(&self.id, "kept as spent: the ledger write failed")
+        };
+        if let Err(e) = done {
             log::warn!("could not settle budget reservation {}: {e}", self.id);
         }
         if self.limit.is_unlimited() {
@@ -155,6 +215,11 @@ impl Held {
                 None
             }
         }
+    }
+
+    /// The budget's root.
+    pub(crate) fn root(&self) -> &str {
+        &self.root
     }
 
     /// Gives the reservation back without a run (nothing was started).

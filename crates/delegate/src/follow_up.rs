@@ -16,6 +16,7 @@ use crate::error::DelegateError;
 use crate::request::{DelegateOutcome, FollowUpReport};
 use crate::runtime::{CancelToken, ChildSpec, RunInput};
 use crate::spawn::{execute, finalize, runs_of};
+use crate::texts;
 use crate::{Inner, ParentContext};
 
 /// Claim renewal period while a resume runs.
@@ -156,9 +157,19 @@ fn resume(
             max: config.max_resume_tokens,
         });
     }
+    // A follow-up draws on the budget its child was spawned under (stored
+    // when the child was created), else on the requester's.
+    let root = match requester(parent) {
+        Some(p) if parts.budgets.is_some() => {
+            budget::budget_root(inner, p, Some(&entry.child_session_id))
+        }
+        Some(_) => Err("no budget store".to_owned()),
+        None => Err("no parent session".to_owned()),
+    };
     let held = budget::reserve(
         inner,
         requester(parent),
+        &root,
         BudgetLimit::default(),
         Spend { cost_usd: budget::MIN_COST_USD, tokens: estimate },
         Some(&entry.delegation_id),
@@ -215,7 +226,7 @@ fn resume(
     drop(stop_tx);
     let _ = renewer.join();
     let results = [result];
-    finalize(inner, parent, &entry.delegation_id, token, &results);
+    let ledger_ok = finalize(inner, parent, &entry.delegation_id, token, &results);
     // Add the run to the unit's usage by compare-and-swap, so a concurrent
     // follow-up on a sibling never loses its run.
     let runs = runs_of(&results);
@@ -247,9 +258,10 @@ fn resume(
         let _ = parts.registry.release_resume(&entry.delegation_id, entry.child_index, token);
     }
     let [result] = results;
-    let budget = held.and_then(budget::Held::settle);
+    let budget = held.and_then(|h| h.settle(ledger_ok));
     Ok(DelegateOutcome::FollowedUp(Box::new(FollowUpReport {
         budget,
+        ledger_error: (!ledger_ok).then(|| texts::LEDGER_FAILED.to_owned()),
         child_id: entry.child_id().to_owned(),
         child_session_id: tip,
         delegation_id: entry.delegation_id.clone(),

@@ -40,8 +40,9 @@ pub use request::{
 };
 pub use results::ChildReport;
 pub use runtime::{
-    BudgetMeter, CancelReason, CancelToken, ChildHandle, ChildOutcome, ChildRuntime, ChildSpec,
-    CompletionSink, RunInput, RunTokens, RuntimeError, SinkError, TranscriptSink,
+    BudgetMeter, CallPermit, CallPlan, CallRefusal, CallUsage, CancelReason, CancelToken,
+    ChildHandle, ChildOutcome, ChildRuntime, ChildSpec, CompletionSink, RunInput, RunTokens,
+    RuntimeError, SinkError, TranscriptSink,
 };
 #[cfg(any(test, feature = "mocks"))]
 pub use runtime::{MockChildRuntime, MockCompletionSink, MockTranscriptSink};

@@ -68,6 +68,9 @@ pub struct UnitReport {
     /// The lineage budget after the run (`limit`, `spent`, `reserved`,
     /// `remaining`), when one is configured.
     pub budget: Option<Value>,
+    /// Set when the usage ledger could not be written: the spend is kept
+    /// in the budget as spent, and the caller must report a failure.
+    pub ledger_error: Option<String>,
 }
 
 /// A child started in the background.
@@ -109,6 +112,8 @@ pub struct FollowUpReport {
     pub total_duration_seconds: f64,
     /// The lineage budget after the run, when one is configured.
     pub budget: Option<Value>,
+    /// Set when the usage ledger could not be written (see [`UnitReport`]).
+    pub ledger_error: Option<String>,
 }
 
 /// What a successful call did.
@@ -150,6 +155,9 @@ impl DelegateOutcome {
                 if let Some(budget) = &unit.budget {
                     out["budget"] = budget.clone();
                 }
+                if let Some(e) = &unit.ledger_error {
+                    out["ledger_error"] = json!(e);
+                }
                 out
             }
             DelegateOutcome::Dispatched(d) => json!({
@@ -185,8 +193,21 @@ impl DelegateOutcome {
                 if let Some(budget) = &f.budget {
                     out["budget"] = budget.clone();
                 }
+                if let Some(e) = &f.ledger_error {
+                    out["ledger_error"] = json!(e);
+                }
                 out
             }
+        }
+    }
+
+    /// Why the usage ledger could not be written, if it could not (the
+    /// caller must report a failure: the spend is kept as spent).
+    pub fn ledger_error(&self) -> Option<&str> {
+        match self {
+            DelegateOutcome::Completed(u) => u.ledger_error.as_deref(),
+            DelegateOutcome::FollowedUp(f) => f.ledger_error.as_deref(),
+            DelegateOutcome::Dispatched(_) | DelegateOutcome::Steered { .. } => None,
         }
     }
 

@@ -177,46 +177,345 @@ pub enum CancelReason {
     Budget,
 }
 
-/// The spending allowance of the runs under one budget reservation, shared
-/// by their tokens: runtimes [`CancelToken::charge`] each model call's usage
-/// and ask [`CancelToken::would_exceed`] before the next one.
+/// The store side of a [`BudgetMeter`]: the lineage reservation its runs
+/// grow call by call.
+pub(crate) struct MeterStore {
+    pub(crate) budgets: Arc<dyn retinue_store::Budgets>,
+    pub(crate) reservation: String,
+    /// Root, sessions and limit of the budget (`minimum`/`maximum` unused).
+    pub(crate) draft: retinue_store::ReservationDraft,
+}
+
+impl std::fmt::Debug for MeterStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MeterStore")
+            .field("reservation", &self.reservation)
+            .field("root", &self.draft.lineage_root)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug, Default)]
+struct MeterState {
+    /// Usage of finished calls (and the core's after-run reconciliation).
+    charged: Spend,
+    /// What the calls in flight may spend at most.
+    inflight: Spend,
+    /// What the store reservation holds now.
+    held: Spend,
+}
+
+/// The least a call needs of a dollar budget: a budget with nothing left
+/// starts nothing, even when the model has no price.
+const MIN_CALL_USD: f64 = 1e-6;
+
+fn plus(a: Spend, b: Spend) -> Spend {
+    Spend { cost_usd: a.cost_usd + b.cost_usd, tokens: a.tokens.saturating_add(b.tokens) }
+}
+
+fn minus(a: Spend, b: Spend) -> Spend {
+    Spend {
+        cost_usd: (a.cost_usd - b.cost_usd).max(0.0),
+        tokens: a.tokens.saturating_sub(b.tokens),
+    }
+}
+
+/// A finite, non-negative dollar amount (anything else is 0).
+fn usd(v: f64) -> f64 {
+    if v.is_finite() && v > 0.0 { v } else { 0.0 }
+}
+
+/// The spending allowance of the runs under one budget: the call's own cap
+/// (in memory) and, under a lineage budget, the store reservation that each
+/// model call grows by its prompt plus its bounded completion before it is
+/// made ([`CancelToken::begin_call`]) and that is set back to what was spent
+/// when it ends ([`CallPermit::finish`]). The delegate core owns it: a
+/// runtime only asks for permits.
 #[derive(Debug)]
 pub struct BudgetMeter {
     cap: Spend,
-    spent: Mutex<Spend>,
+    state: Mutex<MeterState>,
+    store: Option<MeterStore>,
 }
 
 impl BudgetMeter {
-    /// A meter allowing `cap` (an unlimited measure: `f64::INFINITY` / `u64::MAX`).
+    /// A meter allowing `cap` (an unlimited measure: `f64::INFINITY` /
+    /// `u64::MAX`), in memory only.
     pub fn new(cap: Spend) -> Arc<BudgetMeter> {
-        Arc::new(BudgetMeter { cap, spent: Mutex::new(Spend::default()) })
+        Arc::new(BudgetMeter { cap, state: Mutex::default(), store: None })
     }
 
-    /// What was charged so far.
+    /// A meter over a held store reservation (`held`: what it holds now).
+    pub(crate) fn with_store(cap: Spend, store: MeterStore, held: Spend) -> Arc<BudgetMeter> {
+        let state = MeterState { held, ..MeterState::default() };
+        Arc::new(BudgetMeter { cap, state: Mutex::new(state), store: Some(store) })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, MeterState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// What was charged so far (finished calls, reconciled runs).
     pub fn spent(&self) -> Spend {
-        *self.spent.lock().unwrap_or_else(PoisonError::into_inner)
+        self.lock().charged
     }
 
-    /// What is left of the allowance.
+    /// What is left of the in-memory allowance (the call's own cap).
     pub fn left(&self) -> Spend {
-        let spent = self.spent();
-        Spend {
-            cost_usd: (self.cap.cost_usd - spent.cost_usd).max(0.0),
-            tokens: self.cap.tokens.saturating_sub(spent.tokens),
-        }
-    }
-
-    fn charge(&self, cost_usd: f64, tokens: u64) {
-        let mut spent = self.spent.lock().unwrap_or_else(PoisonError::into_inner);
-        if cost_usd.is_finite() && cost_usd > 0.0 {
-            spent.cost_usd += cost_usd;
-        }
-        spent.tokens = spent.tokens.saturating_add(tokens);
+        let st = self.lock();
+        minus(self.cap, plus(st.charged, st.inflight))
     }
 
     fn exhausted(&self) -> bool {
         let spent = self.spent();
         spent.cost_usd >= self.cap.cost_usd || spent.tokens >= self.cap.tokens
+    }
+
+    /// Sets the store reservation to what is charged plus in flight (never
+    /// below what was charged: nothing spent is ever given back).
+    fn sync(&self, st: &mut MeterState) {
+        let Some(store) = &self.store else { return };
+        let hold = plus(st.charged, st.inflight);
+        if hold == st.held {
+            return;
+        }
+        match store.budgets.set_hold(&store.reservation, hold) {
+            Ok(_) => st.held = hold,
+            Err(e) => log::warn!("could not update budget reservation {}: {e}", store.reservation),
+        }
+    }
+
+    /// Charges usage the core found after a run (a runtime that did not
+    /// meter its calls, or reported more than it metered).
+    pub(crate) fn charge_after(&self, extra: Spend) {
+        let mut st = self.lock();
+        st.charged =
+            plus(st.charged, Spend { cost_usd: usd(extra.cost_usd), tokens: extra.tokens });
+        self.sync(&mut st);
+    }
+
+    /// What the calls in flight hold (an abandoned child's calls).
+    pub(crate) fn inflight(&self) -> Spend {
+        self.lock().inflight
+    }
+
+    /// What the store reservation holds now.
+    pub(crate) fn held(&self) -> Spend {
+        self.lock().held
+    }
+
+    fn begin(&self, plan: &CallPlan) -> Result<(Spend, Option<u64>), CallRefusal> {
+        let mut st = self.lock();
+        let used = plus(st.charged, st.inflight);
+        let prompt_cost = usd(plan.prompt_cost_usd);
+        let price = plan.usd_per_completion_token.filter(|p| p.is_finite() && *p > 0.0);
+        // The completion: what the runtime wants, within the call's own cap.
+        let mut completion = plan.max_completion_tokens.unwrap_or(u64::MAX);
+        let cap_left = minus(self.cap, used);
+        if self.cap.tokens != u64::MAX {
+            if cap_left.tokens <= plan.prompt_tokens {
+                return Err(CallRefusal::Spent);
+            }
+            completion = completion.min(cap_left.tokens - plan.prompt_tokens);
+        }
+        if self.cap.cost_usd.is_finite() {
+            let left = cap_left.cost_usd - prompt_cost;
+            if left <= 0.0 {
+                return Err(CallRefusal::Spent);
+            }
+            if let Some(p) = price {
+                completion = completion.min(tokens_for(left, p));
+            }
+        }
+        if let Some(store) = &self.store {
+            let limit = store.draft.limit;
+            let floor = if limit.max_cost_usd.is_some() { MIN_CALL_USD } else { 0.0 };
+            let want = |completion: u64| Spend {
+                cost_usd: used.cost_usd
+                    + (prompt_cost + price.map_or(0.0, |p| p * completion as f64)).max(floor),
+                tokens: used.tokens.saturating_add(plan.prompt_tokens).saturating_add(completion),
+            };
+            let mut most = want(completion);
+            if limit.max_cost_usd.is_some() && price.is_none() {
+                // Under a dollar limit a call of unknown price may cost
+                // anything: it holds all that is left until it ends (then
+                // the rest is given back to the other runs).
+                most.cost_usd = f64::INFINITY;
+            }
+            let short = (limit.max_tokens.is_some() && st.held.tokens < most.tokens)
+                || (limit.max_cost_usd.is_some() && st.held.cost_usd < most.cost_usd);
+            if short {
+                let draft = retinue_store::ReservationDraft {
+                    minimum: minus(want(1), st.held),
+                    maximum: Some(Spend {
+                        cost_usd: (most.cost_usd - st.held.cost_usd).max(0.0),
+                        tokens: most.tokens.saturating_sub(st.held.tokens),
+                    }),
+                    ..store.draft.clone()
+                };
+                match store.budgets.grow(&store.reservation, &draft) {
+                    Ok(retinue_store::Reservation::Held { granted, .. }) => {
+                        st.held = plus(st.held, granted);
+                    }
+                    Ok(retinue_store::Reservation::Refused(status)) => {
+                        return Err(CallRefusal::Lineage(status));
+                    }
+                    Err(e) => {
+                        log::warn!("could not grow budget reservation {}: {e}", store.reservation);
+                        return Err(CallRefusal::Unavailable);
+                    }
+                }
+            }
+            // What the reservation covers now bounds the completion.
+            let room = minus(st.held, used);
+            if limit.max_tokens.is_some() {
+                completion = completion.min(room.tokens.saturating_sub(plan.prompt_tokens).max(1));
+            }
+            if limit.max_cost_usd.is_some() {
+                if let Some(p) = price {
+                    completion = completion.min(tokens_for(room.cost_usd - prompt_cost, p).max(1));
+                }
+            }
+        }
+        let bounded = (completion != u64::MAX).then_some(completion);
+        let hold = Spend {
+            cost_usd: prompt_cost + price.zip(bounded).map_or(0.0, |(p, c)| p * c as f64),
+            tokens: plan.prompt_tokens.saturating_add(bounded.unwrap_or(0)),
+        };
+        st.inflight = plus(st.inflight, hold);
+        Ok((hold, bounded))
+    }
+
+    fn end(&self, hold: Spend, used: Spend) {
+        let mut st = self.lock();
+        st.inflight = minus(st.inflight, hold);
+        st.charged = plus(st.charged, Spend { cost_usd: usd(used.cost_usd), tokens: used.tokens });
+        self.sync(&mut st);
+    }
+}
+
+/// Completion tokens `usd` buys at `price` a token (saturating).
+fn tokens_for(usd: f64, price: f64) -> u64 {
+    // A hair of slack so 0.008 / 0.00001 is 800, not 799.
+    let n = (usd / price + 1e-6).floor();
+    if n.is_finite() && n > 0.0 {
+        // `as` saturates for floats.
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let n = n as u64;
+        n
+    } else {
+        0
+    }
+}
+
+/// Why [`CancelToken::begin_call`] refused a model call.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CallRefusal {
+    /// The run's own allowance (the call's `budget`) is spent.
+    Spent,
+    /// The lineage budget cannot cover the call's prompt (spent, or held by
+    /// running delegations).
+    Lineage(retinue_store::BudgetStatus),
+    /// The budget store could not be reached: fail closed.
+    Unavailable,
+}
+
+impl std::fmt::Display for CallRefusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CallRefusal::Spent => f.write_str("the run's budget allowance is spent"),
+            CallRefusal::Lineage(status) => {
+                let (cost, tokens) = status.remaining();
+                if status.exceeded_by(Spend::default()) {
+                    write!(f, "the lineage budget is exceeded")
+                } else {
+                    write!(
+                        f,
+                        "the rest of the lineage budget is held by running delegations \
+                         (remaining: {} USD, {} tokens)",
+                        cost.map_or("unlimited".to_owned(), |c| format!("{c:.6}")),
+                        tokens.map_or("unlimited".to_owned(), |t| t.to_string())
+                    )
+                }
+            }
+            CallRefusal::Unavailable => f.write_str(
+                "the budget store could not be reached (refusing rather than spending unmetered)",
+            ),
+        }
+    }
+}
+
+/// What a runtime knows before one model call.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct CallPlan {
+    /// The prompt's tokens (an estimate is fine; it is held, then replaced
+    /// by the provider's count).
+    pub prompt_tokens: u64,
+    /// The prompt's cost where the price is known, else 0.
+    pub prompt_cost_usd: f64,
+    /// The most completion tokens the runtime wants (`None`: no own limit).
+    pub max_completion_tokens: Option<u64>,
+    /// The price of one completion token, where known.
+    pub usd_per_completion_token: Option<f64>,
+}
+
+/// What one model call used, as the provider reported it (validated).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct CallUsage {
+    /// Prompt plus completion tokens.
+    pub tokens: u64,
+    /// Dollars.
+    pub cost_usd: f64,
+}
+
+/// The core's leave for one model call: its completion bound, and the hold
+/// it charges. [`CallPermit::finish`] charges what the call used; a permit
+/// dropped unfinished (a call whose usage is unknown or unbelievable) is
+/// charged everything it held — never nothing.
+#[derive(Debug)]
+#[must_use = "finish the permit with the call's usage (dropping it charges its whole hold)"]
+pub struct CallPermit {
+    max_completion_tokens: Option<u64>,
+    hold: Spend,
+    meter: Option<Arc<BudgetMeter>>,
+    metered: Arc<Mutex<Spend>>,
+    done: bool,
+}
+
+impl CallPermit {
+    /// The most completion tokens the call may produce: send it as
+    /// `max_completion_tokens` (or `max_tokens`). `None`: unbounded.
+    pub fn max_completion_tokens(&self) -> Option<u64> {
+        self.max_completion_tokens
+    }
+
+    /// What the permit holds (prompt plus bounded completion).
+    pub fn hold(&self) -> Spend {
+        self.hold
+    }
+
+    /// Charges the call's `used` usage.
+    pub fn finish(mut self, used: CallUsage) {
+        self.charge(Spend { cost_usd: usd(used.cost_usd), tokens: used.tokens });
+    }
+
+    fn charge(&mut self, used: Spend) {
+        if self.done {
+            return;
+        }
+        self.done = true;
+        if let Some(meter) = &self.meter {
+            meter.end(self.hold, used);
+        }
+        let mut m = self.metered.lock().unwrap_or_else(PoisonError::into_inner);
+        *m = plus(*m, used);
+    }
+}
+
+impl Drop for CallPermit {
+    fn drop(&mut self) {
+        let hold = self.hold;
+        self.charge(hold);
     }
 }
 
@@ -233,6 +532,8 @@ pub struct CancelToken {
     state: Arc<CancelState>,
     deadline: Option<Instant>,
     budget: Option<Arc<BudgetMeter>>,
+    /// What this run's permits charged (a fresh counter per [`CancelToken::child`]).
+    metered: Arc<Mutex<Spend>>,
 }
 
 impl CancelToken {
@@ -245,7 +546,7 @@ impl CancelToken {
     /// large to represent, means no deadline (never a panic).
     pub fn with_timeout(timeout: Option<Duration>) -> CancelToken {
         let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
-        CancelToken { state: Arc::default(), deadline, budget: None }
+        CancelToken { state: Arc::default(), deadline, budget: None, metered: Arc::default() }
     }
 
     /// This token, with runs charged against `meter` (a run stops with
@@ -261,21 +562,31 @@ impl CancelToken {
         self.budget.as_ref()
     }
 
-    /// Charges one model call's usage to the run's budget (no-op without one).
-    pub fn charge(&self, cost_usd: f64, tokens: u64) {
-        if let Some(meter) = &self.budget {
-            meter.charge(cost_usd, tokens);
-        }
+    /// Asks the core for leave to make one model call: under a budget, the
+    /// call's prompt plus its bounded completion is reserved first (and the
+    /// permit says the bound to send); refused when that does not fit. A
+    /// runtime calls this before every model call and finishes the permit
+    /// with the call's usage.
+    pub fn begin_call(&self, plan: CallPlan) -> Result<CallPermit, CallRefusal> {
+        let (hold, bound) = match &self.budget {
+            Some(meter) => meter.begin(&plan)?,
+            None => (
+                Spend { cost_usd: usd(plan.prompt_cost_usd), tokens: plan.prompt_tokens },
+                plan.max_completion_tokens,
+            ),
+        };
+        Ok(CallPermit {
+            max_completion_tokens: bound,
+            hold,
+            meter: self.budget.clone(),
+            metered: Arc::clone(&self.metered),
+            done: false,
+        })
     }
 
-    /// Whether a next call expected to use `next` (tokens, and dollars where
-    /// a price is known) would cross the allowance (always `false` without a
-    /// budget).
-    pub fn would_exceed(&self, next: Spend) -> bool {
-        self.budget.as_ref().is_some_and(|m| {
-            let left = m.left();
-            m.exhausted() || next.tokens > left.tokens || next.cost_usd > left.cost_usd
-        })
+    /// What this run's permits charged so far.
+    pub fn metered(&self) -> Spend {
+        *self.metered.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// A token sharing this one's cancel state with an earlier (never later)
@@ -287,7 +598,12 @@ impl CancelToken {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        CancelToken { state: Arc::clone(&self.state), deadline, budget: self.budget.clone() }
+        CancelToken {
+            state: Arc::clone(&self.state),
+            deadline,
+            budget: self.budget.clone(),
+            metered: Arc::default(),
+        }
     }
 
     /// Stops the run (idempotent; the first reason wins).
@@ -390,20 +706,63 @@ mod tests {
         let meter = BudgetMeter::new(Spend { cost_usd: 1.0, tokens: u64::MAX });
         let t = CancelToken::new().with_budget(meter.clone());
         let child = t.child(None);
-        let tokens = |n: u64| Spend { cost_usd: 0.0, tokens: n };
-        assert!(!child.is_cancelled() && !child.would_exceed(tokens(10)));
-        assert!(child.would_exceed(Spend { cost_usd: 1.5, tokens: 0 }));
-        child.charge(0.6, 100);
-        t.charge(0.5, 0);
+        let plan = |cost: f64| CallPlan { prompt_cost_usd: cost, ..CallPlan::default() };
+        assert!(!child.is_cancelled());
+        assert_eq!(child.begin_call(plan(1.5)).err(), Some(CallRefusal::Spent));
+        child.begin_call(plan(0.1)).expect("fits").finish(CallUsage { tokens: 100, cost_usd: 0.6 });
+        t.begin_call(plan(0.0)).expect("fits").finish(CallUsage { tokens: 0, cost_usd: 0.5 });
         assert_eq!(t.reason(), Some(CancelReason::Budget));
-        assert!(child.would_exceed(tokens(0)));
-        let tokens = CancelToken::new()
+        assert!(child.begin_call(plan(0.0)).is_err());
+        // Each run counts what its own permits charged.
+        assert_eq!(child.metered().tokens, 100);
+        assert_eq!(t.metered().tokens, 0);
+    }
+
+    #[test]
+    fn a_token_cap_bounds_each_completion_and_a_dropped_permit_charges_its_hold() {
+        let t = CancelToken::new()
             .with_budget(BudgetMeter::new(Spend { cost_usd: f64::INFINITY, tokens: 50 }));
-        let t = tokens;
-        let n = |n: u64| Spend { cost_usd: 0.0, tokens: n };
-        assert!(t.would_exceed(n(51)) && !t.would_exceed(n(50)));
-        t.charge(f64::NAN, 10);
-        assert_eq!(t.budget().map(|m| m.left().tokens), Some(40));
+        let p = |prompt: u64| CallPlan { prompt_tokens: prompt, ..CallPlan::default() };
+        assert!(t.begin_call(p(50)).is_err(), "a prompt that fills the cap leaves no completion");
+        let permit = t.begin_call(p(10)).expect("fits");
+        assert_eq!(permit.max_completion_tokens(), Some(40));
+        // Two calls in flight share the cap: the second gets what is left.
+        let second = t.begin_call(p(5));
+        assert!(second.is_err(), "the first call's bound holds the rest");
+        drop(permit);
+        assert_eq!(t.budget().map(|m| m.spent().tokens), Some(50));
+        assert_eq!(t.metered().tokens, 50);
+        // Garbage usage never reduces what is charged.
+        let t =
+            CancelToken::new().with_budget(BudgetMeter::new(Spend { cost_usd: 1.0, tokens: 100 }));
+        t.begin_call(p(1)).expect("fits").finish(CallUsage { tokens: 10, cost_usd: f64::NAN });
+        assert_eq!(t.budget().map(|m| m.left()), Some(Spend { cost_usd: 1.0, tokens: 90 }));
+    }
+
+    #[test]
+    fn a_price_bounds_the_completion_by_dollars() {
+        let t = CancelToken::new()
+            .with_budget(BudgetMeter::new(Spend { cost_usd: 0.01, tokens: u64::MAX }));
+        let plan = CallPlan {
+            prompt_tokens: 100,
+            prompt_cost_usd: 0.002,
+            max_completion_tokens: Some(1_000_000),
+            usd_per_completion_token: Some(0.000_01),
+        };
+        let permit = t.begin_call(plan).expect("fits");
+        // $0.008 left after the prompt buys 800 completion tokens.
+        assert_eq!(permit.max_completion_tokens(), Some(800));
+        permit.finish(CallUsage { tokens: 150, cost_usd: 0.0025 });
+    }
+
+    #[test]
+    fn without_a_budget_a_permit_is_unbounded_but_still_metered() {
+        let t = CancelToken::new().child(None);
+        let permit =
+            t.begin_call(CallPlan { prompt_tokens: 7, ..CallPlan::default() }).expect("no budget");
+        assert_eq!(permit.max_completion_tokens(), None);
+        permit.finish(CallUsage { tokens: 30, cost_usd: 0.0 });
+        assert_eq!(t.metered().tokens, 30);
     }
 
     #[test]

@@ -5,12 +5,12 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use retinue_store::{ExitReason, Message, Spend};
+use retinue_store::{ExitReason, Message};
 use serde_json::Value;
 
 use crate::runtime::{
-    CancelToken, ChildHandle, ChildOutcome, ChildRuntime, ChildSpec, CompletionSink, RunInput,
-    RunTokens, RuntimeError, TranscriptSink,
+    CallPlan, CallUsage, CancelToken, ChildHandle, ChildOutcome, ChildRuntime, ChildSpec,
+    CompletionSink, RunInput, RunTokens, RuntimeError, TranscriptSink,
 };
 
 /// What the scripted runtime does for goals containing a pattern.
@@ -134,7 +134,7 @@ impl ChildRuntime for ScriptedRuntime {
             .push(ScriptedRun { spec: spec.clone(), input: input.clone() });
         let script = self.script_for(&input.user_message).clone();
         let steers_before = self.steers.lock().unwrap_or_else(PoisonError::into_inner).len();
-        let tokens = RunTokens {
+        let mut tokens = RunTokens {
             input: script.input_tokens,
             output: script.output_tokens,
             ..RunTokens::default()
@@ -151,14 +151,26 @@ impl ChildRuntime for ScriptedRuntime {
         if let Some(text) = &script.panic {
             panic!("{text}");
         }
-        // The scripted "model" knows its price: under a budget, a call that
-        // would cross the allowance is never made.
-        let next = Spend { cost_usd: script.cost_usd, tokens: tokens.input + tokens.output };
-        if cancel.would_exceed(next) {
-            return ChildOutcome::failed(
-                ExitReason::Budget,
-                "the next model call would cross the budget allowance",
-            );
+        // The scripted "model" asks the core for leave like a real runtime
+        // (its whole price counted as the prompt's); it honours the
+        // completion bound it is given, as a well-behaved provider does.
+        let plan = CallPlan {
+            prompt_tokens: tokens.input,
+            prompt_cost_usd: script.cost_usd,
+            max_completion_tokens: Some(tokens.output),
+            usd_per_completion_token: None,
+        };
+        let permit = match cancel.begin_call(plan) {
+            Ok(p) => p,
+            Err(why) => {
+                return ChildOutcome::failed(
+                    ExitReason::Budget,
+                    format!("the next model call would cross the budget: {why}"),
+                );
+            }
+        };
+        if let Some(bound) = permit.max_completion_tokens() {
+            tokens.output = tokens.output.min(bound);
         }
         let missed_steers: Vec<String> = if script.miss_steers {
             self.steers.lock().unwrap_or_else(PoisonError::into_inner)[steers_before..]
@@ -170,6 +182,8 @@ impl ChildRuntime for ScriptedRuntime {
             Vec::new()
         };
         if let Some(err) = script.fail {
+            // A provider error: the call was refused, nothing was spent.
+            permit.finish(CallUsage::default());
             return ChildOutcome {
                 exit_reason: ExitReason::Error,
                 api_calls: 1,
@@ -187,12 +201,19 @@ impl ChildRuntime for ScriptedRuntime {
             ..Message::default()
         };
         if let Err(e) = sink.append(&message) {
+            permit.finish(CallUsage {
+                tokens: tokens.input.saturating_add(tokens.output),
+                cost_usd: script.cost_usd,
+            });
             return ChildOutcome::failed(
                 ExitReason::Error,
                 format!("transcript write failed: {e}"),
             );
         }
-        cancel.charge(script.cost_usd, tokens.input + tokens.output);
+        permit.finish(CallUsage {
+            tokens: tokens.input.saturating_add(tokens.output),
+            cost_usd: script.cost_usd,
+        });
         ChildOutcome {
             final_response: Some(reply),
             exit_reason: ExitReason::Completed,

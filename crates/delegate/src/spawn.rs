@@ -174,6 +174,33 @@ fn run_child(
     outcome
 }
 
+/// The core's own metering of a finished run: usage the runtime reported
+/// beyond what its call permits charged is charged now (a runtime that
+/// never asked for permits is still metered), and the run is billed at
+/// least what its permits charged (a runtime cannot report less).
+fn charge_run(token: &CancelToken, outcome: &mut ChildOutcome) {
+    let metered = token.metered();
+    if !outcome.cost_usd.is_finite() || outcome.cost_usd < 0.0 {
+        outcome.cost_usd = 0.0;
+    }
+    let reported = outcome.tokens.input.saturating_add(outcome.tokens.output);
+    let extra = Spend {
+        cost_usd: (outcome.cost_usd - metered.cost_usd).max(0.0),
+        tokens: reported.saturating_sub(metered.tokens),
+    };
+    if extra.tokens > 0 || extra.cost_usd > 0.0 {
+        if let Some(meter) = token.budget() {
+            meter.charge_after(extra);
+        }
+    }
+    if metered.tokens > reported {
+        outcome.tokens.input = outcome.tokens.input.saturating_add(metered.tokens - reported);
+    }
+    if metered.cost_usd > outcome.cost_usd {
+        outcome.cost_usd = metered.cost_usd;
+    }
+}
+
 /// How often a waiting parent looks at its cancel token.
 const POLL: Duration = Duration::from_millis(50);
 
@@ -213,7 +240,8 @@ pub(crate) fn execute(
         accepting_steer: steerable,
     });
     let token = cancel.child(child_timeout(parts.config.child_timeout_seconds));
-    let outcome = run_child(inner, &handle, input, &session_id, &token);
+    let mut outcome = run_child(inner, &handle, input, &session_id, &token);
+    charge_run(&token, &mut outcome);
     inner.live.close_steering(&handle.subagent_id);
     let status = status_of(&outcome);
     if let Err(e) = parts.sessions.end_session(&session_id, outcome.exit_reason.as_str()) {
@@ -235,14 +263,15 @@ pub(crate) fn execute(
     result
 }
 
-/// Bills results to the parent (spec §7.2) under the per-process finalize lock.
+/// Bills results to the parent (spec §7.2) under the per-process finalize
+/// lock; `false` when the ledger rows could not be written.
 pub(crate) fn finalize(
     inner: &Inner,
     parent: &ParentContext,
     delegation_id: &str,
     run: &str,
     results: &[ChildReport],
-) {
+) -> bool {
     let parts = &inner.parts;
     let _guard = inner.finalize_lock.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let parent_id = parent.session_id.as_deref().unwrap_or_default();
@@ -265,7 +294,7 @@ pub(crate) fn finalize(
         delegation_id,
         run,
     };
-    retinue_usage::finalize_child_results(&*parts.ledger, &ctx, &entries, &mut cost);
+    retinue_usage::finalize_child_results(&*parts.ledger, &ctx, &entries, &mut cost).ledger_ok
 }
 
 pub(crate) fn runs_of(results: &[ChildReport]) -> Vec<ChildRun> {
@@ -363,7 +392,35 @@ pub(crate) fn run(
             })
             .fold(0, u64::saturating_add),
     };
-    let held = match budget::reserve(inner, parent_id.as_deref(), request.budget, minimum, None) {
+    let root = match parent_id.as_deref() {
+        Some(p) if parts.budgets.is_some() => budget::budget_root(inner, p, None),
+        Some(_) => Err("no budget store".to_owned()),
+        None => Err("no parent session".to_owned()),
+    };
+    let members: Vec<String> = planned.iter().map(|p| p.spec.session_id.clone()).collect();
+    let held = budget::reserve(inner, parent_id.as_deref(), &root, request.budget, minimum, None)
+        .and_then(|held| {
+            // The children join the budget's tree before they exist, so
+            // their own spawns and follow-ups draw on it.
+            match (&held, &root) {
+                (Some(h), _) => {
+                    if let Err(e) = budget::join(inner, h.root(), &members) {
+                        if let Some(h) = held {
+                            h.release();
+                        }
+                        return Err(e);
+                    }
+                }
+                (None, Ok(root)) => {
+                    if let Err(e) = budget::join(inner, root, &members) {
+                        log::warn!("could not record the budget root of new children: {e}");
+                    }
+                }
+                (None, Err(_)) => {}
+            }
+            Ok(held)
+        });
+    let held = match held {
         Ok(h) => h,
         Err(e) => {
             if took_slot {
@@ -452,9 +509,9 @@ pub(crate) fn run(
         let handle = std::thread::Builder::new().name(format!("unit-{id}")).spawn(move || {
             let started = Instant::now();
             let results = run_children(&worker, planned, &parent_owned, &token);
-            complete(&worker, &parent_owned, &id, results, started, true);
+            let unit = complete(&worker, &parent_owned, &id, results, started, true);
             if let Some(h) = held {
-                h.settle();
+                h.settle(unit.ledger_error.is_none());
             }
             worker.background_slots.fetch_sub(1, Ordering::SeqCst);
         });
@@ -476,7 +533,8 @@ pub(crate) fn run(
     let started = Instant::now();
     let results = run_children(inner, planned, parent, &cancel);
     let mut unit = complete(inner, parent, &delegation_id, results, started, false);
-    unit.budget = held.and_then(budget::Held::settle);
+    let ledger_ok = unit.ledger_error.is_none();
+    unit.budget = held.and_then(|h| h.settle(ledger_ok));
     if !notes.is_empty() {
         unit.note = Some(notes.join(" "));
     }
@@ -556,7 +614,7 @@ fn complete(
     background: bool,
 ) -> UnitReport {
     let parts = &inner.parts;
-    finalize(inner, parent, delegation_id, "spawn", &results);
+    let ledger_ok = finalize(inner, parent, delegation_id, "spawn", &results);
     let status = ChildStatus::unit_state(results.iter().map(|r| &r.status));
     let usage = retinue_usage::merge_unit_usage(None, &runs_of(&results));
     let unit = UnitReport {
@@ -565,6 +623,7 @@ fn complete(
         total_duration_seconds: started.elapsed().as_secs_f64(),
         note: None,
         budget: None,
+        ledger_error: (!ledger_ok).then(|| texts::LEDGER_FAILED.to_owned()),
     };
     let out = unit.body();
     let event = json!({

@@ -110,6 +110,9 @@ pub const CANCELLED: &str = "Subagent was cancelled; its partial work is kept.";
 /// How many characters of a goal a background dispatch echoes.
 pub const GOAL_PREVIEW_CHARS: usize = 200;
 
+/// The usage ledger could not be written after a run.
+pub const LEDGER_FAILED: &str = "The usage ledger could not be written: this run's spend is kept in the lineage budget as spent (never given back as free) until `retinue recover` reconciles it; the totals shown may be incomplete.";
+
 /// A child stopped because its budget allowance was spent.
 pub const BUDGET_SPENT: &str = "Subagent stopped: its budget allowance is spent (delegation.budget); its partial work is kept and billed.";
 
@@ -118,6 +121,20 @@ pub const BAD_BUDGET: &str =
     "budget must be an object {\"max_cost_usd\": number >= 0, \"max_tokens\": integer >= 0}.";
 /// A budget is configured but the embedder gave the delegator no budget store.
 pub const NO_BUDGET_STORE: &str = "A delegation budget is configured, but this delegate_task has no budget store to enforce it; refusing rather than spending unmetered.";
+/// The budget's root cannot be proven: refused rather than billed to a
+/// budget of its own.
+pub fn budget_root_unknown(payer: &str, why: &str) -> String {
+    format!(
+        "A delegation budget is configured, but the budget of session '{}' cannot be determined ({why}); refusing rather than spending outside the budget.",
+        shown_id(payer)
+    )
+}
+
+/// An invalid budget setting: refused, never treated as "no limit".
+pub fn invalid_budget(why: &str) -> String {
+    format!("Invalid delegation budget: {why}; refusing rather than spending without a limit.")
+}
+
 /// A budget needs a paying session.
 pub const NO_BUDGET_PAYER: &str =
     "A delegation budget is configured, but this call has no parent session to bill; refusing.";
@@ -144,6 +161,17 @@ pub fn budget_refused(
             status.limit.max_tokens.map(|_| tokens),
         )
     };
+    if !status.exceeded_by(needs) {
+        return format!(
+            "Budget held by running delegations for the session lineage rooted at '{}': spent {}, reserved by running children {}, limit {}, remaining {}; this call needs at least {}. Wait for running children to finish (what they do not spend is given back), or raise delegation.budget.",
+            shown_id(root),
+            limited(status.spent.cost_usd, status.spent.tokens),
+            limited(status.reserved.cost_usd, status.reserved.tokens),
+            money_tokens(status.limit.max_cost_usd, status.limit.max_tokens),
+            money_tokens(cost_left, tokens_left),
+            limited(needs.cost_usd, needs.tokens),
+        );
+    }
     format!(
         "Budget exceeded for the session lineage rooted at '{}': spent {}, reserved by running children {}, limit {}, remaining {}; this call needs at least {}. Raise delegation.budget, pass a smaller budget, or wait for running children to finish.",
         shown_id(root),

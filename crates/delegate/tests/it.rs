@@ -1164,6 +1164,16 @@ mod budget_seam {
         let fx = Fx::new();
         fx.session("A", "cli", None, None);
         let mut budgets = MockBudgets::new();
+        budgets.expect_budget_root_of().returning(|_| Ok(None));
+        budgets.expect_join_budget().returning(|_, _| Ok(()));
+        budgets.expect_set_hold().returning(|_, _| Ok(true));
+        budgets.expect_grow().returning(|id, d| {
+            Ok(Reservation::Held {
+                id: id.to_owned(),
+                granted: d.minimum,
+                before: BudgetStatus { limit: d.limit, ..BudgetStatus::default() },
+            })
+        });
         budgets
             .expect_reserve()
             .times(1)
@@ -1181,6 +1191,16 @@ mod budget_seam {
         let fx = Fx::new();
         fx.session("A", "cli", None, None);
         let mut budgets = MockBudgets::new();
+        budgets.expect_budget_root_of().returning(|_| Ok(None));
+        budgets.expect_join_budget().returning(|_, _| Ok(()));
+        budgets.expect_set_hold().returning(|_, _| Ok(true));
+        budgets.expect_grow().returning(|id, d| {
+            Ok(Reservation::Held {
+                id: id.to_owned(),
+                granted: d.minimum,
+                before: BudgetStatus { limit: d.limit, ..BudgetStatus::default() },
+            })
+        });
         budgets.expect_reserve().times(1).returning(|d| {
             Ok(Reservation::Refused(BudgetStatus {
                 limit: d.limit,
@@ -1206,6 +1226,16 @@ mod budget_seam {
         let fx = Fx::new();
         fx.session("A", "cli", None, None);
         let mut budgets = MockBudgets::new();
+        budgets.expect_budget_root_of().returning(|_| Ok(None));
+        budgets.expect_join_budget().returning(|_, _| Ok(()));
+        budgets.expect_set_hold().returning(|_, _| Ok(true));
+        budgets.expect_grow().returning(|id, d| {
+            Ok(Reservation::Held {
+                id: id.to_owned(),
+                granted: d.minimum,
+                before: BudgetStatus { limit: d.limit, ..BudgetStatus::default() },
+            })
+        });
         budgets.expect_reserve().times(1).returning(|d| {
             Ok(Reservation::Held {
                 id: "rsv_1".into(),

@@ -248,7 +248,15 @@ impl RetinueServer {
             }
         };
         match joined {
-            Ok(Ok(outcome)) => text_result(&outcome.to_json()),
+            Ok(Ok(outcome)) => {
+                let mut result = text_result(&outcome.to_json());
+                // The ledger could not be written: the results stand, but
+                // the call failed (its spend is kept in the budget).
+                if outcome.ledger_error().is_some() {
+                    result.is_error = Some(true);
+                }
+                result
+            }
             Ok(Err(e)) => error_result(&e.to_string()),
             Err(e) => {
                 log::error!("delegate_task failed: {e}");

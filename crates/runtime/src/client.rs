@@ -29,6 +29,8 @@ pub(crate) struct Completion {
     pub(crate) tokens: RunTokens,
     /// The provider-reported cost (`usage.cost`).
     pub(crate) cost: Option<f64>,
+    /// Whether the provider reported usage at all.
+    pub(crate) usage_reported: bool,
 }
 
 /// How a call ended.
@@ -165,7 +167,7 @@ impl Call<'_> {
             let v: Value = serde_json::from_str(&text).map_err(|e| {
                 Attempt::Fatal(Error::Malformed(format!("the body is not JSON ({e})")))
             })?;
-            return parse_completion(&v).map_err(|e| Attempt::Fatal(Error::Malformed(e)));
+            return parse_completion(&v).map_err(|e| Attempt::Fatal(e.into()));
         }
         let message = scrub(&provider_message(&text), self.key());
         Err(match status {
@@ -275,27 +277,101 @@ fn provider_message(body: &str) -> String {
     })
 }
 
-fn u(v: &Value) -> u64 {
-    v.as_u64().unwrap_or(0)
+/// Most tokens one model call can really use: beyond every real context
+/// window (the largest are about 10 million tokens), so a larger count is a
+/// lie or a bug, never a bill.
+pub(crate) const MAX_CALL_TOKENS: u64 = 100_000_000;
+
+/// Most dollars one model call can really cost.
+pub(crate) const MAX_CALL_USD: f64 = 10_000.0;
+
+/// One token count of a `usage` object: absent or null is 0; an integer or
+/// a whole-number float (`1000.0`, common behind proxies) counts; anything
+/// else (negative, fractional, NaN, a string, beyond [`MAX_CALL_TOKENS`]) is
+/// an error naming the field.
+fn count(usage: &Value, path: &[&str]) -> Result<u64, String> {
+    let mut v = usage;
+    for key in path {
+        v = &v[*key];
+    }
+    let name = path.join(".");
+    let n = match v {
+        Value::Null => return Ok(0),
+        Value::Number(n) => match n.as_u64() {
+            Some(u) => Some(u),
+            None => n.as_f64().filter(|f| f.is_finite() && *f >= 0.0 && f.fract() == 0.0).map(
+                // Bounded below by the check that follows.
+                #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+                |f| if f > MAX_CALL_TOKENS as f64 { u64::MAX } else { f as u64 },
+            ),
+        },
+        _ => None,
+    };
+    match n {
+        Some(n) if n <= MAX_CALL_TOKENS => Ok(n),
+        Some(_) => Err(format!("`usage.{name}` is {v}, beyond any real context window")),
+        None => Err(format!("`usage.{name}` is {v}, not a whole number of tokens")),
+    }
 }
 
-/// Reads a `usage` object.
-pub(crate) fn parse_usage(usage: &Value) -> (RunTokens, Option<f64>) {
+/// Reads a `usage` object: the token counts and the provider's cost;
+/// unusable values are an error (see [`count`]).
+pub(crate) fn parse_usage(usage: &Value) -> Result<(RunTokens, Option<f64>), String> {
+    if !usage.is_object() {
+        return Err(format!("`usage` is {usage}, not an object"));
+    }
     let tokens = RunTokens {
-        input: u(&usage["prompt_tokens"]),
-        output: u(&usage["completion_tokens"]),
-        cached_input: u(&usage["prompt_tokens_details"]["cached_tokens"]),
-        reasoning: u(&usage["completion_tokens_details"]["reasoning_tokens"]),
+        input: count(usage, &["prompt_tokens"])?,
+        output: count(usage, &["completion_tokens"])?,
+        cached_input: count(usage, &["prompt_tokens_details", "cached_tokens"])?,
+        reasoning: count(usage, &["completion_tokens_details", "reasoning_tokens"])?,
     };
-    let cost = usage["cost"].as_f64().filter(|c| c.is_finite() && *c >= 0.0);
-    (tokens, cost)
+    let cost = match &usage["cost"] {
+        Value::Null => None,
+        Value::Number(n) => match n.as_f64() {
+            Some(c) if c.is_finite() && (0.0..=MAX_CALL_USD).contains(&c) => Some(c),
+            _ => return Err(format!("`usage.cost` is {n}, not a believable dollar amount")),
+        },
+        other => return Err(format!("`usage.cost` is {other}, not a number")),
+    };
+    Ok((tokens, cost))
+}
+
+/// Why a response could not be read.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum ParseError {
+    /// Not a Chat Completions answer.
+    Shape(String),
+    /// Its usage cannot be believed.
+    Usage(String),
+}
+
+impl From<&str> for ParseError {
+    fn from(s: &str) -> ParseError {
+        ParseError::Shape(s.to_owned())
+    }
+}
+
+impl From<String> for ParseError {
+    fn from(s: String) -> ParseError {
+        ParseError::Shape(s)
+    }
+}
+
+impl From<ParseError> for Error {
+    fn from(e: ParseError) -> Error {
+        match e {
+            ParseError::Shape(s) => Error::Malformed(s),
+            ParseError::Usage(s) => Error::Usage(s),
+        }
+    }
 }
 
 /// Reads a non-streamed Chat Completions response.
-pub(crate) fn parse_completion(v: &Value) -> Result<Completion, String> {
+pub(crate) fn parse_completion(v: &Value) -> Result<Completion, ParseError> {
     if let Some(err) = v.get("error").filter(|e| !e.is_null()) {
         let msg = err["message"].as_str().unwrap_or("unknown error");
-        return Err(format!("the provider answered with an error: {msg}"));
+        return Err(format!("the provider answered with an error: {msg}").into());
     }
     let choice = v["choices"].get(0).ok_or("no `choices[0]` in the response")?;
     let message =
@@ -322,13 +398,19 @@ pub(crate) fn parse_completion(v: &Value) -> Result<Completion, String> {
             });
         }
     }
-    let (tokens, cost) = parse_usage(&v["usage"]);
+    let usage_reported = !v["usage"].is_null();
+    let (tokens, cost) = if usage_reported {
+        parse_usage(&v["usage"]).map_err(ParseError::Usage)?
+    } else {
+        (RunTokens::default(), None)
+    };
     Ok(Completion {
         content,
         tool_calls,
         finish_reason: choice["finish_reason"].as_str().map(str::to_owned),
         tokens,
         cost,
+        usage_reported,
     })
 }
 
@@ -340,6 +422,7 @@ struct StreamAcc {
     finish_reason: Option<String>,
     tokens: RunTokens,
     cost: Option<f64>,
+    usage_reported: bool,
 }
 
 impl StreamAcc {
@@ -351,10 +434,11 @@ impl StreamAcc {
                 scrub(msg, key)
             )));
         }
-        if let Some(usage) = chunk.get("usage").filter(|u| u.is_object()) {
-            let (t, c) = parse_usage(usage);
+        if let Some(usage) = chunk.get("usage").filter(|u| !u.is_null()) {
+            let (t, c) = parse_usage(usage).map_err(Error::Usage)?;
             self.tokens = t;
             self.cost = c;
+            self.usage_reported = true;
         }
         let Some(choice) = chunk["choices"].get(0) else { return Ok(()) };
         if let Some(reason) = choice["finish_reason"].as_str() {
@@ -396,6 +480,7 @@ impl StreamAcc {
             finish_reason: self.finish_reason,
             tokens: self.tokens,
             cost: self.cost,
+            usage_reported: self.usage_reported,
         }
     }
 }
@@ -416,6 +501,36 @@ mod tests {
         ] {
             assert!(parse_completion(&v).is_err(), "{v}");
         }
+    }
+
+    #[test]
+    fn usage_counts_whole_floats_and_refuses_what_cannot_be_billed() {
+        let ok = parse_usage(&json!({"prompt_tokens": 1000.0, "completion_tokens": 20}));
+        assert_eq!(ok.map(|(t, _)| (t.input, t.output)), Ok((1000, 20)));
+        let cost = parse_usage(&json!({"prompt_tokens": 1, "cost": 0.25}));
+        assert_eq!(cost.map(|(_, c)| c), Ok(Some(0.25)));
+        for bad in [
+            json!({"prompt_tokens": -1}),
+            json!({"prompt_tokens": 1.5}),
+            json!({"prompt_tokens": 1e30}),
+            json!({"prompt_tokens": "1000"}),
+            json!({"completion_tokens": true}),
+            json!({"prompt_tokens": 100_000_001_u64}),
+            json!({"prompt_tokens_details": {"cached_tokens": -3}}),
+            json!({"prompt_tokens": 1, "cost": -0.5}),
+            json!({"prompt_tokens": 1, "cost": 1e9}),
+            json!({"prompt_tokens": 1, "cost": "0.1"}),
+            json!("usage"),
+        ] {
+            let e = parse_usage(&bad);
+            assert!(e.is_err(), "{bad} was accepted: {e:?}");
+        }
+        // Inside a response, bad usage is a usage error (billed what was
+        // held), a missing one is reported as missing.
+        let v = json!({"choices": [{"message": {"content": "x"}}], "usage": {"prompt_tokens": -5}});
+        assert!(matches!(parse_completion(&v), Err(ParseError::Usage(_))));
+        let v = json!({"choices": [{"message": {"content": "x"}}]});
+        assert_eq!(parse_completion(&v).map(|c| c.usage_reported), Ok(false));
     }
 
     #[test]

@@ -64,6 +64,9 @@ pub struct RuntimeConfig {
     /// The longest one HTTP request may take (further bounded by the
     /// child's deadline).
     pub request_timeout: Duration,
+    /// The request field bounding a call's completion under a budget:
+    /// `max_completion_tokens` (default) or `max_tokens`.
+    pub completion_limit_field: String,
 }
 
 impl fmt::Debug for RuntimeConfig {
@@ -79,6 +82,7 @@ impl fmt::Debug for RuntimeConfig {
             .field("pricing", &self.pricing)
             .field("retry", &self.retry)
             .field("request_timeout", &self.request_timeout)
+            .field("completion_limit_field", &self.completion_limit_field)
             .finish()
     }
 }
@@ -98,6 +102,7 @@ impl RuntimeConfig {
             pricing: BTreeMap::new(),
             retry: RetryPolicy::default(),
             request_timeout: Duration::from_secs(600),
+            completion_limit_field: "max_completion_tokens".to_owned(),
         }
     }
 
@@ -139,6 +144,14 @@ impl RuntimeConfig {
             c.max_iterations = d.max_iterations;
         }
         c.pricing = d.pricing.clone();
+        c.completion_limit_field = if !d.completion_limit_field.is_empty() {
+            d.completion_limit_field.clone()
+        } else if d.provider.trim().eq_ignore_ascii_case("ollama") {
+            // Ollama's OpenAI-compatible endpoint reads `max_tokens`.
+            "max_tokens".to_owned()
+        } else {
+            "max_completion_tokens".to_owned()
+        };
         if !d.api_key.is_empty() {
             c.api_key = Some(d.api_key.clone());
             c.api_key_origin = "`delegation.api_key` in config.yaml".to_owned();

@@ -70,6 +70,11 @@ pub enum Error {
     /// A response that is not a valid Chat Completions answer.
     #[error("malformed response from the provider: {0}")]
     Malformed(String),
+    /// The provider reported usage nobody can believe (negative, NaN,
+    /// non-numeric, fractional or beyond any real context window): the call
+    /// is billed what it held, never 0.
+    #[error("the provider reported unusable usage: {0}")]
+    Usage(String),
     /// The transcript refused a message.
     #[error("transcript write failed: {0}")]
     Transcript(String),

@@ -5,10 +5,10 @@ use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use retinue_delegate::{
-    CancelReason, CancelToken, ChildHandle, ChildOutcome, ChildRuntime, ChildSpec, RunInput,
-    RunTokens, RuntimeError, TranscriptSink,
+    CallPermit, CallPlan, CallUsage, CancelReason, CancelToken, ChildHandle, ChildOutcome,
+    ChildRuntime, ChildSpec, RunInput, RunTokens, RuntimeError, TranscriptSink,
 };
-use retinue_store::{ExitReason, Message, Spend};
+use retinue_store::{ExitReason, Message};
 use serde_json::{Value, json};
 
 use crate::client::{Call, CallOutcome, Completion};
@@ -169,10 +169,10 @@ fn to_wire(m: &Message) -> Option<Value> {
 }
 
 fn add(total: &mut RunTokens, t: &RunTokens) {
-    total.input += t.input;
-    total.output += t.output;
-    total.cached_input += t.cached_input;
-    total.reasoning += t.reasoning;
+    total.input = total.input.saturating_add(t.input);
+    total.output = total.output.saturating_add(t.output);
+    total.cached_input = total.cached_input.saturating_add(t.cached_input);
+    total.reasoning = total.reasoning.saturating_add(t.reasoning);
 }
 
 fn stopped_reason(cancel: &CancelToken) -> ExitReason {
@@ -205,6 +205,17 @@ impl Run<'_> {
             retinue_delegate::SinkError::Closed { .. } => stopped_reason(self.cancel),
             retinue_delegate::SinkError::Storage { .. } => ExitReason::Error,
         })
+    }
+
+    /// Bills a call whose usage is unknown what its permit held (prompt
+    /// plus bounded completion): never 0.
+    fn bill_hold(&mut self, permit: CallPermit) {
+        let hold = permit.hold();
+        self.outcome.tokens.input = self.outcome.tokens.input.saturating_add(hold.tokens);
+        if hold.cost_usd.is_finite() && hold.cost_usd > 0.0 {
+            self.outcome.cost_usd += hold.cost_usd;
+        }
+        drop(permit);
     }
 
     fn fail(&mut self, reason: ExitReason, error: Option<String>) {
@@ -278,18 +289,33 @@ impl Run<'_> {
                 body["stream"] = Value::Bool(true);
                 body["stream_options"] = json!({"include_usage": true});
             }
-            let text = body.to_string();
-            // Under a budget: a call whose prompt alone would cross the
-            // allowance is never made.
-            let prompt = estimated_tokens(&text);
-            let next =
-                Spend { cost_usd: rt.prompt_cost(&self.settings.model, prompt), tokens: prompt };
-            if self.cancel.would_exceed(next) {
-                return self.fail(
-                    ExitReason::Budget,
-                    Some("the next model call would cross the budget allowance".to_owned()),
-                );
+            // Leave from the core for this call: under a budget its prompt
+            // and bounded completion are reserved first, and the bound is
+            // sent so the provider cannot overrun it.
+            let prompt = estimated_tokens(&body.to_string());
+            let plan = CallPlan {
+                prompt_tokens: prompt,
+                prompt_cost_usd: rt.prompt_cost(&self.settings.model, prompt),
+                max_completion_tokens: None,
+                usd_per_completion_token: rt
+                    .config
+                    .pricing
+                    .get(&self.settings.model)
+                    .map(|p| p.output_per_mtok / 1e6),
+            };
+            let permit = match self.cancel.begin_call(plan) {
+                Ok(p) => p,
+                Err(why) => {
+                    return self.fail(
+                        ExitReason::Budget,
+                        Some(format!("the next model call would cross the budget: {why}")),
+                    );
+                }
+            };
+            if let Some(bound) = permit.max_completion_tokens() {
+                body[rt.config.completion_limit_field.as_str()] = json!(bound);
             }
+            let text = body.to_string();
             let call = Call {
                 agent: &rt.agent,
                 config: &rt.config,
@@ -301,14 +327,52 @@ impl Run<'_> {
             };
             let completion = match call.run() {
                 CallOutcome::Done(c) => c,
-                CallOutcome::Stopped => return self.stop(),
-                CallOutcome::Failed(e) => return self.fail(ExitReason::Error, Some(e.to_string())),
+                CallOutcome::Stopped => {
+                    // Cut off mid-call: the provider may have spent it all.
+                    self.bill_hold(permit);
+                    return self.stop();
+                }
+                CallOutcome::Failed(e @ (Error::Usage(_) | Error::Malformed(_))) => {
+                    // Usage nobody can believe, or an answer that cannot be
+                    // read (it may still have been billed): what the call
+                    // held is billed.
+                    self.outcome.api_calls += 1;
+                    self.bill_hold(permit);
+                    return self.fail(ExitReason::Error, Some(e.to_string()));
+                }
+                CallOutcome::Failed(e) => {
+                    // The provider refused the call: nothing generated.
+                    permit.finish(CallUsage::default());
+                    return self.fail(ExitReason::Error, Some(e.to_string()));
+                }
             };
             self.outcome.api_calls += 1;
+            let mut completion = completion;
+            if !completion.usage_reported {
+                // No usage at all: billed by estimate (never 0).
+                completion.tokens.input = prompt;
+                completion.tokens.output = estimated_tokens(
+                    &(completion.content.clone().unwrap_or_default()
+                        + &completion
+                            .tool_calls
+                            .iter()
+                            .map(|c| c.name.clone() + &c.arguments)
+                            .collect::<String>()),
+                );
+                log::warn!(
+                    "the provider reported no usage for a call to model `{}`; billing an estimate \
+                     of {} tokens",
+                    self.settings.model,
+                    completion.tokens.input.saturating_add(completion.tokens.output)
+                );
+            }
             add(&mut self.outcome.tokens, &completion.tokens);
             let cost = rt.cost_of(&self.settings.model, &completion);
             self.outcome.cost_usd += cost;
-            self.cancel.charge(cost, completion.tokens.input + completion.tokens.output);
+            permit.finish(CallUsage {
+                tokens: completion.tokens.input.saturating_add(completion.tokens.output),
+                cost_usd: cost,
+            });
             let wire_calls: Vec<Value> = completion
                 .tool_calls
                 .iter()

@@ -253,7 +253,10 @@ fn timeout_cancels_the_in_flight_request_and_bills_earlier_calls() {
     assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
     assert_eq!(out.exit_reason, ExitReason::Timeout, "{out:?}");
     assert_eq!(out.api_calls, 1);
-    assert_eq!(out.tokens.input, 100);
+    // The call cut off in flight may have been spent: billed its prompt
+    // (what it held), never nothing.
+    assert!(out.tokens.input > 100, "{out:?}");
+    assert_eq!(out.tokens.output, 10);
     assert!((out.cost_usd - 0.25).abs() < 1e-9);
     assert_eq!(sink.roles(), vec!["assistant", "tool"]);
 }

@@ -44,42 +44,79 @@ fn status_in(
     limit: BudgetLimit,
 ) -> PgResult<BudgetStatus> {
     let mut spent = Spend::default();
-    for s in sessions {
+    // The lineage's sessions, then the budget's member sessions, once each.
+    let mut all: Vec<String> = sessions.to_vec();
+    for r in
+        tx.query("SELECT session_id FROM retinue_budget_members WHERE budget_root = $1", &[&root])?
+    {
+        let m: String = r.try_get(0)?;
+        if !all.contains(&m) {
+            all.push(m);
+        }
+    }
+    for s in &all {
         let rows = tx.query(
             "SELECT usage_json FROM delegation_child_usage WHERE parent_session_id = $1",
             &[s],
         )?;
-        let (mut cost, mut tokens) = (0.0_f64, 0_i64);
+        let (mut cost, mut tokens) = (0.0_f64, 0_u64);
         for r in rows {
             let text: Option<String> = r.try_get(0)?;
             // Malformed JSON is absent, as `json_valid` filters it in SQLite.
             let Some(usage) = text.and_then(|t| serde_json::from_str::<Value>(&t).ok()) else {
                 continue;
             };
-            if let Some(c) = as_real(usage.get("cost_usd")) {
+            if let Some(c) = as_real(usage.get("cost_usd")).filter(|c| c.is_finite() && *c > 0.0) {
                 cost += c;
             }
             let t = usage.get("tokens");
-            if let (Some(i), Some(o)) = (
-                as_integer(t.and_then(|t| t.get("input"))),
-                as_integer(t.and_then(|t| t.get("output"))),
-            ) {
-                tokens = tokens.saturating_add(i.saturating_add(o));
+            for part in ["input", "output"] {
+                let n = as_integer(t.and_then(|t| t.get(part))).unwrap_or(0);
+                tokens = tokens.saturating_add(u64::try_from(n).unwrap_or(0));
             }
         }
         if cost.is_finite() && cost > 0.0 {
             spent.cost_usd += cost;
         }
-        spent.tokens = spent.tokens.saturating_add(u64::try_from(tokens).unwrap_or(0));
+        spent.tokens = spent.tokens.saturating_add(tokens);
     }
-    let row = tx.query_one(
-        "SELECT COALESCE(SUM(cost_usd), 0)::DOUBLE PRECISION, COALESCE(SUM(tokens), 0)::BIGINT \
-         FROM retinue_budget_reservations WHERE lineage_root = $1 AND settled_at IS NULL",
-        &[&root],
+    let sum = |tx: &mut Tx<'_>, sql: &str| -> PgResult<Spend> {
+        let row = tx.query_one(sql, &[&root])?;
+        let (cost, tokens): (f64, f64) = (row.try_get(0)?, row.try_get(1)?);
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // saturating
+        let tokens = if tokens.is_finite() && tokens > 0.0 { tokens as u64 } else { 0 };
+        Ok(Spend { cost_usd: if cost.is_finite() { cost.max(0.0) } else { 0.0 }, tokens })
+    };
+    // Reservations kept as spent count as spent; open ones as reserved.
+    let kept = sum(
+        tx,
+        "SELECT COALESCE(SUM(cost_usd), 0)::DOUBLE PRECISION, \
+         COALESCE(SUM(tokens::DOUBLE PRECISION), 0)::DOUBLE PRECISION \
+         FROM retinue_budget_reservations WHERE lineage_root = $1 \
+         AND settled_at IS NOT NULL AND kept_spent_at IS NOT NULL",
     )?;
-    let (cost, tokens): (f64, i64) = (row.try_get(0)?, row.try_get(1)?);
-    let reserved = Spend { cost_usd: cost.max(0.0), tokens: u64::try_from(tokens).unwrap_or(0) };
+    spent.cost_usd += kept.cost_usd;
+    spent.tokens = spent.tokens.saturating_add(kept.tokens);
+    let reserved = sum(
+        tx,
+        "SELECT COALESCE(SUM(cost_usd), 0)::DOUBLE PRECISION, \
+         COALESCE(SUM(tokens::DOUBLE PRECISION), 0)::DOUBLE PRECISION \
+         FROM retinue_budget_reservations WHERE lineage_root = $1 AND settled_at IS NULL",
+    )?;
     Ok(BudgetStatus { limit, spent, reserved })
+}
+
+/// A token count as a column stores it (saturating at `i64::MAX`).
+fn stored_tokens(tokens: u64) -> i64 {
+    i64::try_from(tokens).unwrap_or(i64::MAX)
+}
+
+fn keep_in(tx: &mut Tx<'_>, id: &str, reason: &str, now: f64) -> PgResult<bool> {
+    Ok(tx.execute(
+        "UPDATE retinue_budget_reservations SET settled_at = $2, kept_spent_at = $2, \
+         settle_reason = $3 WHERE reservation_id = $1 AND settled_at IS NULL",
+        &[&id, &now, &reason],
+    )? == 1)
 }
 
 fn settle_in(tx: &mut Tx<'_>, id: &str, reason: &str, now: f64) -> PgResult<bool> {
@@ -101,7 +138,7 @@ impl Budgets for PgStore {
                 return Ok(Reservation::Refused(before));
             }
             let want = before.grant(draft.minimum, draft.maximum);
-            let tokens = i64::try_from(want.tokens).unwrap_or(i64::MAX);
+            let tokens = stored_tokens(want.tokens);
             tx.execute(
                 "INSERT INTO retinue_budget_reservations (reservation_id, lineage_root, \
                  delegation_id, cost_usd, tokens, owner_pid, owner_started_at, owner_worker, \
@@ -171,11 +208,86 @@ impl Budgets for PgStore {
                         None => false,
                     },
                 };
-                if dead && settle_in(tx, &id, "released: owner gone", now)? {
+                if dead && keep_in(tx, &id, "kept as spent: owner gone", now)? {
                     released += 1;
                 }
             }
             Ok(released)
+        })
+    }
+
+    fn grow(&self, id: &str, draft: &ReservationDraft) -> Result<Reservation> {
+        self.pool.tx("growing a budget reservation", Mode::Write, |tx| {
+            let open = tx.query_opt(
+                "SELECT cost_usd, tokens FROM retinue_budget_reservations \
+                 WHERE reservation_id = $1 AND settled_at IS NULL FOR UPDATE",
+                &[&id],
+            )?;
+            let before = status_in(tx, &draft.lineage_root, &draft.sessions, draft.limit)?;
+            let Some(row) = open else {
+                return Ok(Reservation::Refused(before));
+            };
+            let (cost, tokens): (f64, i64) = (row.try_get(0)?, row.try_get(1)?);
+            if !before.fits(draft.minimum) {
+                return Ok(Reservation::Refused(before));
+            }
+            let more = before.grant(draft.minimum, draft.maximum);
+            let cost = if cost.is_finite() { cost.max(0.0) } else { 0.0 } + more.cost_usd;
+            let tokens =
+                stored_tokens(u64::try_from(tokens).unwrap_or(0).saturating_add(more.tokens));
+            tx.execute(
+                "UPDATE retinue_budget_reservations SET cost_usd = $2, tokens = $3 \
+                 WHERE reservation_id = $1",
+                &[&id, &cost, &tokens],
+            )?;
+            Ok(Reservation::Held { id: id.to_owned(), granted: more, before })
+        })
+    }
+
+    fn set_hold(&self, id: &str, hold: Spend) -> Result<bool> {
+        let cost = if hold.cost_usd.is_finite() { hold.cost_usd.max(0.0) } else { 0.0 };
+        let tokens = stored_tokens(hold.tokens);
+        self.pool.tx("setting a budget reservation", Mode::Write, |tx| {
+            Ok(tx.execute(
+                "UPDATE retinue_budget_reservations SET cost_usd = $2, tokens = $3 \
+                 WHERE reservation_id = $1 AND settled_at IS NULL",
+                &[&id, &cost, &tokens],
+            )? == 1)
+        })
+    }
+
+    fn keep_as_spent(&self, id: &str, reason: &str) -> Result<bool> {
+        let now = self.clock.now();
+        self.pool.tx("keeping a budget reservation as spent", Mode::Write, |tx| {
+            keep_in(tx, id, reason, now)
+        })
+    }
+
+    fn budget_root_of(&self, session: &str) -> Result<Option<String>> {
+        self.pool.tx("reading a session's budget root", Mode::Read, |tx| {
+            match tx.query_opt(
+                "SELECT budget_root FROM retinue_budget_members WHERE session_id = $1",
+                &[&session],
+            )? {
+                Some(row) => Ok(Some(row.try_get(0)?)),
+                None => Ok(None),
+            }
+        })
+    }
+
+    fn join_budget(&self, root: &str, sessions: &[String]) -> Result<()> {
+        if sessions.is_empty() {
+            return Ok(());
+        }
+        self.pool.tx("recording budget members", Mode::Write, |tx| {
+            for s in sessions {
+                tx.execute(
+                    "INSERT INTO retinue_budget_members (session_id, budget_root) \
+                     VALUES ($1, $2) ON CONFLICT (session_id) DO NOTHING",
+                    &[s, &root],
+                )?;
+            }
+            Ok(())
         })
     }
 }

@@ -37,6 +37,10 @@ const MIGRATIONS: &[(&str, &str)] = &[
         "V4__retinue_pg_tombstone_note",
         include_str!("../migrations/V4__retinue_pg_tombstone_note.sql"),
     ),
+    (
+        "V5__retinue_pg_budget_members",
+        include_str!("../migrations/V5__retinue_pg_budget_members.sql"),
+    ),
 ];
 
 #[allow(clippy::cast_possible_truncation, clippy::cast_possible_wrap)] // a handful of files

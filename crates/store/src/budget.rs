@@ -9,9 +9,23 @@
 //! the limit. SQLite serialises writers, so no interleaving of processes can
 //! reserve past the limit. A run's reservation is settled after its ledger
 //! rows are written (so for a moment a run counts twice: conservative, never
-//! under). Recovery releases reservations whose owner process is gone.
+//! under). A run grows its reservation call by call ([`Budgets::grow`]:
+//! each model call's prompt plus its bounded completion, checked against the
+//! limit in the same way) and sets it back to what it spent when the call
+//! ends ([`Budgets::set_hold`]), so concurrent runs share what is left
+//! instead of one run holding it all.
+//!
+//! The budget of a subagent tree is keyed by its root (the top-level
+//! parent's compression-lineage root), fixed when the top-level unit is
+//! created: every child session is a *member* of that budget
+//! (`retinue_budget_members`), its nested spawns and follow-ups draw on it,
+//! and ledger rows billed to members count as its spend.
+//!
+//! Nothing is ever settled as free: a reservation whose ledger rows could
+//! not be written, or whose owner died, is *kept as spent*
+//! (`kept_spent_at`) and counts as spent from then on.
 
-use rusqlite::params;
+use rusqlite::{OptionalExtension, params};
 
 use crate::error::{Error, Result, SqlResult};
 use crate::probe::{OwnerProbe, ProcessState, current_owner};
@@ -33,8 +47,45 @@ pub trait Budgets: Send + Sync {
         sessions: &[String],
         limit: BudgetLimit,
     ) -> Result<BudgetStatus>;
-    /// Releases open reservations whose owner process is gone; how many.
+    /// Recovery: open reservations whose owner process is gone are kept as
+    /// spent (their ledger rows were never written, or the run was cut
+    /// short: what they hold is the best known spend, never released as
+    /// free); how many.
     fn release_abandoned_reservations(&self, probe: &dyn OwnerProbe) -> Result<usize>;
+    /// Grows open reservation `id` by between `draft.minimum` and
+    /// `draft.maximum` (a model call's prompt and bounded completion) if at
+    /// least the minimum still fits under `draft.limit`, atomically like
+    /// [`Budgets::reserve`]; `Held.granted` is the increase. A reservation
+    /// that is no longer open is refused.
+    fn grow(&self, id: &str, draft: &ReservationDraft) -> Result<Reservation>;
+    /// Sets what open reservation `id` holds (a run's spend so far plus its
+    /// calls in flight); `false` if it is not open.
+    fn set_hold(&self, id: &str, hold: Spend) -> Result<bool>;
+    /// Keeps open reservation `id` as spent (its runs' ledger rows could not
+    /// be written): it counts as spent from now on; `false` if not open.
+    fn keep_as_spent(&self, id: &str, reason: &str) -> Result<bool>;
+    /// The budget root `session` was recorded under, if any.
+    fn budget_root_of(&self, session: &str) -> Result<Option<String>>;
+    /// Records `sessions` as members of the budget rooted at `root` (a
+    /// session already recorded keeps its root).
+    fn join_budget(&self, root: &str, sessions: &[String]) -> Result<()>;
+}
+
+/// Tokens as a stored value reads them: negative or non-finite is 0, a
+/// value beyond `u64` saturates.
+fn tokens_of(total: f64) -> u64 {
+    if total.is_finite() && total > 0.0 {
+        // Saturating by definition of `as` for floats.
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let t = total as u64;
+        t
+    } else {
+        0
+    }
+}
+
+fn dollars(total: f64) -> f64 {
+    if total.is_finite() && total > 0.0 { total } else { 0.0 }
 }
 
 fn status_in(
@@ -44,27 +95,55 @@ fn status_in(
     limit: BudgetLimit,
 ) -> SqlResult<BudgetStatus> {
     let mut spent = Spend::default();
+    // The lineage's sessions, then the budget's member sessions (children
+    // and nested children), each counted once.
+    let mut all: Vec<String> = sessions.to_vec();
+    {
+        let mut stmt = conn.prepare_cached(
+            "SELECT session_id FROM retinue_budget_members WHERE budget_root = ?1",
+        )?;
+        let members = stmt.query_map([root], |r| r.get::<_, String>(0))?;
+        for m in members {
+            let m = m?;
+            if !all.contains(&m) {
+                all.push(m);
+            }
+        }
+    }
+    // `total()` never overflows (a hostile or absurd row saturates instead
+    // of breaking every later reservation); negative values count as 0.
     let mut stmt = conn.prepare_cached(
-        "SELECT COALESCE(SUM(CAST(json_extract(usage_json, '$.cost_usd') AS REAL)), 0), \
-         COALESCE(SUM(CAST(json_extract(usage_json, '$.tokens.input') AS INTEGER) \
-                    + CAST(json_extract(usage_json, '$.tokens.output') AS INTEGER)), 0) \
+        "SELECT total(max(0, CAST(json_extract(usage_json, '$.cost_usd') AS REAL))), \
+         total(max(0, CAST(json_extract(usage_json, '$.tokens.input') AS REAL)) \
+             + max(0, CAST(json_extract(usage_json, '$.tokens.output') AS REAL))) \
          FROM delegation_child_usage WHERE parent_session_id = ?1 AND json_valid(usage_json)",
     )?;
-    for s in sessions {
-        let (cost, tokens): (f64, i64) = stmt.query_row([s], |r| Ok((r.get(0)?, r.get(1)?)))?;
-        if cost.is_finite() && cost > 0.0 {
-            spent.cost_usd += cost;
-        }
-        spent.tokens = spent.tokens.saturating_add(u64::try_from(tokens).unwrap_or(0));
+    for s in &all {
+        let (cost, tokens): (f64, f64) = stmt.query_row([s], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        spent.cost_usd += dollars(cost);
+        spent.tokens = spent.tokens.saturating_add(tokens_of(tokens));
     }
-    let (cost, tokens): (f64, i64) = conn
+    let (cost, tokens): (f64, f64) = conn
         .prepare_cached(
-            "SELECT COALESCE(SUM(cost_usd), 0), COALESCE(SUM(tokens), 0) \
+            "SELECT total(cost_usd), total(tokens) FROM retinue_budget_reservations \
+             WHERE lineage_root = ?1 AND settled_at IS NOT NULL AND kept_spent_at IS NOT NULL",
+        )?
+        .query_row([root], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    spent.cost_usd += dollars(cost);
+    spent.tokens = spent.tokens.saturating_add(tokens_of(tokens));
+    let (cost, tokens): (f64, f64) = conn
+        .prepare_cached(
+            "SELECT total(cost_usd), total(tokens) \
              FROM retinue_budget_reservations WHERE lineage_root = ?1 AND settled_at IS NULL",
         )?
         .query_row([root], |r| Ok((r.get(0)?, r.get(1)?)))?;
-    let reserved = Spend { cost_usd: cost.max(0.0), tokens: u64::try_from(tokens).unwrap_or(0) };
+    let reserved = Spend { cost_usd: dollars(cost), tokens: tokens_of(tokens) };
     Ok(BudgetStatus { limit, spent, reserved })
+}
+
+/// A token count as a column stores it (saturating at `i64::MAX`).
+fn stored_tokens(tokens: u64) -> i64 {
+    i64::try_from(tokens).unwrap_or(i64::MAX)
 }
 
 fn reservation_id() -> Result<String> {
@@ -94,7 +173,7 @@ impl Budgets for Store {
                 draft.lineage_root,
                 draft.delegation_id,
                 want.cost_usd,
-                i64::try_from(want.tokens).unwrap_or(i64::MAX),
+                stored_tokens(want.tokens),
                 pid,
                 started,
                 now
@@ -151,10 +230,92 @@ impl Budgets for Store {
                     None => false,
                 },
             };
-            if dead && self.settle(&id, "released: owner gone")? {
+            if dead && self.keep_as_spent(&id, "kept as spent: owner gone")? {
                 released += 1;
             }
         }
         Ok(released)
+    }
+
+    fn grow(&self, id: &str, draft: &ReservationDraft) -> Result<Reservation> {
+        self.pool.write("growing a budget reservation", |tx| {
+            let open: Option<(f64, i64)> = tx
+                .prepare_cached(
+                    "SELECT cost_usd, tokens FROM retinue_budget_reservations \
+                     WHERE reservation_id = ?1 AND settled_at IS NULL",
+                )?
+                .query_row([id], |r| Ok((r.get(0)?, r.get(1)?)))
+                .optional()?;
+            let before = status_in(tx, &draft.lineage_root, &draft.sessions, draft.limit)?;
+            let Some((cost, tokens)) = open else {
+                return Ok(Reservation::Refused(before));
+            };
+            if !before.fits(draft.minimum) {
+                return Ok(Reservation::Refused(before));
+            }
+            let more = before.grant(draft.minimum, draft.maximum);
+            let hold = Spend {
+                cost_usd: dollars(cost) + more.cost_usd,
+                tokens: u64::try_from(tokens).unwrap_or(0).saturating_add(more.tokens),
+            };
+            tx.prepare_cached(
+                "UPDATE retinue_budget_reservations SET cost_usd = ?2, tokens = ?3 \
+                 WHERE reservation_id = ?1",
+            )?
+            .execute(params![id, hold.cost_usd, stored_tokens(hold.tokens)])?;
+            Ok(Reservation::Held { id: id.to_owned(), granted: more, before })
+        })
+    }
+
+    fn set_hold(&self, id: &str, hold: Spend) -> Result<bool> {
+        self.pool.write("setting a budget reservation", |tx| {
+            Ok(tx
+                .prepare_cached(
+                    "UPDATE retinue_budget_reservations SET cost_usd = ?2, tokens = ?3 \
+                     WHERE reservation_id = ?1 AND settled_at IS NULL",
+                )?
+                .execute(params![id, dollars(hold.cost_usd), stored_tokens(hold.tokens)])?
+                == 1)
+        })
+    }
+
+    fn keep_as_spent(&self, id: &str, reason: &str) -> Result<bool> {
+        let now = self.clock.now();
+        self.pool.write("keeping a budget reservation as spent", |tx| {
+            Ok(tx
+                .prepare_cached(
+                    "UPDATE retinue_budget_reservations SET settled_at = ?2, kept_spent_at = ?2, \
+                     settle_reason = ?3 WHERE reservation_id = ?1 AND settled_at IS NULL",
+                )?
+                .execute(params![id, now, reason])?
+                == 1)
+        })
+    }
+
+    fn budget_root_of(&self, session: &str) -> Result<Option<String>> {
+        self.pool.read("reading a session's budget root", |conn| {
+            Ok(conn
+                .prepare_cached(
+                    "SELECT budget_root FROM retinue_budget_members WHERE session_id = ?1",
+                )?
+                .query_row([session], |r| r.get(0))
+                .optional()?)
+        })
+    }
+
+    fn join_budget(&self, root: &str, sessions: &[String]) -> Result<()> {
+        if sessions.is_empty() {
+            return Ok(());
+        }
+        self.pool.write("recording budget members", |tx| {
+            let mut stmt = tx.prepare_cached(
+                "INSERT INTO retinue_budget_members (session_id, budget_root) VALUES (?1, ?2) \
+                 ON CONFLICT(session_id) DO NOTHING",
+            )?;
+            for s in sessions {
+                stmt.execute(params![s, root])?;
+            }
+            Ok(())
+        })
     }
 }

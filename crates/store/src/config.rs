@@ -3,7 +3,7 @@
 //!
 //! A missing file or section, bad YAML, or a mistyped key never fails: the
 //! affected keys take their defaults and a warning naming the file and key is
-//! recorded in [`LoadedConfig::warnings`] (and logged).
+//! recorded in [`LoadedConfig::warnings`] (the caller reports them, once).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -102,6 +102,11 @@ pub struct DelegationConfig {
     pub pricing: BTreeMap<String, ModelPrice>,
     /// `chat_completions`, `codex_responses`, `anthropic_messages` or empty.
     pub api_mode: String,
+    /// `completion_limit_field`: the request field that bounds a model
+    /// call's completion — `max_completion_tokens` (OpenAI's current name)
+    /// or `max_tokens` (older OpenAI-compatible servers); empty: the
+    /// provider's default.
+    pub completion_limit_field: String,
     /// Reasoning effort; empty = inherit, `"off"` when YAML says `false`.
     pub reasoning_effort: String,
     /// Whether children keep the parent's MCP toolsets.
@@ -144,6 +149,7 @@ impl Default for DelegationConfig {
             stream: false,
             pricing: BTreeMap::new(),
             api_mode: String::new(),
+            completion_limit_field: String::new(),
             reasoning_effort: String::new(),
             inherit_mcp_toolsets: true,
             max_iterations: 50,
@@ -173,6 +179,7 @@ impl fmt::Debug for DelegationConfig {
             .field("stream", &self.stream)
             .field("pricing", &self.pricing)
             .field("api_mode", &self.api_mode)
+            .field("completion_limit_field", &self.completion_limit_field)
             .field("reasoning_effort", &self.reasoning_effort)
             .field("inherit_mcp_toolsets", &self.inherit_mcp_toolsets)
             .field("max_iterations", &self.max_iterations)
@@ -199,6 +206,11 @@ pub struct LoadedConfig {
     pub database: DatabaseConfig,
     /// Human-readable warnings (file and key named).
     pub warnings: Vec<String>,
+    /// Settings that cannot be used safely (an invalid budget): each names
+    /// the file, the key and the value. The setting is kept in a form that
+    /// refuses (never "no limit"); a command that may spend refuses to run
+    /// while any is present.
+    pub errors: Vec<String>,
 }
 
 /// Resolves `HERMES_HOME`: the trimmed env var, else `<user home>/.hermes`
@@ -306,8 +318,9 @@ impl LoadedConfig {
         c
     }
 
+    /// Records a warning; the caller reports [`LoadedConfig::warnings`]
+    /// (once: loading never prints them itself).
     fn warn(&mut self, msg: String) {
-        log::warn!("{msg}");
         self.warnings.push(msg);
     }
 
@@ -322,7 +335,7 @@ impl LoadedConfig {
             ));
             return;
         }
-        let mut r = Reader { v, origin, warnings: Vec::new() };
+        let mut r = Reader { v, origin, warnings: Vec::new(), errors: Vec::new() };
         let d = &mut self.delegation;
         r.string("model", &mut d.model);
         r.string("provider", &mut d.provider);
@@ -344,6 +357,12 @@ impl LoadedConfig {
         {
             r.bad("api_mode");
             d.api_mode.clear();
+        }
+        r.string("completion_limit_field", &mut d.completion_limit_field);
+        if !matches!(d.completion_limit_field.as_str(), "" | "max_completion_tokens" | "max_tokens")
+        {
+            r.bad("completion_limit_field");
+            d.completion_limit_field.clear();
         }
         match v.get("reasoning_effort") {
             Some(Value::Bool(false)) => d.reasoning_effort = "off".to_owned(),
@@ -392,6 +411,7 @@ impl LoadedConfig {
             ));
         }
         let warnings = r.warnings;
+        self.errors.extend(r.errors);
         for w in warnings {
             self.warn(w);
         }
@@ -457,6 +477,7 @@ struct Reader<'a> {
     v: &'a Value,
     origin: &'a Path,
     warnings: Vec<String>,
+    errors: Vec<String>,
 }
 
 impl Reader<'_> {
@@ -516,15 +537,18 @@ impl Reader<'_> {
         }
     }
 
-    /// `budget: {max_cost_usd, max_tokens}`: positive numbers; anything else
-    /// is ignored with a warning (that measure stays unlimited).
+    /// `budget: {max_cost_usd, max_tokens}`: a finite number `>= 0` of
+    /// dollars, a whole number `>= 0` of tokens. Anything else is an error
+    /// (never "no limit"): the measure is kept in a form that refuses every
+    /// delegation (an invalid dollar limit; zero tokens).
     fn budget(&mut self, out: &mut BudgetLimit) {
         let Some(section) = self.v.get("budget") else { return };
         if section.is_null() {
             return;
         }
         if !section.is_mapping() {
-            self.bad("budget");
+            self.invalid("budget", section, "a mapping {max_cost_usd, max_tokens}");
+            out.max_tokens = Some(0);
             return;
         }
         match section.get("max_cost_usd") {
@@ -532,13 +556,27 @@ impl Reader<'_> {
             Some(Value::Number(n)) if n.as_f64().is_some_and(|f| f.is_finite() && f >= 0.0) => {
                 out.max_cost_usd = n.as_f64();
             }
-            Some(_) => self.bad("budget.max_cost_usd"),
+            Some(v) => {
+                self.invalid("budget.max_cost_usd", v, "a finite number >= 0");
+                out.max_cost_usd = Some(f64::NAN);
+            }
         }
         match section.get("max_tokens") {
             None | Some(Value::Null) => {}
             Some(Value::Number(n)) if n.as_u64().is_some() => out.max_tokens = n.as_u64(),
-            Some(_) => self.bad("budget.max_tokens"),
+            Some(v) => {
+                self.invalid("budget.max_tokens", v, "a whole number >= 0");
+                out.max_tokens = Some(0);
+            }
         }
+    }
+
+    fn invalid(&mut self, key: &str, v: &Value, want: &str) {
+        self.errors.push(format!(
+            "{}: delegation.{key} = {} is invalid: it must be {want}",
+            self.origin.display(),
+            shown(v)
+        ));
     }
 
     /// `pricing: {MODEL: {input_per_mtok, output_per_mtok, cached_input_per_mtok}}`;
@@ -616,3 +654,16 @@ impl Reader<'_> {
 
 #[cfg(test)]
 mod tests;
+
+/// A YAML value as an error text shows it (`"5"` for a string, `.nan`).
+fn shown(v: &Value) -> String {
+    match v {
+        Value::String(s) => format!("{s:?}"),
+        Value::Number(n) => n.to_string(),
+        Value::Bool(b) => b.to_string(),
+        Value::Null => "null".to_owned(),
+        other => serde_yaml_ng::to_string(other)
+            .map(|t| t.trim().replace('\n', " "))
+            .unwrap_or_else(|_| "(unprintable)".to_owned()),
+    }
+}

@@ -430,11 +430,19 @@ const RECONCILE: &[(&str, &[(&str, &str)])] = &[
 
 /// Columns added to Retinue's own tables after the migrations (a column
 /// cannot be added idempotently in SQL, so it is reconciled like hermes').
-const RECONCILE_AFTER: &[(&str, &[(&str, &str)])] = &[(
-    "retinue_children",
-    // An operator's free-text note on a tombstone; the reason stays `manual`.
-    &[("tombstone_note", "TEXT")],
-)];
+const RECONCILE_AFTER: &[(&str, &[(&str, &str)])] = &[
+    (
+        "retinue_children",
+        // An operator's free-text note on a tombstone; the reason stays `manual`.
+        &[("tombstone_note", "TEXT")],
+    ),
+    (
+        "retinue_budget_reservations",
+        // When a reservation was kept as spent (issue #23: a failed ledger
+        // write, an owner that died mid-run) rather than released.
+        &[("kept_spent_at", "REAL")],
+    ),
+];
 
 pub(crate) fn column_names(conn: &Connection, table: &str) -> SqlResult<Vec<String>> {
     let mut stmt = conn.prepare("SELECT name FROM pragma_table_info(?1)")?;

@@ -12,6 +12,17 @@ pub struct BudgetLimit {
 }
 
 impl BudgetLimit {
+    /// Checks the limit can be enforced: a dollar limit must be a finite
+    /// number `>= 0`. The error names the key and the value.
+    pub fn check(&self) -> std::result::Result<(), String> {
+        match self.max_cost_usd {
+            Some(c) if !c.is_finite() || c < 0.0 => {
+                Err(format!("budget.max_cost_usd must be a finite number >= 0, not {c}"))
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Whether neither measure is limited.
     pub fn is_unlimited(&self) -> bool {
         self.max_cost_usd.is_none() && self.max_tokens.is_none()
@@ -86,6 +97,19 @@ impl BudgetStatus {
             (None, _) => 0,
         };
         Spend { cost_usd: cost.max(minimum.cost_usd), tokens: tokens.max(minimum.tokens) }
+    }
+
+    /// Whether `want` more would cross the limit on what is *spent* alone
+    /// (the budget is exceeded), as opposed to only while the open
+    /// reservations of running delegations hold the rest.
+    pub fn exceeded_by(&self, want: Spend) -> bool {
+        let cost =
+            self.limit.max_cost_usd.is_some_and(|m| self.spent.cost_usd + want.cost_usd > m + 1e-9);
+        let tokens = self
+            .limit
+            .max_tokens
+            .is_some_and(|m| self.spent.tokens.saturating_add(want.tokens) > m);
+        cost || tokens
     }
 
     /// Whether `want` more fits under the limit.

@@ -123,7 +123,44 @@ fn budget_and_resume_guard() {
     assert_eq!(c.delegation.budget.max_tokens, Some(1_000_000));
     assert_eq!(c.delegation.max_resume_tokens, 50_000);
     assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+    // Invalid budgets are errors naming key and value, and the limit kept
+    // refuses (never "no limit").
     let bad = load("delegation:\n  budget: {max_cost_usd: lots, max_tokens: -3}\n");
-    assert!(bad.delegation.budget.is_unlimited());
-    assert_eq!(bad.warnings.len(), 2, "{:?}", bad.warnings);
+    assert!(!bad.delegation.budget.is_unlimited());
+    assert!(bad.delegation.budget.check().is_err());
+    assert_eq!(bad.delegation.budget.max_tokens, Some(0));
+    assert_eq!(bad.errors.len(), 2, "{:?}", bad.errors);
+    assert!(
+        bad.errors[0].contains("delegation.budget.max_cost_usd = \"lots\""),
+        "{:?}",
+        bad.errors
+    );
+    assert!(bad.errors[1].contains("delegation.budget.max_tokens = -3"), "{:?}", bad.errors);
+}
+
+#[test]
+fn every_invalid_budget_setting_fails_closed() {
+    for (yaml, key, value) in [
+        ("max_cost_usd: -5", "max_cost_usd", "-5"),
+        ("max_cost_usd: .nan", "max_cost_usd", "NaN"),
+        ("max_cost_usd: .inf", "max_cost_usd", "inf"),
+        ("max_cost_usd: \"5\"", "max_cost_usd", "\"5\""),
+        ("max_tokens: -100", "max_tokens", "-100"),
+        ("max_tokens: 1.5", "max_tokens", "1.5"),
+        ("max_tokens: \"100\"", "max_tokens", "\"100\""),
+    ] {
+        let c = load(&format!("delegation:\n  budget: {{{yaml}}}\n"));
+        assert_eq!(c.errors.len(), 1, "{yaml}: {:?}", c.errors);
+        let e = &c.errors[0];
+        assert!(e.contains(&format!("delegation.budget.{key} = ")), "{yaml}: {e}");
+        assert!(e.to_lowercase().contains(&value.to_lowercase()), "{yaml}: {e}");
+        let b = c.delegation.budget;
+        assert!(b.check().is_err() || b.max_tokens == Some(0), "{yaml} left {b:?}");
+    }
+    let c = load("delegation:\n  budget: 5\n");
+    assert_eq!(c.errors.len(), 1, "{:?}", c.errors);
+    assert_eq!(c.delegation.budget.max_tokens, Some(0));
+    // A valid budget and none at all are not errors.
+    assert!(load("delegation:\n  budget: {max_tokens: 0}\n").errors.is_empty());
+    assert!(load("delegation:\n  model: m\n").errors.is_empty());
 }
