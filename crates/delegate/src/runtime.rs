@@ -203,6 +203,9 @@ struct MeterState {
     inflight: Spend,
     /// What the store reservation holds now.
     held: Spend,
+    /// Calls in flight of unknown price under a dollar limit: while any
+    /// runs, the reservation keeps all it holds (they share that pool).
+    exclusive: u32,
 }
 
 /// The least a call needs of a dollar budget: a budget with nothing left
@@ -275,7 +278,10 @@ impl BudgetMeter {
     /// below what was charged: nothing spent is ever given back).
     fn sync(&self, st: &mut MeterState) {
         let Some(store) = &self.store else { return };
-        let hold = plus(st.charged, st.inflight);
+        let mut hold = plus(st.charged, st.inflight);
+        if st.exclusive > 0 {
+            hold.cost_usd = hold.cost_usd.max(st.held.cost_usd);
+        }
         if hold == st.held {
             return;
         }
@@ -304,11 +310,15 @@ impl BudgetMeter {
         self.lock().held
     }
 
-    fn begin(&self, plan: &CallPlan) -> Result<(Spend, Option<u64>), CallRefusal> {
+    fn begin(&self, plan: &CallPlan) -> Result<(Spend, Option<u64>, bool), CallRefusal> {
         let mut st = self.lock();
         let used = plus(st.charged, st.inflight);
         let prompt_cost = usd(plan.prompt_cost_usd);
         let price = plan.usd_per_completion_token.filter(|p| p.is_finite() && *p > 0.0);
+        let exclusive = self
+            .store
+            .as_ref()
+            .is_some_and(|s| s.draft.limit.max_cost_usd.is_some() && price.is_none());
         // The completion: what the runtime wants, within the call's own cap.
         let mut completion = plan.max_completion_tokens.unwrap_or(u64::MAX);
         let cap_left = minus(self.cap, used);
@@ -336,17 +346,24 @@ impl BudgetMeter {
                 tokens: used.tokens.saturating_add(plan.prompt_tokens).saturating_add(completion),
             };
             let mut most = want(completion);
-            if limit.max_cost_usd.is_some() && price.is_none() {
-                // Under a dollar limit a call of unknown price may cost
-                // anything: it holds all that is left until it ends (then
-                // the rest is given back to the other runs).
+            let mut minimum = minus(want(1), st.held);
+            // Under a dollar limit a call of unknown price may cost
+            // anything: it takes all that is left, exclusively, until it
+            // ends (then the rest is given back to the other runs). Calls of
+            // this meter already in such a call share that pool.
+            let sharing = exclusive && st.exclusive > 0;
+            if exclusive {
                 most.cost_usd = f64::INFINITY;
+                minimum.cost_usd = minimum.cost_usd.max(MIN_CALL_USD);
             }
             let short = (limit.max_tokens.is_some() && st.held.tokens < most.tokens)
-                || (limit.max_cost_usd.is_some() && st.held.cost_usd < most.cost_usd);
+                || (limit.max_cost_usd.is_some() && st.held.cost_usd < most.cost_usd && !sharing);
             if short {
+                if sharing {
+                    minimum.cost_usd = 0.0;
+                }
                 let draft = retinue_store::ReservationDraft {
-                    minimum: minus(want(1), st.held),
+                    minimum,
                     maximum: Some(Spend {
                         cost_usd: (most.cost_usd - st.held.cost_usd).max(0.0),
                         tokens: most.tokens.saturating_sub(st.held.tokens),
@@ -358,7 +375,8 @@ impl BudgetMeter {
                         st.held = plus(st.held, granted);
                     }
                     Ok(retinue_store::Reservation::Refused(status)) => {
-                        return Err(CallRefusal::Lineage(status));
+                        let exceeded = status.exceeded_by(draft.minimum);
+                        return Err(CallRefusal::Lineage { status, exceeded });
                     }
                     Err(e) => {
                         log::warn!("could not grow budget reservation {}: {e}", store.reservation);
@@ -383,11 +401,17 @@ impl BudgetMeter {
             tokens: plan.prompt_tokens.saturating_add(bounded.unwrap_or(0)),
         };
         st.inflight = plus(st.inflight, hold);
-        Ok((hold, bounded))
+        if exclusive {
+            st.exclusive += 1;
+        }
+        Ok((hold, bounded, exclusive))
     }
 
-    fn end(&self, hold: Spend, used: Spend) {
+    fn end(&self, hold: Spend, used: Spend, exclusive: bool) {
         let mut st = self.lock();
+        if exclusive {
+            st.exclusive = st.exclusive.saturating_sub(1);
+        }
         st.inflight = minus(st.inflight, hold);
         st.charged = plus(st.charged, Spend { cost_usd: usd(used.cost_usd), tokens: used.tokens });
         self.sync(&mut st);
@@ -413,9 +437,15 @@ fn tokens_for(usd: f64, price: f64) -> u64 {
 pub enum CallRefusal {
     /// The run's own allowance (the call's `budget`) is spent.
     Spent,
-    /// The lineage budget cannot cover the call's prompt (spent, or held by
-    /// running delegations).
-    Lineage(retinue_store::BudgetStatus),
+    /// The lineage budget cannot cover the call's prompt: `exceeded` when
+    /// what is spent leaves too little, else the rest is held by running
+    /// delegations.
+    Lineage {
+        /// The budget at the refusal.
+        status: retinue_store::BudgetStatus,
+        /// Spent alone leaves too little.
+        exceeded: bool,
+    },
     /// The budget store could not be reached: fail closed.
     Unavailable,
 }
@@ -424,10 +454,15 @@ impl std::fmt::Display for CallRefusal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             CallRefusal::Spent => f.write_str("the run's budget allowance is spent"),
-            CallRefusal::Lineage(status) => {
+            CallRefusal::Lineage { status, exceeded } => {
                 let (cost, tokens) = status.remaining();
-                if status.exceeded_by(Spend::default()) {
-                    write!(f, "the lineage budget is exceeded")
+                if *exceeded {
+                    write!(
+                        f,
+                        "the lineage budget is exceeded (remaining: {} USD, {} tokens)",
+                        cost.map_or("unlimited".to_owned(), |c| format!("{c:.6}")),
+                        tokens.map_or("unlimited".to_owned(), |t| t.to_string())
+                    )
                 } else {
                     write!(
                         f,
@@ -479,6 +514,8 @@ pub struct CallPermit {
     hold: Spend,
     meter: Option<Arc<BudgetMeter>>,
     metered: Arc<Mutex<Spend>>,
+    /// A call of unknown price under a dollar limit (see [`MeterState`]).
+    exclusive: bool,
     done: bool,
 }
 
@@ -505,7 +542,7 @@ impl CallPermit {
         }
         self.done = true;
         if let Some(meter) = &self.meter {
-            meter.end(self.hold, used);
+            meter.end(self.hold, used, self.exclusive);
         }
         let mut m = self.metered.lock().unwrap_or_else(PoisonError::into_inner);
         *m = plus(*m, used);
@@ -568,11 +605,12 @@ impl CancelToken {
     /// runtime calls this before every model call and finishes the permit
     /// with the call's usage.
     pub fn begin_call(&self, plan: CallPlan) -> Result<CallPermit, CallRefusal> {
-        let (hold, bound) = match &self.budget {
+        let (hold, bound, exclusive) = match &self.budget {
             Some(meter) => meter.begin(&plan)?,
             None => (
                 Spend { cost_usd: usd(plan.prompt_cost_usd), tokens: plan.prompt_tokens },
                 plan.max_completion_tokens,
+                false,
             ),
         };
         Ok(CallPermit {
@@ -580,6 +618,7 @@ impl CancelToken {
             hold,
             meter: self.budget.clone(),
             metered: Arc::clone(&self.metered),
+            exclusive,
             done: false,
         })
     }

@@ -1254,3 +1254,238 @@ mod budget_seam {
         assert_eq!(out["budget"]["remaining"]["cost_usd"], 1.0);
     }
 }
+
+/// Issue #23: budgets over the whole tree, bounded calls shared by
+/// concurrent runs, no spend lost — on a real store.
+mod budget_tree {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use retinue_delegate::scripted::{Script, ScriptedRuntime};
+    use retinue_delegate::{Delegator, DelegatorParts};
+    use retinue_lineage::Authority;
+    use retinue_store::{
+        AttributionDraft, BudgetLimit, Budgets, DelegationConfig, Result, SessionCost,
+        TotalsSnapshot, TotalsUpdate, UsageAttribution, UsageLedger,
+    };
+    use serde_json::{Value, json};
+
+    use super::{Fx, err, parent};
+
+    fn limit(cost: Option<f64>, tokens: Option<u64>) -> DelegationConfig {
+        DelegationConfig {
+            budget: BudgetLimit { max_cost_usd: cost, max_tokens: tokens },
+            max_concurrent_children: 3,
+            ..DelegationConfig::default()
+        }
+    }
+
+    fn child_session(out: &Value) -> String {
+        out["results"][0]["child_session_id"].as_str().expect("child session").to_owned()
+    }
+
+    #[test]
+    fn a_nested_spawn_draws_on_the_top_level_budget() {
+        let fx = Fx::with(limit(Some(0.02), None), ScriptedRuntime::new());
+        fx.session("A", "cli", None, None);
+        let first = fx.call(json!({"goal": "orchestrate"}), &parent("A"));
+        assert_eq!(first["results"][0]["status"], "completed", "{first}");
+        let kid = child_session(&first);
+        // The child joined its tree's budget when it was created.
+        assert_eq!(fx.store.budget_root_of(&kid).expect("root").as_deref(), Some("A"));
+        // The orchestrator child spawns in its turn: same budget, not a fresh one.
+        let nested = fx.call(json!({"goal": "grandchild"}), &parent(&kid));
+        assert_eq!(nested["results"][0]["status"], "completed", "{nested}");
+        let grandkid = child_session(&nested);
+        assert_eq!(fx.store.budget_root_of(&grandkid).expect("root").as_deref(), Some("A"));
+        assert!(nested["budget"]["remaining"]["cost_usd"].as_f64().is_some_and(|r| r < 1e-9));
+        // Spent by the tree: refused at every level.
+        for payer in ["A", kid.as_str(), grandkid.as_str()] {
+            let refused = fx.call(json!({"goal": "more"}), &parent(payer));
+            assert!(err(&refused).starts_with("Budget exceeded"), "{payer}: {refused}");
+        }
+    }
+
+    #[test]
+    fn a_budget_root_that_cannot_be_proven_refuses() {
+        let fx = Fx::with(limit(Some(1.0), None), ScriptedRuntime::new());
+        // An unknown parent, and a delegate session nobody recorded.
+        let out = fx.call(json!({"goal": "g"}), &parent("no-such-session"));
+        assert!(err(&out).contains("cannot be determined"), "{out}");
+        fx.session("A", "cli", None, None);
+        fx.session("orphan-kid", "delegate", Some("A"), Some(json!({"_delegate_from": "A"})));
+        let out = fx.call(json!({"goal": "g"}), &parent("orphan-kid"));
+        assert!(err(&out).contains("cannot be determined"), "{out}");
+        assert!(fx.runtime.runs().is_empty(), "nothing ran");
+    }
+
+    #[test]
+    fn concurrent_runs_share_a_token_budget_instead_of_one_holding_it_all() {
+        // Each run: 100 prompt + 20 completion tokens, slow enough to overlap.
+        let slow = Script {
+            input_tokens: 100,
+            output_tokens: 20,
+            delay: Duration::from_millis(300),
+            ..Script::default()
+        };
+        let fx = Fx::with(
+            limit(None, Some(100_000)),
+            ScriptedRuntime::new().with_script("work", slow.clone()),
+        );
+        fx.session("A", "cli", None, None);
+        let outs: Vec<Value> = std::thread::scope(|s| {
+            let calls: Vec<_> = (0..3)
+                .map(|_| s.spawn(|| fx.call(json!({"goal": "work"}), &parent("A"))))
+                .collect();
+            calls.into_iter().map(|c| c.join().expect("join")).collect()
+        });
+        for out in &outs {
+            assert_eq!(out["results"][0]["status"], "completed", "{out}");
+        }
+        // A tight budget: whatever interleaving, the spend never passes it.
+        let fx = Fx::with(limit(None, Some(250)), ScriptedRuntime::new().with_script("work", slow));
+        fx.session("B", "cli", None, None);
+        let outs: Vec<Value> = std::thread::scope(|s| {
+            let calls: Vec<_> = (0..3)
+                .map(|_| s.spawn(|| fx.call(json!({"goal": "work"}), &parent("B"))))
+                .collect();
+            calls.into_iter().map(|c| c.join().expect("join")).collect()
+        });
+        let status = fx
+            .store
+            .budget_status(
+                "B",
+                &["B".to_owned()],
+                BudgetLimit { max_cost_usd: None, max_tokens: Some(250) },
+            )
+            .expect("status");
+        assert!(status.spent.tokens <= 250, "overspent: {status:?} {outs:?}");
+        assert_eq!(status.reserved.tokens, 0, "every reservation settled: {status:?}");
+        let held = outs.iter().filter_map(|o| o.get("error").and_then(Value::as_str)).any(|e| {
+            e.starts_with("Budget held by running delegations") || e.starts_with("Budget exceeded")
+        }) || outs.iter().any(|o| o["results"][0]["exit_reason"] == "budget");
+        assert!(held, "a third 120-token run cannot fit in 250: {outs:?}");
+    }
+
+    /// The store's ledger, except that writing a row fails.
+    struct BrokenLedger(Arc<retinue_store::Store>);
+
+    impl UsageLedger for BrokenLedger {
+        fn record_usage(&self, _: &AttributionDraft, _: &TotalsUpdate) -> Result<bool> {
+            Err(retinue_store::Error::Invalid("ledger disk full".into()))
+        }
+        fn usage_attributions(&self, parent: &str) -> Result<Vec<UsageAttribution>> {
+            self.0.usage_attributions(parent)
+        }
+        fn usage_totals_snapshot(&self, parent: &str) -> Result<TotalsSnapshot> {
+            self.0.usage_totals_snapshot(parent)
+        }
+        fn session_cost(&self, session: &str) -> Result<Option<SessionCost>> {
+            self.0.session_cost(session)
+        }
+        fn write_session_cost(&self, session: &str, cost: &SessionCost) -> Result<bool> {
+            self.0.write_session_cost(session, cost)
+        }
+    }
+
+    #[test]
+    fn a_failed_ledger_write_fails_the_call_and_keeps_the_spend() {
+        let config = limit(Some(0.015), None);
+        let fx = Fx::with(config.clone(), ScriptedRuntime::new());
+        fx.session("A", "cli", None, None);
+        let tool = Delegator::new(DelegatorParts {
+            registry: fx.store.clone(),
+            sessions: fx.store.clone(),
+            ledger: Arc::new(BrokenLedger(fx.store.clone())),
+            budgets: Some(fx.store.clone()),
+            authority: Arc::new(Authority::new(fx.store.clone(), fx.store.clone(), "")),
+            runtime: Arc::new(ScriptedRuntime::new()),
+            completions: None,
+            config,
+            profile: String::new(),
+        });
+        let out = tool.delegate_task(&json!({"goal": "g"}), Some(&parent("A")));
+        assert_eq!(out["results"][0]["status"], "completed", "{out}");
+        assert!(out["ledger_error"].as_str().is_some_and(|e| e.contains("kept")), "{out}");
+        // The $0.01 run is kept as spent although no ledger row exists.
+        let status = fx
+            .store
+            .budget_status(
+                "A",
+                &["A".to_owned()],
+                BudgetLimit { max_cost_usd: Some(0.015), max_tokens: None },
+            )
+            .expect("status");
+        assert!((status.spent.cost_usd - 0.01).abs() < 1e-9, "{status:?}");
+        assert_eq!(status.reserved.cost_usd, 0.0, "{status:?}");
+        // $0.005 left cannot pay for a $0.01 call: refused before the call.
+        let again = fx.call(json!({"goal": "g"}), &parent("A"));
+        assert_eq!(again["results"][0]["exit_reason"], "budget", "{again}");
+        let why = again["results"][0]["error"].as_str().unwrap_or_default();
+        assert!(why.contains("exceeded"), "{again}");
+        assert_eq!(again["budget"]["spent"]["cost_usd"], 0.01, "{again}");
+    }
+
+    /// A runtime that never asks for permits (an embedder's): the core
+    /// still charges what it reports.
+    struct Unmetered;
+
+    impl retinue_delegate::ChildRuntime for Unmetered {
+        fn build(
+            &self,
+            spec: &retinue_delegate::ChildSpec,
+        ) -> std::result::Result<retinue_delegate::ChildHandle, retinue_delegate::RuntimeError>
+        {
+            Ok(retinue_delegate::ChildHandle {
+                subagent_id: spec.subagent_id.clone(),
+                session_id: spec.session_id.clone(),
+            })
+        }
+        fn run(
+            &self,
+            _: &retinue_delegate::ChildHandle,
+            _: &retinue_delegate::RunInput,
+            _: &dyn retinue_delegate::TranscriptSink,
+            _: &retinue_delegate::CancelToken,
+        ) -> retinue_delegate::ChildOutcome {
+            retinue_delegate::ChildOutcome {
+                final_response: Some("done".into()),
+                exit_reason: retinue_store::ExitReason::Completed,
+                api_calls: 1,
+                tokens: retinue_delegate::RunTokens {
+                    input: 700,
+                    output: 300,
+                    ..Default::default()
+                },
+                ..retinue_delegate::ChildOutcome::default()
+            }
+        }
+        fn steer(&self, _: &retinue_delegate::ChildHandle, _: &str) -> bool {
+            false
+        }
+    }
+
+    #[test]
+    fn a_runtime_that_skips_permits_is_still_charged_by_the_core() {
+        let config = limit(None, Some(1500));
+        let fx = Fx::with(config.clone(), ScriptedRuntime::new());
+        fx.session("A", "cli", None, None);
+        let tool = Delegator::new(DelegatorParts {
+            registry: fx.store.clone(),
+            sessions: fx.store.clone(),
+            ledger: fx.store.clone(),
+            budgets: Some(fx.store.clone()),
+            authority: Arc::new(Authority::new(fx.store.clone(), fx.store.clone(), "")),
+            runtime: Arc::new(Unmetered),
+            completions: None,
+            config,
+            profile: String::new(),
+        });
+        let out = tool.delegate_task(&json!({"goal": "g"}), Some(&parent("A")));
+        assert_eq!(out["budget"]["spent"]["tokens"], 1000, "{out}");
+        let out = tool.delegate_task(&json!({"goal": "g"}), Some(&parent("A")));
+        assert_eq!(out["budget"]["spent"]["tokens"], 2000, "{out}");
+        let refused = tool.delegate_task(&json!({"goal": "g"}), Some(&parent("A")));
+        assert!(err(&refused).starts_with("Budget exceeded"), "{refused}");
+    }
+}

@@ -148,6 +148,9 @@ pub const CASES: &[(&str, Case)] = &[
     ("budget_reserve_refuse_settle", budget_reserve_refuse_settle),
     ("budget_concurrent_reserves_never_overspend", budget_concurrent_reserves_never_overspend),
     ("budget_release_abandoned", budget_release_abandoned),
+    ("budget_grow_hold_and_keep", budget_grow_hold_and_keep),
+    ("budget_tree_members", budget_tree_members),
+    ("budget_absurd_rows_saturate", budget_absurd_rows_saturate),
 ];
 
 fn config(max_retained: u32, ttl_hours: f64) -> DelegationConfig {
@@ -934,4 +937,98 @@ pub fn budget_release_abandoned(make: Factory<'_>) {
     assert_eq!(b.budgets.release_abandoned_reservations(b.probe.as_ref()).expect("again"), 0);
     let status = b.budgets.budget_status("ROOT", &["ROOT".to_owned()], limit).expect("status");
     assert_eq!(status.reserved, Spend::default());
+    // Kept as spent — all it held (no maximum: all that was left) — never
+    // given back as free (issue #23).
+    assert!(close(status.spent.cost_usd, 1.0), "{status:?}");
+}
+
+/// A run's reservation grows call by call within what is left, shrinks to
+/// what was spent, and a reservation kept as spent counts as spent.
+pub fn budget_grow_hold_and_keep(make: Factory<'_>) {
+    let b = make(default_config());
+    let limit = BudgetLimit { max_cost_usd: Some(1.0), max_tokens: Some(1000) };
+    let lineage = ["ROOT"].map(str::to_owned);
+    let status = || b.budgets.budget_status("ROOT", &lineage, limit).expect("status");
+    let first = Spend { cost_usd: 0.1, tokens: 100 };
+    let Reservation::Held { id, granted, .. } =
+        b.budgets.reserve(&reservation("ROOT", &["ROOT"], limit, first)).expect("reserve")
+    else {
+        panic!("the first reservation fits");
+    };
+    assert!(granted.tokens >= 100);
+    b.budgets.set_hold(&id, first).expect("set");
+    // Grow by at least 100 tokens, at most 500: all 500 fit.
+    let grow = ReservationDraft {
+        minimum: Spend { cost_usd: 0.0, tokens: 100 },
+        maximum: Some(Spend { cost_usd: 0.5, tokens: 500 }),
+        ..reservation("ROOT", &["ROOT"], limit, Spend::default())
+    };
+    match b.budgets.grow(&id, &grow).expect("grow") {
+        Reservation::Held { granted, .. } => assert_eq!(granted.tokens, 500),
+        other => panic!("grow refused: {other:?}"),
+    }
+    assert_eq!(status().reserved.tokens, 600);
+    // Another run needing 500 does not fit while the first holds 600: the
+    // rest is held, not spent.
+    let other = b
+        .budgets
+        .reserve(&reservation("ROOT", &["ROOT"], limit, Spend { cost_usd: 0.0, tokens: 500 }))
+        .expect("reserve");
+    let Reservation::Refused(st) = other else { panic!("fits past the limit: {other:?}") };
+    assert!(!st.exceeded_by(Spend { cost_usd: 0.0, tokens: 500 }), "{st:?}");
+    // A grow past what is left is refused; a partial one gets what is left.
+    let too_much =
+        ReservationDraft { minimum: Spend { cost_usd: 0.0, tokens: 401 }, ..grow.clone() };
+    assert!(matches!(b.budgets.grow(&id, &too_much).expect("grow"), Reservation::Refused(_)));
+    // The call ends having spent 150 tokens: the hold shrinks, others fit.
+    assert!(b.budgets.set_hold(&id, Spend { cost_usd: 0.2, tokens: 150 }).expect("set"));
+    assert_eq!(status().reserved.tokens, 150);
+    // The ledger write failed: kept as spent.
+    assert!(b.budgets.keep_as_spent(&id, "kept as spent: test").expect("keep"));
+    let st = status();
+    assert_eq!((st.spent.tokens, st.reserved.tokens), (150, 0), "{st:?}");
+    assert!(close(st.spent.cost_usd, 0.2), "{st:?}");
+    assert!(!b.budgets.keep_as_spent(&id, "again").expect("keep"), "single use");
+    assert!(!b.budgets.set_hold(&id, Spend::default()).expect("set"), "no longer open");
+    assert!(matches!(b.budgets.grow(&id, &grow).expect("grow"), Reservation::Refused(_)));
+    assert_eq!(status().spent.tokens, 150, "a kept reservation never changes");
+}
+
+/// Child sessions join their tree's budget once; ledger rows billed to a
+/// member count as the budget's spend.
+pub fn budget_tree_members(make: Factory<'_>) {
+    let b = make(default_config());
+    let limit = BudgetLimit { max_cost_usd: Some(1.0), max_tokens: None };
+    assert_eq!(b.budgets.budget_root_of("kid-1").expect("root"), None);
+    b.budgets.join_budget("ROOT", &["kid-1".to_owned(), "kid-2".to_owned()]).expect("join");
+    b.budgets.join_budget("OTHER", &["kid-1".to_owned()]).expect("join again");
+    assert_eq!(b.budgets.budget_root_of("kid-1").expect("root").as_deref(), Some("ROOT"));
+    assert_eq!(b.budgets.budget_root_of("kid-2").expect("root").as_deref(), Some("ROOT"));
+    bill(&b, "ROOT", 0.1, 10, 0);
+    bill(&b, "kid-1", 0.2, 20, 0);
+    bill(&b, "unrelated", 0.4, 40, 0);
+    let st = b.budgets.budget_status("ROOT", &["ROOT".to_owned()], limit).expect("status");
+    assert!(close(st.spent.cost_usd, 0.3), "{st:?}");
+    assert_eq!(st.spent.tokens, 30);
+    // A member listed among the lineage sessions too is counted once.
+    let both = ["ROOT".to_owned(), "kid-1".to_owned()];
+    let st = b.budgets.budget_status("ROOT", &both, limit).expect("status");
+    assert!(close(st.spent.cost_usd, 0.3), "{st:?}");
+}
+
+/// Absurd ledger rows (another writer's, or before #23) saturate instead of
+/// breaking every later reservation of the lineage.
+pub fn budget_absurd_rows_saturate(make: Factory<'_>) {
+    let b = make(default_config());
+    let limit = BudgetLimit { max_cost_usd: None, max_tokens: Some(1000) };
+    let huge = u64::try_from(i64::MAX).unwrap_or(u64::MAX);
+    bill(&b, "ROOT", 0.0, huge, huge);
+    bill(&b, "ROOT", 0.0, huge, 0);
+    let st = b.budgets.budget_status("ROOT", &["ROOT".to_owned()], limit).expect("status");
+    assert!(st.spent.tokens >= huge, "{st:?}");
+    let refused = b
+        .budgets
+        .reserve(&reservation("ROOT", &["ROOT"], limit, Spend { cost_usd: 0.0, tokens: 1 }))
+        .expect("a reservation is answered, not an error");
+    assert!(matches!(refused, Reservation::Refused(_)));
 }
