@@ -8,9 +8,9 @@
 use std::sync::Arc;
 
 use retinue_delegate::{
-    CancelToken, ChildHandle, ChildOutcome, ChildRuntime, ChildSpec, DelegateOutcome,
-    DelegateRequest, Delegator, DelegatorParts, ParentContext, RunInput, RunTokens, RuntimeError,
-    SpawnRequest, TaskSpec, TranscriptSink,
+    CallPlan, CallUsage, CancelToken, ChildHandle, ChildOutcome, ChildRuntime, ChildSpec,
+    DelegateOutcome, DelegateRequest, Delegator, DelegatorParts, ParentContext, RunInput,
+    RunTokens, RuntimeError, SpawnRequest, TaskSpec, TranscriptSink,
 };
 use retinue_lineage::{Authority, LineageAuthority};
 use retinue_store::{ExitReason, Message, NewSession, SessionStore, Store, SystemClock};
@@ -42,7 +42,20 @@ impl ChildRuntime for MyRuntime {
                 ..ChildOutcome::default()
             };
         }
+        // Before each model call, ask the core for leave: under a budget it
+        // reserves the call's prompt and bounded completion and says the
+        // bound to send (`max_completion_tokens`); refused when it does not fit.
+        let prompt_tokens = u64::try_from(input.user_message.len() / 4).unwrap_or(u64::MAX);
+        let permit = match cancel.begin_call(CallPlan { prompt_tokens, ..CallPlan::default() }) {
+            Ok(p) => p,
+            Err(why) => return ChildOutcome::failed(ExitReason::Budget, why.to_string()),
+        };
         let reply = format!("({} earlier turns) {}", input.history.len(), input.user_message);
+        // ... the model call, with `permit.max_completion_tokens()` ...
+        // Then charge what the call used (a permit dropped unfinished is
+        // charged all it held; the core also charges whatever the outcome
+        // reports beyond what permits charged).
+        permit.finish(CallUsage { tokens: prompt_tokens, cost_usd: 0.0 });
         // Everything the child says goes through the sink, into its own session.
         let message = Message {
             role: "assistant".into(),

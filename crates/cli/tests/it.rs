@@ -1600,3 +1600,48 @@ fn foreign_and_corrupt_files_are_refused_unmodified() {
     }
     insta::assert_debug_snapshot!("foreign_file", seen);
 }
+
+// ---------------------------------------------------------------- budgets that hold (issue 23)
+
+#[test]
+fn an_invalid_budget_setting_is_exit_2_with_no_model_call() {
+    let fx = Fx::new();
+    for (setting, shown) in [
+        ("max_cost_usd: -5", "= -5"),
+        ("max_cost_usd: .nan", "NaN"),
+        ("max_cost_usd: .inf", "inf"),
+        ("max_cost_usd: \"5\"", "= \"5\""),
+        ("max_tokens: -100", "= -100"),
+        ("max_tokens: 1.5", "= 1.5"),
+    ] {
+        let yaml = format!(
+            "delegation:\n  model: test/fake-model\n  base_url: {}\n  budget:\n    {setting}\n",
+            fx.model.base_url()
+        );
+        std::fs::write(fx.home.path().join("config.yaml"), yaml).expect("config.yaml");
+        let (code, _, err) = fx.human(&["delegate", "--goal", "spend freely"]);
+        assert_eq!(code, 2, "{setting}: {err}");
+        assert!(err.contains("delegation.budget."), "{setting}: {err}");
+        assert!(err.to_lowercase().contains(&shown.to_lowercase()), "{setting}: {err}");
+        assert_eq!(err.matches("is invalid").count(), 1, "said once: {err}");
+        assert_eq!(fx.model.request_count(), 0, "{setting}: a model call was made");
+    }
+}
+
+#[test]
+fn a_valid_token_budget_bounds_each_call_and_succeeds() {
+    // A valid token budget: the call carries its completion bound and the
+    // command succeeds; the spend is on the ledger.
+    let fx = Fx::new();
+    let yaml = format!(
+        "delegation:\n  model: test/fake-model\n  base_url: {}\n  budget:\n    max_tokens: 100000\n",
+        fx.model.base_url()
+    );
+    std::fs::write(fx.home.path().join("config.yaml"), yaml).expect("config.yaml");
+    let out = fx.ok(0, &["delegate", "--goal", "bounded"]);
+    assert_eq!(out["results"][0]["status"], "completed", "{out}");
+    assert!(out.get("ledger_error").is_none(), "{out}");
+    assert_eq!(out["budget"]["spent"]["tokens"], 120, "{out}");
+    let sent = &fx.model.requests()[0].body;
+    assert!(sent["max_completion_tokens"].as_u64().is_some_and(|n| n < 100_000), "{sent}");
+}

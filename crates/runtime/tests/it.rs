@@ -549,3 +549,112 @@ fn a_failing_tool_and_a_budget_stop_are_reported_to_the_model_and_the_parent() {
     let tool_result = sink.all().into_iter().find(|m| m.role == "tool").expect("tool result");
     assert!(tool_result.content.as_deref().is_some_and(|c| c.contains("index offline")));
 }
+
+/// Issue #23: a lying provider's usage is never free, and each call under a
+/// budget carries the completion bound the core allowed.
+mod budgets {
+    use std::sync::Arc;
+
+    use retinue_delegate::{BudgetMeter, CancelToken, ChildRuntime};
+    use retinue_runtime::NoTools;
+    use retinue_store::{ExitReason, Spend};
+    use retinue_testkit::fake_model::{FakeModel, Reply};
+    use serde_json::json;
+
+    use super::{Transcript, config, input, runtime, spec};
+
+    fn run_with_usage(usage: serde_json::Value, stream: bool) -> retinue_delegate::ChildOutcome {
+        let server = FakeModel::start();
+        server.push(Reply::text("answer").with_usage_json(usage));
+        let mut c = config(&server);
+        c.stream = stream;
+        let rt = runtime(c, Arc::new(NoTools));
+        let child = rt.build(&spec("sa-0-u")).expect("build");
+        rt.run(&child, &input("go"), &Transcript::default(), &CancelToken::new())
+    }
+
+    #[test]
+    fn whole_number_floats_are_billed_like_integers() {
+        for stream in [false, true] {
+            let out =
+                run_with_usage(json!({"prompt_tokens": 1000.0, "completion_tokens": 20.0}), stream);
+            assert_eq!(out.exit_reason, ExitReason::Completed, "{out:?}");
+            assert_eq!((out.tokens.input, out.tokens.output), (1000, 20), "stream {stream}");
+        }
+    }
+
+    #[test]
+    fn unbelievable_usage_fails_the_child_and_is_billed_what_the_call_held() {
+        for usage in [
+            json!({"prompt_tokens": 1e30, "completion_tokens": 1}),
+            json!({"prompt_tokens": "1000", "completion_tokens": 1}),
+            json!({"prompt_tokens": -1000, "completion_tokens": 1}),
+            json!({"prompt_tokens": 10, "completion_tokens": 2.5}),
+            json!({"prompt_tokens": 10, "completion_tokens": 1, "cost": -3.0}),
+        ] {
+            for stream in [false, true] {
+                let out = run_with_usage(usage.clone(), stream);
+                assert_eq!(out.exit_reason, ExitReason::Error, "{usage}: {out:?}");
+                let e = out.error.clone().unwrap_or_default();
+                assert!(e.contains("unusable usage"), "{usage}: {e}");
+                assert!(out.tokens.input > 0, "billed 0 for {usage}: {out:?}");
+                assert!(out.tokens.input < 1_000_000, "billed the lie for {usage}: {out:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_response_without_usage_is_billed_an_estimate() {
+        let server = FakeModel::start();
+        server.push(Reply::text("an answer of some length"));
+        let rt = runtime(config(&server), Arc::new(NoTools));
+        let child = rt.build(&spec("sa-0-n")).expect("build");
+        let out = rt.run(&child, &input("go"), &Transcript::default(), &CancelToken::new());
+        assert_eq!(out.exit_reason, ExitReason::Completed, "{out:?}");
+        assert!(out.tokens.input > 0 && out.tokens.output > 0, "{out:?}");
+    }
+
+    #[test]
+    fn each_call_under_a_token_budget_carries_its_completion_bound() {
+        let server = FakeModel::start();
+        server.push(
+            Reply::text("ok").with_usage_json(json!({"prompt_tokens": 50, "completion_tokens": 5})),
+        );
+        let rt = runtime(config(&server), Arc::new(NoTools));
+        let child = rt.build(&spec("sa-0-b")).expect("build");
+        let cancel = CancelToken::new()
+            .with_budget(BudgetMeter::new(Spend { cost_usd: f64::INFINITY, tokens: 1000 }));
+        let out = rt.run(&child, &input("go"), &Transcript::default(), &cancel);
+        assert_eq!(out.exit_reason, ExitReason::Completed, "{out:?}");
+        let body = &server.requests()[0].body;
+        let bound = body["max_completion_tokens"].as_u64().expect("a bound was sent");
+        let prompt = u64::try_from(server.requests()[0].raw_body.len() / 4).unwrap_or(0);
+        assert!(bound > 0 && bound + prompt <= 1000 + 10, "bound {bound}, prompt ≈{prompt}");
+        assert_eq!(cancel.budget().map(|m| m.spent().tokens), Some(55));
+        // Without a budget, no bound is imposed.
+        let server = FakeModel::start();
+        server.push(Reply::text("ok"));
+        let rt = runtime(config(&server), Arc::new(NoTools));
+        let child = rt.build(&spec("sa-0-c")).expect("build");
+        rt.run(&child, &input("go"), &Transcript::default(), &CancelToken::new());
+        assert!(server.requests()[0].body.get("max_completion_tokens").is_none());
+    }
+
+    #[test]
+    fn the_bound_goes_in_max_tokens_where_the_provider_wants_it() {
+        let server = FakeModel::start();
+        server.push(
+            Reply::text("ok").with_usage_json(json!({"prompt_tokens": 5, "completion_tokens": 5})),
+        );
+        let mut c = config(&server);
+        c.completion_limit_field = "max_tokens".to_owned();
+        let rt = runtime(c, Arc::new(NoTools));
+        let child = rt.build(&spec("sa-0-d")).expect("build");
+        let cancel = CancelToken::new()
+            .with_budget(BudgetMeter::new(Spend { cost_usd: f64::INFINITY, tokens: 500 }));
+        rt.run(&child, &input("go"), &Transcript::default(), &cancel);
+        let body = &server.requests()[0].body;
+        assert!(body["max_tokens"].as_u64().is_some_and(|n| n < 500), "{body}");
+        assert!(body.get("max_completion_tokens").is_none(), "{body}");
+    }
+}

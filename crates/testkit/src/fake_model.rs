@@ -160,6 +160,9 @@ pub struct Reply {
     pub kind: ReplyKind,
     /// The usage block (messages only; `None`: no `usage` key).
     pub usage: Option<Usage>,
+    /// A usage block sent exactly as given, overriding `usage`: the lying
+    /// provider's modes (`1000.0`, `1e30`, `"1000"`, negative counts, …).
+    pub usage_json: Option<Value>,
     /// Wait this long before answering (wakes early when the server drops).
     pub delay: Duration,
     /// Pause between streamed chunks.
@@ -173,6 +176,7 @@ impl Reply {
         Reply {
             kind,
             usage: None,
+            usage_json: None,
             delay: Duration::ZERO,
             chunk_delay: Duration::ZERO,
             finish_reason: None,
@@ -231,6 +235,13 @@ impl Reply {
     /// Close the connection without answering.
     pub fn drop_connection() -> Reply {
         Reply::of(ReplyKind::Drop)
+    }
+
+    /// With this `usage` value sent verbatim (a lying or broken provider).
+    #[must_use]
+    pub fn with_usage_json(mut self, usage: Value) -> Reply {
+        self.usage_json = Some(usage);
+        self
     }
 
     /// With this usage block.
@@ -678,8 +689,10 @@ fn answer(out: &mut TcpStream, req: &RecordedRequest, reply: &Reply, shared: &Sh
                     "model": model,
                     "choices": [{"index": 0, "message": message, "finish_reason": finish}],
                 });
-                if let Some(u) = reply.usage {
-                    body["usage"] = u.to_json();
+                if let Some(u) =
+                    reply.usage_json.clone().or_else(|| reply.usage.map(|u| u.to_json()))
+                {
+                    body["usage"] = u;
                 }
                 write_response(out, 200, "application/json", body.to_string().as_bytes(), &[])
                     .is_ok()
@@ -733,9 +746,9 @@ fn stream_message(
         }
     }
     events.push(chunk(model, json!({}), Some(finish)));
-    if let Some(u) = reply.usage {
+    if let Some(u) = reply.usage_json.clone().or_else(|| reply.usage.map(|u| u.to_json())) {
         let mut last = json!({"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 0, "model": model, "choices": []});
-        last["usage"] = u.to_json();
+        last["usage"] = u;
         events.push(last);
     }
     let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\ntransfer-encoding: chunked\r\n\r\n";
