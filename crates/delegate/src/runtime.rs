@@ -389,10 +389,8 @@ impl BudgetMeter {
             if limit.max_tokens.is_some() {
                 completion = completion.min(room.tokens.saturating_sub(plan.prompt_tokens).max(1));
             }
-            if limit.max_cost_usd.is_some() {
-                if let Some(p) = price {
-                    completion = completion.min(tokens_for(room.cost_usd - prompt_cost, p).max(1));
-                }
+            if let (Some(_), Some(p)) = (limit.max_cost_usd, price) {
+                completion = completion.min(tokens_for(room.cost_usd - prompt_cost, p).max(1));
             }
         }
         let bounded = (completion != u64::MAX).then_some(completion);

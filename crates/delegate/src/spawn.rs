@@ -188,10 +188,8 @@ fn charge_run(token: &CancelToken, outcome: &mut ChildOutcome) {
         cost_usd: (outcome.cost_usd - metered.cost_usd).max(0.0),
         tokens: reported.saturating_sub(metered.tokens),
     };
-    if extra.tokens > 0 || extra.cost_usd > 0.0 {
-        if let Some(meter) = token.budget() {
-            meter.charge_after(extra);
-        }
+    if let Some(meter) = token.budget().filter(|_| extra.tokens > 0 || extra.cost_usd > 0.0) {
+        meter.charge_after(extra);
     }
     if metered.tokens > reported {
         outcome.tokens.input = outcome.tokens.input.saturating_add(metered.tokens - reported);

@@ -1489,3 +1489,96 @@ mod budget_tree {
         assert!(err(&refused).starts_with("Budget exceeded"), "{refused}");
     }
 }
+
+/// Issue #23: the no-overspend property — random mixes of concurrent
+/// spawns, nested spawns (a child as the payer) and follow-ups never spend
+/// past a token budget, and every reservation is settled at the end.
+mod no_overspend {
+    use proptest::prelude::*;
+    use retinue_delegate::scripted::{Script, ScriptedRuntime};
+    use retinue_store::{BudgetLimit, Budgets, DelegationConfig};
+    use serde_json::{Value, json};
+
+    use super::{Fx, parent};
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        /// `n` spawns at once, from the root or from a child (nested).
+        Spawn { n: usize, nested: bool, script: usize },
+        /// A follow-up on the newest child.
+        FollowUp { script: usize },
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (1usize..=3, any::<bool>(), 0usize..4).prop_map(|(n, nested, script)| Op::Spawn {
+                n,
+                nested,
+                script
+            }),
+            (0usize..4).prop_map(|script| Op::FollowUp { script }),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+        #[test]
+        fn a_token_budget_is_never_overspent(
+            limit in 100u64..1200,
+            outputs in proptest::collection::vec(1u64..150, 4),
+            ops in proptest::collection::vec(op(), 1..7),
+        ) {
+            let budget = BudgetLimit { max_cost_usd: None, max_tokens: Some(limit) };
+            let mut runtime = ScriptedRuntime::new();
+            for (i, out) in outputs.iter().enumerate() {
+                let script = Script { input_tokens: 40, output_tokens: *out, ..Script::default() };
+                runtime = runtime.with_script(&format!("work-{i}"), script);
+            }
+            let config = DelegationConfig {
+                budget,
+                max_concurrent_children: 3,
+                ..DelegationConfig::default()
+            };
+            let fx = Fx::with(config, runtime);
+            fx.session("A", "cli", None, None);
+            let mut children: Vec<(String, String)> = Vec::new();
+            for op in ops {
+                let outs: Vec<Value> = match op {
+                    Op::Spawn { n, nested, script } => {
+                        let payer = match children.last() {
+                            Some((_, session)) if nested => session.clone(),
+                            _ => "A".to_owned(),
+                        };
+                        let goal = format!("work-{script}");
+                        std::thread::scope(|s| {
+                            let calls: Vec<_> = (0..n)
+                                .map(|_| s.spawn(|| fx.call(json!({"goal": goal}), &parent(&payer))))
+                                .collect();
+                            calls.into_iter().map(|c| c.join().expect("join")).collect()
+                        })
+                    }
+                    Op::FollowUp { script } => match children.last() {
+                        Some((id, _)) => vec![fx.call(
+                            json!({"goal": format!("work-{script}"), "follow_up": id}),
+                            &parent("A"),
+                        )],
+                        None => Vec::new(),
+                    },
+                };
+                for out in &outs {
+                    for r in out["results"].as_array().into_iter().flatten() {
+                        let fresh = r["status"] == "completed" && out.get("mode").is_none();
+                        if let (true, Some(id), Some(s)) =
+                            (fresh, r["subagent_id"].as_str(), r["child_session_id"].as_str())
+                        {
+                            children.push((id.to_owned(), s.to_owned()));
+                        }
+                    }
+                }
+                let status = fx.store.budget_status("A", &["A".to_owned()], budget).expect("status");
+                prop_assert!(status.spent.tokens <= limit, "overspent: {status:?} after {outs:?}");
+                prop_assert_eq!(status.reserved.tokens, 0, "unsettled: {:?}", status);
+            }
+        }
+    }
+}
