@@ -101,6 +101,7 @@ const RETINUE_TABLES: &[&str] = &[
     "delegation_child_usage",
     "refinery_schema_history",
     "retinue_adoption_queue",
+    "retinue_budget_members",
     "retinue_budget_reservations",
     "retinue_children",
     "retinue_unit_tombstones",
