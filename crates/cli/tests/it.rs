@@ -1645,3 +1645,22 @@ fn a_valid_token_budget_bounds_each_call_and_succeeds() {
     let sent = &fx.model.requests()[0].body;
     assert!(sent["max_completion_tokens"].as_u64().is_some_and(|n| n < 100_000), "{sent}");
 }
+
+// ---------------------------------------------------------------- tenants (issue 22)
+
+#[test]
+fn a_profiled_process_prunes_only_its_own_tenant() {
+    let fx = Fx::new();
+    let before = ids(&fx.ok(0, &["children", "list"]));
+    assert!(!before.is_empty());
+    // Another tenant's cap of 1 and TTL of 0 h: none of these units is its own.
+    let v = fx.ok(
+        0,
+        &["--profile", "other", "children", "prune", "--max-retained", "1", "--ttl-hours", "0"],
+    );
+    assert_eq!(v, json!({ "tombstoned": 0, "children": 0 }));
+    assert_eq!(ids(&fx.ok(0, &["children", "list"])), before, "another tenant's prune evicted");
+    // The operator of the home (no profile) still prunes, as hermes does.
+    let v = fx.ok(0, &["children", "prune", "--ttl-hours", "0"]);
+    assert!(v["tombstoned"].as_u64().is_some_and(|n| n > 0), "{v}");
+}

@@ -450,7 +450,7 @@ impl PgStore {
             // Adopt and prune what was copied, as any write of this backend
             // leaves it (child rows for retained units; no live unit without
             // a live child; the per-profile live counts exact).
-            crate::registry::adopt_and_prune(tx, lim)?;
+            crate::registry::adopt_and_prune(tx, lim, &self.profile)?;
             Ok(dangling)
         })?;
         // Ledger totals: the target's totals of the source's parents equal the source's.

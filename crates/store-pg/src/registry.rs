@@ -253,7 +253,7 @@ fn backfill(tx: &mut Tx<'_>) -> PgResult<usize> {
 /// tombstoning a unit's last live child tombstones the unit, and retaining
 /// or completing a unit prunes in the same transaction, as does `retinue
 /// migrate` after copying a state.db.
-fn prune_due(tx: &mut Tx<'_>, lim: Limits) -> PgResult<bool> {
+fn prune_due(tx: &mut Tx<'_>, lim: Limits, profile: &str) -> PgResult<bool> {
     // Two range reads of the TTL index, each in index order, so that the
     // generic plan of the prepared statement (the cutoff unknown) keeps
     // reading the index from its old end instead of scanning the table.
@@ -262,20 +262,23 @@ fn prune_due(tx: &mut Tx<'_>, lim: Limits) -> PgResult<bool> {
              JOIN async_delegations u ON u.delegation_id = c.delegation_id \
              WHERE c.tombstoned_at IS NULL AND c.retained_at < $1 \
              AND u.retained = 1 AND u.tombstoned_at IS NULL \
+             AND ($3 = '' OR COALESCE(u.owner_profile, '') = $3) \
              ORDER BY c.retained_at LIMIT 1) IS NOT NULL \
          OR EXISTS (SELECT 1 FROM retinue_children c \
              JOIN async_delegations u ON u.delegation_id = c.delegation_id \
              WHERE c.tombstoned_at IS NULL AND c.retained_at IS NULL \
-             AND u.retained = 1 AND u.tombstoned_at IS NULL) \
-         OR EXISTS (SELECT 1 FROM retinue_profile_live WHERE units > $2)";
-    Ok(tx.query_one(sql, &[&lim.cutoff(), &int(lim.max_retained)])?.try_get(0)?)
+             AND u.retained = 1 AND u.tombstoned_at IS NULL \
+             AND ($3 = '' OR COALESCE(u.owner_profile, '') = $3)) \
+         OR EXISTS (SELECT 1 FROM retinue_profile_live WHERE ($3 = '' OR profile = $3) \
+             AND units > $2)";
+    Ok(tx.query_one(sql, &[&lim.cutoff(), &int(lim.max_retained), &profile])?.try_get(0)?)
 }
 
 /// What a prune's write transaction does: adopt (child rows for retained
 /// units that have none), then prune.
-pub(crate) fn adopt_and_prune(tx: &mut Tx<'_>, lim: Limits) -> PgResult<PruneCount> {
+pub(crate) fn adopt_and_prune(tx: &mut Tx<'_>, lim: Limits, profile: &str) -> PgResult<PruneCount> {
     backfill(tx)?;
-    prune_in(tx, lim)
+    prune_in(tx, lim, profile)
 }
 
 /// Recounts `retinue_profile_live` exactly (every profile), in the caller's
@@ -295,7 +298,11 @@ pub(crate) fn recount_live(tx: &mut Tx<'_>) -> PgResult<()> {
     Ok(())
 }
 
-pub(crate) fn prune_in(tx: &mut Tx<'_>, lim: Limits) -> PgResult<PruneCount> {
+/// TTL then cap pruning of `profile`'s units only: a process prunes its
+/// own tenant, with its own limits (issue #22). The empty profile (the
+/// operator; team mode always names one) prunes every profile, each ranked
+/// among its own.
+pub(crate) fn prune_in(tx: &mut Tx<'_>, lim: Limits, profile: &str) -> PgResult<PruneCount> {
     let t = lim.now;
     let mut n = PruneCount::default();
     n.children += count(tx.execute(
@@ -303,36 +310,40 @@ pub(crate) fn prune_in(tx: &mut Tx<'_>, lim: Limits) -> PgResult<PruneCount> {
         "UPDATE retinue_children SET tombstone_reason = 'ttl', \
            tombstoned_at = LEAST($1, COALESCE(retained_at + $3, $1)) \
          WHERE delegation_id IN (SELECT delegation_id FROM async_delegations \
-                                 WHERE retained = 1 AND tombstoned_at IS NULL) \
+                                 WHERE retained = 1 AND tombstoned_at IS NULL \
+                                   AND ($4 = '' OR COALESCE(owner_profile, '') = $4)) \
            AND tombstoned_at IS NULL AND (retained_at IS NULL OR retained_at < $2)",
-        &[&t, &lim.cutoff(), &lim.ttl_seconds()],
+        &[&t, &lim.cutoff(), &lim.ttl_seconds(), &profile],
     )?);
     n.units += count(tx.execute(
         "UPDATE async_delegations SET tombstoned_at = $1, updated_at = $1 \
-         WHERE retained = 1 AND tombstoned_at IS NULL AND NOT EXISTS (SELECT 1 FROM \
+         WHERE retained = 1 AND tombstoned_at IS NULL \
+           AND ($2 = '' OR COALESCE(owner_profile, '') = $2) \
+           AND NOT EXISTS (SELECT 1 FROM \
            retinue_children c WHERE c.delegation_id = async_delegations.delegation_id \
            AND c.tombstoned_at IS NULL)",
-        &[&t],
+        &[&t, &profile],
     )?);
-    // Cap, per profile: live units ranked at or beyond `max_retained` in their profile.
+    // Cap: the profile's live units ranked at or beyond `max_retained` in it.
     let over_cap = format!(
         "SELECT delegation_id FROM (SELECT delegation_id, row_number() OVER \
            (PARTITION BY {PROFILE} ORDER BY retained_at DESC NULLS LAST, delegation_id DESC) AS rn \
-         FROM async_delegations WHERE retained = 1 AND tombstoned_at IS NULL) r WHERE rn > $2"
+         FROM async_delegations WHERE retained = 1 AND tombstoned_at IS NULL \
+           AND ($3 = '' OR {PROFILE} = $3)) r WHERE rn > $2"
     );
     n.children += count(tx.execute(
         &format!(
             "UPDATE retinue_children SET tombstoned_at = $1, tombstone_reason = 'cap' \
              WHERE tombstoned_at IS NULL AND delegation_id IN ({over_cap})"
         ),
-        &[&t, &int(lim.max_retained)],
+        &[&t, &int(lim.max_retained), &profile],
     )?);
     n.units += count(tx.execute(
         &format!(
             "UPDATE async_delegations SET tombstoned_at = $1, updated_at = $1 \
              WHERE delegation_id IN ({over_cap})"
         ),
-        &[&t, &int(lim.max_retained)],
+        &[&t, &int(lim.max_retained), &profile],
     )?);
     recount_live(tx)?;
     Ok(n)
@@ -416,27 +427,27 @@ impl Retention for PgStore {
         ttl_hours: Option<f64>,
     ) -> Result<PruneCount> {
         let lim = self.limits().with_overrides(max_retained, ttl_hours)?;
-        if !self
-            .pool
-            .tx("checking whether a prune is due", Mode::ReadOne, |tx| prune_due(tx, lim))?
-        {
+        let profile = self.profile.as_str();
+        if !self.pool.tx("checking whether a prune is due", Mode::ReadOne, |tx| {
+            prune_due(tx, lim, profile)
+        })? {
             return Ok(PruneCount::default());
         }
         self.pool.tx("pruning retained children", Mode::Write, |tx| {
             backfill(tx)?;
-            prune_in(tx, lim)
+            prune_in(tx, lim, profile)
         })
     }
 
     fn rehydrate_retained_children(&self) -> Result<usize> {
         let lim = self.limits();
-        if self
-            .pool
-            .tx("checking whether a prune is due", Mode::ReadOne, |tx| prune_due(tx, lim))?
-        {
+        let profile = self.profile.as_str();
+        if self.pool.tx("checking whether a prune is due", Mode::ReadOne, |tx| {
+            prune_due(tx, lim, profile)
+        })? {
             self.pool.tx("rehydrating retained children", Mode::Write, |tx| {
                 backfill(tx)?;
-                prune_in(tx, lim)
+                prune_in(tx, lim, profile)
             })?;
         }
         let n =
@@ -610,7 +621,13 @@ impl PgStore {
 
 // ---------------------------------------------------------------- lifecycle
 
-fn retain_in(tx: &mut Tx<'_>, id: &str, usage: Option<&Value>, lim: Limits) -> PgResult<bool> {
+fn retain_in(
+    tx: &mut Tx<'_>,
+    id: &str,
+    usage: Option<&Value>,
+    lim: Limits,
+    profile: &str,
+) -> PgResult<bool> {
     let now = lim.now;
     let changed = match usage {
         Some(u) => tx.execute(
@@ -633,7 +650,7 @@ fn retain_in(tx: &mut Tx<'_>, id: &str, usage: Option<&Value>, lim: Limits) -> P
          AND tombstoned_at IS NULL AND (retained_at IS NULL OR retained_at >= $3)",
         &[&now, &id, &lim.cutoff()],
     )?;
-    prune_in(tx, lim)?;
+    prune_in(tx, lim, profile)?;
     Ok(true)
 }
 
@@ -765,7 +782,8 @@ impl UnitLifecycle for PgStore {
     #[allow(clippy::needless_lifetimes)]
     fn retain_completed_delegation<'a>(&self, id: &str, usage: Option<&'a Value>) -> Result<bool> {
         let lim = self.limits();
-        self.pool.tx("retaining a unit", Mode::Write, |tx| retain_in(tx, id, usage, lim))
+        self.pool
+            .tx("retaining a unit", Mode::Write, |tx| retain_in(tx, id, usage, lim, &self.profile))
     }
 
     fn persist_completion(&self, c: &Completion) -> Result<bool> {
@@ -796,7 +814,7 @@ impl UnitLifecycle for PgStore {
                 return Ok(false);
             }
             if status == "completed" {
-                retain_in(tx, &c.delegation_id, None, lim)?;
+                retain_in(tx, &c.delegation_id, None, lim, &self.profile)?;
             }
             Ok(true)
         })

@@ -50,6 +50,7 @@ fn pg_backend(url: &str, d: DelegationConfig) -> Backend {
     let clock = Arc::new(ManualClock::new(T0));
     let store = Arc::new(open(url, &schema, &clock, &d));
     let (url2, schema2, clock2) = (url.to_owned(), schema.clone(), clock.clone());
+    let (url3, schema3, clock3) = (url.to_owned(), schema.clone(), clock.clone());
     let died = clock.clone();
     Backend {
         registry: store.clone(),
@@ -63,6 +64,14 @@ fn pg_backend(url: &str, d: DelegationConfig) -> Backend {
         // The worker stops renewing; its lease lapses.
         owner_died: Box::new(move || died.advance(WORKER_LEASE_SECS + 1.0)),
         reopen: Box::new(move || Arc::new(open(&url2, &schema2, &clock2, &d))),
+        open_as: Box::new(move |profile, d| {
+            let opts = PgOptions::default()
+                .with_clock(clock3.clone())
+                .with_schema(&schema3)
+                .with_delegation(d)
+                .with_profile(profile);
+            Arc::new(PgStore::open(&url3, opts).expect("open the PostgreSQL store"))
+        }),
         guard: Box::new(Scratch { url: url.to_owned(), schema }),
     }
 }

@@ -52,6 +52,9 @@ pub struct Backend {
     pub owner_died: Box<dyn Fn() + Send + Sync>,
     /// A second handle on the same storage, as another process (or host) opens it.
     pub reopen: Box<dyn Fn() -> Arc<dyn Registry> + Send + Sync>,
+    /// A handle on the same storage for another tenant: that profile, with
+    /// its own delegation settings (limits), on this backend's clock.
+    pub open_as: Box<dyn Fn(&str, DelegationConfig) -> Arc<dyn Registry> + Send + Sync>,
     /// Keeps the storage alive (temp dir, scratch schema) until the backend drops.
     pub guard: Box<dyn Any + Send + Sync>,
 }
@@ -90,6 +93,8 @@ pub fn sqlite_backend(d: DelegationConfig) -> Backend {
     let probe = Arc::new(DeadPids::default());
     let reopen_home = home.clone();
     let reopen_opts = opts();
+    let tenant_home = home.clone();
+    let tenant_clock = clock.clone();
     let dead = probe.clone();
     Backend {
         registry: store.clone(),
@@ -106,6 +111,13 @@ pub fn sqlite_backend(d: DelegationConfig) -> Backend {
             dead.kill(i64::from(std::process::id()));
         }),
         reopen: Box::new(move || Arc::new(reopen_home.open_store_with(reopen_opts.clone()))),
+        open_as: Box::new(move |profile, d| {
+            let opts = StoreOptions::default()
+                .with_clock(tenant_clock.clone())
+                .with_delegation(d)
+                .with_profile(profile);
+            Arc::new(tenant_home.open_store_with(opts))
+        }),
         guard: Box::new(home),
     }
 }
@@ -149,6 +161,7 @@ pub const CASES: &[(&str, Case)] = &[
     ("budget_concurrent_reserves_never_overspend", budget_concurrent_reserves_never_overspend),
     ("budget_release_abandoned", budget_release_abandoned),
     ("budget_grow_hold_and_keep", budget_grow_hold_and_keep),
+    ("prune_only_own_tenant", prune_only_own_tenant),
     ("budget_tree_members", budget_tree_members),
     ("budget_absurd_rows_saturate", budget_absurd_rows_saturate),
 ];
@@ -391,25 +404,71 @@ pub fn cap_prune(make: Factory<'_>) {
 }
 
 /// A retained unit of `profile` with one child; returns its unit id.
-fn retained_in(b: &Backend, profile: &str) -> String {
+/// A unit of `profile`, retained by that tenant's own process (limits `d`).
+fn retained_by(b: &Backend, profile: &str, d: &DelegationConfig) -> String {
     let (id, _) = insert(b, "P", profile, 1);
-    assert!(b.registry.retain_completed_delegation(&id, None).expect("retain"));
+    let tenant = (b.open_as)(profile, d.clone());
+    assert!(tenant.retain_completed_delegation(&id, None).expect("retain"));
     id
+}
+
+/// A process prunes only its own tenant, with its own limits (issue #22):
+/// another tenant's cap, TTL and explicit prunes never tombstone its units.
+pub fn prune_only_own_tenant(make: Factory<'_>) {
+    let b = make(config(4, 1000.0));
+    let roomy = config(4, 1000.0);
+    let acme: Vec<String> = (0..4)
+        .map(|_| {
+            let id = retained_by(&b, "acme", &roomy);
+            b.clock.advance(10.0);
+            id
+        })
+        .collect();
+    let acme_view = (b.open_as)("acme", roomy.clone());
+    let live = |id: &str| matches!(acme_view.lookup(id).expect("lookup"), Lookup::Addressable(_));
+    // tenantb's process has a cap of 1 and a TTL of 1 hour.
+    let tight = config(1, 1.0);
+    let mine = retained_by(&b, "tenantb", &tight);
+    let tenantb = (b.open_as)("tenantb", tight);
+    assert_eq!(tenantb.prune_retained_children(Some(1), None).expect("prune").units, 0);
+    for id in &acme {
+        assert!(live(id), "{id}: acme's unit evicted by tenantb's cap");
+    }
+    // Two hours later tenantb's TTL prunes its own unit, and only it.
+    b.clock.advance(7_200.0);
+    let n = tenantb.prune_retained_children(None, None).expect("prune");
+    assert_eq!(n.units, 1, "{n:?}");
+    assert!(!matches!(tenantb.lookup(&mine).expect("lookup"), Lookup::Addressable(_)));
+    assert_eq!(tenantb.rehydrate_retained_children().map(|_| ()).ok(), Some(()));
+    for id in &acme {
+        assert!(live(id), "{id}: acme's unit evicted by tenantb's TTL");
+    }
+    // acme's own process, with its own cap of 3, prunes its oldest.
+    let acme_tight = (b.open_as)("acme", config(3, 1000.0));
+    let n = acme_tight.prune_retained_children(None, None).expect("prune");
+    assert_eq!(n.units, 1, "{n:?}");
+    assert!(!live(&acme[0]) && live(&acme[1]));
+    // The operator (the empty profile of a single-user home) prunes every
+    // profile, each ranked among its own.
+    let operator = (b.open_as)("", config(2, 1000.0));
+    assert_eq!(operator.prune_retained_children(None, None).expect("prune").units, 1);
+    assert!(!live(&acme[1]) && live(&acme[2]) && live(&acme[3]));
 }
 
 /// The cap applies per profile: one tenant's delegations never evict
 /// another's retained children, and the empty profile is a tenant too.
 pub fn retention_per_profile(make: Factory<'_>) {
-    let b = make(config(2, 72.0));
+    let d = config(2, 72.0);
+    let b = make(d.clone());
     let addressable =
         |id: &str| matches!(b.registry.lookup(id).expect("lookup"), Lookup::Addressable(_));
-    let quiet = retained_in(&b, "tenant-b");
+    let quiet = retained_by(&b, "tenant-b", &d);
     b.clock.advance(10.0);
-    let empty = retained_in(&b, "");
+    let empty = retained_by(&b, "", &d);
     b.clock.advance(10.0);
     let mut a = Vec::new();
     for _ in 0..4 {
-        a.push(retained_in(&b, "tenant-a"));
+        a.push(retained_by(&b, "tenant-a", &d));
         b.clock.advance(10.0);
     }
     // tenant-a's two oldest are capped (by its own retains); the others stay.
@@ -434,9 +493,13 @@ pub fn retention_per_profile(make: Factory<'_>) {
         .map(|e| e.delegation_id)
         .collect();
     assert_eq!(listed, vec![a[3].clone(), a[2].clone(), empty.clone(), quiet.clone()]);
-    // A tighter cap prunes each profile to its own newest.
-    let n = b.registry.prune_retained_children(Some(1), None).expect("prune");
-    assert_eq!((n.units, n.children), (1, 1), "only tenant-a is over a cap of 1");
+    // A tighter cap, by each tenant's own process, prunes it to its newest.
+    for profile in ["tenant-b", "tenant-a", ""] {
+        let tenant = (b.open_as)(profile, d.clone());
+        let n = tenant.prune_retained_children(Some(1), None).expect("prune");
+        let want = if profile == "tenant-a" { (1, 1) } else { (0, 0) };
+        assert_eq!((n.units, n.children), want, "{profile:?} over a cap of 1");
+    }
     for id in [&quiet, &empty, &a[3]] {
         assert!(addressable(id), "{id}");
     }

@@ -12,18 +12,23 @@ use crate::registry::backfill::backfill;
 use crate::rows::{CHILD_RETAINED_AT, Limits, RawValue, live_profiles, live_profiles_cte};
 use crate::store::Store;
 
-/// Whether a prune at `lim` has anything to write (one read statement).
-pub(crate) fn prune_due(conn: &Connection, lim: Limits) -> SqlResult<bool> {
-    // The cap first (per profile: a unit ranked at `max_retained` in its
-    // profile exists); when it is due, the scan over every live unit is skipped.
+/// Whether a prune of `profile`'s units (every profile's, for the empty
+/// operator profile) at `lim` has anything to write (one read statement).
+pub(crate) fn prune_due(conn: &Connection, lim: Limits, profile: &str) -> SqlResult<bool> {
+    if profile.is_empty() {
+        return Ok(conn
+            .prepare_cached(OPERATOR_DUE)?
+            .query_row(params![lim.cutoff(), lim.max_retained], |r| r.get(0))?);
+    }
+    // The cap first (a unit ranked at `max_retained` in the profile exists);
+    // when it is due, the scan over the profile's live units is skipped.
     const SQL: &str = concat!(
-        live_profiles_cte!(),
-        "SELECT EXISTS (SELECT 1 FROM p WHERE p.v IS NOT NULL AND EXISTS (SELECT 1 ",
+        "SELECT EXISTS (SELECT 1 ",
         "    FROM async_delegations u WHERE u.retained = 1 AND u.tombstoned_at IS NULL ",
-        "    AND COALESCE(u.owner_profile, '') = p.v ",
-        "    ORDER BY u.retained_at DESC, u.delegation_id DESC LIMIT 1 OFFSET ?2)) ",
+        "    AND COALESCE(u.owner_profile, '') = ?3 ",
+        "    ORDER BY u.retained_at DESC, u.delegation_id DESC LIMIT 1 OFFSET ?2) ",
         "OR EXISTS (SELECT 1 FROM async_delegations u WHERE u.retained = 1 ",
-        "  AND u.tombstoned_at IS NULL AND (",
+        "  AND u.tombstoned_at IS NULL AND COALESCE(u.owner_profile, '') = ?3 AND (",
         "    NOT EXISTS (SELECT 1 FROM retinue_children c WHERE c.delegation_id = u.delegation_id ",
         "                AND c.tombstoned_at IS NULL) ",
         "    OR EXISTS (SELECT 1 FROM retinue_children c WHERE c.delegation_id = u.delegation_id ",
@@ -31,8 +36,25 @@ pub(crate) fn prune_due(conn: &Connection, lim: Limits) -> SqlResult<bool> {
     );
     Ok(conn
         .prepare_cached(SQL)?
-        .query_row(params![lim.cutoff(), lim.max_retained], |r| r.get(0))?)
+        .query_row(params![lim.cutoff(), lim.max_retained, profile], |r| r.get(0))?)
 }
+
+/// [`prune_due`] for the operator (the empty profile): the cap of every
+/// profile (a unit ranked at `max_retained` in its profile exists), then
+/// the TTL over every live unit.
+const OPERATOR_DUE: &str = concat!(
+    live_profiles_cte!(),
+    "SELECT EXISTS (SELECT 1 FROM p WHERE p.v IS NOT NULL AND EXISTS (SELECT 1 ",
+    "    FROM async_delegations u WHERE u.retained = 1 AND u.tombstoned_at IS NULL ",
+    "    AND COALESCE(u.owner_profile, '') = p.v ",
+    "    ORDER BY u.retained_at DESC, u.delegation_id DESC LIMIT 1 OFFSET ?2)) ",
+    "OR EXISTS (SELECT 1 FROM async_delegations u WHERE u.retained = 1 ",
+    "  AND u.tombstoned_at IS NULL AND (",
+    "    NOT EXISTS (SELECT 1 FROM retinue_children c WHERE c.delegation_id = u.delegation_id ",
+    "                AND c.tombstoned_at IS NULL) ",
+    "    OR EXISTS (SELECT 1 FROM retinue_children c WHERE c.delegation_id = u.delegation_id ",
+    "               AND c.tombstoned_at IS NULL AND (c.retained_at IS NULL OR c.retained_at < ?1))))"
+);
 
 /// Live units of profile `?4` ranked beyond the cap: after the unit at the
 /// boundary (`?2` its `retained_at`, `?3` its id) in `retained_at DESC,
@@ -82,26 +104,34 @@ fn tombstone_units(
     Ok((units, usize::try_from(children).unwrap_or(usize::MAX)))
 }
 
-/// TTL then cap pruning inside the caller's transaction (spec §3.5). A
+/// TTL then cap pruning of `profile`'s units — a process prunes only its
+/// own tenant, with its own limits (issue #22); the empty profile is the
+/// operator of a single-user home (hermes's view), who prunes every
+/// profile, each ranked among its own — inside the caller's transaction
+/// (spec §3.5). A
 /// unit tombstoned here covers its children (one `retinue_unit_tombstones`
 /// row per unit, none per child; readers report each child's reason and
 /// time exactly as a per-child write stored them); children that expire in
 /// a unit that stays live get their own `ttl` row.
-pub(crate) fn prune_in(tx: &Transaction<'_>, lim: Limits) -> SqlResult<PruneCount> {
+pub(crate) fn prune_in(tx: &Transaction<'_>, lim: Limits, profile: &str) -> SqlResult<PruneCount> {
     let t = lim.now;
     let ttl_seconds = lim.ttl_seconds();
     let mut count = PruneCount::default();
-    if !tx.prepare_cached(TTL_DUE)?.query_row([lim.cutoff()], |r| r.get::<_, bool>(0))? {
-        return cap_in(tx, lim, count);
+    if !tx
+        .prepare_cached(TTL_DUE)?
+        .query_row(params![lim.cutoff(), profile], |r| r.get::<_, bool>(0))?
+    {
+        return cap_in(tx, lim, profile, count);
     }
     // TTL, whole units: live units left without a live child (every child
     // tombstoned or past its TTL, or none at all).
     let (units, children) = tombstone_units(
         tx,
-        "u.retained = 1 AND u.tombstoned_at IS NULL AND NOT EXISTS (SELECT 1 FROM \
+        "u.retained = 1 AND u.tombstoned_at IS NULL AND (?3 = '' OR COALESCE(u.owner_profile, '') = ?3) \
+           AND NOT EXISTS (SELECT 1 FROM \
            retinue_children c WHERE c.delegation_id = u.delegation_id \
            AND c.tombstoned_at IS NULL AND c.retained_at >= ?2)",
-        &[&t, &lim.cutoff()],
+        &[&t, &lim.cutoff(), &profile],
         ttl_seconds,
     )?;
     count.units += units;
@@ -113,30 +143,42 @@ pub(crate) fn prune_in(tx: &Transaction<'_>, lim: Limits) -> SqlResult<PruneCoun
             "UPDATE retinue_children SET tombstone_reason = 'ttl', \
                tombstoned_at = MIN(?1, COALESCE(retained_at + ?3, ?1)) \
              WHERE delegation_id IN (SELECT delegation_id FROM async_delegations \
-                                     WHERE retained = 1 AND tombstoned_at IS NULL) \
+                                     WHERE retained = 1 AND tombstoned_at IS NULL \
+                                       AND (?4 = '' OR COALESCE(owner_profile, '') = ?4)) \
                AND tombstoned_at IS NULL AND (retained_at IS NULL OR retained_at < ?2)",
         )?
-        .execute(params![t, lim.cutoff(), ttl_seconds])?;
-    cap_in(tx, lim, count)
+        .execute(params![t, lim.cutoff(), ttl_seconds, profile])?;
+    cap_in(tx, lim, profile, count)
 }
 
-/// Whether the TTL has anything to write (`?1`: the cutoff): a live unit
-/// without a live child, or with a child past its TTL.
+/// Whether the TTL has anything to write (`?1`: the cutoff, `?2`: the
+/// profile): a live unit without a live child, or with a child past its TTL.
 const TTL_DUE: &str = concat!(
     "SELECT EXISTS (SELECT 1 FROM async_delegations u WHERE u.retained = 1 ",
-    "  AND u.tombstoned_at IS NULL AND (",
+    "  AND u.tombstoned_at IS NULL AND (?2 = '' OR COALESCE(u.owner_profile, '') = ?2) AND (",
     "    NOT EXISTS (SELECT 1 FROM retinue_children c WHERE c.delegation_id = u.delegation_id ",
     "                AND c.tombstoned_at IS NULL AND c.retained_at >= ?1) ",
     "    OR EXISTS (SELECT 1 FROM retinue_children c WHERE c.delegation_id = u.delegation_id ",
     "               AND c.tombstoned_at IS NULL AND (c.retained_at IS NULL OR c.retained_at < ?1))))"
 );
 
-/// The cap step of [`prune_in`], per profile: each profile's live units
-/// ranked at or beyond `max_retained` among that profile's, after the last
-/// one kept. A profile within its cap costs one bounded index range.
-fn cap_in(tx: &Transaction<'_>, lim: Limits, mut count: PruneCount) -> SqlResult<PruneCount> {
+/// The cap step of [`prune_in`]: `profile`'s live units (every profile's,
+/// for the operator) ranked at or beyond `max_retained` among that
+/// profile's, after the last one kept. A profile within its cap costs one
+/// bounded index range.
+fn cap_in(
+    tx: &Transaction<'_>,
+    lim: Limits,
+    profile: &str,
+    mut count: PruneCount,
+) -> SqlResult<PruneCount> {
     let (t, ttl_seconds) = (lim.now, lim.ttl_seconds());
-    for profile in live_profiles(tx)? {
+    let profiles = if profile.is_empty() {
+        live_profiles(tx)?
+    } else {
+        vec![RawValue::Text(profile.as_bytes().to_vec())]
+    };
+    for profile in profiles {
         // Read and bound back as stored (a hostile row's id may not be text).
         let boundary: Option<(RawValue, RawValue)> = tx
             .prepare_cached(
@@ -241,13 +283,17 @@ impl Retention for Store {
         ttl_hours: Option<f64>,
     ) -> Result<PruneCount> {
         let lim = self.limits().with_overrides(max_retained, ttl_hours)?;
+        let profile = self.profile.as_str();
         // Nothing due (the common case): no write transaction at all.
-        if !self.pool.query("checking whether a prune is due", |conn| prune_due(conn, lim))? {
+        if !self
+            .pool
+            .query("checking whether a prune is due", |conn| prune_due(conn, lim, profile))?
+        {
             return Ok(PruneCount::default());
         }
         self.pool.write("pruning retained children", |tx| {
             backfill(tx, None)?;
-            prune_in(tx, lim)
+            prune_in(tx, lim, profile)
         })
     }
 
@@ -255,7 +301,7 @@ impl Retention for Store {
         let lim = self.limits();
         let n = self.pool.write("rehydrating retained children", |tx| {
             backfill(tx, None)?;
-            prune_in(tx, lim)?;
+            prune_in(tx, lim, &self.profile)?;
             Ok(list_in(tx, lim)?.len())
         })?;
         log::info!("rehydrated {n} addressable retained children");

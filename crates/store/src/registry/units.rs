@@ -17,6 +17,7 @@ fn retain_in(
     id: &str,
     usage: Option<&Value>,
     lim: Limits,
+    profile: &str,
 ) -> SqlResult<bool> {
     let now = lim.now;
     let changed = match usage {
@@ -43,7 +44,8 @@ fn retain_in(
          AND tombstoned_at IS NULL AND (retained_at IS NULL OR retained_at >= ?3)",
     )?
     .execute(params![now, id, lim.cutoff()])?;
-    prune_in(tx, lim)?;
+    // The retaining process prunes its own tenant only (issue #22).
+    prune_in(tx, lim, profile)?;
     Ok(true)
 }
 
@@ -163,7 +165,7 @@ impl UnitLifecycle for Store {
     #[allow(clippy::needless_lifetimes)]
     fn retain_completed_delegation<'a>(&self, id: &str, usage: Option<&'a Value>) -> Result<bool> {
         let lim = self.limits();
-        self.pool.write("retaining a unit", |tx| retain_in(tx, id, usage, lim))
+        self.pool.write("retaining a unit", |tx| retain_in(tx, id, usage, lim, &self.profile))
     }
 
     fn persist_completion(&self, c: &Completion) -> Result<bool> {
@@ -194,7 +196,7 @@ impl UnitLifecycle for Store {
                 return Ok(false);
             }
             if status == "completed" {
-                retain_in(tx, &c.delegation_id, None, lim)?;
+                retain_in(tx, &c.delegation_id, None, lim, &self.profile)?;
             }
             Ok(true)
         })
