@@ -508,8 +508,10 @@ pub(crate) fn configured_runtime(
     if let Some(url) = &args.base_url {
         config.base_url.clone_from(url);
     }
-    let runtime_config =
+    let mut runtime_config =
         RuntimeConfig::from_delegation(&config).map_err(|e| CliError::Usage(e.to_string()))?;
+    // `--model` overrides every child's model, a follow-up's stored one too.
+    runtime_config.model_override = args.model.clone().filter(|m| !m.trim().is_empty());
     if runtime_config.model.trim().is_empty() || runtime_config.base_url.trim().is_empty() {
         return Err(CliError::Usage(format!(
             "no model is configured for children: set delegation.model and delegation.base_url \
@@ -543,13 +545,7 @@ fn new_parent(store: &dyn SessionStore) -> Result<String> {
 /// [--model M] [--base-url URL]`.
 pub(crate) fn delegate(env: &Env, args: &DelegateArgs) -> Result<Output> {
     let (runtime, config) = configured_runtime(env, args)?;
-    let store = Backend::open(env, Arc::new(SystemClock), Access::WriteOrCreate)?;
-    store.keep_alive();
-    let (parent_id, created) = match &args.parent {
-        Some(p) => (p.trim().to_owned(), false),
-        None => (new_parent(&*store.sessions)?, true),
-    };
-    let tool = delegator(&store, Arc::new(runtime), config, &env.profile);
+    // The arguments are checked before anything is written.
     let mut call = serde_json::Map::new();
     if let Some(goal) = &args.goal {
         call.insert("goal".into(), json!(goal));
@@ -560,14 +556,41 @@ pub(crate) fn delegate(env: &Env, args: &DelegateArgs) -> Result<Output> {
     if let Some(target) = &args.follow_up {
         call.insert("follow_up".into(), json!(target));
     }
+    let request = match DelegateRequest::from_json(&Value::Object(call)) {
+        Ok(r) => r,
+        Err(e) => {
+            return Ok(Output {
+                json: Some(json!({ "error": e.to_string(), "code": delegate_error_kind(&e) })),
+                human: String::new(),
+                code: delegate_error_code(&e),
+                stderr: Some(e.to_string()),
+            });
+        }
+    };
+    let store = Backend::open(env, Arc::new(SystemClock), Access::WriteOrCreate)?;
+    store.keep_alive();
+    let (parent_id, created) = match &args.parent {
+        Some(p) => {
+            let p = p.trim().to_owned();
+            // An unknown parent would own children nobody can follow up.
+            if store.sessions.session(&p)?.is_none() {
+                return Err(CliError::NotFound(format!(
+                    "no session '{p}': --parent names an existing session (omit it to start a \
+                     new one)"
+                )));
+            }
+            (p, false)
+        }
+        None => (new_parent(&*store.sessions)?, true),
+    };
+    let tool = delegator(&store, Arc::new(runtime), config, &env.profile);
     let parent_row = store.sessions.session(&parent_id)?;
     let parent = ParentContext {
         session_id: Some(parent_id.clone()),
         model: parent_row.as_ref().and_then(|r| r.model.clone()),
         ..ParentContext::default()
     };
-    let outcome = DelegateRequest::from_json(&Value::Object(call))
-        .and_then(|request| tool.delegate(&request, &parent, &CancelToken::new()));
+    let outcome = tool.delegate(&request, &parent, &CancelToken::new());
     tool.wait_background();
     Ok(match outcome {
         Ok(outcome) => {
@@ -579,11 +602,25 @@ pub(crate) fn delegate(env: &Env, args: &DelegateArgs) -> Result<Output> {
                     "parent session {parent_id} (new; follow up later with --parent {parent_id})\n{human}"
                 );
             }
+            let results = outcome.results();
+            let all_failed = !results.is_empty()
+                && results.iter().all(|r| r.status != retinue_store::ChildStatus::Completed);
             match outcome.ledger_error() {
                 // The spend is kept in the budget; the command still fails.
                 Some(e) => {
                     Output { human, json: Some(out), code: EXIT_FAILED, stderr: Some(e.to_owned()) }
                 }
+                // Every child failed: the results are printed, the command fails.
+                None if all_failed => Output {
+                    human,
+                    json: Some(out),
+                    code: EXIT_FAILED,
+                    stderr: Some(format!(
+                        "every child failed ({} of {})",
+                        results.len(),
+                        results.len()
+                    )),
+                },
                 None => Output { human, json: Some(out), code: EXIT_OK, stderr: None },
             }
         }

@@ -673,6 +673,7 @@ fn delegate_spawns_on_the_configured_model() {
         ".results[].subagent_id" => "[sa]",
         ".results[].child_session_id" => "[sid]",
         ".results[].duration_seconds" => "[t]",
+        ".results[].endpoint" => "[fake model]",
         ".total_duration_seconds" => "[t]",
     });
     // The new unit is retained, newest first, and billed to the parent.
@@ -721,6 +722,7 @@ fn delegate_follow_up_resumes_a_hermes_child() {
     assert_eq!(v["child_session_id"], fx.fx.batch_sessions[1]);
     insta::assert_json_snapshot!("delegate_follow_up", v, {
         ".results[].duration_seconds" => "[t]",
+        ".results[].endpoint" => "[fake model]",
         ".total_duration_seconds" => "[t]",
     });
     // It ran on the child's own hermes transcript: two more messages.
@@ -1663,4 +1665,98 @@ fn a_profiled_process_prunes_only_its_own_tenant() {
     // The operator of the home (no profile) still prunes, as hermes does.
     let v = fx.ok(0, &["children", "prune", "--ttl-hours", "0"]);
     assert!(v["tombstoned"].as_u64().is_some_and(|n| n > 0), "{v}");
+}
+
+// ---------------------------------------------------------------- trust boundaries (issue 22)
+
+fn sessions_count(fx: &Fx) -> usize {
+    HermesDb::table_rows(&fx.home.db_path(), "sessions").len()
+}
+
+#[test]
+fn an_unknown_parent_or_bad_arguments_write_nothing() {
+    let fx = Fx::new();
+    let before = sessions_count(&fx);
+    let (code, _, err) = fx.json(&["delegate", "--parent", "no-such-session", "--goal", "x"]);
+    assert_eq!(code, 4, "{err}");
+    assert!(err.contains("no session 'no-such-session'"), "{err}");
+    let (code, _, err) = fx.json(&["delegate", "--tasks", "[]"]);
+    assert_eq!(code, 2, "{err}");
+    assert_eq!(sessions_count(&fx), before, "a refused call left a session behind");
+    assert_eq!(fx.model.request_count(), 0);
+}
+
+#[test]
+fn every_child_failing_is_exit_1_with_the_results() {
+    let fx = Fx::new();
+    let failing = FakeModel::start();
+    failing.set_default(Reply::unauthorized());
+    configure_model(fx.home.path(), &failing);
+    let (code, v, err) = fx.json(&["delegate", "--goal", "doomed"]);
+    assert_eq!(code, 1, "{v} {err}");
+    assert_eq!(v["results"][0]["status"], "error", "{v}");
+    assert!(err.contains("every child failed"), "{err}");
+    assert!(!err.contains("sk-test-secret") && !v.to_string().contains("sk-test-secret"));
+}
+
+#[test]
+fn the_key_never_goes_over_plain_http_to_another_host() {
+    let fx = Fx::new();
+    let yaml = "delegation:\n  model: m\n  base_url: http://alice:PW@10.9.8.7:8000/v1?api_key=K123\n  api_key: sk-test-secret\n";
+    std::fs::write(fx.home.path().join("config.yaml"), yaml).expect("config.yaml");
+    let before = sessions_count(&fx);
+    let (code, _, err) = fx.human(&["delegate", "--goal", "x"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("allow_insecure_http"), "{err}");
+    for secret in ["PW", "K123", "sk-test-secret"] {
+        assert!(!err.contains(secret), "{secret} leaked: {err}");
+    }
+    assert_eq!(sessions_count(&fx), before);
+}
+
+#[test]
+fn a_follow_up_uses_the_configured_endpoint_never_the_stored_one() {
+    let fx = Fx::new();
+    let out = fx.ok(0, &["delegate", "--goal", "first task"]);
+    let parent = out["parent_session_id"].as_str().expect("parent").to_owned();
+    let child = out["results"][0]["subagent_id"].as_str().expect("child").to_owned();
+    // Someone who can write the database plants their own endpoint.
+    let planted = FakeModel::start();
+    planted.set_default(Reply::text("stolen").with_usage(Usage::new(1, 1)));
+    let db = HermesDb::open(&fx.home.db_path());
+    let changed = db
+        .connection()
+        .execute(
+            "UPDATE retinue_children SET manifest_json = json_set(manifest_json, '$.base_url', ?1)",
+            [planted.base_url()],
+        )
+        .expect("plant");
+    assert!(changed > 0);
+    db.connection()
+        .execute(
+            "UPDATE async_delegations SET children_json = json_set(children_json, '$[0].base_url', ?1) \
+             WHERE json_valid(children_json) AND json_array_length(children_json) > 0",
+            [planted.base_url()],
+        )
+        .expect("plant");
+    let v = fx.ok(
+        0,
+        &[
+            "delegate",
+            "--parent",
+            &parent,
+            "--follow-up",
+            &child,
+            "--goal",
+            "more",
+            "--model",
+            "other/model",
+        ],
+    );
+    assert_eq!(planted.request_count(), 0, "the key went to the planted endpoint");
+    assert_eq!(v["results"][0]["status"], "completed", "{v}");
+    assert_eq!(v["results"][0]["model"], "other/model", "{v}");
+    assert_eq!(v["results"][0]["endpoint"], fx.model.base_url(), "{v}");
+    let last = fx.model.requests().pop().expect("a request");
+    assert_eq!(last.body["model"], "other/model");
 }

@@ -188,7 +188,11 @@ impl DelegateOutcome {
                     "delegation_id": f.delegation_id,
                     "results": [f.result.to_json()],
                     "total_duration_seconds": seconds(f.total_duration_seconds),
-                    "note": texts::RESUME_NOTE,
+                    "note": if f.budget.is_some() {
+                        texts::RESUME_NOTE_CHARGED
+                    } else {
+                        texts::RESUME_NOTE
+                    },
                 });
                 if let Some(budget) = &f.budget {
                     out["budget"] = budget.clone();

@@ -40,6 +40,8 @@ pub struct ChildReport {
     pub summary_truncated: bool,
     /// Steering messages accepted but never folded in.
     pub missed_steer: Vec<String>,
+    /// The endpoint the run called (redacted), when the runtime reports it.
+    pub endpoint: Option<String>,
 }
 
 /// A duration in seconds as the wire writes it (two decimals).
@@ -100,6 +102,9 @@ impl ChildReport {
         }
         if !self.missed_steer.is_empty() {
             m.insert("missed_steer".into(), json!(self.missed_steer));
+        }
+        if let Some(e) = &self.endpoint {
+            m.insert("endpoint".into(), json!(e));
         }
         Value::Object(m)
     }

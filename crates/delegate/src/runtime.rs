@@ -90,6 +90,11 @@ pub struct ChildOutcome {
     /// Steering messages the runtime accepted but never folded into the run
     /// (they arrived after its last iteration); reported as `missed_steer`.
     pub missed_steers: Vec<String>,
+    /// The model the run used, when the runtime chose it (it may differ
+    /// from the child's recorded one: an override, the config of the day).
+    pub model: Option<String>,
+    /// The endpoint the run called (redacted), when the runtime reports it.
+    pub endpoint: Option<String>,
 }
 
 impl ChildOutcome {

@@ -222,6 +222,7 @@ impl ChildRuntime for ScriptedRuntime {
             cost_usd: script.cost_usd,
             error: None,
             missed_steers,
+            ..ChildOutcome::default()
         }
     }
 

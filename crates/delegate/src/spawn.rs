@@ -257,6 +257,11 @@ pub(crate) fn execute(
     result.cost_usd = if outcome.cost_usd.is_finite() { outcome.cost_usd.max(0.0) } else { 0.0 };
     result.error = outcome.error;
     result.missed_steer = outcome.missed_steers;
+    // What the runtime really used (an override, the config of the day).
+    if let Some(model) = outcome.model.filter(|m| !m.trim().is_empty()) {
+        result.model = Some(model);
+    }
+    result.endpoint = outcome.endpoint.filter(|e| !e.trim().is_empty());
     result.duration_seconds = started.elapsed().as_secs_f64();
     result
 }
@@ -452,7 +457,9 @@ pub(crate) fn run(
                 session_id: p.spec.session_id.clone(),
                 model: p.spec.model.clone(),
                 provider: p.spec.provider.clone(),
-                base_url: p.spec.base_url.clone(),
+                // Stored redacted: never a credential in a column, and
+                // never an address a follow-up would send the key to.
+                base_url: p.spec.base_url.as_deref().map(retinue_store::redact_endpoint),
                 api_mode: p.spec.api_mode.clone(),
                 toolsets: Some(p.spec.toolsets.clone()),
                 role: Some(p.spec.role.clone()),

@@ -29,6 +29,9 @@ pub const NO_CHILD_SESSION: &str =
 pub const STEER_RECEIPT: &str = "Message queued for the running subagent; it folds in at the child's next iteration boundary (the current tool call is never cut).";
 /// Resume note.
 pub const RESUME_NOTE: &str = "Follow-up ran as the retained child's next user turn on its own persisted session (budget-exempt: no spawn depth or concurrency consumed).";
+/// [`RESUME_NOTE`] when a delegation budget was charged (it is not exempt
+/// from that: only from spawn depth and concurrency).
+pub const RESUME_NOTE_CHARGED: &str = "Follow-up ran as the retained child's next user turn on its own persisted session (no spawn depth or concurrency consumed; its usage was charged to the delegation budget).";
 /// Background note.
 pub const BACKGROUND_NOTE: &str = "Children run in the background; their results are delivered to this session when they finish. Address a child later with follow_up=<subagent_id>.";
 

@@ -66,9 +66,11 @@ impl Call<'_> {
     /// `{base_url}/chat/completions`, the path joined before any query
     /// (`…/v1?api_key=K` → `…/v1/chat/completions?api_key=K`).
     fn url(&self) -> String {
-        let (base, query) = match self.base_url.split_once('?') {
+        // The userinfo is never sent (ureq would turn it into Basic auth).
+        let (stripped, _) = retinue_store::strip_userinfo(self.base_url);
+        let (base, query) = match stripped.split_once('?') {
             Some((base, query)) => (base, Some(query)),
-            None => (self.base_url, None),
+            None => (stripped.as_str(), None),
         };
         let mut url = format!("{}/chat/completions", base.trim_end_matches('/'));
         if let Some(query) = query {
@@ -80,6 +82,30 @@ impl Call<'_> {
 
     fn key(&self) -> Option<&str> {
         self.config.api_key.as_deref()
+    }
+
+    /// The URL called, as messages and logs may show it.
+    fn shown_url(&self) -> String {
+        retinue_store::redact_endpoint(&self.url())
+    }
+
+    /// `text` with the key and the endpoint's secrets (userinfo, query
+    /// values) removed.
+    fn clean(&self, text: &str) -> String {
+        let mut out = scrub(text, self.key());
+        for raw in [self.base_url.to_owned(), self.url()] {
+            if !raw.is_empty() && out.contains(&raw) {
+                out = out.replace(&raw, &retinue_store::redact_endpoint(&raw));
+            }
+        }
+        if let Some((_, query)) = self.base_url.split_once('?') {
+            for value in query.split('&').filter_map(|kv| kv.split_once('=').map(|(_, v)| v)) {
+                if value.len() >= 4 {
+                    out = out.replace(value, "***");
+                }
+            }
+        }
+        out
     }
 
     /// Sends the request, retrying what may be retried.
@@ -96,7 +122,7 @@ impl Call<'_> {
                 Err(Attempt::Stopped) => return CallOutcome::Stopped,
                 Err(Attempt::Fatal(e)) => return CallOutcome::Failed(e),
                 Err(Attempt::Retry { why, retry_after }) => {
-                    let why = scrub(&why, self.key());
+                    let why = self.clean(&why);
                     if attempt > policy.max_retries {
                         return CallOutcome::Failed(Error::Exhausted {
                             attempts: attempt,
@@ -108,7 +134,7 @@ impl Call<'_> {
                         .min(policy.max_delay);
                     log::warn!(
                         "model call to {} failed ({why}); retry {attempt}/{} in {:?}",
-                        self.url(),
+                        self.shown_url(),
                         policy.max_retries,
                         pause
                     );
@@ -143,6 +169,11 @@ impl Call<'_> {
             Err(e) => return Err(self.transport(&e)),
         };
         let status = response.status().as_u16();
+        let location = response
+            .headers()
+            .get("location")
+            .and_then(|v| v.to_str().ok())
+            .map(retinue_store::redact_endpoint);
         let retry_after = response
             .headers()
             .get("retry-after")
@@ -169,14 +200,23 @@ impl Call<'_> {
             })?;
             return parse_completion(&v).map_err(|e| Attempt::Fatal(e.into()));
         }
-        let message = scrub(&provider_message(&text), self.key());
+        let message = self.clean(&provider_message(&text));
         Err(match status {
+            301..=308 => Attempt::Fatal(Error::Redirected {
+                status,
+                url: self.shown_url(),
+                location: self.clean(&location.unwrap_or_default()),
+            }),
             401 | 403 => Attempt::Fatal(Error::KeyRejected {
                 status,
-                base_url: self.base_url.to_owned(),
+                base_url: retinue_store::redact_endpoint(self.base_url),
                 origin: self.config.api_key_origin.clone(),
             }),
-            404 => Attempt::Fatal(Error::NotFound { url, model: self.model.to_owned(), message }),
+            404 => Attempt::Fatal(Error::NotFound {
+                url: retinue_store::redact_endpoint(&url),
+                model: self.model.to_owned(),
+                message,
+            }),
             400 => Attempt::Fatal(Error::BadRequest { message }),
             408 | 409 | 429 | 500..=599 => {
                 Attempt::Retry { why: format!("HTTP {status}: {message}"), retry_after }
@@ -189,7 +229,7 @@ impl Call<'_> {
         if self.cancel.is_cancelled() {
             return Attempt::Stopped;
         }
-        let text = scrub(&e.to_string(), self.key());
+        let text = self.clean(&e.to_string());
         match e {
             ureq::Error::Timeout(_) => {
                 Attempt::Retry { why: format!("request timed out ({text})"), retry_after: None }
@@ -201,7 +241,7 @@ impl Call<'_> {
                 Attempt::Retry { why: format!("connection error: {text}"), retry_after: None }
             }
             ureq::Error::BadUri(_) | ureq::Error::HostNotFound | ureq::Error::Http(_) => {
-                Attempt::Fatal(Error::Unreachable { url: self.url(), message: text })
+                Attempt::Fatal(Error::Unreachable { url: self.shown_url(), message: text })
             }
             _ => Attempt::Fatal(Error::Malformed(text)),
         }

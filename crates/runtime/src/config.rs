@@ -67,6 +67,16 @@ pub struct RuntimeConfig {
     /// The request field bounding a call's completion under a budget:
     /// `max_completion_tokens` (default) or `max_tokens`.
     pub completion_limit_field: String,
+    /// Send the key over plain `http://` to a non-loopback host
+    /// (`delegation.allow_insecure_http`; refused by default).
+    pub allow_insecure_http: bool,
+    /// A model that overrides every child's (`--model`): otherwise a
+    /// child's own model (a follow-up's stored one), else `model`.
+    pub model_override: Option<String>,
+    /// The longest wait for a TCP (and TLS) connection.
+    pub connect_timeout: Duration,
+    /// The longest wait for the first byte of an answer.
+    pub first_byte_timeout: Duration,
 }
 
 impl fmt::Debug for RuntimeConfig {
@@ -83,6 +93,10 @@ impl fmt::Debug for RuntimeConfig {
             .field("retry", &self.retry)
             .field("request_timeout", &self.request_timeout)
             .field("completion_limit_field", &self.completion_limit_field)
+            .field("allow_insecure_http", &self.allow_insecure_http)
+            .field("model_override", &self.model_override)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("first_byte_timeout", &self.first_byte_timeout)
             .finish()
     }
 }
@@ -103,6 +117,10 @@ impl RuntimeConfig {
             retry: RetryPolicy::default(),
             request_timeout: Duration::from_secs(600),
             completion_limit_field: "max_completion_tokens".to_owned(),
+            allow_insecure_http: false,
+            model_override: None,
+            connect_timeout: Duration::from_secs(10),
+            first_byte_timeout: Duration::from_secs(120),
         }
     }
 
@@ -140,6 +158,7 @@ impl RuntimeConfig {
         let mut c = RuntimeConfig::new(base_url, d.model.clone());
         c.api_mode = d.api_mode.clone();
         c.stream = d.stream;
+        c.allow_insecure_http = d.allow_insecure_http;
         if d.max_iterations > 0 {
             c.max_iterations = d.max_iterations;
         }
@@ -171,10 +190,61 @@ impl RuntimeConfig {
         Ok(c)
     }
 
-    /// Checks what can be checked before a call (the `api_mode`).
+    /// Checks what can be checked before a call: the `api_mode`, and that
+    /// the key never goes over plain HTTP to a host that is not loopback
+    /// (unless `allow_insecure_http`), nor is missing for a provider that
+    /// needs one.
     pub fn check(&self) -> Result<(), Error> {
-        check_api_mode(&self.api_mode)
+        check_api_mode(&self.api_mode)?;
+        let (url, _) = retinue_store::strip_userinfo(&self.base_url);
+        let shown = retinue_store::redact_endpoint(&self.base_url);
+        if self.api_key.is_some() && !self.allow_insecure_http && insecure(&url) {
+            return Err(Error::Config(format!(
+                "refusing to send the API key over plain HTTP to {shown} (not a loopback \
+                 address): use https://, or set `delegation.allow_insecure_http: true` in \
+                 config.yaml if this network is trusted"
+            )));
+        }
+        if self.api_key.is_none() && needs_key(&url) {
+            return Err(Error::Config(format!(
+                "{shown} needs an API key and none is configured (the key came from {}): set \
+                 `delegation.api_key`, or `delegation.api_key_env` naming the environment \
+                 variable that holds it (default `OPENAI_API_KEY`)",
+                self.api_key_origin
+            )));
+        }
+        Ok(())
     }
+}
+
+/// The host of `url` (no userinfo), lower-cased, without brackets.
+fn host_of(url: &str) -> String {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
+    let host = if let Some(v6) = authority.strip_prefix('[') {
+        v6.split(']').next().unwrap_or_default()
+    } else {
+        authority.rsplit_once(':').map_or(authority, |(h, _)| h)
+    };
+    host.to_ascii_lowercase()
+}
+
+/// Whether `host` is a loopback name or address.
+pub(crate) fn is_loopback(host: &str) -> bool {
+    host == "localhost"
+        || host.ends_with(".localhost")
+        || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+/// Plain `http://` to a host that is not loopback.
+fn insecure(url: &str) -> bool {
+    url.trim().get(..7).is_some_and(|s| s.eq_ignore_ascii_case("http://"))
+        && !is_loopback(&host_of(url))
+}
+
+/// The hosted providers that answer every request without a key with 401.
+fn needs_key(url: &str) -> bool {
+    matches!(host_of(url).as_str(), "api.openai.com" | "openrouter.ai")
 }
 
 /// The known endpoint of a provider name.
@@ -203,6 +273,35 @@ pub(crate) fn check_api_mode(mode: &str) -> Result<(), Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_key_never_goes_over_plain_http_to_another_host() {
+        let c = |url: &str| RuntimeConfig::new(url, "m").with_api_key("sk-secret-1");
+        for ok in [
+            "https://api.example.com/v1",
+            "http://127.0.0.1:8080/v1",
+            "http://localhost:11434/v1",
+            "http://[::1]:9/v1",
+            "http://127.9.9.9/v1",
+        ] {
+            assert!(c(ok).check().is_ok(), "{ok}");
+        }
+        for bad in ["http://10.0.0.5:8000/v1", "http://models.internal/v1", "HTTP://example.com/v1"]
+        {
+            let e = c(bad).check().err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(e.contains("allow_insecure_http"), "{bad}: {e}");
+        }
+        let e = c("http://alice:PW@10.0.0.5/v1?api_key=K").check().err().map(|e| e.to_string());
+        let e = e.unwrap_or_default();
+        assert!(!e.contains("PW") && !e.contains("=K"), "{e}");
+        let mut allowed = c("http://10.0.0.5:8000/v1");
+        allowed.allow_insecure_http = true;
+        assert!(allowed.check().is_ok());
+        // No key: plain HTTP is fine, but a hosted provider needs one.
+        assert!(RuntimeConfig::new("http://10.0.0.5/v1", "m").check().is_ok());
+        let e = RuntimeConfig::new("https://api.openai.com/v1", "m").check();
+        assert!(e.is_err_and(|e| e.to_string().contains("needs an API key")));
+    }
 
     fn env(vars: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
         move |name| vars.iter().find(|(k, _)| *k == name).map(|(_, v)| (*v).to_owned())

@@ -23,6 +23,20 @@ pub enum Error {
         /// Where the key came from (`delegation.api_key`, an env var, or nowhere).
         origin: String,
     },
+    /// A 3xx answer to the POST: never followed (the body and the key must
+    /// not go to another address); `base_url` should name the final one.
+    #[error(
+        "the endpoint {url} answered HTTP {status} (a redirect to {location}); redirects of a \
+         model call are never followed: set `delegation.base_url` to the final address"
+    )]
+    Redirected {
+        /// 301…308.
+        status: u16,
+        /// The URL called (redacted).
+        url: String,
+        /// Where it pointed (redacted; empty when not given).
+        location: String,
+    },
     /// 404: the model is unknown to the provider or `base_url` is wrong.
     #[error(
         "HTTP 404 from {url}: unknown model `{model}` or wrong base URL; check \

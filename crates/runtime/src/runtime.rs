@@ -20,6 +20,16 @@ use crate::{Error, RuntimeConfig, ToolExecutor};
 /// hermes's marker for structured (JSON) message content.
 const JSON_CONTENT: &str = "\u{0}json:";
 
+/// Model or tool output as stored text: a leading structured-content marker
+/// loses its NUL, so untrusted output can never pass for hermes's
+/// structured content (in Retinue's replay or in hermes's own reader).
+fn as_text(s: String) -> String {
+    match s.strip_prefix('\u{0}') {
+        Some(rest) if s.starts_with(JSON_CONTENT) => rest.to_owned(),
+        _ => s,
+    }
+}
+
 /// What the runtime keeps per built child.
 #[derive(Debug, Clone)]
 struct Child {
@@ -41,6 +51,8 @@ pub struct ChatRuntime {
     agent: ureq::Agent,
     tools: Arc<dyn ToolExecutor>,
     children: Mutex<HashMap<String, Child>>,
+    /// Models already warned about having no price (warned once each).
+    unpriced: Mutex<std::collections::HashSet<String>>,
 }
 
 impl fmt::Debug for ChatRuntime {
@@ -57,16 +69,32 @@ impl ChatRuntime {
         config.check()?;
         let agent = ureq::Agent::config_builder()
             .http_status_as_error(false)
+            // A redirect of the POST is an error, never followed elsewhere.
+            .max_redirects(0)
+            .timeout_connect(Some(config.connect_timeout))
+            .timeout_recv_response(Some(config.first_byte_timeout))
             .max_idle_connections(256)
             .max_idle_connections_per_host(256)
             .build()
             .new_agent();
-        Ok(ChatRuntime { config, agent, tools, children: Mutex::new(HashMap::new()) })
+        Ok(ChatRuntime {
+            config,
+            agent,
+            tools,
+            children: Mutex::new(HashMap::new()),
+            unpriced: Mutex::new(std::collections::HashSet::new()),
+        })
     }
 
     /// The configuration.
     pub fn config(&self) -> &RuntimeConfig {
         &self.config
+    }
+
+    /// Children built and not yet finished (a finished child is forgotten,
+    /// so a long-running server keeps no entry per child).
+    pub fn live_children(&self) -> usize {
+        self.children().len()
     }
 
     fn children(&self) -> std::sync::MutexGuard<'_, HashMap<String, Child>> {
@@ -91,15 +119,10 @@ impl ChatRuntime {
             .unwrap_or_default()
     }
 
-    /// Closes the child to steering; returns what was still queued.
+    /// Closes the child to steering and forgets it (a long-running server
+    /// keeps no entry per finished child); returns what was still queued.
     fn close(&self, child: &ChildHandle) -> Vec<String> {
-        match self.children().get_mut(&child.subagent_id) {
-            Some(c) => {
-                c.open = false;
-                std::mem::take(&mut c.steers)
-            }
-            None => Vec::new(),
-        }
+        self.children().remove(&child.subagent_id).map(|c| c.steers).unwrap_or_default()
     }
 
     /// What sending `tokens` prompt tokens costs at the price table (0 when
@@ -127,21 +150,33 @@ impl ChatRuntime {
                     / 1e6
             }
             None => {
-                log::warn!(
-                    "no price for model `{model}` and the provider reported no cost; billing 0 \
-                     (set `delegation.pricing.{model}` in config.yaml)"
-                );
+                let first = self
+                    .unpriced
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .insert(model.to_owned());
+                if first {
+                    log::warn!(
+                        "no price for model `{model}` and the provider reported no cost; billing \
+                         0 (set `delegation.pricing.{model}` in config.yaml)"
+                    );
+                }
                 0.0
             }
         }
     }
 }
 
-/// A transcript row as the Chat Completions API wants it.
+/// A transcript row as the Chat Completions API wants it. Only the rows
+/// hermes itself writes as structured (user and system turns) are decoded
+/// from its marker; model output and tool output are always text.
 fn to_wire(m: &Message) -> Option<Value> {
+    let structured = matches!(m.role.as_str(), "user" | "system");
     let content = m.content.as_deref().map(|c| match c.strip_prefix(JSON_CONTENT) {
-        Some(json) => serde_json::from_str(json).unwrap_or_else(|_| Value::String(c.to_owned())),
-        None => Value::String(c.to_owned()),
+        Some(json) if structured => {
+            serde_json::from_str(json).unwrap_or_else(|_| Value::String(c.to_owned()))
+        }
+        _ => Value::String(c.to_owned()),
     });
     match m.role.as_str() {
         "assistant" => {
@@ -380,7 +415,7 @@ impl Run<'_> {
                 .collect();
             let assistant = Message {
                 role: "assistant".into(),
-                content: completion.content.clone(),
+                content: completion.content.clone().map(as_text),
                 tool_calls: (!wire_calls.is_empty())
                     .then(|| Value::Array(wire_calls.clone()).to_string()),
                 finish_reason: completion.finish_reason.clone(),
@@ -426,6 +461,7 @@ impl Run<'_> {
                         },
                     }
                 };
+                let output = as_text(output);
                 let result = Message {
                     role: "tool".into(),
                     content: Some(output.clone()),
@@ -449,8 +485,25 @@ impl ChildRuntime for ChatRuntime {
         };
         let api_mode = pick(&spec.api_mode, &self.config.api_mode);
         check_api_mode(&api_mode).map_err(|e| RuntimeError::Config(e.to_string()))?;
-        let model = pick(&spec.model, &self.config.model);
-        let base_url = pick(&spec.base_url, &self.config.base_url);
+        // The model: the operator's override, else the child's own (a
+        // follow-up's stored model), else the configured one.
+        let model = match self.config.model_override.as_deref().map(str::trim) {
+            Some(m) if !m.is_empty() => m.to_owned(),
+            _ => pick(&spec.model, &self.config.model),
+        };
+        // The endpoint is always the configured one: a stored endpoint (read
+        // from a database another program may write) is never contacted, so
+        // the key only ever goes where the operator pointed it.
+        let base_url = self.config.base_url.trim().to_owned();
+        let stored = spec.base_url.as_deref().map(str::trim).filter(|b| !b.is_empty());
+        if let Some(stored) = stored.filter(|s| *s != base_url) {
+            log::info!(
+                "child {} was recorded with endpoint {}; using the configured {}",
+                spec.subagent_id,
+                retinue_store::redact_endpoint(stored),
+                retinue_store::redact_endpoint(&base_url)
+            );
+        }
         let mut missing = Vec::new();
         if model.is_empty() {
             missing.push("`delegation.model` (or --model)");
@@ -482,11 +535,14 @@ impl ChildRuntime for ChatRuntime {
         cancel: &CancelToken,
     ) -> ChildOutcome {
         let settings = self.child_settings(child);
+        let (settings_model, settings_url) = (settings.model.clone(), settings.base_url.clone());
         let mut run =
             Run { rt: self, child, settings, sink, cancel, outcome: ChildOutcome::default() };
         run.go(input);
         let mut outcome = run.outcome;
         outcome.missed_steers = self.close(child);
+        outcome.model = Some(settings_model);
+        outcome.endpoint = Some(retinue_store::redact_endpoint(&settings_url));
         outcome
     }
 

@@ -96,6 +96,9 @@ pub struct DelegationConfig {
     pub api_key_env: String,
     /// Whether children stream model responses (server-sent events).
     pub stream: bool,
+    /// `allow_insecure_http`: send the API key over plain `http://` to a
+    /// host that is not loopback (refused by default).
+    pub allow_insecure_http: bool,
     /// Prices per model (`delegation.pricing: {MODEL: {input_per_mtok,
     /// output_per_mtok, cached_input_per_mtok}}`), used when the provider
     /// reports no cost.
@@ -147,6 +150,7 @@ impl Default for DelegationConfig {
             api_key: String::new(),
             api_key_env: String::new(),
             stream: false,
+            allow_insecure_http: false,
             pricing: BTreeMap::new(),
             api_mode: String::new(),
             completion_limit_field: String::new(),
@@ -177,6 +181,7 @@ impl fmt::Debug for DelegationConfig {
             .field("api_key", &key)
             .field("api_key_env", &self.api_key_env)
             .field("stream", &self.stream)
+            .field("allow_insecure_http", &self.allow_insecure_http)
             .field("pricing", &self.pricing)
             .field("api_mode", &self.api_mode)
             .field("completion_limit_field", &self.completion_limit_field)
@@ -343,6 +348,7 @@ impl LoadedConfig {
         r.string("api_key", &mut d.api_key);
         r.string("api_key_env", &mut d.api_key_env);
         r.boolean("stream", &mut d.stream);
+        r.boolean("allow_insecure_http", &mut d.allow_insecure_http);
         r.pricing(&mut d.pricing);
         r.budget(&mut d.budget);
         if let Some(n) = r.u64("max_resume_tokens") {

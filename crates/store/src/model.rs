@@ -277,6 +277,71 @@ pub fn userinfo_at(rest: &str) -> Option<usize> {
     }
 }
 
+/// `url` as any message, log or stored column may show it: the userinfo
+/// (`user:password@`) becomes `***@` and every query value `***`
+/// (`?api_key=K` → `?api_key=***`); scheme, host, port and path stay.
+pub fn redact_endpoint(url: &str) -> String {
+    let url = url.trim();
+    let (head, rest) = match url.split_once("://") {
+        Some((scheme, rest)) => (format!("{scheme}://"), rest),
+        None => (String::new(), url),
+    };
+    let rest = match userinfo_at(rest) {
+        Some(at) => format!("***@{}", &rest[at + 1..]),
+        None => rest.to_owned(),
+    };
+    let (rest, fragment) = match rest.split_once('#') {
+        Some((r, _)) => (r.to_owned(), "#***"),
+        None => (rest, ""),
+    };
+    let rest = match rest.split_once('?') {
+        Some((path, query)) => {
+            let params: Vec<String> = query
+                .split('&')
+                .map(|kv| match kv.split_once('=') {
+                    Some((k, _)) => format!("{k}=***"),
+                    None if kv.is_empty() => String::new(),
+                    None => "***".to_owned(),
+                })
+                .collect();
+            format!("{path}?{}", params.join("&"))
+        }
+        None => rest,
+    };
+    format!("{head}{rest}{fragment}")
+}
+
+/// `url` without its userinfo (never sent: a key goes only in the
+/// `Authorization` header the operator configured), and whether it had one.
+pub fn strip_userinfo(url: &str) -> (String, bool) {
+    let url = url.trim();
+    let (head, rest) = match url.split_once("://") {
+        Some((scheme, rest)) => (format!("{scheme}://"), rest),
+        None => (String::new(), url),
+    };
+    match userinfo_at(rest) {
+        Some(at) => (format!("{head}{}", &rest[at + 1..]), true),
+        None => (url.to_owned(), false),
+    }
+}
+
+#[cfg(test)]
+mod endpoint_tests {
+    use super::{redact_endpoint, strip_userinfo};
+
+    #[test]
+    fn endpoints_are_redacted_and_stripped() {
+        assert_eq!(
+            redact_endpoint("http://alice:PW@host:8080/v1?api_key=K&x=1#frag"),
+            "http://***@host:8080/v1?api_key=***&x=***#***"
+        );
+        assert_eq!(redact_endpoint("https://api.openai.com/v1"), "https://api.openai.com/v1");
+        assert_eq!(redact_endpoint("http://u:p/w@d@h/v1"), "http://***@h/v1");
+        assert_eq!(strip_userinfo("http://a:b@h/v1"), ("http://h/v1".to_owned(), true));
+        assert_eq!(strip_userinfo("http://h/v1"), ("http://h/v1".to_owned(), false));
+    }
+}
+
 /// One retained child: the registry's entry.
 ///
 /// Serializes to exactly the spec's keys: `delegation_id`,

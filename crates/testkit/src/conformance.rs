@@ -54,10 +54,14 @@ pub struct Backend {
     pub reopen: Box<dyn Fn() -> Arc<dyn Registry> + Send + Sync>,
     /// A handle on the same storage for another tenant: that profile, with
     /// its own delegation settings (limits), on this backend's clock.
-    pub open_as: Box<dyn Fn(&str, DelegationConfig) -> Arc<dyn Registry> + Send + Sync>,
+    pub open_as: TenantOpener,
     /// Keeps the storage alive (temp dir, scratch schema) until the backend drops.
     pub guard: Box<dyn Any + Send + Sync>,
 }
+
+/// Opens a handle on a backend's storage as another tenant: its profile
+/// and its delegation settings.
+pub type TenantOpener = Box<dyn Fn(&str, DelegationConfig) -> Arc<dyn Registry> + Send + Sync>;
 
 /// A factory of fresh, empty backends with the given delegation settings.
 pub type Factory<'a> = &'a dyn Fn(DelegationConfig) -> Backend;

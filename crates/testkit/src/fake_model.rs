@@ -151,6 +151,13 @@ pub enum ReplyKind {
     },
     /// Read the request, then close the connection without answering.
     Drop,
+    /// A redirect (`status` 301…308) to `location`.
+    Redirect {
+        /// The status code.
+        status: u16,
+        /// The `Location` header.
+        location: String,
+    },
 }
 
 /// One scripted answer.
@@ -210,6 +217,11 @@ impl Reply {
             message: "Rate limit reached".to_owned(),
             retry_after: Some(retry_after_secs.to_string()),
         })
+    }
+
+    /// A redirect: `status` (301…308) with `Location: location`.
+    pub fn redirect(status: u16, location: &str) -> Reply {
+        Reply::of(ReplyKind::Redirect { status, location: location.to_owned() })
     }
 
     /// A 5xx (or any) server error.
@@ -665,6 +677,10 @@ fn answer(out: &mut TcpStream, req: &RecordedRequest, reply: &Reply, shared: &Sh
                 extra.push(("retry-after", r.as_str()));
             }
             write_response(out, *status, "application/json", body.to_string().as_bytes(), &extra)
+                .is_ok()
+        }
+        ReplyKind::Redirect { status, location } => {
+            write_response(out, *status, "text/plain", b"moved", &[("location", location.as_str())])
                 .is_ok()
         }
         ReplyKind::Message { content, tool_calls } => {
