@@ -98,7 +98,13 @@ pub(crate) struct Inner {
     pub(crate) background_slots: AtomicUsize,
     pub(crate) finalize_lock: Mutex<()>,
     pub(crate) background_threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
+    /// Draws `n` random bytes as hex for new ids (the OS source, or an
+    /// embedder's own).
+    pub(crate) ids: IdSource,
 }
+
+/// Draws the hex of `n` random bytes for a new subagent or session id.
+pub type IdSource = Arc<dyn Fn(usize) -> String + Send + Sync>;
 
 /// The `delegate_task` tool. Cheap to clone; background units run on threads.
 #[derive(Clone)]
@@ -122,6 +128,13 @@ pub fn error_json(e: &DelegateError) -> Value {
 impl Delegator {
     /// A tool over these collaborators.
     pub fn new(parts: DelegatorParts) -> Delegator {
+        Delegator::new_with_ids(parts, Arc::new(spawn::random_hex))
+    }
+
+    /// A tool whose new ids draw their random hex from `ids` (an
+    /// embedder's own source; tests force collisions with it). A drawn id
+    /// that is already in use is drawn again, never reused.
+    pub fn new_with_ids(parts: DelegatorParts, ids: IdSource) -> Delegator {
         Delegator {
             inner: Arc::new(Inner {
                 parts,
@@ -130,6 +143,7 @@ impl Delegator {
                 background_slots: AtomicUsize::new(0),
                 finalize_lock: Mutex::new(()),
                 background_threads: Mutex::new(Vec::new()),
+                ids,
             }),
         }
     }

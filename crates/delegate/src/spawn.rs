@@ -7,8 +7,8 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use retinue_store::{
-    ChildManifest, ChildStatus, Completion, DeliveryFilter, ExitReason, Message, NewSession, Role,
-    Spend, UnitDraft, current_owner, truncate_chars,
+    ChildManifest, ChildStatus, Completion, DeliveryFilter, ExitReason, Lookup, Message,
+    NewSession, Role, Spend, UnitDraft, current_owner, truncate_chars,
 };
 use retinue_usage::{ChildRun, FinalizeContext, FinalizeEntry, ParentCost, Tokens};
 use serde_json::json;
@@ -316,6 +316,44 @@ struct Planned {
     input: RunInput,
 }
 
+/// How many draws a new id gets before the spawn gives up.
+const ID_DRAWS: usize = 16;
+
+/// A subagent id (32 random bits) and a session id for task `i` that no
+/// stored row and no sibling planned so far uses: a drawn id already in use
+/// is drawn again (a lookup by id must never find two children).
+fn fresh_ids(
+    inner: &Inner,
+    i: usize,
+    planned: &[Planned],
+) -> Result<(String, String), DelegateError> {
+    let parts = &inner.parts;
+    for _ in 0..ID_DRAWS {
+        let sa = format!("sa-{i}-{}", (inner.ids)(4));
+        let sess = format!("sess_{}", (inner.ids)(8));
+        let taken_here = planned.iter().any(|p| {
+            p.spec.subagent_id == sa || p.spec.session_id == sess || p.spec.session_id == sa
+        });
+        if taken_here {
+            continue;
+        }
+        let sa_free =
+            matches!(parts.registry.lookup(&sa).map_err(DelegateError::Storage)?, Lookup::Unknown);
+        let sess_free = parts.sessions.session(&sess).map_err(DelegateError::Storage)?.is_none()
+            && matches!(
+                parts.registry.lookup(&sess).map_err(DelegateError::Storage)?,
+                Lookup::Unknown
+            );
+        if sa_free && sess_free {
+            return Ok((sa, sess));
+        }
+        log::warn!("a drawn child id collided with a stored one ({sa} / {sess}); drawing again");
+    }
+    Err(DelegateError::Runtime(format!(
+        "could not draw an unused child id in {ID_DRAWS} tries; no child was started"
+    )))
+}
+
 pub(crate) fn run(
     inner: &Arc<Inner>,
     request: &SpawnRequest,
@@ -362,9 +400,18 @@ pub(crate) fn run(
         } else {
             Role::Leaf
         };
+        let (subagent_id, session_id) = match fresh_ids(inner, i, &planned) {
+            Ok(ids) => ids,
+            Err(e) => {
+                if took_slot {
+                    inner.background_slots.fetch_sub(1, Ordering::SeqCst);
+                }
+                return Err(e);
+            }
+        };
         let spec = ChildSpec {
-            subagent_id: format!("sa-{i}-{}", random_hex(4)),
-            session_id: format!("sess_{}", random_hex(8)),
+            subagent_id,
+            session_id,
             task_index: i,
             goal: task.goal.clone(),
             context: task.context.clone(),

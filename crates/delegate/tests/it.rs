@@ -677,9 +677,11 @@ mod seams {
         authority: MockLineageAuthority,
         runtime: MockChildRuntime,
     ) -> Delegator {
+        let mut sessions = MockSessionStore::new();
+        sessions.expect_session().returning(|_| Ok(None));
         Delegator::new(DelegatorParts {
             registry: Arc::new(registry),
-            sessions: Arc::new(MockSessionStore::new()),
+            sessions: Arc::new(sessions),
             ledger: Arc::new(MockUsageLedger::new()),
             budgets: None,
             authority: Arc::new(authority),
@@ -697,6 +699,7 @@ mod seams {
     #[test]
     fn unit_write_failure_starts_no_child() {
         let mut registry = MockRegistry::new();
+        registry.expect_lookup().returning(|_| Ok(Lookup::Unknown));
         registry
             .expect_insert_unit()
             .times(1)
@@ -1580,5 +1583,84 @@ mod no_overspend {
                 prop_assert_eq!(status.reserved.tokens, 0, "unsettled: {:?}", status);
             }
         }
+    }
+}
+
+/// Issue #22: a drawn subagent id that is already stored is drawn again.
+mod ids {
+    use std::sync::{Arc, Mutex};
+
+    use retinue_delegate::scripted::ScriptedRuntime;
+    use retinue_delegate::{Delegator, DelegatorParts};
+    use retinue_lineage::Authority;
+    use retinue_store::{DelegationConfig, Lookup, RegistryRead};
+    use serde_json::json;
+
+    use super::{Fx, parent};
+
+    #[test]
+    fn a_colliding_id_is_drawn_again() {
+        let fx = Fx::with(DelegationConfig::default(), ScriptedRuntime::new());
+        fx.session("A", "cli", None, None);
+        // The source's first draws repeat: every spawn would get the same ids.
+        let draws: Arc<Mutex<Vec<String>>> = Arc::new(Mutex::new(
+            [
+                "deadbeef",
+                "0000000000000001",
+                "deadbeef",
+                "0000000000000001",
+                "cafef00d",
+                "0000000000000002",
+            ]
+            .map(str::to_owned)
+            .to_vec(),
+        ));
+        let source = Arc::clone(&draws);
+        let ids = Arc::new(move |n: usize| {
+            let mut d = source.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if d.is_empty() { "f".repeat(n * 2) } else { d.remove(0) }
+        });
+        let tool = Delegator::new_with_ids(
+            DelegatorParts {
+                registry: fx.store.clone(),
+                sessions: fx.store.clone(),
+                ledger: fx.store.clone(),
+                budgets: Some(fx.store.clone()),
+                authority: Arc::new(Authority::new(fx.store.clone(), fx.store.clone(), "")),
+                runtime: Arc::new(ScriptedRuntime::new()),
+                completions: None,
+                config: DelegationConfig::default(),
+                profile: String::new(),
+            },
+            ids,
+        );
+        let first = tool.delegate_task(&json!({"goal": "one"}), Some(&parent("A")));
+        assert_eq!(first["results"][0]["subagent_id"], "sa-0-deadbeef", "{first}");
+        // The second spawn draws the same ids first: they are taken, so it draws again.
+        let second = tool.delegate_task(&json!({"goal": "two"}), Some(&parent("A")));
+        assert_eq!(second["results"][0]["subagent_id"], "sa-0-cafef00d", "{second}");
+        assert_eq!(second["results"][0]["child_session_id"], "sess_0000000000000002");
+        // Each id still names exactly its own child.
+        let Lookup::Addressable(old) = fx.store.lookup("sa-0-deadbeef").expect("lookup") else {
+            panic!("the first child is gone");
+        };
+        assert_eq!(old.child_session_id, "sess_0000000000000001");
+        // A source that only ever repeats a taken id gives up, starting nothing.
+        let stuck = Delegator::new_with_ids(
+            DelegatorParts {
+                registry: fx.store.clone(),
+                sessions: fx.store.clone(),
+                ledger: fx.store.clone(),
+                budgets: Some(fx.store.clone()),
+                authority: Arc::new(Authority::new(fx.store.clone(), fx.store.clone(), "")),
+                runtime: Arc::new(ScriptedRuntime::new()),
+                completions: None,
+                config: DelegationConfig::default(),
+                profile: String::new(),
+            },
+            Arc::new(|n: usize| if n == 4 { "deadbeef".to_owned() } else { "1".repeat(n * 2) }),
+        );
+        let out = stuck.delegate_task(&json!({"goal": "three"}), Some(&parent("A")));
+        assert!(out["error"].as_str().is_some_and(|e| e.contains("unused child id")), "{out}");
     }
 }
