@@ -1760,3 +1760,40 @@ fn a_follow_up_uses_the_configured_endpoint_never_the_stored_one() {
     let last = fx.model.requests().pop().expect("a request");
     assert_eq!(last.body["model"], "other/model");
 }
+
+/// A WAL-mode state.db on a read-only mount (a backup snapshot, another
+/// user's home) is read as an immutable snapshot, and says so (issue #22).
+/// The mount is made read-only inside a private user and mount namespace.
+#[test]
+fn a_wal_file_on_a_read_only_mount_is_read_as_a_snapshot() {
+    let fx = Fx::new();
+    let unshare = std::process::Command::new("unshare").arg("--version").output();
+    if !unshare.is_ok_and(|o| o.status.success()) {
+        panic!("unshare (util-linux) is needed for this test");
+    }
+    let expected = ids(&fx.ok(0, &["children", "list"]));
+    {
+        let db = HermesDb::open(&fx.home.db_path());
+        let mode: String = db
+            .connection()
+            .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
+            .expect("wal");
+        assert_eq!(mode, "wal");
+    }
+    let dir = fx.home.path().to_string_lossy().into_owned();
+    let script = format!(
+        "mount --bind '{dir}' '{dir}' && mount -o remount,bind,ro '{dir}' && \
+         touch '{dir}/probe' 2>/dev/null && exit 90; \
+         exec '{BIN}' --home '{dir}' --json children list"
+    );
+    let out = std::process::Command::new("unshare")
+        .args(["--user", "--map-root-user", "--mount", "sh", "-c", &script])
+        .env_remove("HERMES_HOME")
+        .output()
+        .expect("unshare");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let listed: Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(ids(&listed), expected, "{stderr}");
+    assert!(stderr.contains("immutable snapshot"), "{stderr}");
+}

@@ -515,8 +515,10 @@ fn special_kind(_ft: &std::fs::FileType) -> &'static str {
     "special file"
 }
 
-/// Refuses a SQLite file that has tables but neither hermes' `sessions`
-/// table nor Retinue's own: Retinue adopts only files that are hermes' or its own.
+/// Refuses a SQLite file that has tables but neither hermes' tables
+/// (`sessions`, or the delegation tables hermes's `async_delegation` module
+/// creates before any `SessionDB` exists) nor Retinue's own: Retinue adopts
+/// only files that are hermes' or its own.
 /// The migration history table counts as Retinue's: a concurrent first open
 /// creates it (refinery does, before its one migration transaction) a moment
 /// before the rest of the schema.
@@ -537,6 +539,7 @@ fn check_ours(conn: &Connection, path: &Path) -> Result<()> {
         .query_row(
             "SELECT EXISTS (SELECT 1 FROM main.sqlite_master WHERE type = 'table' \
              AND (name = 'sessions' OR name = 'refinery_schema_history' \
+                  OR name = 'async_delegations' OR name = 'delegation_child_usage' \
                   OR name LIKE 'retinue\\_%' ESCAPE '\\'))",
             [],
             |r| r.get(0),
@@ -732,11 +735,21 @@ fn connect_read_only(path: &Path, busy: Duration) -> SqlResult<Connection> {
         c.query_row("SELECT count(*) FROM main.sqlite_master", [], |r| r.get::<_, i64>(0))
     };
     if let Err(e) = probe(&conn) {
-        // A WAL file in a read-only directory: without a `-shm` companion SQLite
-        // cannot share memory, and nobody can write it either, so read it immutable.
-        if e.sqlite_error_code() == Some(rusqlite::ErrorCode::CannotOpen) && !non_utf8 {
+        // A WAL file in a read-only directory or mount (a backup snapshot,
+        // another user's home): without a `-shm` companion SQLite cannot
+        // share memory (CANTOPEN), or would have to write to recover the
+        // WAL (READONLY); nobody can write it either, so read it immutable.
+        let code = e.sqlite_error_code();
+        let fallback =
+            matches!(code, Some(rusqlite::ErrorCode::CannotOpen | rusqlite::ErrorCode::ReadOnly));
+        if fallback && !non_utf8 {
             conn = Connection::open_with_flags(ro_uri(path, true), flags)?;
             probe(&conn)?;
+            log::warn!(
+                "{} is read as an immutable snapshot (its directory is read-only, so the WAL \
+                 cannot be shared): changes a live writer has not checkpointed are not seen",
+                path.display()
+            );
         } else {
             return Err(e.into());
         }

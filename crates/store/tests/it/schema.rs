@@ -138,3 +138,43 @@ fn read_only_store_serves_reads() {
         .expect_err("read-only");
     assert!(matches!(err, Error::ReadOnly { .. }), "{err:?}");
 }
+
+/// hermes's `async_delegation` module may create its tables before any
+/// `SessionDB` exists (issue #22): such a file is hermes's, adopted in
+/// place with every row kept.
+#[test]
+fn a_file_with_only_hermes_delegation_tables_is_adopted() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("state.db");
+    {
+        let conn = rusqlite::Connection::open(&path).expect("create");
+        conn.execute_batch(retinue_testkit::hermes::HERMES_LEGACY_DELEGATIONS_DDL).expect("ddl");
+        conn.execute_batch(retinue_testkit::hermes::HERMES_ALTER_DELEGATIONS_DDL).expect("alter");
+        conn.execute_batch(retinue_testkit::hermes::HERMES_USAGE_DDL).expect("usage");
+        conn.execute(
+            "INSERT INTO async_delegations (delegation_id, origin_session, state, dispatched_at, \
+             updated_at) VALUES ('deleg_early', 'p', 'running', 1.0, 1.0)",
+            [],
+        )
+        .expect("row");
+    }
+    let store = Store::open(&path, StoreOptions::default()).expect("hermes's file is adopted");
+    drop(store);
+    let conn = rusqlite::Connection::open(&path).expect("reopen");
+    let t = tables(&conn);
+    assert!(t.contains("sessions") && t.contains("retinue_children"), "{t:?}");
+    let n: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM async_delegations WHERE delegation_id = 'deleg_early'",
+            [],
+            |r| r.get(0),
+        )
+        .expect("count");
+    assert_eq!(n, 1);
+    // A file of some other program is still refused.
+    let other = dir.path().join("other.db");
+    rusqlite::Connection::open(&other)
+        .and_then(|c| c.execute_batch("CREATE TABLE notes (body TEXT);"))
+        .expect("other");
+    assert!(matches!(Store::open(&other, StoreOptions::default()), Err(Error::Foreign { .. })));
+}
