@@ -182,8 +182,8 @@ pub(crate) struct DelegateArgs {
 /// `retinue mcp …`.
 #[derive(Debug, Args)]
 pub(crate) struct McpArgs {
-    /// Serve streamable HTTP on this loopback address (e.g. 127.0.0.1:8765) instead of stdio
-    #[arg(long, value_name = "ADDR")]
+    /// Serve streamable HTTP on this loopback address (e.g. 127.0.0.1:8765 or localhost:8765) instead of stdio
+    #[arg(long, value_name = "ADDR", value_parser = loopback_addr)]
     pub(crate) http: Option<std::net::SocketAddr>,
 
     /// Act as this existing session instead of the project's
@@ -248,5 +248,36 @@ mod tests {
         assert!(super::max_retained("0").is_err_and(|e| e.contains("from 1 to")));
         assert_eq!(super::non_blank("  x "), Ok("x".into()));
         assert!(super::non_blank("  ").is_err());
+    }
+}
+
+/// `--http ADDR`: an IP socket address, or `localhost:PORT` (127.0.0.1).
+fn loopback_addr(text: &str) -> Result<std::net::SocketAddr, String> {
+    let text = text.trim();
+    if let Ok(addr) = text.parse::<std::net::SocketAddr>() {
+        return Ok(addr);
+    }
+    match text.rsplit_once(':') {
+        Some((host, port)) if host.eq_ignore_ascii_case("localhost") => port
+            .parse::<u16>()
+            .map(|p| std::net::SocketAddr::from(([127, 0, 0, 1], p)))
+            .map_err(|_| format!("`{port}` is not a port number")),
+        _ => Err(format!(
+            "`{text}` is not a loopback address: use 127.0.0.1:PORT, [::1]:PORT or localhost:PORT"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod addr_tests {
+    use super::loopback_addr;
+
+    #[test]
+    fn localhost_is_a_loopback_address() {
+        assert_eq!(loopback_addr("localhost:8765").ok(), "127.0.0.1:8765".parse().ok());
+        assert_eq!(loopback_addr("127.0.0.1:9").ok(), "127.0.0.1:9".parse().ok());
+        assert_eq!(loopback_addr("[::1]:9").ok(), "[::1]:9".parse().ok());
+        assert!(loopback_addr("localhost:http").is_err());
+        assert!(loopback_addr("example.com:80").is_err());
     }
 }

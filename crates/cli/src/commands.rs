@@ -590,8 +590,26 @@ pub(crate) fn delegate(env: &Env, args: &DelegateArgs) -> Result<Output> {
         model: parent_row.as_ref().and_then(|r| r.model.clone()),
         ..ParentContext::default()
     };
-    let outcome = tool.delegate(&request, &parent, &CancelToken::new());
+    // SIGINT/SIGTERM cancel the children: each bills what it spent, the unit
+    // is finalised (`interrupted`), and the command exits 130/143.
+    let cancel = CancelToken::new();
+    let interrupts = crate::interrupt::Interrupts::watch(&cancel);
+    let outcome = tool.delegate(&request, &parent, &cancel);
     tool.wait_background();
+    if let Some(code) = interrupts.exit_code() {
+        let mut out = match &outcome {
+            Ok(o) => o.to_json(),
+            Err(e) => json!({ "error": e.to_string() }),
+        };
+        out["interrupted"] = json!(true);
+        let human = delegate_human(&out);
+        return Ok(Output {
+            human,
+            json: Some(out),
+            code,
+            stderr: Some("interrupted: the children were stopped and the unit recorded".to_owned()),
+        });
+    }
     Ok(match outcome {
         Ok(outcome) => {
             let mut out = outcome.to_json();

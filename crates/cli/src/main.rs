@@ -15,6 +15,7 @@ mod commands;
 mod demo;
 mod env;
 mod error;
+mod interrupt;
 mod mcp;
 mod migrate;
 mod table;

@@ -49,10 +49,30 @@ pub(crate) fn run(env: &Env, args: &McpArgs) -> Result<Output> {
     let runtime = configured_runtime(env, &overrides);
     let store = Backend::open(env, Arc::new(SystemClock), crate::env::Access::WriteOrCreate)?;
     store.keep_alive();
+    // A server restarted after a crash: its dead units (and any other dead
+    // owner's) are recovered before it serves, never left `running`.
+    let report = store.registry.recover_abandoned_delegations(&retinue_store::ProcProbe);
+    if report.abandoned > 0 {
+        eprintln!(
+            "retinue mcp: recovered {} abandoned delegation(s) of processes that are gone",
+            report.abandoned
+        );
+    }
+    if let Some(e) = report.error {
+        eprintln!("retinue mcp: warning: could not recover abandoned delegations: {e}");
+    }
+    if let Err(e) = store.budgets.release_abandoned_reservations(&retinue_store::ProcProbe) {
+        eprintln!("retinue mcp: warning: could not reconcile abandoned budget reservations: {e}");
+    }
     let choice = match (&args.session, args.new_session) {
         (Some(id), _) => SessionChoice::Existing(id.clone()),
         (None, true) => SessionChoice::New,
-        (None, false) => SessionChoice::Project(std::env::current_dir()?),
+        (None, false) => SessionChoice::Project(std::env::current_dir().map_err(|e| {
+            CliError::Usage(format!(
+                "the working directory cannot be read ({e}); it names this project's session: \
+                 cd to an existing directory, or pass --session ID or --new-session"
+            ))
+        })?),
     };
     let parent =
         retinue_mcp::resolve_session(&*store.sessions, &choice, &env.profile).map_err(mcp_error)?;

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use retinue_store::{Store, StoreOptions};
 use retinue_testkit::fake_model::{FakeModel, Reply, Usage};
@@ -1774,10 +1774,8 @@ fn a_wal_file_on_a_read_only_mount_is_read_as_a_snapshot() {
     let expected = ids(&fx.ok(0, &["children", "list"]));
     {
         let db = HermesDb::open(&fx.home.db_path());
-        let mode: String = db
-            .connection()
-            .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
-            .expect("wal");
+        let mode: String =
+            db.connection().query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0)).expect("wal");
         assert_eq!(mode, "wal");
     }
     let dir = fx.home.path().to_string_lossy().into_owned();
@@ -1796,4 +1794,108 @@ fn a_wal_file_on_a_read_only_mount_is_read_as_a_snapshot() {
     let listed: Value = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(ids(&listed), expected, "{stderr}");
     assert!(stderr.contains("immutable snapshot"), "{stderr}");
+}
+
+/// SIGINT and SIGTERM stop a running `delegate` cleanly (issue #22): the
+/// blocked model call is abandoned, the child is reported interrupted, the
+/// unit is recorded (never left `running`) and the exit code is 128 + signal.
+#[test]
+fn a_signal_stops_delegate_cleanly() {
+    for (signal, code) in [("-TERM", 143), ("-INT", 130)] {
+        let fx = Fx::new();
+        let slow = FakeModel::start();
+        // Without the signal the command would wait a minute for this answer.
+        slow.set_default(
+            Reply::text("too late").with_usage(Usage::new(1, 1)).delayed(Duration::from_secs(60)),
+        );
+        configure_model(fx.home.path(), &slow);
+        let mut child = fx
+            .cmd(&["--json", "delegate", "--goal", "wait for me"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        let started = std::time::Instant::now();
+        while slow.request_count() == 0 {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "the call never reached the model"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let status = std::process::Command::new("kill")
+            .args([signal, &child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success());
+        // A liveness bound for the harness (the answer is 60 s away).
+        let waited = std::time::Instant::now();
+        let out = loop {
+            if child.try_wait().expect("wait").is_some() {
+                break child.wait_with_output().expect("output");
+            }
+            assert!(
+                waited.elapsed() < Duration::from_secs(30),
+                "{signal}: the command did not stop"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "{signal}: {stderr}");
+        let v: Value = serde_json::from_slice(&out.stdout).expect("json");
+        assert_eq!(v["interrupted"], true, "{v}");
+        assert_eq!(v["results"][0]["status"], "interrupted", "{v}");
+        let id = v["delegation_id"].as_str().expect("delegation id");
+        let units = HermesDb::table_rows(&fx.home.db_path(), "async_delegations");
+        let unit = units.iter().find(|u| u["delegation_id"] == id).expect("the unit");
+        assert_eq!(unit["state"], "interrupted", "{unit}");
+    }
+}
+
+/// `retinue mcp` recovers dead units when it starts (issue #22): a server
+/// killed mid-delegate never leaves its unit `running` once it is back.
+#[test]
+fn mcp_recovers_dead_units_at_start() {
+    let fx = Fx::new();
+    let before: BTreeMap<String, Value> =
+        HermesDb::table_rows(&fx.home.db_path(), "async_delegations")
+            .into_iter()
+            .map(|u| (u["delegation_id"].as_str().unwrap_or_default().to_owned(), u))
+            .collect();
+    let slow = FakeModel::start();
+    slow.set_default(Reply::text("too late").delayed(Duration::from_secs(60)));
+    configure_model(fx.home.path(), &slow);
+    let mut child = fx.cmd(&["--json", "delegate", "--goal", "killed"]).spawn().expect("spawn");
+    let started = std::time::Instant::now();
+    while slow.request_count() == 0 {
+        assert!(started.elapsed() < Duration::from_secs(30), "the call never reached the model");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().expect("SIGKILL");
+    child.wait().expect("reaped");
+    let state_of = |fx: &Fx| -> BTreeMap<String, String> {
+        HermesDb::table_rows(&fx.home.db_path(), "async_delegations")
+            .iter()
+            .map(|u| {
+                (
+                    u["delegation_id"].as_str().unwrap_or_default().to_owned(),
+                    u["state"].as_str().unwrap_or_default().to_owned(),
+                )
+            })
+            .collect()
+    };
+    let units = state_of(&fx);
+    let killed: Vec<&String> = units
+        .iter()
+        .filter(|(id, state)| *state == "running" && !before.contains_key(*id))
+        .map(|(id, _)| id)
+        .collect();
+    assert_eq!(killed.len(), 1, "the killed command left its unit running: {units:?}");
+    let killed = killed[0].clone();
+    let out =
+        fx.cmd(&["mcp", "--new-session"]).stdin(std::process::Stdio::null()).output().expect("mcp");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("abandoned delegation"), "{stderr}");
+    let after = state_of(&fx);
+    assert_ne!(after.get(&killed).map(String::as_str), Some("running"), "{stderr}");
 }

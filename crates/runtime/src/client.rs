@@ -51,23 +51,28 @@ enum Attempt {
     Stopped,
 }
 
-/// What one request needs.
-pub(crate) struct Call<'a> {
-    pub(crate) agent: &'a ureq::Agent,
-    pub(crate) config: &'a RuntimeConfig,
-    pub(crate) base_url: &'a str,
-    pub(crate) model: &'a str,
-    pub(crate) body: &'a str,
+/// What one request needs (owned: each attempt runs on a thread of its
+/// own, so a cancel never waits for a blocked socket).
+#[derive(Clone)]
+pub(crate) struct Call {
+    pub(crate) agent: ureq::Agent,
+    pub(crate) config: std::sync::Arc<RuntimeConfig>,
+    pub(crate) base_url: String,
+    pub(crate) model: String,
+    pub(crate) body: std::sync::Arc<str>,
     pub(crate) stream: bool,
-    pub(crate) cancel: &'a CancelToken,
+    pub(crate) cancel: CancelToken,
 }
 
-impl Call<'_> {
+/// How often a waiting call looks at its cancel token.
+const CANCEL_POLL: Duration = Duration::from_millis(50);
+
+impl Call {
     /// `{base_url}/chat/completions`, the path joined before any query
     /// (`…/v1?api_key=K` → `…/v1/chat/completions?api_key=K`).
     fn url(&self) -> String {
         // The userinfo is never sent (ureq would turn it into Basic auth).
-        let (stripped, _) = retinue_store::strip_userinfo(self.base_url);
+        let (stripped, _) = retinue_store::strip_userinfo(&self.base_url);
         let (base, query) = match stripped.split_once('?') {
             Some((base, query)) => (base, Some(query)),
             None => (stripped.as_str(), None),
@@ -93,7 +98,7 @@ impl Call<'_> {
     /// values) removed.
     fn clean(&self, text: &str) -> String {
         let mut out = scrub(text, self.key());
-        for raw in [self.base_url.to_owned(), self.url()] {
+        for raw in [self.base_url.clone(), self.url()] {
             if !raw.is_empty() && out.contains(&raw) {
                 out = out.replace(&raw, &retinue_store::redact_endpoint(&raw));
             }
@@ -117,7 +122,7 @@ impl Call<'_> {
                 return CallOutcome::Stopped;
             }
             attempt += 1;
-            match self.attempt() {
+            match self.attempt_interruptible() {
                 Ok(c) => return CallOutcome::Done(c),
                 Err(Attempt::Stopped) => return CallOutcome::Stopped,
                 Err(Attempt::Fatal(e)) => return CallOutcome::Failed(e),
@@ -146,6 +151,36 @@ impl Call<'_> {
         }
     }
 
+    /// One attempt on a thread of its own: a cancel (or the deadline)
+    /// returns at once, within [`CANCEL_POLL`], even while the socket is
+    /// blocked; the abandoned attempt ends by its own timeouts and nothing it
+    /// gets is used.
+    fn attempt_interruptible(&self) -> Result<Completion, Attempt> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let call = self.clone();
+        let spawned = std::thread::Builder::new().name("model-call".to_owned()).spawn(move || {
+            let _ = tx.send(call.attempt());
+        });
+        if spawned.is_err() {
+            return self.attempt();
+        }
+        loop {
+            match rx.recv_timeout(CANCEL_POLL) {
+                Ok(result) => return result,
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                    if self.cancel.is_cancelled() {
+                        return Err(Attempt::Stopped);
+                    }
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                    return Err(Attempt::Fatal(Error::Malformed(
+                        "the model call ended without an answer".to_owned(),
+                    )));
+                }
+            }
+        }
+    }
+
     fn attempt(&self) -> Result<Completion, Attempt> {
         let mut timeout = self.config.request_timeout;
         if let Some(left) = self.cancel.remaining() {
@@ -163,7 +198,7 @@ impl Call<'_> {
         if let Some(key) = self.key() {
             req = req.header("authorization", format!("Bearer {key}"));
         }
-        let sent = req.config().timeout_global(Some(timeout)).build().send(self.body);
+        let sent = req.config().timeout_global(Some(timeout)).build().send(&*self.body);
         let response = match sent {
             Ok(r) => r,
             Err(e) => return Err(self.transport(&e)),
@@ -209,7 +244,7 @@ impl Call<'_> {
             }),
             401 | 403 => Attempt::Fatal(Error::KeyRejected {
                 status,
-                base_url: retinue_store::redact_endpoint(self.base_url),
+                base_url: retinue_store::redact_endpoint(&self.base_url),
                 origin: self.config.api_key_origin.clone(),
             }),
             404 => Attempt::Fatal(Error::NotFound {

@@ -50,6 +50,8 @@ pub struct ChatRuntime {
     config: RuntimeConfig,
     agent: ureq::Agent,
     tools: Arc<dyn ToolExecutor>,
+    /// The configuration, shared with each call's thread.
+    shared_config: Arc<RuntimeConfig>,
     children: Mutex<HashMap<String, Child>>,
     /// Models already warned about having no price (warned once each).
     unpriced: Mutex<std::collections::HashSet<String>>,
@@ -78,6 +80,7 @@ impl ChatRuntime {
             .build()
             .new_agent();
         Ok(ChatRuntime {
+            shared_config: Arc::new(config.clone()),
             config,
             agent,
             tools,
@@ -352,13 +355,13 @@ impl Run<'_> {
             }
             let text = body.to_string();
             let call = Call {
-                agent: &rt.agent,
-                config: &rt.config,
-                base_url: &self.settings.base_url,
-                model: &self.settings.model,
-                body: &text,
+                agent: rt.agent.clone(),
+                config: Arc::clone(&rt.shared_config),
+                base_url: self.settings.base_url.clone(),
+                model: self.settings.model.clone(),
+                body: Arc::from(text.as_str()),
                 stream: rt.config.stream,
-                cancel: self.cancel,
+                cancel: self.cancel.clone(),
             };
             let completion = match call.run() {
                 CallOutcome::Done(c) => c,
