@@ -35,6 +35,14 @@ pub(crate) struct Backend {
     pg: Option<Arc<PgStore>>,
 }
 
+impl Backend {
+    /// Whether this is team mode (PostgreSQL): reads and writes are then
+    /// scoped to the caller's tenant.
+    pub(crate) fn is_team(&self) -> bool {
+        self.pg.is_some()
+    }
+}
+
 impl std::fmt::Debug for Backend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Backend")

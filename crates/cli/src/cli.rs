@@ -39,6 +39,10 @@ pub(crate) struct Cli {
     #[arg(long, global = true, help_heading = GLOBAL)]
     pub(crate) json: bool,
 
+    /// Team mode: list, show and tombstone across every tenant (the operator's view; refused by `mcp`)
+    #[arg(long, global = true, help_heading = GLOBAL)]
+    pub(crate) all_profiles: bool,
+
     #[command(subcommand)]
     pub(crate) command: Command,
 }

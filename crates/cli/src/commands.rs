@@ -112,6 +112,36 @@ fn not_addressable(store: &dyn RegistryRead, id: &str) -> Result<CliError> {
     }))
 }
 
+/// Whether `entry` is the caller's to see and touch: in team mode every
+/// read and write is scoped to the caller's tenant (its profile, plus the
+/// unprofiled units hermes wrote before profiles existed), unless
+/// `--all-profiles`; a hermes home (SQLite, one user) is the operator's.
+fn in_tenant(store: &Backend, env: &Env, entry: &RetainedChild) -> bool {
+    !store.is_team()
+        || env.all_profiles
+        || entry.owner_profile.is_empty()
+        || entry.owner_profile == env.profile
+}
+
+/// The error of an id that does not exist — also given for another
+/// tenant's ids, byte for byte.
+fn missing(id: &str) -> CliError {
+    let id = id.trim();
+    CliError::NotFound(format!("no retained child, child session or delegation '{id}'"))
+}
+
+/// [`not_addressable`], with another tenant's ids answered as missing.
+fn not_addressable_in(store: &Backend, env: &Env, id: &str) -> Result<CliError> {
+    match store.registry.lookup(id)? {
+        Lookup::Addressable(entry) | Lookup::NotAddressable(entry, _)
+            if !in_tenant(store, env, &entry) =>
+        {
+            Ok(missing(id))
+        }
+        _ => not_addressable(&*store.registry, id),
+    }
+}
+
 /// `retinue children list [--owner SESSION]`.
 pub(crate) fn children_list(env: &Env, owner: Option<&str>) -> Result<Output> {
     let store = open_read(env)?;
@@ -119,6 +149,8 @@ pub(crate) fn children_list(env: &Env, owner: Option<&str>) -> Result<Output> {
         Some(owner) => list_for(&*store.registry, &*store.graph, Some(owner), &env.profile)?,
         None => store.registry.list_retained_children()?,
     };
+    let entries: Vec<RetainedChild> =
+        entries.into_iter().filter(|e| in_tenant(&store, env, e)).collect();
     let json = Value::Array(entries.iter().map(RetainedChild::to_json).collect());
     Ok(Output::ok(json, children_table(&entries)))
 }
@@ -127,8 +159,11 @@ pub(crate) fn children_list(env: &Env, owner: Option<&str>) -> Result<Output> {
 pub(crate) fn children_show(env: &Env, id: &str) -> Result<Output> {
     let store = open_read(env)?;
     match store.registry.find_retained_child(id)? {
-        Some(entry) => Ok(Output::ok(entry.to_json(), entry_block(&entry))),
-        None => Err(not_addressable(&*store.registry, id)?),
+        Some(entry) if in_tenant(&store, env, &entry) => {
+            Ok(Output::ok(entry.to_json(), entry_block(&entry)))
+        }
+        Some(_) => Err(missing(id)),
+        None => Err(not_addressable_in(&store, env, id)?),
     }
 }
 
@@ -136,8 +171,8 @@ pub(crate) fn children_show(env: &Env, id: &str) -> Result<Output> {
 pub(crate) fn children_tombstone(env: &Env, id: &str, reason: Option<&str>) -> Result<Output> {
     let store = open_write(env)?;
     let entry = match store.registry.lookup(id)? {
-        Lookup::Addressable(entry) => entry,
-        _ => return Err(not_addressable(&*store.registry, id)?),
+        Lookup::Addressable(entry) if in_tenant(&store, env, &entry) => entry,
+        _ => return Err(not_addressable_in(&store, env, id)?),
     };
     // The reason is `manual`; `--reason` is the tombstone's note.
     let note = reason.map(str::trim).filter(|r| !r.is_empty());

@@ -29,6 +29,8 @@ pub(crate) struct Env {
     pub(crate) profile: String,
     /// Machine output.
     pub(crate) json: bool,
+    /// `--all-profiles`: team mode's operator view across tenants.
+    pub(crate) all_profiles: bool,
 }
 
 /// How a command opens the database.
@@ -123,7 +125,15 @@ impl Env {
             }
         };
         let db_is_url = cli.db.is_some() && pg_url.is_some();
-        Ok(Env { home, db, pg_url, db_is_url, profile, json: cli.json })
+        Ok(Env {
+            home,
+            db,
+            pg_url,
+            db_is_url,
+            profile,
+            json: cli.json,
+            all_profiles: cli.all_profiles,
+        })
     }
 
     /// The team-mode URL, refused without an explicit profile (exit 2): in

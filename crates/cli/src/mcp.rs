@@ -47,6 +47,12 @@ pub(crate) fn run(env: &Env, args: &McpArgs) -> Result<Output> {
     // No model configured: the registry tools still work, and delegate_task
     // answers with the message naming the keys to set.
     let runtime = configured_runtime(env, &overrides);
+    if env.all_profiles {
+        return Err(CliError::Usage(
+            "--all-profiles is refused by `retinue mcp`: an agent host acts for one tenant"
+                .to_owned(),
+        ));
+    }
     let store = Backend::open(env, Arc::new(SystemClock), crate::env::Access::WriteOrCreate)?;
     store.keep_alive();
     // A server restarted after a crash: its dead units (and any other dead

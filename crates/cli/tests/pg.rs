@@ -280,3 +280,99 @@ fn migrate_into_a_tenant_then_follow_up() {
     assert_eq!(denied["denial"], "profile");
     drop(scratch);
 }
+
+/// Issue #22: in team mode one tenant can neither see nor touch another's
+/// children (its ids answer exactly as missing ones), nor evict them with
+/// its own limits; `--all-profiles` is the operator's explicit view.
+#[test]
+fn tenants_cannot_touch_each_other() {
+    let Some(url) = retinue_testkit::pg_url("team-mode CLI tests") else { return };
+    let scratch = Scratch::new(&url);
+    let db = scratch.cli_url.as_str();
+    let model = done_model();
+    let (acme_home, other_home) = (TempHome::new(), TempHome::new());
+    write_config(acme_home.path(), &model, "");
+    // The other tenant's worker keeps one retained unit and a 0-hour TTL.
+    write_config(other_home.path(), &model, "  max_retained: 1\n");
+    let (a, o) = (acme_home.path(), other_home.path());
+    let acme = |args: &[&str]| -> Vec<String> {
+        ["--db", db, "--profile", "acme"].iter().chain(args).map(|s| (*s).to_owned()).collect()
+    };
+    let other = |args: &[&str]| -> Vec<String> {
+        ["--db", db, "--profile", "other"].iter().chain(args).map(|s| (*s).to_owned()).collect()
+    };
+    let call = |code: i32, home: &Path, args: Vec<String>| {
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        expect(code, home, &refs)
+    };
+    let mut acme_children = Vec::new();
+    for i in 0..4 {
+        let v = call(0, a, acme(&["delegate", "--goal", &format!("acme task {i}")]));
+        acme_children.push(v["results"][0]["subagent_id"].as_str().expect("id").to_owned());
+    }
+    // The other tenant delegates (its retain prunes with a cap of 1) and prunes explicitly.
+    call(0, o, other(&["delegate", "--goal", "other task"]));
+    let pruned =
+        call(0, o, other(&["children", "prune", "--max-retained", "1", "--ttl-hours", "0"]));
+    assert_eq!(pruned["tombstoned"], 1, "only its own unit: {pruned}");
+    // acme's four are all still there.
+    let listed = call(0, a, acme(&["children", "list"]));
+    let ids: Vec<&str> =
+        listed.as_array().expect("list").iter().filter_map(|c| c["child_id"].as_str()).collect();
+    for id in &acme_children {
+        assert!(ids.contains(&id.as_str()), "{id} evicted by another tenant: {listed}");
+    }
+    // The other tenant sees none of them; its ids answer as missing ones.
+    let theirs = call(0, o, other(&["children", "list"]));
+    assert!(
+        theirs.as_array().is_some_and(|l| l.iter().all(
+            |c| !acme_children.contains(&c["child_id"].as_str().unwrap_or_default().to_owned())
+        )),
+        "{theirs}"
+    );
+    let foreign = run(
+        o,
+        &other(&["children", "show", &acme_children[0]])
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+    );
+    let ghost = run(
+        o,
+        &other(&["children", "show", "sa-0-00000000"])
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+    );
+    assert_eq!(foreign.status.code(), Some(4));
+    let text = |o: &Output| {
+        String::from_utf8_lossy(&o.stderr)
+            .replace(&acme_children[0], "ID")
+            .replace("sa-0-00000000", "ID")
+    };
+    assert_eq!(text(&foreign), text(&ghost), "foreign and missing ids differ");
+    let tomb = run(
+        o,
+        &other(&["children", "tombstone", &acme_children[0]])
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+    );
+    assert_eq!(tomb.status.code(), Some(4));
+    let still = call(0, a, acme(&["children", "show", &acme_children[0]]));
+    assert_eq!(still["child_id"], acme_children[0].as_str());
+    // The operator's explicit view sees every tenant; MCP refuses it.
+    let theirs = call(0, o, other(&["delegate", "--goal", "other again"]));
+    let their_child = theirs["results"][0]["subagent_id"].as_str().expect("id").to_owned();
+    let scoped = call(0, a, acme(&["children", "list"]));
+    assert!(
+        scoped.as_array().is_some_and(|l| l.iter().all(|c| c["child_id"] != their_child.as_str()))
+    );
+    let all = call(0, a, acme(&["--all-profiles", "children", "list"]));
+    let all_ids: Vec<&str> =
+        all.as_array().expect("list").iter().filter_map(|c| c["child_id"].as_str()).collect();
+    assert!(all_ids.contains(&their_child.as_str()) && all_ids.len() >= 5, "{all}");
+    let refused =
+        run(o, &other(&["--all-profiles", "mcp"]).iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(refused.status.code(), Some(2));
+}

@@ -492,6 +492,7 @@ impl PgStore {
     /// Marks `unknown` the live, non-retained units whose owner is gone: a
     /// worker whose lease expired (or vanished), or — for units without a
     /// worker (copied from a state.db) — a process the probe reports dead.
+    /// Only the caller's tenant's units (and unprofiled ones) are touched.
     fn classify(&self, probe: &dyn OwnerProbe) -> Result<usize> {
         let now = self.clock.now();
         self.pool.tx("classifying abandoned units", Mode::Write, |tx| {
@@ -501,8 +502,9 @@ impl PgStore {
                  u.owner_worker, w.lease_expires_at \
                  FROM async_delegations u LEFT JOIN retinue_workers w ON w.worker_id = u.owner_worker \
                  WHERE u.state IN ('running', 'finalizing') AND u.retained IS NULL \
+                 AND ($1 = '' OR COALESCE(u.owner_profile, '') IN ('', $1)) \
                  FOR UPDATE OF u SKIP LOCKED",
-                &[],
+                &[&self.profile],
             )?;
             let can_probe = probe.probe(i64::from(std::process::id())).is_some();
             let mut dead: Vec<(String, Value)> = Vec::new();
