@@ -1899,3 +1899,57 @@ fn mcp_recovers_dead_units_at_start() {
     let after = state_of(&fx);
     assert_ne!(after.get(&killed).map(String::as_str), Some("running"), "{stderr}");
 }
+
+/// Issue #22: `retinue mcp` answers malformed and oversized messages with
+/// JSON-RPC errors (the client never waits forever) and keeps serving.
+#[test]
+fn mcp_answers_malformed_and_oversized_messages() {
+    use std::io::{BufRead, Write};
+    let fx = Fx::new();
+    let mut server = fx
+        .cmd(&["mcp", "--new-session"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("mcp");
+    let mut stdin = server.stdin.take().expect("stdin");
+    let stdout = server.stdout.take().expect("stdout");
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let next = || -> Value {
+        let line = rx.recv_timeout(Duration::from_secs(30)).expect("an answer");
+        serde_json::from_str(&line).expect("a JSON answer")
+    };
+    writeln!(stdin, "{{this is not json").expect("write");
+    let v = next();
+    assert_eq!(v["error"]["code"], -32700, "{v}");
+    assert_eq!(v["id"], Value::Null);
+    writeln!(stdin, "{{\"id\": 5, \"no\": \"jsonrpc\"}}").expect("write");
+    let v = next();
+    assert_eq!((v["error"]["code"].as_i64(), v["id"].as_i64()), (Some(-32600), Some(5)), "{v}");
+    let huge = format!(
+        "{{\"jsonrpc\":\"2.0\",\"id\":9,\"method\":\"ping\",\"pad\":\"{}\"}}",
+        "x".repeat(17 << 20)
+    );
+    writeln!(stdin, "{huge}").expect("write");
+    let v = next();
+    assert_eq!(v["error"]["code"], -32600, "{v}");
+    // Still serving: a real request gets its answer.
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "t", "version": "0"}}});
+    writeln!(stdin, "{init}").expect("write");
+    let v = next();
+    assert_eq!(v["id"], 1, "{v}");
+    assert!(v["result"]["serverInfo"].is_object(), "{v}");
+    drop(stdin);
+    let status = server.wait().expect("exit");
+    assert!(status.success(), "{status:?}");
+}

@@ -18,6 +18,7 @@
 //! the `log` facade (the CLI sends them to stderr); stdout is the protocol.
 
 mod error;
+mod framing;
 mod server;
 mod session;
 mod tools;
@@ -121,10 +122,10 @@ pub fn serve_stdio(server: RetinueServer) -> Result<(), Error> {
     let rt = runtime()?;
     let handler = server.clone();
     let result = rt.block_on(async move {
-        let running = handler
-            .serve(rmcp::transport::stdio())
-            .await
-            .map_err(|e| Error::Transport(e.to_string()))?;
+        // Lines the SDK would drop in silence are answered with JSON-RPC errors.
+        let (input, output) = framing::spawn(tokio::io::stdin(), tokio::io::stdout());
+        let running =
+            handler.serve((input, output)).await.map_err(|e| Error::Transport(e.to_string()))?;
         let stop = running.cancellation_token();
         tokio::select! {
             quit = running.waiting() => {
