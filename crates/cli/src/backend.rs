@@ -58,7 +58,7 @@ impl Backend {
     /// with `access`.
     pub(crate) fn open(env: &Env, clock: Arc<dyn Clock>, access: Access) -> Result<Backend> {
         match env.team()? {
-            Some(url) => Backend::open_pg(env, url, clock),
+            Some(url) => Backend::open_pg(env, url, clock, access),
             None => Ok(Backend::from_sqlite(env.open(clock, access)?)),
         }
     }
@@ -77,7 +77,7 @@ impl Backend {
         }
     }
 
-    fn open_pg(env: &Env, url: &str, clock: Arc<dyn Clock>) -> Result<Backend> {
+    fn open_pg(env: &Env, url: &str, clock: Arc<dyn Clock>, access: Access) -> Result<Backend> {
         let config = LoadedConfig::load(&env.home);
         for warning in &config.warnings {
             eprintln!("retinue: warning: {warning}");
@@ -86,6 +86,9 @@ impl Backend {
             config: config.clone(),
             clock,
             profile: env.profile.clone(),
+            // A read command never migrates the schema nor registers a
+            // worker: a read-only (or DML-only) role can read.
+            read_only: access == Access::Read,
             ..PgOptions::default()
         };
         // Errors of the PostgreSQL backend never echo the connection string.

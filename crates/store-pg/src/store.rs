@@ -62,6 +62,10 @@ pub struct PgOptions {
     pub lease_secs: f64,
     /// Idle connections kept.
     pub pool_size: usize,
+    /// Read only: the schema is never migrated (a read-only or DML-only
+    /// role can read when it is current; when it is behind, opening says
+    /// so), and no worker is registered.
+    pub read_only: bool,
 }
 
 impl Default for PgOptions {
@@ -73,6 +77,7 @@ impl Default for PgOptions {
             schema: None,
             lease_secs: WORKER_LEASE_SECS,
             pool_size: 8,
+            read_only: false,
         }
     }
 }
@@ -99,6 +104,13 @@ impl PgOptions {
     #[must_use]
     pub fn with_profile(mut self, profile: impl Into<String>) -> Self {
         self.profile = profile.into();
+        self
+    }
+
+    /// These options for reading only (see [`PgOptions::read_only`]).
+    #[must_use]
+    pub fn read_only(mut self) -> Self {
+        self.read_only = true;
         self
     }
 
@@ -221,6 +233,36 @@ pub(crate) fn connection_config(url: &str) -> Result<Config> {
     Ok(config)
 }
 
+/// For a read-only open: the schema must be exactly current (nothing is
+/// migrated); a clear error says what to do when it is not.
+fn check_current(client: &mut postgres::Client, schema: Option<&str>) -> PgResult<()> {
+    if let Some(schema) = schema {
+        client.batch_execute(&format!("SET search_path TO {}", quote_ident(schema)))?;
+    }
+    let history = client
+        .query_one("SELECT to_regclass('refinery_schema_history') IS NOT NULL", &[])?
+        .try_get::<_, bool>(0)?;
+    let found: Option<i32> = if history {
+        client.query_one("SELECT MAX(version) FROM refinery_schema_history", &[])?.try_get(0)?
+    } else {
+        None
+    };
+    match found {
+        Some(v) if v == SCHEMA_VERSION => Ok(()),
+        Some(v) if v > SCHEMA_VERSION => {
+            Err(Error::SchemaTooNew { found: i64::from(v), supported: i64::from(SCHEMA_VERSION) }
+                .into())
+        }
+        found => Err(Error::Invalid(format!(
+            "the PostgreSQL schema is {} and this retinue needs version {SCHEMA_VERSION}; a read \
+             command never changes it: run a write command (e.g. `retinue recover`) once with a \
+             role that may migrate the schema",
+            found.map_or_else(|| "not created yet".to_owned(), |v| format!("at version {v}"))
+        ))
+        .into()),
+    }
+}
+
 fn migrate(client: &mut postgres::Client, schema: Option<&str>) -> PgResult<()> {
     if let Some(schema) = schema {
         client.batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {}", quote_ident(schema)))?;
@@ -272,6 +314,19 @@ impl PgStore {
         let pool = Pool::new(config, opts.schema.clone(), opts.pool_size.max(1));
         // Workers starting together race on CREATE TABLE IF NOT EXISTS: retry.
         let mut attempt: u32 = 0;
+        if opts.read_only {
+            pool.with("connecting to PostgreSQL and checking its schema", |c| {
+                check_current(c, opts.schema.as_deref())
+            })?;
+            return Ok(PgStore {
+                pool,
+                clock: opts.clock,
+                config: opts.config,
+                profile: opts.profile,
+                worker_id: format!("w-{}", random_hex(8)?),
+                lease_secs: opts.lease_secs,
+            });
+        }
         loop {
             attempt += 1;
             match pool.with("connecting to PostgreSQL and migrating its schema", |c| {
