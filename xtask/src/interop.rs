@@ -143,6 +143,9 @@ pub(crate) fn run(root: &Path) -> Result<(), String> {
     }
     let db = run_dir.join("hermes-home").join("state.db");
     driver(root, &site, "write", &db)?;
+    // A home where hermes's async_delegation module wrote before any SessionDB.
+    let early = run_dir.join("early-home").join("state.db");
+    driver(root, &site, "early-write", &early)?;
     let bin = retinue_bin(root, &target)?;
     let mut test = cargo();
     test.args([
@@ -157,6 +160,7 @@ pub(crate) fn run(root: &Path) -> Result<(), String> {
         "--nocapture",
     ])
     .env("RETINUE_INTEROP_DB", &db)
+    .env("RETINUE_INTEROP_EARLY_DB", &early)
     .env("INSTA_UPDATE", "no");
     match &bin {
         Some(bin) => test.env("RETINUE_INTEROP_BIN", bin),
@@ -164,6 +168,7 @@ pub(crate) fn run(root: &Path) -> Result<(), String> {
     };
     exec(&mut test)?;
     driver(root, &site, "verify", &db)?;
+    driver(root, &site, "early-verify", &early)?;
     eprintln!("interop: ok with hermes-agent {version}");
     Ok(())
 }

@@ -674,9 +674,49 @@ def phase_verify(db_path: Path) -> int:
     return ck.finish("verify")
 
 
+def phase_early_write(db_path: Path) -> int:
+    """hermes's ``async_delegation`` module on a home without any
+    ``SessionDB``: it creates ``async_delegations`` alone (issue #22)."""
+    home = db_path.parent
+    home.mkdir(parents=True, exist_ok=True)
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        Path(f"{db_path}{suffix}").unlink(missing_ok=True)
+    _, ad, _ = load_hermes(home)
+    ck = Checks()
+    if ad is None or not hasattr(ad, "_persist_dispatch"):
+        print("hermes driver early-write: this release has no durable delegations; skipped")
+        return 0
+    ad._persist_dispatch(  # noqa: SLF001 - hermes's own write path
+        {"delegation_id": "deleg_early0001", "session_key": "early-parent",
+         "dispatched_at": time.time(), "goal": "written before any SessionDB"}
+    )
+    tables = set(table_counts(db_path))
+    ck.check("sessions" not in tables, "no sessions table yet")
+    ck.check("async_delegations" in tables, "hermes created async_delegations")
+    return ck.finish("early-write")
+
+
+def phase_early_verify(db_path: Path) -> int:
+    """hermes still reads and writes the file after Retinue adopted it."""
+    _, ad, _ = load_hermes(db_path.parent)
+    ck = Checks()
+    if ad is None or not hasattr(ad, "_persist_dispatch"):
+        return 0
+    row = ad.get_durable_delegation("deleg_early0001")
+    ck.check(row is not None and row["origin_session"] == "early-parent", "hermes reads its unit")
+    ad._persist_dispatch(  # noqa: SLF001
+        {"delegation_id": "deleg_early0002", "session_key": "early-parent",
+         "dispatched_at": time.time(), "goal": "after the adoption"}
+    )
+    ck.check(ad.get_durable_delegation("deleg_early0002") is not None, "hermes writes another")
+    ck.check("sessions" in table_counts(db_path), "Retinue added the sessions table")
+    return ck.finish("early-verify")
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) != 3 or argv[1] not in ("write", "verify"):
-        print(f"usage: {argv[0]} write|verify <HERMES_HOME>/state.db", file=sys.stderr)
+    phases = ("write", "verify", "early-write", "early-verify")
+    if len(argv) != 3 or argv[1] not in phases:
+        print(f"usage: {argv[0]} {'|'.join(phases)} <HERMES_HOME>/state.db", file=sys.stderr)
         return 2
     db_path = Path(argv[2]).resolve()
     if db_path.name != "state.db":
@@ -684,6 +724,10 @@ def main(argv: list[str]) -> int:
         return 2
     if argv[1] == "write":
         return phase_write(db_path)
+    if argv[1] == "early-write":
+        return phase_early_write(db_path)
+    if argv[1] == "early-verify":
+        return phase_early_verify(db_path)
     return phase_verify(db_path)
 
 

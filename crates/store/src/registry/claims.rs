@@ -196,11 +196,16 @@ impl Claims for Store {
                  FROM async_delegations u WHERE u.delegation_id = ?2) IS NULL",
             )?
             .execute(params![now, id, child_index])?;
+            // Retinue's own refresh of the unit clock: held by the guard,
+            // so the other children keep their own clocks (V9).
+            tx.prepare_cached("INSERT OR IGNORE INTO retinue_clock_guard (held) VALUES (1)")?
+                .execute([])?;
             tx.prepare_cached(
                 "UPDATE async_delegations SET retained_at = ?1, updated_at = ?1 \
                  WHERE delegation_id = ?2 AND tombstoned_at IS NULL AND retained = 1",
             )?
             .execute(params![now, id])?;
+            tx.prepare_cached("DELETE FROM retinue_clock_guard")?.execute([])?;
             release_in(tx, id, child_index, token)
         })
     }

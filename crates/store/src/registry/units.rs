@@ -20,6 +20,9 @@ fn retain_in(
     profile: &str,
 ) -> SqlResult<bool> {
     let now = lim.now;
+    // Retinue's own write of the unit clock (V9's guard): its children's
+    // clocks are set below, live ones only.
+    tx.prepare_cached("INSERT OR IGNORE INTO retinue_clock_guard (held) VALUES (1)")?.execute([])?;
     let changed = match usage {
         Some(u) => tx
             .prepare_cached(
@@ -34,6 +37,7 @@ fn retain_in(
             )?
             .execute(params![now, id])?,
     };
+    tx.prepare_cached("DELETE FROM retinue_clock_guard")?.execute([])?;
     if changed == 0 {
         return Ok(false);
     }

@@ -708,3 +708,50 @@ fn unreadable_profiles_fail_closed_and_rank_apart() {
     assert_eq!(n.units, 1, "only profile p is over a cap of 1");
     assert_eq!(ids(&fx.store), vec!["sa-h3"]);
 }
+
+/// Issue #22: a unit clock another program writes (hermes refreshing or
+/// backdating a unit) moves its live children's clocks as hermes sees them;
+/// Retinue's own follow-up refresh stays per child.
+#[test]
+fn a_unit_clock_written_by_another_program_moves_its_children() {
+    use retinue_store::{Claims, Lookup, ResumeClaim};
+    let fx = Fx::with_config(DelegationConfig {
+        retained_ttl_hours: 72.0,
+        ..DelegationConfig::default()
+    });
+    fx.dispatch_and_retain(
+        "deleg_clock",
+        "parent",
+        &[child("sa-c0", "cs-c0", None, None), child("sa-c1", "cs-c1", None, None)],
+    );
+    let live = |id: &str| matches!(fx.store.lookup(id).expect("lookup"), Lookup::Addressable(_));
+    assert!(live("sa-c0") && live("sa-c1"));
+    // hermes backdates the unit by 100 hours: past its 72 h TTL, both children expire.
+    use retinue_store::Clock;
+    let now = fx.clock.now();
+    fx.raw()
+        .execute(
+            "UPDATE async_delegations SET retained_at = ?1 WHERE delegation_id = 'deleg_clock'",
+            [now - 100.0 * 3600.0],
+        )
+        .expect("hermes backdates");
+    assert!(!live("sa-c0") && !live("sa-c1"), "the children ignored hermes's unit clock");
+    // hermes refreshes it again: both live again, as hermes sees them.
+    fx.raw()
+        .execute(
+            "UPDATE async_delegations SET retained_at = ?1 WHERE delegation_id = 'deleg_clock'",
+            [now],
+        )
+        .expect("hermes refreshes");
+    assert!(live("sa-c0") && live("sa-c1"));
+    // Retinue's own follow-up of child 1, 71 hours on: only its clock moves.
+    fx.clock.advance(71.0 * 3600.0);
+    let ResumeClaim::Claimed { token } = fx.store.claim_resume("deleg_clock", 1).expect("claim")
+    else {
+        panic!("claim");
+    };
+    assert!(fx.store.finish_follow_up("deleg_clock", 1, &token, None).expect("finish"));
+    fx.clock.advance(2.0 * 3600.0);
+    assert!(!live("sa-c0"), "child 0 kept its own (older) clock");
+    assert!(live("sa-c1"), "child 1's follow-up refreshed its clock");
+}
