@@ -1,7 +1,9 @@
 //! `retinue migrate --to postgres://…`: copies the `state.db` (the `--db`
 //! file, else `<home>/state.db`) into PostgreSQL for team mode. hermes keeps
-//! its SQLite file; a rerun copies only what is new; the copy is verified
-//! (every key, the ledger totals). The connection string is never printed.
+//! its SQLite file; a rerun copies what is new and carries later changes
+//! (tombstones included); ids never collide; "verified" is printed only
+//! after every row, tombstone and the ledger sums were checked. The
+//! connection string is never printed.
 
 use std::sync::Arc;
 
@@ -47,8 +49,17 @@ pub(crate) fn migrate(env: &Env, to: &str) -> Result<Output> {
     let mut human = format!("copied {} into PostgreSQL (verified):\n", env.db.display());
     let mut tables = serde_json::Map::new();
     for (name, (rows, copied)) in &report.tables {
-        human.push_str(&format!("  {name:<24} {rows:>8} rows, {copied:>8} new\n"));
-        tables.insert(name.clone(), json!({ "rows": rows, "copied": copied }));
+        let updated = report.updated.get(name).copied().unwrap_or(0);
+        human.push_str(&format!(
+            "  {name:<24} {rows:>8} rows, {copied:>8} new, {updated:>8} updated\n"
+        ));
+        tables.insert(name.clone(), json!({ "rows": rows, "copied": copied, "updated": updated }));
+    }
+    if report.remapped > 0 {
+        human.push_str(&format!(
+            "  {} transcript/ledger row(s) got a fresh id (theirs was taken by a team-mode write)\n",
+            report.remapped
+        ));
     }
     if report.dangling_parents > 0 {
         human.push_str(&format!(
@@ -57,7 +68,7 @@ pub(crate) fn migrate(env: &Env, to: &str) -> Result<Output> {
         ));
     }
     human.push_str(&format!(
-        "  ledger totals: {:.6} USD (source = target)\n",
+        "  ledger: {:.6} USD (the source rows and their copies add up the same)\n",
         report.ledger_cost_usd
     ));
     match &report.rekeyed {
@@ -75,6 +86,7 @@ pub(crate) fn migrate(env: &Env, to: &str) -> Result<Output> {
         "tables": tables,
         "dangling_parents": report.dangling_parents,
         "ledger_cost_usd": report.ledger_cost_usd,
+        "remapped": report.remapped,
         "profile": report.rekeyed.as_ref().map(|(from, n)| json!({
             "from": from, "to": env.profile, "units": n,
         })),

@@ -1,12 +1,20 @@
 //! `retinue migrate --to postgres://…`: copies a hermes `state.db`'s
 //! registry, sessions, transcripts and ledger into PostgreSQL.
 //!
-//! The SQLite file is opened read-only (hermes keeps using it). Rows are
-//! copied by primary key with `ON CONFLICT DO NOTHING`, so a rerun copies
-//! only what is new; then every source key is checked in the target (same
-//! key, same owner row) and the ledger totals are compared. A column the
-//! file lacks (older hermes) copies as NULL. This is the one place outside
-//! `retinue-store` that reads SQLite, and it only reads.
+//! The SQLite file is opened read-only (hermes keeps using it). A rerun
+//! copies what is new and carries every later change (issue #22): a unit
+//! changed in the source since (newer `updated_at`) takes the source's
+//! state, tombstones are always carried (never undone), a session's end and
+//! counts move forward. Transcript and ledger rows keep their ids when those
+//! are free in the target; an id the target already uses for another row (a
+//! team-mode write since the last run) gets a fresh one, recorded in
+//! `retinue_migrated_ids` per source file, so ids never collide and a rerun
+//! recognises what it copied. Then every source row is checked in the
+//! target (its key or mapped id, its owner row, its tombstone) and the
+//! ledger sums are compared: the report is only produced when all of that
+//! holds. A column the file lacks (older hermes) copies as NULL. This is
+//! the one place outside `retinue-store` that reads SQLite, and it only
+//! reads.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -162,6 +170,10 @@ const TABLES: &[Table] = &[
 pub struct MigrationReport {
     /// Per table: (rows in the source, rows newly copied).
     pub tables: BTreeMap<String, (usize, usize)>,
+    /// Per table: rows the target had whose later changes were carried over.
+    pub updated: BTreeMap<String, usize>,
+    /// Transcript and ledger rows given a fresh id (theirs was taken).
+    pub remapped: usize,
     /// Session parent links dropped because the parent row does not exist.
     pub dangling_parents: usize,
     /// Sum of the ledger's maintained cost totals (source = target, verified).
@@ -284,44 +296,150 @@ fn pg_type(ty: Ty) -> &'static str {
     }
 }
 
-/// Copies `table`'s rows; returns how many were new. A NULL where the target
-/// column is `NOT NULL` with a default (hermes leaves `origin_session_id`
-/// and others NULL; this schema says `NOT NULL DEFAULT ''`) takes that
-/// default; a NULL where a value is required is refused, naming the row.
-fn copy_rows(tx: &mut Tx<'_>, table: &Table, rows: &[Vec<Val>]) -> PgResult<usize> {
-    // The target's defaults of its NOT NULL columns (catalog text of our own schema).
-    let defaults: BTreeMap<String, String> = tx
-        .query(
-            "SELECT column_name::text, column_default::text FROM information_schema.columns \
-             WHERE table_schema = current_schema() AND table_name = $1 \
-             AND is_nullable = 'NO' AND column_default IS NOT NULL",
-            &[&table.name],
-        )?
-        .iter()
-        .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
-        .collect::<PgResult<_>>()?;
-    let names: Vec<&str> = table.cols.iter().map(|(c, _)| *c).collect();
-    let marks: Vec<String> = table
-        .cols
-        .iter()
+/// The target's defaults of `table`'s NOT NULL columns (catalog text of our own schema).
+fn not_null_defaults(tx: &mut Tx<'_>, table: &Table) -> PgResult<BTreeMap<String, String>> {
+    tx.query(
+        "SELECT column_name::text, column_default::text FROM information_schema.columns \
+         WHERE table_schema = current_schema() AND table_name = $1 \
+         AND is_nullable = 'NO' AND column_default IS NOT NULL",
+        &[&table.name],
+    )?
+    .iter()
+    .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+    .collect::<PgResult<_>>()
+}
+
+/// The value placeholders of `cols` (numbered from `first`): a NULL where
+/// the target column is `NOT NULL` with a default takes that default.
+fn marks(cols: &[(&str, Ty)], first: usize, defaults: &BTreeMap<String, String>) -> Vec<String> {
+    cols.iter()
         .enumerate()
         .map(|(i, (c, ty))| match defaults.get(*c) {
-            Some(default) => format!("COALESCE(${}::{}, {default})", i + 1, pg_type(*ty)),
-            None => format!("${}::{}", i + 1, pg_type(*ty)),
+            Some(default) => format!("COALESCE(${}::{}, {default})", i + first, pg_type(*ty)),
+            None => format!("${}::{}", i + first, pg_type(*ty)),
         })
-        .collect();
+        .collect()
+}
+
+/// What a rerun carries into a row the target already has (`t` the
+/// target's row, `EXCLUDED` the source's): `None` keeps the target's row.
+fn carried(table: &str) -> Option<(&'static str, Vec<(&'static str, &'static str)>)> {
+    const NEWER: &str = "EXCLUDED.updated_at > t.updated_at";
+    match table {
+        "sessions" => Some((
+            "id",
+            vec![
+                ("ended_at", "COALESCE(t.ended_at, EXCLUDED.ended_at)"),
+                ("end_reason", "COALESCE(t.end_reason, EXCLUDED.end_reason)"),
+                ("message_count", "GREATEST(t.message_count, EXCLUDED.message_count)"),
+                ("tool_call_count", "GREATEST(t.tool_call_count, EXCLUDED.tool_call_count)"),
+                (
+                    "estimated_cost_usd",
+                    "COALESCE(EXCLUDED.estimated_cost_usd, t.estimated_cost_usd)",
+                ),
+                ("cost_status", "COALESCE(EXCLUDED.cost_status, t.cost_status)"),
+                ("cost_source", "COALESCE(EXCLUDED.cost_source, t.cost_source)"),
+            ],
+        )),
+        // A unit changed in the source since (newer `updated_at`) takes the
+        // source's state; a tombstone is always carried, never undone.
+        "async_delegations" => Some((
+            "delegation_id",
+            [
+                "state",
+                "completed_at",
+                "event_json",
+                "result_json",
+                "delivery_state",
+                "delivery_attempts",
+                "delivered_at",
+                "children_json",
+                "retained",
+                "retained_at",
+                "usage_json",
+                "owner_profile",
+            ]
+            .iter()
+            .map(|c| (*c, NEWER))
+            .chain([
+                ("tombstoned_at", "COALESCE(t.tombstoned_at, EXCLUDED.tombstoned_at)"),
+                ("updated_at", "GREATEST(t.updated_at, EXCLUDED.updated_at)"),
+            ])
+            .collect(),
+        )),
+        "retinue_children" => Some((
+            "delegation_id, child_index",
+            vec![
+                ("tombstoned_at", "COALESCE(t.tombstoned_at, EXCLUDED.tombstoned_at)"),
+                (
+                    "tombstone_reason",
+                    "CASE WHEN t.tombstoned_at IS NULL THEN EXCLUDED.tombstone_reason \
+                     ELSE t.tombstone_reason END",
+                ),
+                (
+                    "tombstone_note",
+                    "CASE WHEN t.tombstoned_at IS NULL THEN EXCLUDED.tombstone_note \
+                     ELSE t.tombstone_note END",
+                ),
+                ("retained_at", "GREATEST(t.retained_at, EXCLUDED.retained_at)"),
+            ],
+        )),
+        _ => None,
+    }
+}
+
+/// Copies `table`'s rows; returns (new rows, rows whose later changes were
+/// carried). A NULL where the target column is `NOT NULL` with a default
+/// (hermes leaves `origin_session_id` and others NULL; this schema says
+/// `NOT NULL DEFAULT ''`) takes that default; a NULL where a value is
+/// required is refused, naming the row.
+fn copy_rows(tx: &mut Tx<'_>, table: &Table, rows: &[Vec<Val>]) -> PgResult<(usize, usize)> {
+    let defaults = not_null_defaults(tx, table)?;
+    let names: Vec<&str> = table.cols.iter().map(|(c, _)| *c).collect();
+    let marks = marks(table.cols, 1, &defaults);
+    let conflict = match carried(table.name) {
+        None => "ON CONFLICT DO NOTHING".to_owned(),
+        Some((key, sets)) => {
+            // `NEWER` columns: the source's value when it is newer.
+            let expr = |c: &str, e: &str| {
+                if e.starts_with("EXCLUDED.updated_at") {
+                    format!("CASE WHEN {e} THEN EXCLUDED.{c} ELSE t.{c} END")
+                } else {
+                    e.to_owned()
+                }
+            };
+            let set: Vec<String> =
+                sets.iter().map(|(c, e)| format!("{c} = {}", expr(c, e))).collect();
+            let old: Vec<String> = sets.iter().map(|(c, _)| format!("t.{c}")).collect();
+            let new: Vec<String> = sets.iter().map(|(c, e)| expr(c, e)).collect();
+            format!(
+                "ON CONFLICT ({key}) DO UPDATE SET {} WHERE ({}) IS DISTINCT FROM ({})",
+                set.join(", "),
+                old.join(", "),
+                new.join(", ")
+            )
+        }
+    };
     let sql = format!(
-        "INSERT INTO {} ({}) VALUES ({}) ON CONFLICT DO NOTHING",
+        "INSERT INTO {} AS t ({}) VALUES ({}) {conflict} RETURNING (xmax = 0)",
         table.name,
         names.join(", "),
         marks.join(", ")
     );
     let stmt = tx.prepare(&sql)?;
-    let mut n = 0;
+    let (mut new, mut updated) = (0, 0);
     for row in rows {
         let params: Vec<&(dyn ToSql + Sync)> = row.iter().map(Val::sql).collect();
-        n += match tx.execute(&stmt, &params) {
-            Ok(n) => n,
+        match tx.query(&stmt, &params) {
+            Ok(out) => {
+                for r in out {
+                    if r.try_get::<_, bool>(0)? {
+                        new += 1;
+                    } else {
+                        updated += 1;
+                    }
+                }
+            }
             Err(Fail::Pg(e))
                 if e.code() == Some(&postgres::error::SqlState::NOT_NULL_VIOLATION) =>
             {
@@ -334,9 +452,107 @@ fn copy_rows(tx: &mut Tx<'_>, table: &Table, rows: &[Vec<Val>]) -> PgResult<usiz
                 ))));
             }
             Err(e) => return Err(e),
-        };
+        }
     }
-    Ok(usize::try_from(n).unwrap_or(usize::MAX))
+    Ok((new, updated))
+}
+
+/// The columns that say a transcript or ledger row at an id is the same
+/// row as the source's (a copy from an earlier run).
+fn identity_cols(table: &str) -> &'static [usize] {
+    match table {
+        // session_id, role, content
+        "messages" => &[1, 2, 3],
+        // parent_session_id, child_session_id, usage_json
+        "delegation_child_usage" => &[1, 3, 4],
+        _ => &[1],
+    }
+}
+
+/// Copies an id-keyed table (`messages`, `delegation_child_usage`): each
+/// source row keeps its id when the target has no row there, is recognised
+/// when the row there is its earlier copy, and gets a fresh id when another
+/// row holds it; every source id's target id is recorded for `source`.
+/// Returns (new rows, source id → target id, rows remapped).
+fn copy_with_ids(
+    tx: &mut Tx<'_>,
+    table: &Table,
+    rows: &[Vec<Val>],
+    source: &str,
+) -> PgResult<(usize, BTreeMap<i64, i64>, usize)> {
+    let defaults = not_null_defaults(tx, table)?;
+    let mut known: BTreeMap<i64, i64> = BTreeMap::new();
+    for r in tx.query(
+        "SELECT source_id, target_id FROM retinue_migrated_ids WHERE source = $1 AND tbl = $2",
+        &[&source, &table.name],
+    )? {
+        known.insert(r.try_get(0)?, r.try_get(1)?);
+    }
+    let names: Vec<&str> = table.cols.iter().map(|(c, _)| *c).collect();
+    let with_id = tx.prepare(&format!(
+        "INSERT INTO {} ({}) VALUES ({}) RETURNING id",
+        table.name,
+        names.join(", "),
+        marks(table.cols, 1, &defaults).join(", ")
+    ))?;
+    let fresh = tx.prepare(&format!(
+        "INSERT INTO {} ({}) VALUES ({}) RETURNING id",
+        table.name,
+        names[1..].join(", "),
+        marks(&table.cols[1..], 1, &defaults).join(", ")
+    ))?;
+    let ident = identity_cols(table.name);
+    let same_sql = format!(
+        "SELECT {} FROM {} WHERE id = $1",
+        ident.iter().map(|i| format!("{}::text", table.cols[*i].0)).collect::<Vec<_>>().join(", "),
+        table.name
+    );
+    let same = tx.prepare(&same_sql)?;
+    let record = tx.prepare(
+        "INSERT INTO retinue_migrated_ids (source, tbl, source_id, target_id) \
+         VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
+    )?;
+    let (mut new, mut remapped) = (0, 0);
+    let mut map = BTreeMap::new();
+    for row in rows {
+        let Val::Int(Some(sid)) = row[0] else { continue };
+        if let Some(tid) = known.get(&sid) {
+            map.insert(sid, *tid);
+            continue;
+        }
+        let there = tx.query_opt(&same, &[&sid])?;
+        let tid = match there {
+            Some(r) => {
+                let mine = ident.iter().enumerate().all(|(k, i)| {
+                    let theirs: Option<String> = r.try_get(k).ok().flatten();
+                    let ours = match &row[*i] {
+                        Val::Bytes(Some(b)) => Some(format!(
+                            "\\x{}",
+                            b.iter().map(|x| format!("{x:02x}")).collect::<String>()
+                        )),
+                        other => Some(other.key_text()),
+                    };
+                    theirs.unwrap_or_default() == ours.unwrap_or_default()
+                });
+                if mine {
+                    sid
+                } else {
+                    let params: Vec<&(dyn ToSql + Sync)> = row[1..].iter().map(Val::sql).collect();
+                    remapped += 1;
+                    new += 1;
+                    tx.query_one(&fresh, &params)?.try_get(0)?
+                }
+            }
+            None => {
+                let params: Vec<&(dyn ToSql + Sync)> = row.iter().map(Val::sql).collect();
+                new += 1;
+                tx.query_one(&with_id, &params)?.try_get(0)?
+            }
+        };
+        tx.execute(&record, &[&source, &table.name, &sid, &tid])?;
+        map.insert(sid, tid);
+    }
+    Ok((new, map, remapped))
 }
 
 /// Every source key must be in the target, owned by the same row (for
@@ -366,6 +582,79 @@ fn verify(tx: &mut Tx<'_>, table: &Table, rows: &[Vec<Val>]) -> PgResult<()> {
         }
     }
     Ok(())
+}
+
+/// Every source row of an id-keyed table has a target row, owned by the
+/// same session (or ledger parent).
+fn verify_mapped(
+    tx: &mut Tx<'_>,
+    table: &Table,
+    rows: &[Vec<Val>],
+    map: &BTreeMap<i64, i64>,
+) -> PgResult<()> {
+    let owner = table.cols[1].0;
+    let stmt = tx.prepare(&format!(
+        "SELECT count(*) FROM {} WHERE id = $1 AND {owner}::text = $2",
+        table.name
+    ))?;
+    for row in rows {
+        let Val::Int(Some(sid)) = row[0] else { continue };
+        let found: i64 = match map.get(&sid) {
+            Some(tid) => tx.query_one(&stmt, &[tid, &row[1].key_text()])?.try_get(0)?,
+            None => 0,
+        };
+        if found != 1 {
+            return Err(Fail::Store(Error::Invalid(format!(
+                "verification failed: {} row {sid} of the source has no copy in the target",
+                table.name
+            ))));
+        }
+    }
+    Ok(())
+}
+
+/// A tombstone of the source is in the target (carried, never undone).
+fn verify_tombstones(tx: &mut Tx<'_>, table: &Table, rows: &[Vec<Val>]) -> PgResult<()> {
+    let Some(at) = table.cols.iter().position(|(c, _)| *c == "tombstoned_at") else {
+        return Ok(());
+    };
+    let sql = if table.key == 2 {
+        format!(
+            "SELECT tombstoned_at IS NOT NULL FROM {} WHERE {}::text = $1 AND {}::text = $2",
+            table.name, table.cols[0].0, table.cols[1].0
+        )
+    } else {
+        format!(
+            "SELECT tombstoned_at IS NOT NULL FROM {} WHERE {}::text = $1",
+            table.name, table.cols[0].0
+        )
+    };
+    let stmt = tx.prepare(&sql)?;
+    for row in rows.iter().filter(|r| matches!(r[at], Val::Float(Some(_)))) {
+        let k1 = row[0].key_text();
+        let carried: Option<bool> = if table.key == 2 {
+            tx.query_opt(&stmt, &[&k1, &row[1].key_text()])?.map(|r| r.try_get(0)).transpose()?
+        } else {
+            tx.query_opt(&stmt, &[&k1])?.map(|r| r.try_get(0)).transpose()?
+        };
+        if carried != Some(true) {
+            return Err(Fail::Store(Error::Invalid(format!(
+                "verification failed: {} row `{k1}` is tombstoned in the source but not in the \
+                 target",
+                table.name
+            ))));
+        }
+    }
+    Ok(())
+}
+
+/// The dollars of a ledger row's `usage_json` (0 when absent or unreadable).
+fn ledger_cost(usage_json: Option<&str>) -> f64 {
+    usage_json
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(t).ok())
+        .and_then(|v| v.get("cost_usd").and_then(serde_json::Value::as_f64))
+        .filter(|c| c.is_finite())
+        .unwrap_or(0.0)
 }
 
 impl PgStore {
@@ -402,20 +691,108 @@ impl PgStore {
             .iter()
             .position(|t| t.name == "async_delegations")
             .and_then(|i| self.rekey_home_profile(source, &TABLES[i], &mut data[i]));
-        let source_totals: f64 = data[6]
-            .iter()
-            .map(|r| match r[1] {
-                Val::Float(Some(f)) => f,
-                _ => 0.0,
+        // The source file's identity for its id mappings.
+        let source_key = std::fs::canonicalize(source)
+            .unwrap_or_else(|_| source.to_path_buf())
+            .to_string_lossy()
+            .into_owned();
+        let ledger_at = TABLES.iter().position(|t| t.name == "delegation_child_usage");
+        let source_ledger: f64 = ledger_at
+            .map(|i| {
+                data[i]
+                    .iter()
+                    .map(|r| match &r[4] {
+                        Val::Text(t) => ledger_cost(t.as_deref()),
+                        _ => 0.0,
+                    })
+                    .sum()
             })
-            .sum();
+            .unwrap_or(0.0);
         let mut tables = BTreeMap::new();
+        let mut updated = BTreeMap::new();
+        let mut remapped = 0;
+        let mut target_ledger = 0.0;
         let lim = self.limits();
         let dangling_parents = self.pool.tx("copying a state.db", Mode::Write, |tx| {
             tables.clear();
+            updated.clear();
+            remapped = 0;
+            let mut maps: BTreeMap<&str, BTreeMap<i64, i64>> = BTreeMap::new();
             for (table, rows) in TABLES.iter().zip(&data) {
-                let copied = copy_rows(tx, table, rows)?;
-                tables.insert(table.name.to_owned(), (rows.len(), copied));
+                match table.name {
+                    "messages" | "delegation_child_usage" => {
+                        let (new, map, moved) = copy_with_ids(tx, table, rows, &source_key)?;
+                        remapped += moved;
+                        tables.insert(table.name.to_owned(), (rows.len(), new));
+                        maps.insert(table.name, map);
+                    }
+                    "retinue_usage_keys" => {
+                        // The key names its ledger row by the target's id.
+                        let ledger = maps.get("delegation_child_usage");
+                        let rows: Vec<Vec<Val>> = rows
+                            .iter()
+                            .map(|r| {
+                                let id = match r[1] {
+                                    Val::Int(Some(sid)) => ledger
+                                        .and_then(|m| m.get(&sid).copied())
+                                        .or(Some(sid)),
+                                    _ => None,
+                                };
+                                vec![
+                                    Val::Text(Some(r[0].key_text())),
+                                    Val::Int(id),
+                                    match r[2] {
+                                        Val::Float(f) => Val::Float(f),
+                                        _ => Val::Float(None),
+                                    },
+                                ]
+                            })
+                            .collect();
+                        let (new, _) = copy_rows(tx, table, &rows)?;
+                        tables.insert(table.name.to_owned(), (rows.len(), new));
+                    }
+                    "retinue_usage_totals" => {
+                        // Totals cover ledger ids: a parent with a row that
+                        // moved is folded afresh by the target instead.
+                        let moved: BTreeSet<String> = ledger_at
+                            .map(|i| {
+                                data[i]
+                                    .iter()
+                                    .filter(|r| match r[0] {
+                                        Val::Int(Some(sid)) => maps
+                                            .get("delegation_child_usage")
+                                            .and_then(|m| m.get(&sid))
+                                            .is_some_and(|tid| *tid != sid),
+                                        _ => false,
+                                    })
+                                    .map(|r| r[1].key_text())
+                                    .collect()
+                            })
+                            .unwrap_or_default();
+                        let kept: Vec<&Vec<Val>> =
+                            rows.iter().filter(|r| !moved.contains(&r[0].key_text())).collect();
+                        let kept: Vec<Vec<Val>> = kept
+                            .into_iter()
+                            .map(|r| {
+                                r.iter()
+                                    .map(|v| match v {
+                                        Val::Text(t) => Val::Text(t.clone()),
+                                        Val::Float(f) => Val::Float(*f),
+                                        Val::Int(i) => Val::Int(*i),
+                                        Val::Bytes(b) => Val::Bytes(b.clone()),
+                                    })
+                                    .collect()
+                            })
+                            .collect();
+                        let (new, _) = copy_rows(tx, table, &kept)?;
+                        tables.insert(table.name.to_owned(), (rows.len(), new));
+                    }
+                    _ => {
+                        let (new, changed) = copy_rows(tx, table, rows)?;
+                        tables.insert(table.name.to_owned(), (rows.len(), new));
+                        updated.insert(table.name.to_owned(), changed);
+                    }
+                }
             }
             // Parent links after every session exists; a parent that does not is not linked.
             let mut dangling = 0;
@@ -445,32 +822,46 @@ impl PgStore {
                 )?;
             }
             for (table, rows) in TABLES.iter().zip(&data) {
-                verify(tx, table, rows)?;
+                match maps.get(table.name) {
+                    Some(map) => verify_mapped(tx, table, rows, map)?,
+                    None if table.name == "retinue_usage_keys" => {}
+                    None => verify(tx, table, rows)?,
+                }
+                verify_tombstones(tx, table, rows)?;
             }
+            // The ledger: the source's rows and their copies add up the same.
+            let ids: Vec<i64> = maps
+                .get("delegation_child_usage")
+                .map(|m| m.values().copied().collect())
+                .unwrap_or_default();
+            target_ledger = tx
+                .query(
+                    "SELECT usage_json FROM delegation_child_usage WHERE id = ANY($1)",
+                    &[&ids],
+                )?
+                .iter()
+                .map(|r| Ok(ledger_cost(r.try_get::<_, Option<String>>(0)?.as_deref())))
+                .sum::<PgResult<f64>>()?;
             // Adopt and prune what was copied, as any write of this backend
             // leaves it (child rows for retained units; no live unit without
             // a live child; the per-profile live counts exact).
             crate::registry::adopt_and_prune(tx, lim, &self.profile)?;
             Ok(dangling)
         })?;
-        // Ledger totals: the target's totals of the source's parents equal the source's.
-        let parents_of_totals: Vec<String> = data[6].iter().map(|r| r[0].key_text()).collect();
-        let target_totals: f64 = self.pool.tx("verifying ledger totals", Mode::Read, |tx| {
-            Ok(tx
-                .query_one(
-                    "SELECT COALESCE(SUM(cost_usd), 0)::float8 FROM retinue_usage_totals \
-                     WHERE parent_session_id = ANY($1)",
-                    &[&parents_of_totals],
-                )?
-                .try_get(0)?)
-        })?;
-        if (target_totals - source_totals).abs() > 1e-6 * source_totals.abs().max(1.0) {
+        if (target_ledger - source_ledger).abs() > 1e-6 * source_ledger.abs().max(1.0) {
             return Err(Error::Invalid(format!(
-                "verification failed: ledger totals differ (source {source_totals}, target \
-                 {target_totals})"
+                "verification failed: ledger sums differ (source {source_ledger}, target \
+                 {target_ledger})"
             )));
         }
-        Ok(MigrationReport { tables, dangling_parents, ledger_cost_usd: source_totals, rekeyed })
+        Ok(MigrationReport {
+            tables,
+            updated,
+            remapped,
+            dangling_parents,
+            ledger_cost_usd: source_ledger,
+            rekeyed,
+        })
     }
 
     /// Re-keys the `async_delegations` rows of `units` whose `owner_profile`

@@ -41,6 +41,7 @@ const MIGRATIONS: &[(&str, &str)] = &[
         "V5__retinue_pg_budget_members",
         include_str!("../migrations/V5__retinue_pg_budget_members.sql"),
     ),
+    ("V6__retinue_pg_migrated_ids", include_str!("../migrations/V6__retinue_pg_migrated_ids.sql")),
 ];
 
 #[allow(clippy::cast_possible_truncation, clippy::cast_possible_wrap)] // a handful of files

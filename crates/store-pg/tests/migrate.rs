@@ -181,3 +181,100 @@ fn a_hermes_written_state_db_migrates() {
     drop(pg);
     PgStore::drop_schema(&url, &schema).expect("drop");
 }
+
+/// Issue #22: a rerun carries what changed in the source since (a tombstone
+/// made after the first run), and ids never collide with rows team mode
+/// wrote in between; every rerun verifies.
+#[test]
+fn a_rerun_carries_later_changes_and_ids_never_collide() {
+    use retinue_store::{Lookup, Retention, TombstoneReason};
+    let Some(url) = retinue_testkit::pg_url("PostgreSQL migrate tests") else { return };
+    let home = TempHome::new();
+    let clock = manual_clock(T0);
+    let sqlite = home.open_store(clock.clone());
+    sqlite
+        .create_session(&NewSession {
+            id: "P".into(),
+            source: "cli".into(),
+            ..NewSession::default()
+        })
+        .expect("parent");
+    let first = dispatch_and_retain(&sqlite, "P");
+    let second = dispatch_and_retain(&sqlite, "P");
+    let say = |store: &dyn SessionStore, text: &str| {
+        store
+            .append_message(
+                "P",
+                &Message { role: "user".into(), content: Some(text.into()), ..Message::default() },
+            )
+            .expect("message")
+    };
+    say(&sqlite, "one");
+    let bill = |ledger: &dyn UsageLedger, cost: f64| {
+        let draft = AttributionDraft {
+            parent_session_id: "P".into(),
+            usage: serde_json::json!({"cost_usd": cost}),
+            ..AttributionDraft::default()
+        };
+        let delta = TotalsUpdate {
+            delta: UsageTotals { cost_usd: cost, input_tokens: 0.0, output_tokens: 0.0 },
+            catch_up: None,
+        };
+        assert!(ledger.record_usage(&draft, &delta).expect("ledger"));
+    };
+    bill(&sqlite, 0.5);
+
+    let schema = format!("mig2_{}", std::process::id());
+    let _ = PgStore::drop_schema(&url, &schema);
+    let pg = Arc::new(
+        PgStore::open(&url, PgOptions::default().with_clock(clock.clone()).with_schema(&schema))
+            .expect("open"),
+    );
+    pg.import_state_db(&home.db_path()).expect("first run");
+    // Team mode writes: the next message and ledger ids are taken in PostgreSQL.
+    say(&*pg, "written in team mode");
+    bill(&*pg, 0.25);
+    // Meanwhile the source changes: a tombstone, a message, a ledger row.
+    assert!(
+        sqlite
+            .tombstone_retained_child(&first, &TombstoneReason::Other("done with it".into()))
+            .expect("tombstone")
+    );
+    say(&sqlite, "two");
+    bill(&sqlite, 0.125);
+
+    let report = pg.import_state_db(&home.db_path()).expect("a rerun verifies");
+    assert_eq!(report.tables["messages"].1, 1, "{report:?}");
+    assert_eq!(report.tables["delegation_child_usage"].1, 1, "{report:?}");
+    assert_eq!(report.remapped, 2, "both new source ids were taken: {report:?}");
+    assert!(
+        matches!(pg.lookup(&first).expect("lookup"), Lookup::NotAddressable(..)),
+        "the tombstone made after the first run was not carried"
+    );
+    assert!(matches!(pg.lookup(&second).expect("lookup"), Lookup::Addressable(_)));
+    let texts: Vec<String> =
+        pg.conversation("P").expect("conversation").into_iter().filter_map(|m| m.content).collect();
+    for want in ["one", "written in team mode", "two"] {
+        assert_eq!(texts.iter().filter(|t| t.as_str() == want).count(), 1, "{texts:?}");
+    }
+    let totals = retinue_usage_totals(&pg);
+    assert!((totals - 0.875).abs() < 1e-9, "ledger after the rerun: {totals}");
+    // A third run has nothing new and still verifies.
+    let again = pg.import_state_db(&home.db_path()).expect("third run");
+    assert!(again.tables.values().all(|(_, new)| *new == 0), "{again:?}");
+    assert_eq!(again.remapped, 0);
+    drop(pg);
+    PgStore::drop_schema(&url, &schema).expect("drop");
+}
+
+/// The ledger total of `P` as the usage crate folds it (maintained totals
+/// plus the rows they do not cover yet).
+fn retinue_usage_totals(pg: &PgStore) -> f64 {
+    let snap = pg.usage_totals_snapshot("P").expect("snapshot");
+    snap.pending.iter().fold(snap.maintained.cost_usd, |acc, p| {
+        acc + serde_json::from_str::<serde_json::Value>(&p.usage_json)
+            .ok()
+            .and_then(|v| v["cost_usd"].as_f64())
+            .unwrap_or(0.0)
+    })
+}
