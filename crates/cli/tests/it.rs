@@ -1953,3 +1953,22 @@ fn mcp_answers_malformed_and_oversized_messages() {
     let status = server.wait().expect("exit");
     assert!(status.success(), "{status:?}");
 }
+
+/// Issue #22: a configuration warning is printed once, not once per load.
+#[test]
+fn a_config_warning_is_printed_once() {
+    let fx = Fx::new();
+    let yaml = format!(
+        "delegation:\n  model: test/fake-model\n  base_url: {}\n  stream: maybe\n",
+        fx.model.base_url()
+    );
+    std::fs::write(fx.home.path().join("config.yaml"), yaml).expect("config.yaml");
+    for args in [&["children", "list"][..], &["delegate", "--goal", "warned once"][..]] {
+        let (_, _, err) = fx.json(args);
+        assert_eq!(
+            err.matches("delegation.stream has the wrong type").count(),
+            1,
+            "{args:?}: {err}"
+        );
+    }
+}

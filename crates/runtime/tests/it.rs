@@ -803,3 +803,58 @@ mod trust {
         assert_eq!(rt.live_children(), 0);
     }
 }
+
+/// Issue #22: usage in an answer without `choices` is still billed (what
+/// the call held), and a cancel interrupts a blocked call at once.
+mod edges {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use retinue_delegate::{CancelToken, ChildRuntime};
+    use retinue_runtime::NoTools;
+    use retinue_store::ExitReason;
+    use retinue_testkit::fake_model::{FakeModel, Reply, Usage};
+
+    use super::{Transcript, config, input, runtime, spec};
+
+    #[test]
+    fn an_answer_without_choices_is_billed() {
+        let server = FakeModel::start();
+        server.push(Reply::raw(r#"{"usage": {"prompt_tokens": 5000, "completion_tokens": 10}}"#));
+        let rt = runtime(config(&server), Arc::new(NoTools));
+        let child = rt.build(&spec("sa-0-x")).expect("build");
+        let out = rt.run(&child, &input("go"), &Transcript::default(), &CancelToken::new());
+        assert_eq!(out.exit_reason, ExitReason::Error, "{out:?}");
+        assert!(out.tokens.input > 0, "billed nothing: {out:?}");
+    }
+
+    #[test]
+    fn a_cancel_interrupts_a_blocked_call() {
+        let server = FakeModel::start();
+        server.push(
+            Reply::text("late").with_usage(Usage::new(1, 1)).delayed(Duration::from_secs(60)),
+        );
+        let rt = Arc::new(runtime(config(&server), Arc::new(NoTools)));
+        let child = rt.build(&spec("sa-0-y")).expect("build");
+        let cancel = CancelToken::new();
+        let (rt2, child2, token) = (Arc::clone(&rt), child.clone(), cancel.clone());
+        let run = std::thread::spawn(move || {
+            rt2.run(&child2, &input("go"), &Transcript::default(), &token)
+        });
+        while server.request_count() == 0 {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        cancel.cancel();
+        // Liveness bound for the harness only (the answer is 60 s away).
+        let started = std::time::Instant::now();
+        while !run.is_finished() {
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "the blocked call was not interrupted"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let out = run.join().expect("run");
+        assert_eq!(out.exit_reason, ExitReason::Interrupted, "{out:?}");
+    }
+}
