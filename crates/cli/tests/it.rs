@@ -1972,3 +1972,79 @@ fn a_config_warning_is_printed_once() {
         );
     }
 }
+
+/// Issue #22: an endpoint's secrets (userinfo, query values) appear nowhere:
+/// not in retry warnings, errors, `--json` output or the stored columns.
+#[test]
+fn endpoint_secrets_never_leak() {
+    let fx = Fx::new();
+    let flaky = FakeModel::start();
+    flaky.push_all([Reply::server_error(503), Reply::server_error(502), Reply::unauthorized()]);
+    let yaml = format!(
+        "delegation:\n  model: test/fake-model\n  base_url: http://alice:PW1234@{}/v1?api_key=QK5678\n  api_key: sk-test-secret\n",
+        flaky.addr()
+    );
+    std::fs::write(fx.home.path().join("config.yaml"), yaml).expect("config.yaml");
+    let out = fx
+        .cmd(&["--json", "delegate", "--goal", "leak nothing"])
+        .env("RETINUE_LOG", "warn")
+        .output()
+        .expect("run");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("retry"), "no retry warning to check: {stderr}");
+    assert!(
+        flaky.requests().iter().all(|r| r.header("authorization") == Some("Bearer sk-test-secret"))
+    );
+    let stored = format!(
+        "{:?}{:?}",
+        HermesDb::table_rows(&fx.home.db_path(), "async_delegations"),
+        HermesDb::table_rows(&fx.home.db_path(), "retinue_children")
+    );
+    for secret in ["PW1234", "QK5678", "alice:", "sk-test-secret"] {
+        assert!(!stdout.contains(secret), "{secret} in --json: {stdout}");
+        assert!(!stderr.contains(secret), "{secret} in stderr: {stderr}");
+        assert!(!stored.contains(secret), "{secret} in a stored column");
+    }
+}
+
+/// Issue #22: `retinue mcp` in a working directory that was deleted says
+/// what to do.
+#[test]
+fn mcp_in_a_deleted_directory_says_what_to_do() {
+    let fx = Fx::new();
+    let gone = tempfile::tempdir().expect("dir");
+    let path = gone.path().join("project");
+    // The directory is removed under a shell that stays in it, which then
+    // starts the server there.
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "mkdir -p '{p}' && cd '{p}' && rmdir '{p}' && exec '{BIN}' --home '{h}' mcp </dev/null",
+            p = path.display(),
+            h = fx.home.path().display()
+        ))
+        .env_remove("HERMES_HOME")
+        .output()
+        .expect("run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--session") && stderr.contains("--new-session"), "{stderr}");
+}
+
+/// Issue #22: the "no price" warning is logged once per model, not per call.
+#[test]
+fn the_no_price_warning_is_given_once() {
+    let fx = Fx::new();
+    let free = FakeModel::start();
+    free.set_default(Reply::text("done").with_usage(Usage::new(10, 2)));
+    configure_model(fx.home.path(), &free);
+    let tasks = json!([{"goal": "a"}, {"goal": "b"}, {"goal": "c"}]).to_string();
+    let out = fx
+        .cmd(&["--json", "delegate", "--tasks", &tasks])
+        .env("RETINUE_LOG", "warn")
+        .output()
+        .expect("run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.matches("no price for model").count(), 1, "{stderr}");
+}

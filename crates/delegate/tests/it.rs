@@ -1126,6 +1126,9 @@ mod budgets {
         let ok = fx.call(json!({"goal": "more", "follow_up": "child-sess-1"}), &parent("A"));
         assert_eq!(ok["mode"], "follow_up", "{ok}");
         assert!(remaining(&ok).abs() < 1e-9, "{ok}");
+        // Charged: the note never says "budget-exempt" (issue #22).
+        let note = ok["note"].as_str().unwrap_or_default();
+        assert!(!note.contains("budget-exempt") && note.contains("charged"), "{note}");
         let refused = fx.call(json!({"goal": "more", "follow_up": "child-sess-1"}), &parent("A"));
         assert!(err(&refused).starts_with("Budget exceeded"), "{refused}");
     }

@@ -275,6 +275,13 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_provider_that_never_answers_is_bounded_by_default() {
+        let c = RuntimeConfig::new("http://127.0.0.1:9/v1", "m");
+        assert_eq!(c.connect_timeout, Duration::from_secs(10));
+        assert_eq!(c.first_byte_timeout, Duration::from_secs(120));
+    }
+
+    #[test]
     fn the_key_never_goes_over_plain_http_to_another_host() {
         let c = |url: &str| RuntimeConfig::new(url, "m").with_api_key("sk-secret-1");
         for ok in [

@@ -69,3 +69,51 @@ fn a_read_only_role_reads_a_current_schema() {
         ))
         .expect("cleanup");
 }
+
+/// Issue #22: recovery touches only the caller's tenant's units (and
+/// unprofiled ones): another tenant's dead worker is that tenant's to recover.
+#[test]
+fn recovery_is_scoped_to_the_tenant() {
+    use std::sync::Arc;
+
+    use retinue_store::{OwnerProbe, ProcessState, Retention};
+    use retinue_store_pg::WORKER_LEASE_SECS;
+    struct AllAlive;
+    impl OwnerProbe for AllAlive {
+        fn probe(&self, _: i64) -> Option<ProcessState> {
+            Some(ProcessState::Alive { started_at: None })
+        }
+    }
+    let Some(url) = retinue_testkit::pg_url("PostgreSQL read-only tests") else { return };
+    let schema = name("rec");
+    let clock = retinue_testkit::manual_clock(retinue_testkit::T0);
+    let open = |profile: &str| {
+        PgStore::open(
+            &url,
+            PgOptions::default()
+                .with_schema(&schema)
+                .with_clock(clock.clone())
+                .with_profile(profile),
+        )
+        .expect("open")
+    };
+    let acme = open("acme");
+    let draft = |profile: &str| UnitDraft {
+        owner_profile: profile.to_owned(),
+        children: vec![ChildManifest::default()],
+        ..UnitDraft::default()
+    };
+    let acme_unit = acme.insert_unit(&draft("acme")).expect("unit");
+    drop(acme);
+    // acme's worker is gone: its lease lapses.
+    clock.advance(WORKER_LEASE_SECS + 1.0);
+    let other = Arc::new(open("other"));
+    let report = other.recover_abandoned_delegations(&AllAlive);
+    assert_eq!(report.abandoned, 0, "another tenant's unit was recovered: {report:?}");
+    let acme_again = open("acme");
+    let report = acme_again.recover_abandoned_delegations(&AllAlive);
+    assert_eq!(report.abandoned, 1, "{report:?}");
+    let _ = acme_unit;
+    drop((other, acme_again));
+    PgStore::drop_schema(&url, &schema).expect("drop");
+}
