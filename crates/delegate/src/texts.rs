@@ -164,19 +164,20 @@ pub fn budget_refused(
             status.limit.max_tokens.map(|_| tokens),
         )
     };
-    if !status.exceeded_by(needs) {
-        return format!(
-            "Budget held by running delegations for the session lineage rooted at '{}': spent {}, reserved by running children {}, limit {}, remaining {}; this call needs at least {}. Wait for running children to finish (what they do not spend is given back), or raise delegation.budget.",
-            shown_id(root),
-            limited(status.spent.cost_usd, status.spent.tokens),
-            limited(status.reserved.cost_usd, status.reserved.tokens),
-            money_tokens(status.limit.max_cost_usd, status.limit.max_tokens),
-            money_tokens(cost_left, tokens_left),
-            limited(needs.cost_usd, needs.tokens),
-        );
-    }
+    // Spend alone leaves too little: exceeded; else the rest is held.
+    let (what, advice) = if status.exceeded_by(needs) {
+        (
+            "Budget exceeded",
+            "Raise delegation.budget, pass a smaller budget, or wait for running children to finish.",
+        )
+    } else {
+        (
+            "Budget held by running delegations",
+            "Wait for running children to finish (what they do not spend is given back), or raise delegation.budget.",
+        )
+    };
     format!(
-        "Budget exceeded for the session lineage rooted at '{}': spent {}, reserved by running children {}, limit {}, remaining {}; this call needs at least {}. Raise delegation.budget, pass a smaller budget, or wait for running children to finish.",
+        "{what} for the session lineage rooted at '{}': spent {}, reserved by running children {}, limit {}, remaining {}; this call needs at least {}. {advice}",
         shown_id(root),
         limited(status.spent.cost_usd, status.spent.tokens),
         limited(status.reserved.cost_usd, status.reserved.tokens),

@@ -1601,6 +1601,20 @@ mod ids {
 
     use super::{Fx, parent};
 
+    fn parts(fx: &Fx) -> DelegatorParts {
+        DelegatorParts {
+            registry: fx.store.clone(),
+            sessions: fx.store.clone(),
+            ledger: fx.store.clone(),
+            budgets: Some(fx.store.clone()),
+            authority: Arc::new(Authority::new(fx.store.clone(), fx.store.clone(), "")),
+            runtime: Arc::new(ScriptedRuntime::new()),
+            completions: None,
+            config: DelegationConfig::default(),
+            profile: String::new(),
+        }
+    }
+
     #[test]
     fn a_colliding_id_is_drawn_again() {
         let fx = Fx::with(DelegationConfig::default(), ScriptedRuntime::new());
@@ -1623,20 +1637,7 @@ mod ids {
             let mut d = source.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             if d.is_empty() { "f".repeat(n * 2) } else { d.remove(0) }
         });
-        let tool = Delegator::new_with_ids(
-            DelegatorParts {
-                registry: fx.store.clone(),
-                sessions: fx.store.clone(),
-                ledger: fx.store.clone(),
-                budgets: Some(fx.store.clone()),
-                authority: Arc::new(Authority::new(fx.store.clone(), fx.store.clone(), "")),
-                runtime: Arc::new(ScriptedRuntime::new()),
-                completions: None,
-                config: DelegationConfig::default(),
-                profile: String::new(),
-            },
-            ids,
-        );
+        let tool = Delegator::new_with_ids(parts(&fx), ids);
         let first = tool.delegate_task(&json!({"goal": "one"}), Some(&parent("A")));
         assert_eq!(first["results"][0]["subagent_id"], "sa-0-deadbeef", "{first}");
         // The second spawn draws the same ids first: they are taken, so it draws again.
@@ -1650,17 +1651,7 @@ mod ids {
         assert_eq!(old.child_session_id, "sess_0000000000000001");
         // A source that only ever repeats a taken id gives up, starting nothing.
         let stuck = Delegator::new_with_ids(
-            DelegatorParts {
-                registry: fx.store.clone(),
-                sessions: fx.store.clone(),
-                ledger: fx.store.clone(),
-                budgets: Some(fx.store.clone()),
-                authority: Arc::new(Authority::new(fx.store.clone(), fx.store.clone(), "")),
-                runtime: Arc::new(ScriptedRuntime::new()),
-                completions: None,
-                config: DelegationConfig::default(),
-                profile: String::new(),
-            },
+            parts(&fx),
             Arc::new(|n: usize| if n == 4 { "deadbeef".to_owned() } else { "1".repeat(n * 2) }),
         );
         let out = stuck.delegate_task(&json!({"goal": "three"}), Some(&parent("A")));

@@ -313,21 +313,14 @@ impl PgStore {
         }
         let config = connection_config(url)?;
         let pool = Pool::new(config, opts.schema.clone(), opts.pool_size.max(1));
-        // Workers starting together race on CREATE TABLE IF NOT EXISTS: retry.
-        let mut attempt: u32 = 0;
         if opts.read_only {
             pool.with("connecting to PostgreSQL and checking its schema", |c| {
                 check_current(c, opts.schema.as_deref())
             })?;
-            return Ok(PgStore {
-                pool,
-                clock: opts.clock,
-                config: opts.config,
-                profile: opts.profile,
-                worker_id: format!("w-{}", random_hex(8)?),
-                lease_secs: opts.lease_secs,
-            });
+            return PgStore::over(pool, opts);
         }
+        // Workers starting together race on CREATE TABLE IF NOT EXISTS: retry.
+        let mut attempt: u32 = 0;
         loop {
             attempt += 1;
             match pool.with("connecting to PostgreSQL and migrating its schema", |c| {
@@ -342,16 +335,22 @@ impl PgStore {
                 }
             }
         }
-        let store = PgStore {
+        let store = PgStore::over(pool, opts)?;
+        store.heartbeat()?;
+        Ok(store)
+    }
+
+    /// The store over `pool` with `opts` and a fresh worker id (registered
+    /// by the caller's first heartbeat, if any).
+    fn over(pool: Pool, opts: PgOptions) -> Result<PgStore> {
+        Ok(PgStore {
             pool,
             clock: opts.clock,
             config: opts.config,
             profile: opts.profile,
             worker_id: format!("w-{}", random_hex(8)?),
             lease_secs: opts.lease_secs,
-        };
-        store.heartbeat()?;
-        Ok(store)
+        })
     }
 
     /// This process's worker id (written to the units it dispatches).
