@@ -602,20 +602,28 @@ pub(crate) fn delegate(env: &Env, args: &DelegateArgs) -> Result<Output> {
             });
         }
     };
+    // An unknown parent would own children nobody can follow up: checked
+    // through a read-only open, so nothing (not even the file) is created.
+    if let Some(p) = &args.parent {
+        let p = p.trim();
+        let unknown = || {
+            CliError::NotFound(format!(
+                "no session '{p}': --parent names an existing session (omit it to start a new one)"
+            ))
+        };
+        let known = match Backend::open(env, Arc::new(SystemClock), Access::Read) {
+            Ok(reader) => reader.sessions.session(p)?.is_some(),
+            Err(CliError::NotFound(_)) => false,
+            Err(e) => return Err(e),
+        };
+        if !known {
+            return Err(unknown());
+        }
+    }
     let store = Backend::open(env, Arc::new(SystemClock), Access::WriteOrCreate)?;
     store.keep_alive();
     let (parent_id, created) = match &args.parent {
-        Some(p) => {
-            let p = p.trim().to_owned();
-            // An unknown parent would own children nobody can follow up.
-            if store.sessions.session(&p)?.is_none() {
-                return Err(CliError::NotFound(format!(
-                    "no session '{p}': --parent names an existing session (omit it to start a \
-                     new one)"
-                )));
-            }
-            (p, false)
-        }
+        Some(p) => (p.trim().to_owned(), false),
         None => (new_parent(&*store.sessions)?, true),
     };
     let tool = delegator(&store, Arc::new(runtime), config, &env.profile);

@@ -1653,18 +1653,23 @@ fn a_valid_token_budget_bounds_each_call_and_succeeds() {
 #[test]
 fn a_profiled_process_prunes_only_its_own_tenant() {
     let fx = Fx::new();
-    let before = ids(&fx.ok(0, &["children", "list"]));
-    assert!(!before.is_empty());
-    // Another tenant's cap of 1 and TTL of 0 h: none of these units is its own.
+    // The fixture's solo unit belongs to the tenant `work`; the others are
+    // unprofiled (hermes's, every tenant's).
+    let solo = fx.fx.solo_subagent;
+    assert_eq!(fx.ok(0, &["children", "show", solo])["owner_profile"], "work");
+    // Another tenant's cap of 1 and TTL of 0 h prune its own and the
+    // unprofiled units, never `work`'s.
     let v = fx.ok(
         0,
         &["--profile", "other", "children", "prune", "--max-retained", "1", "--ttl-hours", "0"],
     );
-    assert_eq!(v, json!({ "tombstoned": 0, "children": 0 }));
-    assert_eq!(ids(&fx.ok(0, &["children", "list"])), before, "another tenant's prune evicted");
-    // The operator of the home (no profile) still prunes, as hermes does.
-    let v = fx.ok(0, &["children", "prune", "--ttl-hours", "0"]);
     assert!(v["tombstoned"].as_u64().is_some_and(|n| n > 0), "{v}");
+    assert_eq!(fx.ok(0, &["children", "show", solo])["child_id"], solo, "work's unit was evicted");
+    // `work`'s own process prunes it.
+    let v = fx.ok(0, &["--profile", "work", "children", "prune", "--ttl-hours", "0"]);
+    assert_eq!(v["tombstoned"], 1, "{v}");
+    let (code, _, _) = fx.json(&["children", "show", solo]);
+    assert_eq!(code, 4);
 }
 
 // ---------------------------------------------------------------- trust boundaries (issue 22)

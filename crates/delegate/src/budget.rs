@@ -185,7 +185,7 @@ impl Held {
     /// given back as free), and returns the lineage budget as the result
     /// reports it.
     pub(crate) fn settle(self, ledger_ok: bool) -> Option<Value> {
-        let inflight = self.meter.inflight();
+        let inflight = self.meter.close();
         let done = if ledger_ok && inflight == Spend::default() {
             self.budgets.settle(&self.id, "settled")
         } else if ledger_ok {

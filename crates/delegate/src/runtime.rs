@@ -211,6 +211,8 @@ struct MeterState {
     /// Calls in flight of unknown price under a dollar limit: while any
     /// runs, the reservation keeps all it holds (they share that pool).
     exclusive: u32,
+    /// Settled: no further call may start.
+    closed: bool,
 }
 
 /// The least a call needs of a dollar budget: a budget with nothing left
@@ -305,9 +307,12 @@ impl BudgetMeter {
         self.sync(&mut st);
     }
 
-    /// What the calls in flight hold (an abandoned child's calls).
-    pub(crate) fn inflight(&self) -> Spend {
-        self.lock().inflight
+    /// Closes the meter (no call starts after this) and returns what the
+    /// calls still in flight hold (an abandoned child's calls).
+    pub(crate) fn close(&self) -> Spend {
+        let mut st = self.lock();
+        st.closed = true;
+        st.inflight
     }
 
     /// What the store reservation holds now.
@@ -317,6 +322,10 @@ impl BudgetMeter {
 
     fn begin(&self, plan: &CallPlan) -> Result<(Spend, Option<u64>, bool), CallRefusal> {
         let mut st = self.lock();
+        if st.closed {
+            // The unit was settled: no call may start on its reservation.
+            return Err(CallRefusal::Spent);
+        }
         let used = plus(st.charged, st.inflight);
         let prompt_cost = usd(plan.prompt_cost_usd);
         let price = plan.usd_per_completion_token.filter(|p| p.is_finite() && *p > 0.0);
@@ -398,11 +407,20 @@ impl BudgetMeter {
                 completion = completion.min(tokens_for(room.cost_usd - prompt_cost, p).max(1));
             }
         }
+        if completion == 0 {
+            // Nothing left to generate with: no call.
+            return Err(CallRefusal::Spent);
+        }
         let bounded = (completion != u64::MAX).then_some(completion);
-        let hold = Spend {
+        let mut hold = Spend {
             cost_usd: prompt_cost + price.zip(bounded).map_or(0.0, |(p, c)| p * c as f64),
             tokens: plan.prompt_tokens.saturating_add(bounded.unwrap_or(0)),
         };
+        if exclusive && st.exclusive == 0 {
+            // A call of unknown price may spend the whole pool it took: that
+            // is what it is billed when its usage is unknown (never $0).
+            hold.cost_usd = hold.cost_usd.max((st.held.cost_usd - used.cost_usd).max(0.0));
+        }
         st.inflight = plus(st.inflight, hold);
         if exclusive {
             st.exclusive += 1;
@@ -610,9 +628,11 @@ impl CancelToken {
     pub fn begin_call(&self, plan: CallPlan) -> Result<CallPermit, CallRefusal> {
         let (hold, bound, exclusive) = match &self.budget {
             Some(meter) => meter.begin(&plan)?,
+            // Without a budget no bound is imposed (the plan's is a ceiling
+            // for budgets only).
             None => (
                 Spend { cost_usd: usd(plan.prompt_cost_usd), tokens: plan.prompt_tokens },
-                plan.max_completion_tokens,
+                None,
                 false,
             ),
         };

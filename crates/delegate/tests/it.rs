@@ -1658,3 +1658,74 @@ mod ids {
         assert!(out["error"].as_str().is_some_and(|e| e.contains("unused child id")), "{out}");
     }
 }
+
+/// Review of #23: a call of unknown price under a dollar limit that ends
+/// without its usage (a dropped permit) is billed the pool it held.
+mod unknown_price {
+    use std::sync::Arc;
+
+    use retinue_delegate::scripted::ScriptedRuntime;
+    use retinue_delegate::{
+        CallPlan, CancelToken, ChildHandle, ChildOutcome, ChildRuntime, ChildSpec, Delegator,
+        DelegatorParts, RunInput, RuntimeError, TranscriptSink,
+    };
+    use retinue_lineage::Authority;
+    use retinue_store::{BudgetLimit, Budgets, DelegationConfig, ExitReason};
+    use serde_json::json;
+
+    use super::{Fx, err, parent};
+
+    /// Takes leave for a call, then loses it (no usage ever reported).
+    struct Vanishing;
+
+    impl ChildRuntime for Vanishing {
+        fn build(&self, spec: &ChildSpec) -> Result<ChildHandle, RuntimeError> {
+            Ok(ChildHandle {
+                subagent_id: spec.subagent_id.clone(),
+                session_id: spec.session_id.clone(),
+            })
+        }
+        fn run(
+            &self,
+            _: &ChildHandle,
+            _: &RunInput,
+            _: &dyn TranscriptSink,
+            cancel: &CancelToken,
+        ) -> ChildOutcome {
+            let permit = cancel.begin_call(CallPlan { prompt_tokens: 10, ..CallPlan::default() });
+            drop(permit);
+            ChildOutcome::failed(ExitReason::Error, "the connection vanished")
+        }
+        fn steer(&self, _: &ChildHandle, _: &str) -> bool {
+            false
+        }
+    }
+
+    #[test]
+    fn a_lost_unpriced_call_is_billed_the_pool_it_held() {
+        let limit = BudgetLimit { max_cost_usd: Some(1.0), max_tokens: None };
+        let config = DelegationConfig { budget: limit, ..DelegationConfig::default() };
+        let fx = Fx::with(config.clone(), ScriptedRuntime::new());
+        fx.session("A", "cli", None, None);
+        let tool = Delegator::new(DelegatorParts {
+            registry: fx.store.clone(),
+            sessions: fx.store.clone(),
+            ledger: fx.store.clone(),
+            budgets: Some(fx.store.clone()),
+            authority: Arc::new(Authority::new(fx.store.clone(), fx.store.clone(), "")),
+            runtime: Arc::new(Vanishing),
+            completions: None,
+            config,
+            profile: String::new(),
+        });
+        let out = tool.delegate_task(&json!({"goal": "g"}), Some(&parent("A")));
+        assert_eq!(out["results"][0]["status"], "error", "{out}");
+        let status = fx.store.budget_status("A", &["A".to_owned()], limit).expect("status");
+        assert!(
+            status.spent.cost_usd > 0.99,
+            "the lost call was billed less than its pool: {status:?}"
+        );
+        let again = tool.delegate_task(&json!({"goal": "g"}), Some(&parent("A")));
+        assert!(err(&again).starts_with("Budget exceeded"), "{again}");
+    }
+}

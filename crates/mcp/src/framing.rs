@@ -48,13 +48,15 @@ pub(crate) fn check_line(line: &[u8]) -> Result<(), String> {
     }
 }
 
+/// The SDK's end of the framing, and the task that writes its output.
+pub(crate) type Framed =
+    (tokio::io::DuplexStream, tokio::io::DuplexStream, tokio::task::JoinHandle<()>);
+
 /// Puts the framing between `input`/`output` and the SDK: returns the
-/// reader and writer to give the SDK. Two tasks run until `input` ends and
-/// the SDK closes its writer.
-pub(crate) fn spawn<R, W>(
-    input: R,
-    mut output: W,
-) -> (tokio::io::DuplexStream, tokio::io::DuplexStream)
+/// reader and writer to give the SDK, and the writer task (await it after
+/// the SDK stops, so no last answer is lost). Two tasks run until `input`
+/// ends and the SDK closes its writer.
+pub(crate) fn spawn<R, W>(input: R, mut output: W) -> Framed
 where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
@@ -112,7 +114,7 @@ where
         // End of input: the SDK sees end of file.
         let _ = feed.shutdown().await;
     });
-    tokio::spawn(async move {
+    let writer = tokio::spawn(async move {
         let mut lines = BufReader::new(from_sdk).lines();
         let mut answers_open = true;
         loop {
@@ -144,7 +146,7 @@ where
         }
         let _ = output.flush().await;
     });
-    (sdk_in, sdk_out)
+    (sdk_in, sdk_out, writer)
 }
 
 #[cfg(test)]

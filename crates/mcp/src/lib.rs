@@ -123,19 +123,23 @@ pub fn serve_stdio(server: RetinueServer) -> Result<(), Error> {
     let handler = server.clone();
     let result = rt.block_on(async move {
         // Lines the SDK would drop in silence are answered with JSON-RPC errors.
-        let (input, output) = framing::spawn(tokio::io::stdin(), tokio::io::stdout());
+        let (input, output, writer) = framing::spawn(tokio::io::stdin(), tokio::io::stdout());
         let running =
             handler.serve((input, output)).await.map_err(|e| Error::Transport(e.to_string()))?;
         let stop = running.cancellation_token();
-        tokio::select! {
+        let quit = tokio::select! {
             quit = running.waiting() => {
-                quit.map_err(|e| Error::Transport(e.to_string()))?;
+                quit.map(|_| ()).map_err(|e| Error::Transport(e.to_string()))
             }
             () = terminated() => {
                 stop.cancel();
+                Ok(())
             }
-        }
-        Ok(())
+        };
+        // The SDK is done: its last answers (and the framing's) still reach
+        // stdout before the runtime stops.
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(5), writer).await;
+        quit
     });
     shut_down(&server, rt);
     result

@@ -233,7 +233,15 @@ impl Call {
             let v: Value = serde_json::from_str(&text).map_err(|e| {
                 Attempt::Fatal(Error::Malformed(format!("the body is not JSON ({e})")))
             })?;
-            return parse_completion(&v).map_err(|e| Attempt::Fatal(e.into()));
+            return parse_completion(&v).map_err(|e| {
+                // A provider's own text may echo the endpoint's secrets.
+                let e: Error = e.into();
+                Attempt::Fatal(match e {
+                    Error::Malformed(t) => Error::Malformed(self.clean(&t)),
+                    Error::Usage(t) => Error::Usage(self.clean(&t)),
+                    other => other,
+                })
+            });
         }
         let message = self.clean(&provider_message(&text));
         Err(match status {

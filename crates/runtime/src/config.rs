@@ -70,6 +70,9 @@ pub struct RuntimeConfig {
     /// Send the key over plain `http://` to a non-loopback host
     /// (`delegation.allow_insecure_http`; refused by default).
     pub allow_insecure_http: bool,
+    /// The most completion tokens one call may produce under a budget
+    /// (`delegation.max_completion_tokens`; 0 = only what the budget leaves).
+    pub completion_ceiling: u64,
     /// A model that overrides every child's (`--model`): otherwise a
     /// child's own model (a follow-up's stored one), else `model`.
     pub model_override: Option<String>,
@@ -82,7 +85,7 @@ pub struct RuntimeConfig {
 impl fmt::Debug for RuntimeConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RuntimeConfig")
-            .field("base_url", &self.base_url)
+            .field("base_url", &retinue_store::redact_endpoint(&self.base_url))
             .field("model", &self.model)
             .field("api_key", &self.api_key.as_ref().map(|_| "[redacted]"))
             .field("api_key_origin", &self.api_key_origin)
@@ -95,6 +98,7 @@ impl fmt::Debug for RuntimeConfig {
             .field("completion_limit_field", &self.completion_limit_field)
             .field("allow_insecure_http", &self.allow_insecure_http)
             .field("model_override", &self.model_override)
+            .field("completion_ceiling", &self.completion_ceiling)
             .field("connect_timeout", &self.connect_timeout)
             .field("first_byte_timeout", &self.first_byte_timeout)
             .finish()
@@ -118,6 +122,7 @@ impl RuntimeConfig {
             request_timeout: Duration::from_secs(600),
             completion_limit_field: "max_completion_tokens".to_owned(),
             allow_insecure_http: false,
+            completion_ceiling: 16_384,
             model_override: None,
             connect_timeout: Duration::from_secs(10),
             first_byte_timeout: Duration::from_secs(120),
@@ -159,6 +164,7 @@ impl RuntimeConfig {
         c.api_mode = d.api_mode.clone();
         c.stream = d.stream;
         c.allow_insecure_http = d.allow_insecure_http;
+        c.completion_ceiling = d.max_completion_tokens;
         if d.max_iterations > 0 {
             c.max_iterations = d.max_iterations;
         }

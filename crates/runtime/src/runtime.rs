@@ -334,7 +334,11 @@ impl Run<'_> {
             let plan = CallPlan {
                 prompt_tokens: prompt,
                 prompt_cost_usd: rt.prompt_cost(&self.settings.model, prompt),
-                max_completion_tokens: None,
+                // The ceiling of one call's completion under a budget: the
+                // reservation holds no more than this per call, so
+                // concurrent runs share what is left.
+                max_completion_tokens: (rt.config.completion_ceiling > 0)
+                    .then_some(rt.config.completion_ceiling),
                 usd_per_completion_token: rt
                     .config
                     .pricing
@@ -370,10 +374,12 @@ impl Run<'_> {
                     self.bill_hold(permit);
                     return self.stop();
                 }
-                CallOutcome::Failed(e @ (Error::Usage(_) | Error::Malformed(_))) => {
-                    // Usage nobody can believe, or an answer that cannot be
-                    // read (it may still have been billed): what the call
-                    // held is billed.
+                CallOutcome::Failed(
+                    e @ (Error::Usage(_) | Error::Malformed(_) | Error::Exhausted { .. }),
+                ) => {
+                    // Usage nobody can believe, an answer that cannot be
+                    // read, or retries that never got one (each attempt
+                    // may have been billed): what the call held is billed.
                     self.outcome.api_calls += 1;
                     self.bill_hold(permit);
                     return self.fail(ExitReason::Error, Some(e.to_string()));

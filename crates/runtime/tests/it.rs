@@ -858,3 +858,47 @@ mod edges {
         assert_eq!(out.exit_reason, ExitReason::Interrupted, "{out:?}");
     }
 }
+
+/// Review of #23: each call's reservation is capped by the completion
+/// ceiling (never the whole budget), and retries that never got an answer
+/// are billed what the call held.
+mod ceilings {
+    use std::sync::Arc;
+
+    use retinue_delegate::{BudgetMeter, CancelToken, ChildRuntime};
+    use retinue_runtime::NoTools;
+    use retinue_store::{ExitReason, Spend};
+    use retinue_testkit::fake_model::{FakeModel, Reply};
+    use serde_json::json;
+
+    use super::{Transcript, config, input, runtime, spec};
+
+    #[test]
+    fn a_call_holds_at_most_the_completion_ceiling() {
+        let server = FakeModel::start();
+        server.push(
+            Reply::text("ok").with_usage_json(json!({"prompt_tokens": 5, "completion_tokens": 5})),
+        );
+        let mut c = config(&server);
+        c.completion_ceiling = 2_000;
+        let rt = runtime(c, Arc::new(NoTools));
+        let child = rt.build(&spec("sa-0-z")).expect("build");
+        let cancel = CancelToken::new()
+            .with_budget(BudgetMeter::new(Spend { cost_usd: f64::INFINITY, tokens: 1_000_000 }));
+        rt.run(&child, &input("go"), &Transcript::default(), &cancel);
+        let bound = server.requests()[0].body["max_completion_tokens"].as_u64();
+        assert_eq!(bound, Some(2_000));
+    }
+
+    #[test]
+    fn exhausted_retries_are_billed_what_the_call_held() {
+        let server = FakeModel::start();
+        server.set_default(Reply::server_error(503));
+        let rt = runtime(config(&server), Arc::new(NoTools));
+        let child = rt.build(&spec("sa-0-w")).expect("build");
+        let out = rt.run(&child, &input("go"), &Transcript::default(), &CancelToken::new());
+        assert_eq!(out.exit_reason, ExitReason::Error, "{out:?}");
+        assert!(server.request_count() > 1, "retried");
+        assert!(out.tokens.input > 0, "billed nothing: {out:?}");
+    }
+}

@@ -457,14 +457,18 @@ fn copy_rows(tx: &mut Tx<'_>, table: &Table, rows: &[Vec<Val>]) -> PgResult<(usi
     Ok((new, updated))
 }
 
+/// What [`copy_with_ids`] did: (new rows, source id → target id, rows
+/// remapped, the target ids of the rows inserted by this run).
+type IdCopy = (usize, BTreeMap<i64, i64>, usize, Vec<i64>);
+
 /// The columns that say a transcript or ledger row at an id is the same
 /// row as the source's (a copy from an earlier run).
 fn identity_cols(table: &str) -> &'static [usize] {
     match table {
-        // session_id, role, content
-        "messages" => &[1, 2, 3],
-        // parent_session_id, child_session_id, usage_json
-        "delegation_child_usage" => &[1, 3, 4],
+        // session_id, role, content, tool_call_id, tool_calls, tool_name
+        "messages" => &[1, 2, 3, 6, 7, 8],
+        // parent_session_id, parent_turn_id, child_session_id, usage_json
+        "delegation_child_usage" => &[1, 2, 3, 4],
         _ => &[1],
     }
 }
@@ -473,13 +477,14 @@ fn identity_cols(table: &str) -> &'static [usize] {
 /// source row keeps its id when the target has no row there, is recognised
 /// when the row there is its earlier copy, and gets a fresh id when another
 /// row holds it; every source id's target id is recorded for `source`.
-/// Returns (new rows, source id → target id, rows remapped).
+/// Returns (new rows, source id → target id, rows remapped, the target ids
+/// of the rows inserted by this run).
 fn copy_with_ids(
     tx: &mut Tx<'_>,
     table: &Table,
     rows: &[Vec<Val>],
     source: &str,
-) -> PgResult<(usize, BTreeMap<i64, i64>, usize)> {
+) -> PgResult<IdCopy> {
     let defaults = not_null_defaults(tx, table)?;
     let mut known: BTreeMap<i64, i64> = BTreeMap::new();
     for r in tx.query(
@@ -514,6 +519,10 @@ fn copy_with_ids(
     )?;
     let (mut new, mut remapped) = (0, 0);
     let mut map = BTreeMap::new();
+    // Target ids this source already owns (mapped before, or given in this
+    // run): a row there is never taken for another source row's copy.
+    let mut owned: BTreeSet<i64> = known.values().copied().collect();
+    let mut placed = Vec::new();
     for row in rows {
         let Val::Int(Some(sid)) = row[0] else { continue };
         if let Some(tid) = known.get(&sid) {
@@ -521,7 +530,14 @@ fn copy_with_ids(
             continue;
         }
         let there = tx.query_opt(&same, &[&sid])?;
+        let there_was_none = there.is_none();
         let tid = match there {
+            Some(_) if owned.contains(&sid) => {
+                let params: Vec<&(dyn ToSql + Sync)> = row[1..].iter().map(Val::sql).collect();
+                remapped += 1;
+                new += 1;
+                tx.query_one(&fresh, &params)?.try_get(0)?
+            }
             Some(r) => {
                 let mine = ident.iter().enumerate().all(|(k, i)| {
                     let theirs: Option<String> = r.try_get(k).ok().flatten();
@@ -550,9 +566,13 @@ fn copy_with_ids(
             }
         };
         tx.execute(&record, &[&source, &table.name, &sid, &tid])?;
+        if !known.contains_key(&sid) && (tid != sid || there_was_none) {
+            placed.push(tid);
+        }
+        owned.insert(tid);
         map.insert(sid, tid);
     }
-    Ok((new, map, remapped))
+    Ok((new, map, remapped, placed))
 }
 
 /// Every source key must be in the target, owned by the same row (for
@@ -721,7 +741,19 @@ impl PgStore {
             for (table, rows) in TABLES.iter().zip(&data) {
                 match table.name {
                     "messages" | "delegation_child_usage" => {
-                        let (new, map, moved) = copy_with_ids(tx, table, rows, &source_key)?;
+                        let (new, map, moved, placed) =
+                            copy_with_ids(tx, table, rows, &source_key)?;
+                        if table.name == "delegation_child_usage" {
+                            // A row placed at or below its parent's covered id
+                            // would never be folded: that parent's totals are
+                            // dropped and folded afresh.
+                            tx.execute(
+                                "DELETE FROM retinue_usage_totals t USING delegation_child_usage u \
+                                 WHERE u.id = ANY($1) AND u.parent_session_id = t.parent_session_id \
+                                 AND u.id <= t.covered_id",
+                                &[&placed],
+                            )?;
+                        }
                         remapped += moved;
                         tables.insert(table.name.to_owned(), (rows.len(), new));
                         maps.insert(table.name, map);

@@ -262,14 +262,14 @@ fn prune_due(tx: &mut Tx<'_>, lim: Limits, profile: &str) -> PgResult<bool> {
              JOIN async_delegations u ON u.delegation_id = c.delegation_id \
              WHERE c.tombstoned_at IS NULL AND c.retained_at < $1 \
              AND u.retained = 1 AND u.tombstoned_at IS NULL \
-             AND ($3 = '' OR COALESCE(u.owner_profile, '') = $3) \
+             AND ($3 = '' OR COALESCE(u.owner_profile, '') IN ('', $3)) \
              ORDER BY c.retained_at LIMIT 1) IS NOT NULL \
          OR EXISTS (SELECT 1 FROM retinue_children c \
              JOIN async_delegations u ON u.delegation_id = c.delegation_id \
              WHERE c.tombstoned_at IS NULL AND c.retained_at IS NULL \
              AND u.retained = 1 AND u.tombstoned_at IS NULL \
-             AND ($3 = '' OR COALESCE(u.owner_profile, '') = $3)) \
-         OR EXISTS (SELECT 1 FROM retinue_profile_live WHERE ($3 = '' OR profile = $3) \
+             AND ($3 = '' OR COALESCE(u.owner_profile, '') IN ('', $3))) \
+         OR EXISTS (SELECT 1 FROM retinue_profile_live WHERE ($3 = '' OR profile IN ('', $3)) \
              AND units > $2)";
     Ok(tx.query_one(sql, &[&lim.cutoff(), &int(lim.max_retained), &profile])?.try_get(0)?)
 }
@@ -311,14 +311,14 @@ pub(crate) fn prune_in(tx: &mut Tx<'_>, lim: Limits, profile: &str) -> PgResult<
            tombstoned_at = LEAST($1, COALESCE(retained_at + $3, $1)) \
          WHERE delegation_id IN (SELECT delegation_id FROM async_delegations \
                                  WHERE retained = 1 AND tombstoned_at IS NULL \
-                                   AND ($4 = '' OR COALESCE(owner_profile, '') = $4)) \
+                                   AND ($4 = '' OR COALESCE(owner_profile, '') IN ('', $4))) \
            AND tombstoned_at IS NULL AND (retained_at IS NULL OR retained_at < $2)",
         &[&t, &lim.cutoff(), &lim.ttl_seconds(), &profile],
     )?);
     n.units += count(tx.execute(
         "UPDATE async_delegations SET tombstoned_at = $1, updated_at = $1 \
          WHERE retained = 1 AND tombstoned_at IS NULL \
-           AND ($2 = '' OR COALESCE(owner_profile, '') = $2) \
+           AND ($2 = '' OR COALESCE(owner_profile, '') IN ('', $2)) \
            AND NOT EXISTS (SELECT 1 FROM \
            retinue_children c WHERE c.delegation_id = async_delegations.delegation_id \
            AND c.tombstoned_at IS NULL)",
@@ -329,7 +329,7 @@ pub(crate) fn prune_in(tx: &mut Tx<'_>, lim: Limits, profile: &str) -> PgResult<
         "SELECT delegation_id FROM (SELECT delegation_id, row_number() OVER \
            (PARTITION BY {PROFILE} ORDER BY retained_at DESC NULLS LAST, delegation_id DESC) AS rn \
          FROM async_delegations WHERE retained = 1 AND tombstoned_at IS NULL \
-           AND ($3 = '' OR {PROFILE} = $3)) r WHERE rn > $2"
+           AND ($3 = '' OR {PROFILE} IN ('', $3))) r WHERE rn > $2"
     );
     n.children += count(tx.execute(
         &format!(

@@ -113,9 +113,9 @@ fn status_in(
     // `total()` never overflows (a hostile or absurd row saturates instead
     // of breaking every later reservation); negative values count as 0.
     let mut stmt = conn.prepare_cached(
-        "SELECT total(max(0, CAST(json_extract(usage_json, '$.cost_usd') AS REAL))), \
-         total(max(0, CAST(json_extract(usage_json, '$.tokens.input') AS REAL)) \
-             + max(0, CAST(json_extract(usage_json, '$.tokens.output') AS REAL))) \
+        "SELECT total(max(0, ifnull(CAST(json_extract(usage_json, '$.cost_usd') AS REAL), 0))), \
+         total(max(0, ifnull(CAST(json_extract(usage_json, '$.tokens.input') AS REAL), 0)) \
+             + max(0, ifnull(CAST(json_extract(usage_json, '$.tokens.output') AS REAL), 0))) \
          FROM delegation_child_usage WHERE parent_session_id = ?1 AND json_valid(usage_json)",
     )?;
     for s in &all {

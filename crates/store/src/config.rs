@@ -96,6 +96,10 @@ pub struct DelegationConfig {
     pub api_key_env: String,
     /// Whether children stream model responses (server-sent events).
     pub stream: bool,
+    /// `max_completion_tokens`: the most completion tokens one model call
+    /// may produce under a budget (its reservation's ceiling, sent as the
+    /// call's bound); 0 = only what the budget leaves.
+    pub max_completion_tokens: u64,
     /// `allow_insecure_http`: send the API key over plain `http://` to a
     /// host that is not loopback (refused by default).
     pub allow_insecure_http: bool,
@@ -151,6 +155,7 @@ impl Default for DelegationConfig {
             api_key_env: String::new(),
             stream: false,
             allow_insecure_http: false,
+            max_completion_tokens: 16_384,
             pricing: BTreeMap::new(),
             api_mode: String::new(),
             completion_limit_field: String::new(),
@@ -177,11 +182,12 @@ impl fmt::Debug for DelegationConfig {
         f.debug_struct("DelegationConfig")
             .field("model", &self.model)
             .field("provider", &self.provider)
-            .field("base_url", &self.base_url)
+            .field("base_url", &crate::model::redact_endpoint(&self.base_url))
             .field("api_key", &key)
             .field("api_key_env", &self.api_key_env)
             .field("stream", &self.stream)
             .field("allow_insecure_http", &self.allow_insecure_http)
+            .field("max_completion_tokens", &self.max_completion_tokens)
             .field("pricing", &self.pricing)
             .field("api_mode", &self.api_mode)
             .field("completion_limit_field", &self.completion_limit_field)
@@ -349,6 +355,9 @@ impl LoadedConfig {
         r.string("api_key_env", &mut d.api_key_env);
         r.boolean("stream", &mut d.stream);
         r.boolean("allow_insecure_http", &mut d.allow_insecure_http);
+        if let Some(n) = r.u64("max_completion_tokens") {
+            d.max_completion_tokens = n;
+        }
         r.pricing(&mut d.pricing);
         r.budget(&mut d.budget);
         if let Some(n) = r.u64("max_resume_tokens") {

@@ -739,9 +739,15 @@ fn connect_read_only(path: &Path, busy: Duration) -> SqlResult<Connection> {
         // another user's home): without a `-shm` companion SQLite cannot
         // share memory (CANTOPEN), or would have to write to recover the
         // WAL (READONLY); nobody can write it either, so read it immutable.
+        // READONLY only without a `-wal` file: a live writer's uncheckpointed
+        // pages would make an immutable read torn, not merely stale.
         let code = e.sqlite_error_code();
-        let fallback =
-            matches!(code, Some(rusqlite::ErrorCode::CannotOpen | rusqlite::ErrorCode::ReadOnly));
+        let wal = Path::new(&format!("{}-wal", path.display())).exists();
+        let fallback = match code {
+            Some(rusqlite::ErrorCode::CannotOpen) => true,
+            Some(rusqlite::ErrorCode::ReadOnly) => !wal,
+            _ => false,
+        };
         if fallback && !non_utf8 {
             conn = Connection::open_with_flags(ro_uri(path, true), flags)?;
             probe(&conn)?;

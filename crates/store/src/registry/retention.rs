@@ -27,8 +27,12 @@ pub(crate) fn prune_due(conn: &Connection, lim: Limits, profile: &str) -> SqlRes
         "    FROM async_delegations u WHERE u.retained = 1 AND u.tombstoned_at IS NULL ",
         "    AND COALESCE(u.owner_profile, '') = ?3 ",
         "    ORDER BY u.retained_at DESC, u.delegation_id DESC LIMIT 1 OFFSET ?2) ",
+        "OR EXISTS (SELECT 1 ",
+        "    FROM async_delegations u WHERE u.retained = 1 AND u.tombstoned_at IS NULL ",
+        "    AND COALESCE(u.owner_profile, '') = '' ",
+        "    ORDER BY u.retained_at DESC, u.delegation_id DESC LIMIT 1 OFFSET ?2) ",
         "OR EXISTS (SELECT 1 FROM async_delegations u WHERE u.retained = 1 ",
-        "  AND u.tombstoned_at IS NULL AND COALESCE(u.owner_profile, '') = ?3 AND (",
+        "  AND u.tombstoned_at IS NULL AND COALESCE(u.owner_profile, '') IN ('', ?3) AND (",
         "    NOT EXISTS (SELECT 1 FROM retinue_children c WHERE c.delegation_id = u.delegation_id ",
         "                AND c.tombstoned_at IS NULL) ",
         "    OR EXISTS (SELECT 1 FROM retinue_children c WHERE c.delegation_id = u.delegation_id ",
@@ -127,7 +131,7 @@ pub(crate) fn prune_in(tx: &Transaction<'_>, lim: Limits, profile: &str) -> SqlR
     // tombstoned or past its TTL, or none at all).
     let (units, children) = tombstone_units(
         tx,
-        "u.retained = 1 AND u.tombstoned_at IS NULL AND (?3 = '' OR COALESCE(u.owner_profile, '') = ?3) \
+        "u.retained = 1 AND u.tombstoned_at IS NULL AND (?3 = '' OR COALESCE(u.owner_profile, '') IN ('', ?3)) \
            AND NOT EXISTS (SELECT 1 FROM \
            retinue_children c WHERE c.delegation_id = u.delegation_id \
            AND c.tombstoned_at IS NULL AND c.retained_at >= ?2)",
@@ -144,7 +148,7 @@ pub(crate) fn prune_in(tx: &Transaction<'_>, lim: Limits, profile: &str) -> SqlR
                tombstoned_at = MIN(?1, COALESCE(retained_at + ?3, ?1)) \
              WHERE delegation_id IN (SELECT delegation_id FROM async_delegations \
                                      WHERE retained = 1 AND tombstoned_at IS NULL \
-                                       AND (?4 = '' OR COALESCE(owner_profile, '') = ?4)) \
+                                       AND (?4 = '' OR COALESCE(owner_profile, '') IN ('', ?4))) \
                AND tombstoned_at IS NULL AND (retained_at IS NULL OR retained_at < ?2)",
         )?
         .execute(params![t, lim.cutoff(), ttl_seconds, profile])?;
@@ -155,7 +159,7 @@ pub(crate) fn prune_in(tx: &Transaction<'_>, lim: Limits, profile: &str) -> SqlR
 /// profile): a live unit without a live child, or with a child past its TTL.
 const TTL_DUE: &str = concat!(
     "SELECT EXISTS (SELECT 1 FROM async_delegations u WHERE u.retained = 1 ",
-    "  AND u.tombstoned_at IS NULL AND (?2 = '' OR COALESCE(u.owner_profile, '') = ?2) AND (",
+    "  AND u.tombstoned_at IS NULL AND (?2 = '' OR COALESCE(u.owner_profile, '') IN ('', ?2)) AND (",
     "    NOT EXISTS (SELECT 1 FROM retinue_children c WHERE c.delegation_id = u.delegation_id ",
     "                AND c.tombstoned_at IS NULL AND c.retained_at >= ?1) ",
     "    OR EXISTS (SELECT 1 FROM retinue_children c WHERE c.delegation_id = u.delegation_id ",
@@ -173,10 +177,13 @@ fn cap_in(
     mut count: PruneCount,
 ) -> SqlResult<PruneCount> {
     let (t, ttl_seconds) = (lim.now, lim.ttl_seconds());
+    // A tenant's process prunes its own profile and the unprofiled units
+    // (hermes's, before profiles existed: every tenant's to read), each
+    // ranked among its own.
     let profiles = if profile.is_empty() {
         live_profiles(tx)?
     } else {
-        vec![RawValue::Text(profile.as_bytes().to_vec())]
+        vec![RawValue::Text(profile.as_bytes().to_vec()), RawValue::Text(Vec::new())]
     };
     for profile in profiles {
         // Read and bound back as stored (a hostile row's id may not be text).
