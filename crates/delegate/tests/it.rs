@@ -1003,7 +1003,16 @@ mod sinks {
 }
 
 fn tool_with_runtime(fx: &Fx, runtime: Arc<dyn retinue_delegate::ChildRuntime>) -> Delegator {
-    Delegator::new(DelegatorParts {
+    Delegator::new(parts_over(fx, runtime, DelegationConfig::default()))
+}
+
+/// Every seam over `fx`'s store, with `runtime` and `config`.
+fn parts_over(
+    fx: &Fx,
+    runtime: Arc<dyn retinue_delegate::ChildRuntime>,
+    config: DelegationConfig,
+) -> DelegatorParts {
+    DelegatorParts {
         registry: fx.store.clone(),
         sessions: fx.store.clone(),
         ledger: fx.store.clone(),
@@ -1011,9 +1020,9 @@ fn tool_with_runtime(fx: &Fx, runtime: Arc<dyn retinue_delegate::ChildRuntime>) 
         authority: Arc::new(Authority::new(fx.store.clone(), fx.store.clone(), "")),
         runtime,
         completions: None,
-        config: DelegationConfig::default(),
+        config,
         profile: String::new(),
-    })
+    }
 }
 
 /// Budgets across a lineage (issue "Budgets"), on a real store with the
@@ -1269,7 +1278,6 @@ mod budget_tree {
 
     use retinue_delegate::scripted::{Script, ScriptedRuntime};
     use retinue_delegate::{Delegator, DelegatorParts};
-    use retinue_lineage::Authority;
     use retinue_store::{
         AttributionDraft, BudgetLimit, Budgets, DelegationConfig, Result, SessionCost,
         TotalsSnapshot, TotalsUpdate, UsageAttribution, UsageLedger,
@@ -1400,15 +1408,8 @@ mod budget_tree {
         let fx = Fx::with(config.clone(), ScriptedRuntime::new());
         fx.session("A", "cli", None, None);
         let tool = Delegator::new(DelegatorParts {
-            registry: fx.store.clone(),
-            sessions: fx.store.clone(),
             ledger: Arc::new(BrokenLedger(fx.store.clone())),
-            budgets: Some(fx.store.clone()),
-            authority: Arc::new(Authority::new(fx.store.clone(), fx.store.clone(), "")),
-            runtime: Arc::new(ScriptedRuntime::new()),
-            completions: None,
-            config,
-            profile: String::new(),
+            ..super::parts_over(&fx, Arc::new(ScriptedRuntime::new()), config)
         });
         let out = tool.delegate_task(&json!({"goal": "g"}), Some(&parent("A")));
         assert_eq!(out["results"][0]["status"], "completed", "{out}");
@@ -1476,17 +1477,7 @@ mod budget_tree {
         let config = limit(None, Some(1500));
         let fx = Fx::with(config.clone(), ScriptedRuntime::new());
         fx.session("A", "cli", None, None);
-        let tool = Delegator::new(DelegatorParts {
-            registry: fx.store.clone(),
-            sessions: fx.store.clone(),
-            ledger: fx.store.clone(),
-            budgets: Some(fx.store.clone()),
-            authority: Arc::new(Authority::new(fx.store.clone(), fx.store.clone(), "")),
-            runtime: Arc::new(Unmetered),
-            completions: None,
-            config,
-            profile: String::new(),
-        });
+        let tool = Delegator::new(super::parts_over(&fx, Arc::new(Unmetered), config));
         let out = tool.delegate_task(&json!({"goal": "g"}), Some(&parent("A")));
         assert_eq!(out["budget"]["spent"]["tokens"], 1000, "{out}");
         let out = tool.delegate_task(&json!({"goal": "g"}), Some(&parent("A")));
@@ -1595,24 +1586,13 @@ mod ids {
 
     use retinue_delegate::scripted::ScriptedRuntime;
     use retinue_delegate::{Delegator, DelegatorParts};
-    use retinue_lineage::Authority;
     use retinue_store::{DelegationConfig, Lookup, RegistryRead};
     use serde_json::json;
 
     use super::{Fx, parent};
 
     fn parts(fx: &Fx) -> DelegatorParts {
-        DelegatorParts {
-            registry: fx.store.clone(),
-            sessions: fx.store.clone(),
-            ledger: fx.store.clone(),
-            budgets: Some(fx.store.clone()),
-            authority: Arc::new(Authority::new(fx.store.clone(), fx.store.clone(), "")),
-            runtime: Arc::new(ScriptedRuntime::new()),
-            completions: None,
-            config: DelegationConfig::default(),
-            profile: String::new(),
-        }
+        super::parts_over(fx, Arc::new(ScriptedRuntime::new()), DelegationConfig::default())
     }
 
     #[test]
@@ -1667,9 +1647,8 @@ mod unknown_price {
     use retinue_delegate::scripted::ScriptedRuntime;
     use retinue_delegate::{
         CallPlan, CancelToken, ChildHandle, ChildOutcome, ChildRuntime, ChildSpec, Delegator,
-        DelegatorParts, RunInput, RuntimeError, TranscriptSink,
+        RunInput, RuntimeError, TranscriptSink,
     };
-    use retinue_lineage::Authority;
     use retinue_store::{BudgetLimit, Budgets, DelegationConfig, ExitReason};
     use serde_json::json;
 
@@ -1707,17 +1686,7 @@ mod unknown_price {
         let config = DelegationConfig { budget: limit, ..DelegationConfig::default() };
         let fx = Fx::with(config.clone(), ScriptedRuntime::new());
         fx.session("A", "cli", None, None);
-        let tool = Delegator::new(DelegatorParts {
-            registry: fx.store.clone(),
-            sessions: fx.store.clone(),
-            ledger: fx.store.clone(),
-            budgets: Some(fx.store.clone()),
-            authority: Arc::new(Authority::new(fx.store.clone(), fx.store.clone(), "")),
-            runtime: Arc::new(Vanishing),
-            completions: None,
-            config,
-            profile: String::new(),
-        });
+        let tool = Delegator::new(super::parts_over(&fx, Arc::new(Vanishing), config));
         let out = tool.delegate_task(&json!({"goal": "g"}), Some(&parent("A")));
         assert_eq!(out["results"][0]["status"], "error", "{out}");
         let status = fx.store.budget_status("A", &["A".to_owned()], limit).expect("status");
