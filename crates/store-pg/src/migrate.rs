@@ -148,6 +148,13 @@ const TABLES: &[Table] = &[
         key: 2,
     },
     Table {
+        // The budget trees (issue #23): a migrated child's nested spawns and
+        // follow-ups keep drawing on its tree's budget.
+        name: "retinue_budget_members",
+        cols: &[("session_id", Text), ("budget_root", Text)],
+        key: 1,
+    },
+    Table {
         name: "retinue_usage_keys",
         cols: &[("attribution_key", Text), ("usage_id", Int), ("created_at", Float)],
         key: 1,

@@ -56,6 +56,10 @@ fn a_state_db_migrates_idempotently_and_reads_the_same() {
     };
     assert!(sqlite.record_usage(&draft, &delta).expect("ledger"));
 
+    // The child belongs to P's budget tree (issue #23).
+    retinue_store::Budgets::join_budget(&sqlite, "P", &["child-sess-1".to_owned()])
+        .expect("budget member");
+
     let schema = format!("mig_{}", std::process::id());
     let _ = PgStore::drop_schema(&url, &schema);
     let pg = Arc::new(
@@ -75,6 +79,11 @@ fn a_state_db_migrates_idempotently_and_reads_the_same() {
         sqlite.list_retained_children().expect("sqlite")
     );
     assert!(pg.find_retained_child(&unit).expect("find").is_some());
+    assert_eq!(
+        retinue_store::Budgets::budget_root_of(&*pg, "child-sess-1").expect("root").as_deref(),
+        Some("P"),
+        "the budget tree came along"
+    );
     assert_eq!(
         pg.conversation("child-sess-1").expect("pg"),
         sqlite.conversation("child-sess-1").expect("sqlite")
