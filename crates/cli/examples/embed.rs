@@ -24,7 +24,7 @@ impl ChildRuntime for MyRuntime {
     fn build(&self, spec: &ChildSpec) -> Result<ChildHandle, RuntimeError> {
         // A follow-up resumes an existing session; a spawn starts a new one.
         let session_id = spec.resume_session_id.clone().unwrap_or_else(|| spec.session_id.clone());
-        Ok(ChildHandle { subagent_id: spec.subagent_id.clone(), session_id })
+        Ok(ChildHandle { session_id, ..ChildHandle::of(spec) })
     }
 
     fn run(

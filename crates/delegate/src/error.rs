@@ -62,6 +62,32 @@ pub enum DelegateError {
     /// The retained child has no session to resume.
     #[error("{}", texts::NO_CHILD_SESSION)]
     NoChildSession,
+    /// The workspace the child worked in no longer exists, so its tools
+    /// cannot be restored.
+    #[error(
+        "Cannot resume {target}: its workspace {workspace} is gone (the child's tools work only \
+         there); spawn a new child instead"
+    )]
+    WorkspaceGone {
+        /// The id as given.
+        target: String,
+        /// The recorded workspace.
+        workspace: String,
+    },
+    /// The child's recorded workspace is not inside the requesting
+    /// parent's workspace.
+    #[error(
+        "Cannot resume {target} here: its workspace {workspace} is not inside this parent's \
+         workspace {parent_workspace}; resume it from its own workspace"
+    )]
+    WorkspaceOutside {
+        /// The id as given.
+        target: String,
+        /// The recorded workspace.
+        workspace: String,
+        /// The parent's workspace.
+        parent_workspace: String,
+    },
     /// The child's transcript could not be read or written.
     #[error("{}", texts::transcript_error(session_id, message))]
     Transcript {
@@ -124,12 +150,16 @@ impl DelegateError {
     pub fn kind(&self) -> ErrorKind {
         match self {
             DelegateError::NoParent | DelegateError::InvalidArguments(_) => ErrorKind::Usage,
-            DelegateError::NotAddressable { .. } | DelegateError::SelfTarget => ErrorKind::Denied,
+            DelegateError::NotAddressable { .. }
+            | DelegateError::SelfTarget
+            | DelegateError::WorkspaceOutside { .. } => ErrorKind::Denied,
             DelegateError::DepthExceeded { .. }
             | DelegateError::Paused
             | DelegateError::Budget { .. }
             | DelegateError::ResumeTooLarge { .. } => ErrorKind::Limit,
-            DelegateError::Tombstoned { .. } => ErrorKind::NotFound,
+            DelegateError::Tombstoned { .. } | DelegateError::WorkspaceGone { .. } => {
+                ErrorKind::NotFound
+            }
             DelegateError::Busy { .. } => ErrorKind::Busy,
             DelegateError::NoChildSession
             | DelegateError::Transcript { .. }

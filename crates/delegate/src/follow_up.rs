@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use retinue_lineage::Resolution;
 use retinue_store::{
-    BudgetLimit, Message, ResumeClaim, RetainedChild, Spend, UnitState, UsageSwap,
+    BudgetLimit, Message, ResumeClaim, RetainedChild, Role, Spend, UnitState, UsageSwap,
 };
 
 use crate::args::FollowUp;
@@ -107,6 +107,38 @@ pub(crate) fn run(
     out
 }
 
+/// The workspace a resumed child works in: the one it was spawned in
+/// (which must still exist, and lie within the requesting parent's own
+/// workspace: a stored path is untrusted), else the parent's.
+fn restored_workspace(
+    fu: &FollowUp,
+    recorded: Option<&str>,
+    parent: &ParentContext,
+) -> Result<Option<std::path::PathBuf>, DelegateError> {
+    let Some(recorded) = recorded.filter(|w| !w.is_empty()) else {
+        return Ok(parent.workspace.clone());
+    };
+    let gone = || DelegateError::WorkspaceGone {
+        target: fu.target.clone(),
+        workspace: recorded.to_owned(),
+    };
+    let Ok(real) = std::fs::canonicalize(recorded) else { return Err(gone()) };
+    if !real.is_dir() {
+        return Err(gone());
+    }
+    let Some(mine) = parent.workspace.as_deref() else { return Ok(None) };
+    let mine = std::fs::canonicalize(mine).unwrap_or_else(|_| mine.to_path_buf());
+    if real.starts_with(&mine) {
+        Ok(Some(real))
+    } else {
+        Err(DelegateError::WorkspaceOutside {
+            target: fu.target.clone(),
+            workspace: recorded.to_owned(),
+            parent_workspace: mine.to_string_lossy().into_owned(),
+        })
+    }
+}
+
 fn resume(
     inner: &Arc<Inner>,
     fu: &FollowUp,
@@ -181,18 +213,44 @@ fn resume(
             .filter(|s| !s.is_empty())
             .or_else(|| Some(fallback.to_owned()).filter(|s| !s.is_empty()))
     };
+    // The child's tools come back as they were: its toolsets (still within
+    // today's grant: a stored manifest is untrusted) and its workspace.
+    let role = m.role.as_deref().map_or(Role::Leaf, Role::parse);
+    let workspace = match restored_workspace(fu, m.workspace.as_deref(), parent) {
+        Ok(w) => w,
+        Err(e) => {
+            if let Some(h) = held {
+                h.release();
+            }
+            return Err(e);
+        }
+    };
+    let recorded = ParentContext {
+        toolsets: m.toolsets.clone().unwrap_or_else(|| parent.toolsets.clone()),
+        ..ParentContext::default()
+    };
+    let grant = crate::toolsets::grant(
+        &config.toolsets,
+        &recorded,
+        None,
+        &role,
+        config.inherit_mcp_toolsets,
+    );
+    let depth = parent.depth.saturating_add(1);
     let spec = ChildSpec {
         subagent_id: entry.subagent_id.clone(),
         session_id: entry.child_session_id.clone(),
         task_index: usize::try_from(entry.child_index).unwrap_or(0),
         goal: fu.text.clone(),
         context: None,
-        role: "leaf".to_owned(),
+        role: role.as_str().to_owned(),
         model: pick(&m.model, &config.model),
         provider: pick(&m.provider, &config.provider),
         base_url: pick(&m.base_url, &config.base_url),
         api_mode: pick(&m.api_mode, &config.api_mode),
-        toolsets: m.toolsets.clone().unwrap_or_default(),
+        toolsets: grant.granted,
+        workspace,
+        depth,
         max_iterations: config.max_iterations,
         resume_session_id: Some(tip.clone()),
     };

@@ -24,6 +24,7 @@ mod schema;
 pub mod scripted;
 mod spawn;
 pub mod texts;
+pub mod toolsets;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -65,6 +66,9 @@ pub struct ParentContext {
     pub toolsets: Vec<String>,
     /// Whether the parent can receive detached (background) results.
     pub can_receive_detached: bool,
+    /// The directory the children's tools work in (`None`: no workspace,
+    /// so file and terminal tools refuse).
+    pub workspace: Option<std::path::PathBuf>,
 }
 
 /// The collaborators a [`Delegator`] works through.
@@ -126,6 +130,11 @@ pub fn error_json(e: &DelegateError) -> Value {
 }
 
 impl Delegator {
+    /// The `delegation:` configuration it runs under.
+    pub fn config(&self) -> &DelegationConfig {
+        &self.inner.parts.config
+    }
+
     /// A tool over these collaborators.
     pub fn new(parts: DelegatorParts) -> Delegator {
         Delegator::new_with_ids(parts, Arc::new(spawn::random_hex))

@@ -24,6 +24,9 @@ pub struct SpawnRequest {
     /// The call's own budget for its children (it can only narrow
     /// `delegation.budget`, never widen it).
     pub budget: BudgetLimit,
+    /// The call's `toolsets`: narrows what the children get (`None`: what
+    /// the parent and `delegation.toolsets` allow).
+    pub toolsets: Option<Vec<String>>,
 }
 
 /// One `delegate_task` call.
@@ -45,8 +48,28 @@ impl DelegateRequest {
         }
         let tasks = parse_tasks(args, usize::MAX).map_err(DelegateError::InvalidArguments)?;
         let budget = crate::budget::parse_call_budget(args)?;
+        let toolsets = match args.get("toolsets") {
+            None | Some(Value::Null) => None,
+            Some(Value::Array(items)) => Some(
+                items
+                    .iter()
+                    .map(|i| i.as_str().map(|s| s.trim().to_owned()))
+                    .collect::<Option<Vec<_>>>()
+                    .ok_or_else(|| {
+                        DelegateError::InvalidArguments(
+                            "toolsets must be an array of toolset names".to_owned(),
+                        )
+                    })?,
+            ),
+            Some(_) => {
+                return Err(DelegateError::InvalidArguments(
+                    "toolsets must be an array of toolset names".to_owned(),
+                ));
+            }
+        };
         Ok(DelegateRequest::Spawn(SpawnRequest {
             budget,
+            toolsets,
             tasks,
             role: args.get("role").and_then(Value::as_str).map_or(Role::Leaf, Role::parse),
             background: args.get("background").and_then(Value::as_bool).unwrap_or(false),

@@ -42,6 +42,10 @@ pub struct ChildReport {
     pub missed_steer: Vec<String>,
     /// The endpoint the run called (redacted), when the runtime reports it.
     pub endpoint: Option<String>,
+    /// The toolsets the child had.
+    pub toolsets: Vec<String>,
+    /// Toolsets asked for but not given, and why.
+    pub toolsets_dropped: Vec<crate::toolsets::DroppedToolset>,
 }
 
 /// A duration in seconds as the wire writes it (two decimals).
@@ -105,6 +109,12 @@ impl ChildReport {
         }
         if let Some(e) = &self.endpoint {
             m.insert("endpoint".into(), json!(e));
+        }
+        if !self.toolsets.is_empty() {
+            m.insert("toolsets".into(), json!(self.toolsets));
+        }
+        if !self.toolsets_dropped.is_empty() {
+            m.insert("toolsets_dropped".into(), json!(self.toolsets_dropped));
         }
         Value::Object(m)
     }

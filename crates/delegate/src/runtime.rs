@@ -2,6 +2,7 @@
 //! scripted fake), the transcript sink, the completion sink, and the
 //! [`CancelToken`] a running child watches.
 
+use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -31,8 +32,14 @@ pub struct ChildSpec {
     pub base_url: Option<String>,
     /// API mode.
     pub api_mode: Option<String>,
-    /// Toolsets the child may use.
+    /// Toolsets the child may use (hermes's names: `read`, `file`,
+    /// `terminal`, `mcp-<server>`, `delegation`).
     pub toolsets: Vec<String>,
+    /// The directory every tool of the child works in (`None`: the child
+    /// gets no workspace, so no file or terminal tool works).
+    pub workspace: Option<PathBuf>,
+    /// The child's delegation depth (1 for a child of a top-level parent).
+    pub depth: u32,
     /// Iteration budget.
     pub max_iterations: u32,
     /// Set when the child resumes an existing session.
@@ -46,6 +53,27 @@ pub struct ChildHandle {
     pub subagent_id: String,
     /// The session the child writes to.
     pub session_id: String,
+    /// The toolsets the child was built with.
+    pub toolsets: Vec<String>,
+    /// The child's workspace.
+    pub workspace: Option<PathBuf>,
+    /// The child's delegation depth.
+    pub depth: u32,
+}
+
+impl ChildHandle {
+    /// The handle of a child built from `spec`: it writes to the session it
+    /// resumes, else its own, and keeps the spec's toolsets, workspace and
+    /// depth for the tools it runs.
+    pub fn of(spec: &ChildSpec) -> ChildHandle {
+        ChildHandle {
+            subagent_id: spec.subagent_id.clone(),
+            session_id: spec.resume_session_id.clone().unwrap_or_else(|| spec.session_id.clone()),
+            toolsets: spec.toolsets.clone(),
+            workspace: spec.workspace.clone(),
+            depth: spec.depth,
+        }
+    }
 }
 
 /// One run's input.

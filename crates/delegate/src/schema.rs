@@ -40,6 +40,7 @@ pub fn delegate_task_schema(config: &DelegationConfig) -> Value {
                 },
                 "role": {"type": "string", "enum": ["leaf", "orchestrator"], "description": "leaf (default) or orchestrator (may delegate further)."},
                 "background": {"type": "boolean", "description": "Return at once; results are delivered when the children finish."},
+                "toolsets": {"type": "array", "items": {"type": "string"}, "description": "Narrow the children's toolsets (read, file, terminal, mcp-<server>); a call can only narrow what delegation.toolsets grants."},
                 "follow_up": {"type": "string", "description": follow_up}
             },
             "required": []

@@ -106,12 +106,11 @@ impl ChildRuntime for ScriptedRuntime {
         {
             return Err(RuntimeError::Build(err.clone()));
         }
-        let session_id = spec.resume_session_id.clone().unwrap_or_else(|| spec.session_id.clone());
         self.specs
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .insert(spec.subagent_id.clone(), spec.clone());
-        Ok(ChildHandle { subagent_id: spec.subagent_id.clone(), session_id })
+        Ok(ChildHandle::of(spec))
     }
 
     fn run(

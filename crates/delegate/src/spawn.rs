@@ -22,7 +22,6 @@ use crate::runtime::{CancelReason, CancelToken, ChildHandle, ChildOutcome, Child
 use crate::{Inner, ParentContext, texts};
 
 /// Toolsets a child never inherits.
-const BLOCKED_TOOLSETS: &[&str] = &["clarify", "memory", "send_message", "cronjob", "kanban"];
 
 pub(crate) fn random_hex(bytes: usize) -> String {
     let mut buf = vec![0u8; bytes];
@@ -50,17 +49,6 @@ pub(crate) fn user_turn(goal: &str, context: Option<&str>) -> String {
         Some(c) => format!("{goal}\n\nContext: {c}"),
         None => goal.to_owned(),
     }
-}
-
-fn child_toolsets(parent: &ParentContext, role: &Role, inherit_mcp: bool) -> Vec<String> {
-    parent
-        .toolsets
-        .iter()
-        .filter(|t| !BLOCKED_TOOLSETS.contains(&t.as_str()))
-        .filter(|t| *role == Role::Orchestrator || t.as_str() != "delegate_task")
-        .filter(|t| inherit_mcp || !t.starts_with("mcp"))
-        .cloned()
-        .collect()
 }
 
 /// How long a stopped child's thread gets to hand back its partial outcome.
@@ -219,6 +207,7 @@ pub(crate) fn execute(
         model: spec.model.clone(),
         child_session_id: session_id.clone(),
         subagent_id: spec.subagent_id.clone(),
+        toolsets: spec.toolsets.clone(),
         ..ChildReport::default()
     };
     let handle = match parts.runtime.build(spec) {
@@ -314,6 +303,7 @@ pub(crate) fn runs_of(results: &[ChildReport]) -> Vec<ChildRun> {
 struct Planned {
     spec: ChildSpec,
     input: RunInput,
+    dropped: Vec<crate::toolsets::DroppedToolset>,
 }
 
 /// How many draws a new id gets before the spawn gives up.
@@ -400,6 +390,13 @@ pub(crate) fn run(
         } else {
             Role::Leaf
         };
+        let grant = crate::toolsets::grant(
+            &config.toolsets,
+            parent,
+            request.toolsets.as_deref(),
+            &role,
+            config.inherit_mcp_toolsets,
+        );
         let (subagent_id, session_id) = match fresh_ids(inner, i, &planned) {
             Ok(ids) => ids,
             Err(e) => {
@@ -420,7 +417,9 @@ pub(crate) fn run(
             provider: provider.clone(),
             base_url: non_empty(&config.base_url),
             api_mode: non_empty(&config.api_mode),
-            toolsets: child_toolsets(parent, &role, config.inherit_mcp_toolsets),
+            toolsets: grant.granted,
+            workspace: parent.workspace.clone(),
+            depth: parent.depth + 1,
             max_iterations: config.max_iterations,
             resume_session_id: None,
         };
@@ -429,7 +428,7 @@ pub(crate) fn run(
             history: Vec::new(),
             system_prompt: Some(system_prompt(&task.goal)),
         };
-        planned.push(Planned { spec, input });
+        planned.push(Planned { spec, input, dropped: grant.dropped });
     }
     // Under a budget: reserve before anything is written or started.
     let minimum = Spend {
@@ -511,6 +510,7 @@ pub(crate) fn run(
                 toolsets: Some(p.spec.toolsets.clone()),
                 role: Some(p.spec.role.clone()),
                 goal: Some(p.spec.goal.clone()),
+                workspace: p.spec.workspace.as_ref().map(|w| w.to_string_lossy().into_owned()),
             })
             .collect(),
         child_sessions: planned
@@ -654,7 +654,10 @@ fn run_one(
             log::warn!("could not write the opening turn of {}: {e}", p.spec.session_id);
         }
     }
-    execute(inner, &p.spec, p.input.clone(), true, parent.session_id.clone(), cancel)
+    let mut report =
+        execute(inner, &p.spec, p.input.clone(), true, parent.session_id.clone(), cancel);
+    report.toolsets_dropped = p.dropped.clone();
+    report
 }
 
 fn complete(

@@ -120,7 +120,11 @@ fn wait_for_runs(fx: &Fx, n: usize) {
 
 fn register_live(fx: &Fx, sa: &str, session: &str, owner: Option<&str>) {
     fx.tool.register_live(LiveChild {
-        handle: ChildHandle { subagent_id: sa.into(), session_id: session.into() },
+        handle: ChildHandle {
+            subagent_id: sa.into(),
+            session_id: session.into(),
+            ..ChildHandle::default()
+        },
         owner_session_id: owner.map(str::to_owned),
         owner_profile: String::new(),
         accepting_steer: true,
@@ -1446,6 +1450,7 @@ mod budget_tree {
             Ok(retinue_delegate::ChildHandle {
                 subagent_id: spec.subagent_id.clone(),
                 session_id: spec.session_id.clone(),
+                ..Default::default()
             })
         }
         fn run(
@@ -1662,6 +1667,7 @@ mod unknown_price {
             Ok(ChildHandle {
                 subagent_id: spec.subagent_id.clone(),
                 session_id: spec.session_id.clone(),
+                ..Default::default()
             })
         }
         fn run(

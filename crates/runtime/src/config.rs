@@ -80,6 +80,12 @@ pub struct RuntimeConfig {
     pub connect_timeout: Duration,
     /// The longest wait for the first byte of an answer.
     pub first_byte_timeout: Duration,
+    /// The most tool output one run feeds back to its model, all calls
+    /// together (`delegation.max_tool_output_chars`); later results are cut
+    /// to a note.
+    pub max_tool_output_chars: usize,
+    /// How many tool calls of one answer run at once.
+    pub max_parallel_tools: usize,
 }
 
 impl fmt::Debug for RuntimeConfig {
@@ -101,6 +107,8 @@ impl fmt::Debug for RuntimeConfig {
             .field("completion_ceiling", &self.completion_ceiling)
             .field("connect_timeout", &self.connect_timeout)
             .field("first_byte_timeout", &self.first_byte_timeout)
+            .field("max_tool_output_chars", &self.max_tool_output_chars)
+            .field("max_parallel_tools", &self.max_parallel_tools)
             .finish()
     }
 }
@@ -126,6 +134,8 @@ impl RuntimeConfig {
             model_override: None,
             connect_timeout: Duration::from_secs(10),
             first_byte_timeout: Duration::from_secs(120),
+            max_tool_output_chars: 400_000,
+            max_parallel_tools: 4,
         }
     }
 
@@ -165,6 +175,7 @@ impl RuntimeConfig {
         c.stream = d.stream;
         c.allow_insecure_http = d.allow_insecure_http;
         c.completion_ceiling = d.max_completion_tokens;
+        c.max_tool_output_chars = d.max_tool_output_chars;
         if d.max_iterations > 0 {
             c.max_iterations = d.max_iterations;
         }

@@ -48,4 +48,4 @@ pub use retinue_store::ModelPrice;
 pub use runtime::ChatRuntime;
 #[cfg(any(test, feature = "mocks"))]
 pub use tools::MockToolExecutor;
-pub use tools::{NoTools, ToolExecutor};
+pub use tools::{NoTools, ToolError, ToolExecutor};

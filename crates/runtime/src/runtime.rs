@@ -235,6 +235,8 @@ struct Run<'a> {
     sink: &'a dyn TranscriptSink,
     cancel: &'a CancelToken,
     outcome: ChildOutcome,
+    /// Characters of tool output fed back so far.
+    tool_chars: usize,
 }
 
 impl Run<'_> {
@@ -446,31 +448,12 @@ impl Run<'_> {
                 }
                 return;
             }
-            for call in &completion.tool_calls {
-                if self.cancel.is_cancelled() {
-                    return self.stop();
-                }
-                let output = if !names.contains(&call.name) {
-                    format!(
-                        "error: unknown tool `{}`; available tools: {}",
-                        call.name,
-                        if names.is_empty() { "none".to_owned() } else { names.join(", ") }
-                    )
-                } else {
-                    let args = if call.arguments.trim().is_empty() {
-                        Ok(json!({}))
-                    } else {
-                        serde_json::from_str::<Value>(&call.arguments)
-                    };
-                    match args {
-                        Err(e) => format!("error: the arguments are not valid JSON ({e})"),
-                        Ok(args) => match rt.tools.execute(self.child, &call.name, &args) {
-                            Ok(out) => out,
-                            Err(e) => format!("error: {e}"),
-                        },
-                    }
-                };
-                let output = as_text(output);
+            if self.cancel.is_cancelled() {
+                return self.stop();
+            }
+            let outputs = self.run_tools(&completion.tool_calls, &names);
+            for (call, output) in completion.tool_calls.iter().zip(outputs) {
+                let output = self.within_output_cap(as_text(output));
                 let result = Message {
                     role: "tool".into(),
                     content: Some(output.clone()),
@@ -485,6 +468,78 @@ impl Run<'_> {
             }
         }
     }
+
+    /// Runs the tool calls of one answer, a few at a time (bounded by
+    /// `max_parallel_tools`); the outputs keep the calls' order.
+    fn run_tools(&self, calls: &[crate::client::ToolCall], names: &[String]) -> Vec<String> {
+        let rt = self.rt;
+        let child = self.child;
+        let one = |call: &crate::client::ToolCall| -> String {
+            if !names.contains(&call.name) {
+                let available = if names.is_empty() { "none".to_owned() } else { names.join(", ") };
+                return tool_error(&format!(
+                    "unknown tool `{}`; available tools: {available}",
+                    call.name
+                ));
+            }
+            let args = if call.arguments.trim().is_empty() {
+                Ok(json!({}))
+            } else {
+                serde_json::from_str::<Value>(&call.arguments)
+            };
+            match args {
+                Err(e) => tool_error(&format!("the arguments are not valid JSON ({e})")),
+                Ok(args) if !args.is_object() => tool_error("the arguments must be a JSON object"),
+                Ok(args) => match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    rt.tools.execute(child, &call.name, &args)
+                })) {
+                    Ok(Ok(out)) => out,
+                    Ok(Err(e)) => tool_error(&e.to_string()),
+                    Err(_) => tool_error(&format!("the tool `{}` failed unexpectedly", call.name)),
+                },
+            }
+        };
+        let width = rt.config.max_parallel_tools.max(1);
+        if calls.len() <= 1 || width == 1 {
+            return calls.iter().map(one).collect();
+        }
+        let mut out = Vec::with_capacity(calls.len());
+        for chunk in calls.chunks(width) {
+            let done: Vec<String> = std::thread::scope(|scope| {
+                let handles: Vec<_> = chunk.iter().map(|c| scope.spawn(|| one(c))).collect();
+                handles
+                    .into_iter()
+                    .map(|h| h.join().unwrap_or_else(|_| tool_error("the tool call failed")))
+                    .collect()
+            });
+            out.extend(done);
+        }
+        out
+    }
+
+    /// Cuts `output` to what is left of the run's tool-output allowance.
+    fn within_output_cap(&mut self, output: String) -> String {
+        let cap = self.rt.config.max_tool_output_chars;
+        let left = cap.saturating_sub(self.tool_chars);
+        let len = output.chars().count();
+        if len <= left {
+            self.tool_chars += len;
+            return output;
+        }
+        self.tool_chars = cap;
+        let kept: String = output.chars().take(left).collect();
+        format!(
+            "{kept}\n\n[tool output cut: this run has used its allowance of {cap} characters of \
+             tool output (delegation.max_tool_output_chars); {} characters were dropped — finish \
+             with what you have]",
+            len - left
+        )
+    }
+}
+
+/// A tool error as hermes writes it: `{"error": TEXT}`.
+fn tool_error(text: &str) -> String {
+    json!({ "error": text }).to_string()
 }
 
 impl ChildRuntime for ChatRuntime {
@@ -528,12 +583,11 @@ impl ChildRuntime for ChatRuntime {
         }
         let max_iterations =
             if spec.max_iterations > 0 { spec.max_iterations } else { self.config.max_iterations };
-        let session_id = spec.resume_session_id.clone().unwrap_or_else(|| spec.session_id.clone());
         self.children().insert(
             spec.subagent_id.clone(),
             Child { base_url, model, max_iterations, steers: Vec::new(), open: true },
         );
-        Ok(ChildHandle { subagent_id: spec.subagent_id.clone(), session_id })
+        Ok(ChildHandle::of(spec))
     }
 
     fn run(
@@ -545,8 +599,15 @@ impl ChildRuntime for ChatRuntime {
     ) -> ChildOutcome {
         let settings = self.child_settings(child);
         let (settings_model, settings_url) = (settings.model.clone(), settings.base_url.clone());
-        let mut run =
-            Run { rt: self, child, settings, sink, cancel, outcome: ChildOutcome::default() };
+        let mut run = Run {
+            rt: self,
+            child,
+            settings,
+            sink,
+            cancel,
+            outcome: ChildOutcome::default(),
+            tool_chars: 0,
+        };
         run.go(input);
         let mut outcome = run.outcome;
         outcome.missed_steers = self.close(child);

@@ -3,10 +3,34 @@
 use retinue_delegate::ChildHandle;
 use serde_json::Value;
 
+/// Why a tool call produced no output. The text goes back to the model as
+/// the tool result (`{"error": TEXT}`, hermes's shape), so it says what to
+/// change.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ToolError {
+    /// No tool of that name is offered to this child.
+    #[error("unknown tool `{name}`")]
+    Unknown {
+        /// The name the model called.
+        name: String,
+    },
+    /// The arguments are missing, of the wrong type or out of range.
+    #[error("{0}")]
+    InvalidArguments(String),
+    /// The call is not allowed (a path outside the workspace, a toolset the
+    /// child lacks, a sandbox that cannot be set up).
+    #[error("{0}")]
+    Refused(String),
+    /// The tool ran and failed (a missing file, a dead MCP server, …).
+    #[error("{0}")]
+    Failed(String),
+}
+
 /// A child's tools, supplied by the embedder.
 ///
 /// Object-safe, synchronous and `Send + Sync`: one executor serves every
-/// child, called from each child's own thread.
+/// child, called from each child's own thread (and, for the calls of one
+/// answer, from a few threads at once).
 #[cfg_attr(any(test, feature = "mocks"), mockall::automock)]
 pub trait ToolExecutor: Send + Sync {
     /// The tool definitions advertised to `child`'s model, in the Chat
@@ -15,10 +39,14 @@ pub trait ToolExecutor: Send + Sync {
     fn definitions(&self, child: &ChildHandle) -> Vec<Value>;
 
     /// Runs tool `name` with `arguments` (the model's arguments, parsed JSON)
-    /// for `child`; the output, or an error text, goes back to the model as
-    /// the tool result.
-    fn execute(&self, child: &ChildHandle, name: &str, arguments: &Value)
-    -> Result<String, String>;
+    /// for `child`; the output, or the error, goes back to the model as the
+    /// tool result.
+    fn execute(
+        &self,
+        child: &ChildHandle,
+        name: &str,
+        arguments: &Value,
+    ) -> Result<String, ToolError>;
 }
 
 /// No tools: the model is offered none, and any call it makes anyway gets an
@@ -36,8 +64,8 @@ impl ToolExecutor for NoTools {
         _child: &ChildHandle,
         name: &str,
         _arguments: &Value,
-    ) -> Result<String, String> {
-        Err(format!("unknown tool `{name}`"))
+    ) -> Result<String, ToolError> {
+        Err(ToolError::Unknown { name: name.to_owned() })
     }
 }
 

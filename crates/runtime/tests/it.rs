@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 use retinue_delegate::{
     CancelToken, ChildHandle, ChildRuntime, ChildSpec, RunInput, SinkError, TranscriptSink,
 };
-use retinue_runtime::{ChatRuntime, ModelPrice, NoTools, RetryPolicy, RuntimeConfig, ToolExecutor};
+use retinue_runtime::{
+    ChatRuntime, ModelPrice, NoTools, RetryPolicy, RuntimeConfig, ToolError, ToolExecutor,
+};
 use retinue_store::{ExitReason, Message};
 use retinue_testkit::fake_model::{FakeModel, FakeToolCall, Reply, Usage};
 use serde_json::{Value, json};
@@ -43,12 +45,12 @@ impl ToolExecutor for Calc {
             json!({"type": "function", "function": {"name": "fail", "parameters": {"type": "object"}}}),
         ]
     }
-    fn execute(&self, _child: &ChildHandle, name: &str, args: &Value) -> Result<String, String> {
+    fn execute(&self, _child: &ChildHandle, name: &str, args: &Value) -> Result<String, ToolError> {
         match name {
             "add" => {
                 Ok((args["a"].as_i64().unwrap_or(0) + args["b"].as_i64().unwrap_or(0)).to_string())
             }
-            _ => Err("the tool broke".into()),
+            _ => Err(ToolError::Failed("the tool broke".into())),
         }
     }
 }
@@ -193,7 +195,7 @@ fn three_step_tool_loop_with_unknown_tool_and_tool_error() {
         "{unknown}"
     );
     let failed = third.iter().find(|m| m["tool_call_id"] == "c3").expect("c3 result");
-    assert_eq!(failed["content"], "error: the tool broke");
+    assert_eq!(failed["content"], r#"{"error":"the tool broke"}"#);
     assert_eq!(third[2]["tool_calls"][0]["id"], "c1");
 }
 
@@ -206,7 +208,7 @@ impl ToolExecutor for Steerer {
             json!({"type": "function", "function": {"name": "wait", "parameters": {"type": "object"}}}),
         ]
     }
-    fn execute(&self, _c: &ChildHandle, _n: &str, _a: &Value) -> Result<String, String> {
+    fn execute(&self, _c: &ChildHandle, _n: &str, _a: &Value) -> Result<String, ToolError> {
         if let Some((rt, child)) = self.0.lock().expect("lock").take() {
             assert!(rt.steer(&child, "also check the tests"));
         }
@@ -534,7 +536,7 @@ fn a_failing_tool_and_a_budget_stop_are_reported_to_the_model_and_the_parent() {
         .expect_execute()
         .times(1)
         .withf(|_, name, args| name == "lookup" && args["q"] == "x")
-        .returning(|_, _, _| Err("index offline".into()));
+        .returning(|_, _, _| Err(ToolError::Failed("index offline".into())));
     let rt = runtime(config(&server), Arc::new(tools));
     let child = rt.build(&spec("sa-0-m")).expect("build");
     let sink = Transcript::default();

@@ -143,6 +143,86 @@ pub struct DelegationConfig {
     /// `delegation.max_resume_tokens`: a follow-up whose resume would send
     /// more input tokens is refused; 0 = off.
     pub max_resume_tokens: u64,
+    /// `delegation.toolsets`: the toolsets a child may get (`read`, `file`,
+    /// `terminal`, `mcp-<server>`, `delegation`); a call can only narrow them.
+    pub toolsets: Vec<String>,
+    /// `delegation.terminal`: the `terminal` toolset's sandbox.
+    pub terminal: TerminalConfig,
+    /// `delegation.max_tool_output_chars`: the most tool output one run may
+    /// feed back to its model, all calls together; later results are cut.
+    pub max_tool_output_chars: usize,
+}
+
+/// `delegation.terminal`: how a child's `terminal` commands run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TerminalConfig {
+    /// `network: true` lets commands reach the network (off by default).
+    pub network: bool,
+    /// `sandbox: off` runs commands without Landlock and namespaces where
+    /// the sandbox cannot be set up (the default refuses the toolset then).
+    pub sandbox: bool,
+    /// `timeout`: a command's default timeout in seconds (180); a call may
+    /// ask for less or more, up to `max_timeout`.
+    pub timeout_seconds: u64,
+    /// `max_timeout`: the most a call may ask for (600).
+    pub max_timeout_seconds: u64,
+}
+
+impl Default for TerminalConfig {
+    fn default() -> Self {
+        TerminalConfig {
+            network: false,
+            sandbox: true,
+            timeout_seconds: 180,
+            max_timeout_seconds: 600,
+        }
+    }
+}
+
+/// One entry of the top-level `mcp_servers:` section (hermes's format):
+/// a stdio server (`command`, `args`, `env`, `cwd`) or a streamable-HTTP
+/// one (`url`, `headers`).
+///
+/// `Debug` never prints `env` or `headers` values (they hold credentials).
+#[derive(Clone, PartialEq, Default)]
+pub struct McpServerConfig {
+    /// The server's name (the mapping key).
+    pub name: String,
+    /// The program of a stdio server.
+    pub command: Option<String>,
+    /// Its arguments.
+    pub args: Vec<String>,
+    /// Extra environment for a stdio server.
+    pub env: BTreeMap<String, String>,
+    /// Working directory of a stdio server.
+    pub cwd: Option<String>,
+    /// The endpoint of a streamable-HTTP server.
+    pub url: Option<String>,
+    /// HTTP headers (e.g. `Authorization`).
+    pub headers: BTreeMap<String, String>,
+    /// Seconds a tool call may take (hermes's `timeout`; default 120).
+    pub timeout_seconds: f64,
+    /// `tools.include`: only these tools (absent = all).
+    pub include: Option<Vec<String>>,
+    /// `tools.exclude`: never these tools.
+    pub exclude: Vec<String>,
+}
+
+impl fmt::Debug for McpServerConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("McpServerConfig")
+            .field("name", &self.name)
+            .field("command", &self.command)
+            .field("args", &self.args)
+            .field("env", &self.env.keys().collect::<Vec<_>>())
+            .field("cwd", &self.cwd)
+            .field("url", &self.url.as_deref().map(crate::model::redact_endpoint))
+            .field("headers", &self.headers.keys().collect::<Vec<_>>())
+            .field("timeout_seconds", &self.timeout_seconds)
+            .field("include", &self.include)
+            .field("exclude", &self.exclude)
+            .finish()
+    }
 }
 
 impl Default for DelegationConfig {
@@ -172,6 +252,9 @@ impl Default for DelegationConfig {
             retained_ttl_hours: 72.0,
             budget: BudgetLimit::default(),
             max_resume_tokens: 0,
+            toolsets: vec!["read".to_owned()],
+            terminal: TerminalConfig::default(),
+            max_tool_output_chars: 400_000,
         }
     }
 }
@@ -204,6 +287,9 @@ impl fmt::Debug for DelegationConfig {
             .field("retained_ttl_hours", &self.retained_ttl_hours)
             .field("budget", &self.budget)
             .field("max_resume_tokens", &self.max_resume_tokens)
+            .field("toolsets", &self.toolsets)
+            .field("terminal", &self.terminal)
+            .field("max_tool_output_chars", &self.max_tool_output_chars)
             .finish()
     }
 }
@@ -215,6 +301,8 @@ pub struct LoadedConfig {
     pub delegation: DelegationConfig,
     /// The `database:` section.
     pub database: DatabaseConfig,
+    /// The `mcp_servers:` section, by name.
+    pub mcp_servers: Vec<McpServerConfig>,
     /// Human-readable warnings (file and key named).
     pub warnings: Vec<String>,
     /// Settings that cannot be used safely (an invalid budget): each names
@@ -326,7 +414,37 @@ impl LoadedConfig {
         if let Some(section) = root.get("database") {
             c.read_database(section, origin);
         }
+        if let Some(section) = root.get("mcp_servers") {
+            c.read_mcp_servers(section, origin);
+        }
         c
+    }
+
+    fn read_mcp_servers(&mut self, v: &Value, origin: &Path) {
+        if v.is_null() {
+            return;
+        }
+        let Some(servers) = v.as_mapping() else {
+            self.warn(format!("{}: `mcp_servers` is not a mapping; ignored", origin.display()));
+            return;
+        };
+        for (name, entry) in servers {
+            let Some(name) = name.as_str().map(str::trim).filter(|n| !n.is_empty()) else {
+                self.warn(format!(
+                    "{}: an mcp_servers key is not a name; skipped",
+                    origin.display()
+                ));
+                continue;
+            };
+            match mcp_server(name, entry) {
+                Ok(Some(server)) => self.mcp_servers.push(server),
+                Ok(None) => {}
+                Err(why) => self.warn(format!(
+                    "{}: mcp_servers.{name}: {why}; the server is skipped",
+                    origin.display()
+                )),
+            }
+        }
     }
 
     /// Records a warning; the caller reports [`LoadedConfig::warnings`]
@@ -419,6 +537,9 @@ impl LoadedConfig {
         d.max_retained = d.max_retained.max(1);
         r.float("retained_ttl_hours", &mut d.retained_ttl_hours);
         d.retained_ttl_hours = d.retained_ttl_hours.max(1.0);
+        r.toolsets(&mut d.toolsets);
+        r.terminal(&mut d.terminal);
+        r.usize("max_tool_output_chars", &mut d.max_tool_output_chars);
         if v.get("max_async_children").is_some() {
             r.warnings.push(format!(
                 "{}: delegation.max_async_children is deprecated; use max_concurrent_children",
@@ -486,6 +607,86 @@ impl LoadedConfig {
             self.warn(w);
         }
     }
+}
+
+/// One `mcp_servers` entry; `Ok(None)` for `enabled: false`.
+fn mcp_server(name: &str, v: &Value) -> Result<Option<McpServerConfig>, String> {
+    if !v.is_mapping() {
+        return Err("not a mapping".to_owned());
+    }
+    if v.get("enabled").and_then(Value::as_bool) == Some(false) {
+        return Ok(None);
+    }
+    let text = |key: &str| -> Result<Option<String>, String> {
+        match v.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.trim().to_owned()).filter(|s| !s.is_empty())),
+            Some(_) => Err(format!("`{key}` must be a string")),
+        }
+    };
+    let list = |v: Option<&Value>, key: &str| -> Result<Option<Vec<String>>, String> {
+        match v {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::Sequence(items)) => items
+                .iter()
+                .map(|i| match i {
+                    Value::String(s) => Ok(s.clone()),
+                    Value::Number(n) => Ok(n.to_string()),
+                    _ => Err(format!("`{key}` must be a list of strings")),
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .map(Some),
+            Some(_) => Err(format!("`{key}` must be a list of strings")),
+        }
+    };
+    let map = |key: &str| -> Result<BTreeMap<String, String>, String> {
+        match v.get(key) {
+            None | Some(Value::Null) => Ok(BTreeMap::new()),
+            Some(Value::Mapping(m)) => m
+                .iter()
+                .map(|(k, val)| {
+                    let k = k.as_str().ok_or_else(|| format!("`{key}` keys must be strings"))?;
+                    let val = match val {
+                        Value::String(s) => s.clone(),
+                        Value::Number(n) => n.to_string(),
+                        Value::Bool(b) => b.to_string(),
+                        _ => return Err(format!("`{key}.{k}` must be a string")),
+                    };
+                    Ok((k.to_owned(), val))
+                })
+                .collect(),
+            Some(_) => Err(format!("`{key}` must be a mapping")),
+        }
+    };
+    let command = text("command")?;
+    let url = text("url")?;
+    if command.is_some() == url.is_some() {
+        return Err("needs exactly one of `command` (stdio) or `url` (HTTP)".to_owned());
+    }
+    let timeout_seconds = match v.get("timeout") {
+        None | Some(Value::Null) => 120.0,
+        Some(Value::Number(n)) => match n.as_f64() {
+            Some(f) if f.is_finite() && f > 0.0 => f.min(3600.0),
+            _ => return Err("`timeout` must be a positive number of seconds".to_owned()),
+        },
+        Some(_) => return Err("`timeout` must be a positive number of seconds".to_owned()),
+    };
+    let tools = v.get("tools").filter(|t| !t.is_null());
+    if tools.is_some_and(|t| !t.is_mapping()) {
+        return Err("`tools` must be a mapping {include, exclude}".to_owned());
+    }
+    Ok(Some(McpServerConfig {
+        name: name.to_owned(),
+        command,
+        args: list(v.get("args"), "args")?.unwrap_or_default(),
+        env: map("env")?,
+        cwd: text("cwd")?,
+        url,
+        headers: map("headers")?,
+        timeout_seconds,
+        include: list(tools.and_then(|t| t.get("include")), "tools.include")?,
+        exclude: list(tools.and_then(|t| t.get("exclude")), "tools.exclude")?.unwrap_or_default(),
+    }))
 }
 
 struct Reader<'a> {
@@ -584,6 +785,72 @@ impl Reader<'_> {
                 out.max_tokens = Some(0);
             }
         }
+    }
+
+    /// `toolsets: [NAME, ...]` (or one comma-separated string).
+    fn toolsets(&mut self, out: &mut Vec<String>) {
+        match self.v.get("toolsets") {
+            None | Some(Value::Null) => {}
+            Some(Value::String(s)) => {
+                *out = s
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|t| !t.is_empty())
+                    .map(str::to_owned)
+                    .collect();
+            }
+            Some(Value::Sequence(items)) => {
+                let names: Option<Vec<String>> =
+                    items.iter().map(|i| i.as_str().map(|s| s.trim().to_owned())).collect();
+                match names {
+                    Some(names) => *out = names.into_iter().filter(|t| !t.is_empty()).collect(),
+                    None => self.bad("toolsets"),
+                }
+            }
+            Some(_) => self.bad("toolsets"),
+        }
+    }
+
+    /// `terminal: {network, sandbox, timeout, max_timeout}`. A `sandbox`
+    /// that is neither on nor off is an error (never read as "off").
+    fn terminal(&mut self, out: &mut TerminalConfig) {
+        let Some(section) = self.v.get("terminal").filter(|s| !s.is_null()) else { return };
+        if !section.is_mapping() {
+            self.bad("terminal");
+            return;
+        }
+        match section.get("network") {
+            None | Some(Value::Null) => {}
+            Some(Value::Bool(b)) => out.network = *b,
+            Some(_) => self.bad("terminal.network"),
+        }
+        match section.get("sandbox") {
+            None | Some(Value::Null) => {}
+            Some(Value::Bool(b)) => out.sandbox = *b,
+            Some(Value::String(s)) if matches!(s.trim(), "off" | "false" | "no") => {
+                out.sandbox = false
+            }
+            Some(Value::String(s)) if matches!(s.trim(), "on" | "true" | "yes" | "required") => {
+                out.sandbox = true;
+            }
+            Some(v) => {
+                self.invalid("terminal.sandbox", v, "`on` or `off`");
+                out.sandbox = true;
+            }
+        }
+        for (key, field) in
+            [("timeout", &mut out.timeout_seconds), ("max_timeout", &mut out.max_timeout_seconds)]
+        {
+            match section.get(key) {
+                None | Some(Value::Null) => {}
+                Some(Value::Number(n)) if n.as_u64().is_some_and(|t| t > 0) => {
+                    *field = n.as_u64().unwrap_or(*field);
+                }
+                Some(_) => self.bad(&format!("terminal.{key}")),
+            }
+        }
+        out.max_timeout_seconds = out.max_timeout_seconds.clamp(1, 86_400);
+        out.timeout_seconds = out.timeout_seconds.min(out.max_timeout_seconds);
     }
 
     fn invalid(&mut self, key: &str, v: &Value, want: &str) {

@@ -36,8 +36,8 @@ mod store;
 pub use budget::Budgets;
 pub use clock::{Clock, ManualClock, SystemClock, iso8601};
 pub use config::{
-    DatabaseConfig, DelegationConfig, JournalMode, LoadedConfig, ModelPrice, Synchronous,
-    default_profile_key, hermes_home, try_hermes_home, user_home,
+    DatabaseConfig, DelegationConfig, JournalMode, LoadedConfig, McpServerConfig, ModelPrice,
+    Synchronous, TerminalConfig, default_profile_key, hermes_home, try_hermes_home, user_home,
 };
 pub use db::StoreOptions;
 pub use error::{Error, ErrorKind, Result, Source};

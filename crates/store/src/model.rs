@@ -31,6 +31,9 @@ pub struct ChildManifest {
     pub role: Option<String>,
     /// The goal, at most [`GOAL_MAX_CHARS`] scalars.
     pub goal: Option<String>,
+    /// The directory the child's tools worked in (Retinue's key; hermes
+    /// ignores it). A follow-up works in the same one.
+    pub workspace: Option<String>,
 }
 
 /// Cuts `s` to at most `max` Unicode scalars.
@@ -70,6 +73,8 @@ struct TypedManifest {
     role: Option<String>,
     #[serde(default)]
     goal: Option<String>,
+    #[serde(default)]
+    workspace: Option<String>,
 }
 
 impl ChildManifest {
@@ -87,6 +92,7 @@ impl ChildManifest {
                 toolsets: t.toolsets,
                 role: t.role,
                 goal: t.goal.map(|g| truncate_chars(&g, GOAL_MAX_CHARS)),
+                workspace: t.workspace,
             });
         }
         serde_json::from_str::<Value>(text).ok().and_then(|v| ChildManifest::from_json(&v))
@@ -109,6 +115,7 @@ impl ChildManifest {
             toolsets,
             role: opt_str(obj, "role"),
             goal: opt_str(obj, "goal").map(|g| truncate_chars(&g, GOAL_MAX_CHARS)),
+            workspace: opt_str(obj, "workspace"),
         })
     }
 
@@ -129,6 +136,7 @@ impl ChildManifest {
             ("base_url", &self.base_url),
             ("api_mode", &self.api_mode),
             ("role", &self.role),
+            ("workspace", &self.workspace),
         ] {
             if let Some(v) = val {
                 let v = if key == "base_url" { redact_url(v) } else { v.clone() };

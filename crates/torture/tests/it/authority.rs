@@ -198,7 +198,11 @@ fn parts(w: &World) -> DelegatorParts {
 
 fn live(w: &World, sa: &str, session: &str, owner: Option<&str>, profile: &str) {
     w.tool.register_live(LiveChild {
-        handle: ChildHandle { subagent_id: sa.into(), session_id: session.into() },
+        handle: ChildHandle {
+            subagent_id: sa.into(),
+            session_id: session.into(),
+            ..ChildHandle::default()
+        },
         owner_session_id: owner.map(str::to_owned),
         owner_profile: profile.into(),
         accepting_steer: true,
@@ -233,7 +237,11 @@ fn a_running_child_is_never_steered_by_a_foreign_session() {
         ..parts(&w)
     });
     mine.register_live(LiveChild {
-        handle: ChildHandle { subagent_id: "sa-0-prof0001".into(), session_id: "LIVE4".into() },
+        handle: ChildHandle {
+            subagent_id: "sa-0-prof0001".into(),
+            session_id: "LIVE4".into(),
+            ..ChildHandle::default()
+        },
         owner_session_id: Some("B".into()),
         owner_profile: "someone-else".into(),
         accepting_steer: true,

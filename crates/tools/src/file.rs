@@ -1,0 +1,136 @@
+//! The `file` toolset's writers: `write_file` and `patch` (mode `replace`),
+//! with hermes-agent 0.19's schemas and result shapes.
+
+use std::io::{Read, Write};
+
+use serde_json::{Value, json};
+
+use crate::args::Args;
+use crate::workspace::Workspace;
+use retinue_runtime::ToolError;
+
+/// The largest file `patch` edits.
+const PATCH_MAX_BYTES: u64 = 16 << 20;
+
+/// `write_file`'s schema (hermes-agent 0.19, without the profile guard).
+pub fn write_file_schema() -> Value {
+    json!({
+        "name": "write_file",
+        "description": "Write content to a file, completely replacing existing content. Use this instead of echo/cat heredoc in terminal. Creates parent directories automatically. OVERWRITES the entire file — use 'patch' for targeted edits. Paths are relative to the workspace.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "path": {"type": "string", "description": "Path to the file to write (will be created if it doesn't exist, overwritten if it does)"},
+                "content": {"type": "string", "description": "Complete content to write to the file"}
+            },
+            "required": ["path", "content"]
+        }
+    })
+}
+
+/// `patch`'s schema (hermes-agent 0.19; V4A `mode: patch` is not
+/// supported yet, as its description says).
+pub fn patch_schema() -> Value {
+    json!({
+        "name": "patch",
+        "description": "Targeted find-and-replace edits in files. Use this instead of sed/awk in terminal. Returns a unified diff.\n\nREPLACE MODE (mode='replace', default): find a unique string and replace it. REQUIRED PARAMETERS: mode, path, old_string, new_string. Matching is exact (no fuzzy strategies).\nPATCH MODE (mode='patch', V4A multi-file patches) is not supported here yet: use replace mode, one edit per call.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "mode": {"type": "string", "enum": ["replace", "patch"], "description": "Edit mode. 'replace' (default): requires path + old_string + new_string. 'patch' is not supported yet.", "default": "replace"},
+                "path": {"type": "string", "description": "REQUIRED when mode='replace'. File path to edit."},
+                "old_string": {"type": "string", "description": "REQUIRED when mode='replace'. Exact text to find and replace. Must be unique in the file unless replace_all=true. Include surrounding context lines to ensure uniqueness."},
+                "new_string": {"type": "string", "description": "REQUIRED when mode='replace'. Replacement text. Pass empty string '' to delete the matched text."},
+                "replace_all": {"type": "boolean", "description": "Replace all occurrences instead of requiring a unique match (default: false)", "default": false},
+                "patch": {"type": "string", "description": "V4A patch content (mode='patch'; not supported yet)."}
+            },
+            "required": ["mode"]
+        }
+    })
+}
+
+/// `write_file`.
+pub fn write_file(ws: &Workspace, args: &Args<'_>) -> Result<String, ToolError> {
+    let path = args.required_str("path")?;
+    let content = args.opt_str("content")?.ok_or_else(|| {
+        ToolError::InvalidArguments(
+            "write_file: missing required field 'content'. Re-emit the tool call with the full \
+             content."
+                .to_owned(),
+        )
+    })?;
+    let inside = ws.inside(path)?;
+    let (mut file, dirs_created) = ws.create_file(&inside)?;
+    file.write_all(content.as_bytes())
+        .and_then(|()| file.flush())
+        .map_err(|e| ToolError::Failed(format!("`{path}`: {e}")))?;
+    Ok(json!({"bytes_written": content.len(), "dirs_created": dirs_created}).to_string())
+}
+
+/// `patch` (mode `replace`).
+pub fn patch(ws: &Workspace, args: &Args<'_>) -> Result<String, ToolError> {
+    let mode = args.str_or("mode", "replace")?;
+    match mode {
+        "replace" => {}
+        "patch" => {
+            return Err(ToolError::InvalidArguments(
+                "patch: mode 'patch' (V4A) is not supported yet; use mode 'replace' with path, \
+                 old_string and new_string"
+                    .to_owned(),
+            ));
+        }
+        other => {
+            return Err(ToolError::InvalidArguments(format!("patch: unknown mode `{other}`")));
+        }
+    }
+    let path = args.required_str("path")?;
+    let (Some(old), Some(new)) = (args.opt_str("old_string")?, args.opt_str("new_string")?) else {
+        return Err(ToolError::InvalidArguments("old_string and new_string required".to_owned()));
+    };
+    if old.is_empty() {
+        return Err(ToolError::InvalidArguments(
+            "patch: `old_string` is empty; give the exact text to replace (use write_file to \
+             create a file)"
+                .to_owned(),
+        ));
+    }
+    let replace_all = args.boolean("replace_all", false)?;
+    let inside = ws.inside(path)?;
+    let (file, size) = ws.open_file(&inside)?;
+    if size > PATCH_MAX_BYTES {
+        return Err(ToolError::Refused(format!(
+            "`{path}` is {size} bytes; patch edits files up to {PATCH_MAX_BYTES} bytes"
+        )));
+    }
+    let mut bytes = Vec::new();
+    file.take(PATCH_MAX_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| ToolError::Failed(format!("`{path}`: {e}")))?;
+    let before = String::from_utf8(bytes)
+        .map_err(|_| ToolError::Refused(format!("`{path}` is not UTF-8 text; patch edits text")))?;
+    let count = before.matches(old).count();
+    if count == 0 {
+        return Err(ToolError::Failed(format!(
+            "Could not find the old_string in `{path}` (matching is exact, whitespace included); \
+             read the file and copy the text to replace"
+        )));
+    }
+    if count > 1 && !replace_all {
+        return Err(ToolError::Failed(format!(
+            "old_string appears {count} times in `{path}`; include more surrounding context to \
+             make it unique, or set replace_all=true"
+        )));
+    }
+    let after = if replace_all { before.replace(old, new) } else { before.replacen(old, new, 1) };
+    let (mut out, _) = ws.create_file(&inside)?;
+    out.write_all(after.as_bytes())
+        .and_then(|()| out.flush())
+        .map_err(|e| ToolError::Failed(format!("`{path}`: {e}")))?;
+    let shown = inside.shown();
+    let diff = similar::TextDiff::from_lines(&before, &after)
+        .unified_diff()
+        .context_radius(3)
+        .header(&format!("a/{shown}"), &format!("b/{shown}"))
+        .to_string();
+    Ok(json!({"success": true, "diff": diff, "files_modified": [shown]}).to_string())
+}

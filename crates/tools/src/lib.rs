@@ -1,0 +1,207 @@
+//! `retinue-tools`: the toolsets Retinue's children get, with
+//! hermes-agent 0.19's tool names, argument schemas and result shapes, so a
+//! hermes parent's `toolsets` mean the same thing here.
+//!
+//! | toolset | tools |
+//! |---|---|
+//! | `read` (the default) | `read_file`, `search_files` |
+//! | `file` | `read` + `write_file`, `patch` (mode `replace`) |
+//! | `terminal` | `terminal`, sandboxed ([`sandbox`]) |
+//! | `mcp-<server>` | the server's tools, as `mcp__<server>__<tool>` |
+//! | `delegation` | `delegate_task` (orchestrator children only) |
+//!
+//! [`Toolbox`] is the [`ToolExecutor`] the CLI and the MCP server hand to
+//! the runtime. Every path a tool touches is resolved beneath the child's
+//! workspace ([`workspace::Workspace`]); model arguments are untrusted and
+//! every failure is a [`ToolError`] the model reads.
+
+pub mod args;
+pub mod file;
+pub mod mcp;
+pub mod read;
+pub mod sandbox;
+pub mod terminal;
+pub mod workspace;
+
+use std::sync::{Arc, OnceLock};
+
+use retinue_delegate::{ChildHandle, Delegator, ParentContext};
+use retinue_runtime::{ToolError, ToolExecutor};
+use retinue_store::{McpServerConfig, TerminalConfig};
+use serde_json::{Value, json};
+
+use crate::args::Args;
+use crate::mcp::McpServers;
+use crate::terminal::{Helper, Terminal};
+use crate::workspace::Workspace;
+
+pub use retinue_delegate::toolsets::{DELEGATION, FILE, READ, TERMINAL};
+
+/// What a [`Toolbox`] is built from.
+#[derive(Debug, Clone, Default)]
+pub struct ToolboxConfig {
+    /// `delegation.terminal`.
+    pub terminal: TerminalConfig,
+    /// How the terminal's sandbox helper is started (`None`: commands run
+    /// only with `sandbox: off`).
+    pub sandbox_helper: Option<Helper>,
+    /// The `mcp_servers:` section.
+    pub mcp_servers: Vec<McpServerConfig>,
+}
+
+/// The children's tools: every toolset, for each child only those it was
+/// given.
+pub struct Toolbox {
+    terminal: Terminal,
+    mcp: McpServers,
+    delegator: OnceLock<Delegator>,
+}
+
+impl std::fmt::Debug for Toolbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Toolbox").field("terminal", &self.terminal).field("mcp", &self.mcp).finish()
+    }
+}
+
+fn function(schema: Value) -> Value {
+    json!({"type": "function", "function": schema})
+}
+
+impl Toolbox {
+    /// A toolbox (no MCP server is started yet).
+    pub fn new(config: ToolboxConfig) -> Toolbox {
+        Toolbox {
+            terminal: Terminal::new(config.terminal, config.sandbox_helper),
+            mcp: McpServers::new(config.mcp_servers),
+            delegator: OnceLock::new(),
+        }
+    }
+
+    /// Gives the `delegation` toolset its delegator (the one whose runtime
+    /// runs these tools: built after the toolbox, so set afterwards). Only
+    /// the first call has an effect.
+    pub fn set_delegator(&self, delegator: Delegator) {
+        let _ = self.delegator.set(delegator);
+    }
+
+    /// The MCP toolsets (`mcp-<server>`), one per configured server.
+    pub fn mcp_toolsets(&self) -> Vec<String> {
+        self.mcp.toolsets()
+    }
+
+    /// Whether the terminal's sandbox can be set up (probed once).
+    pub fn sandbox_status(&self) -> Result<String, String> {
+        self.terminal.sandbox_status()
+    }
+
+    fn workspace(child: &ChildHandle) -> Result<Workspace, ToolError> {
+        let root = child.workspace.as_deref().ok_or_else(|| {
+            ToolError::Refused("this child has no workspace, so it cannot use files".to_owned())
+        })?;
+        Workspace::open(root)
+    }
+
+    fn has(child: &ChildHandle, toolset: &str) -> bool {
+        child.toolsets.iter().any(|t| t == toolset)
+    }
+
+    /// The toolset a built-in tool belongs to (`read_file` is in `read`
+    /// and in `file`).
+    fn allowed(child: &ChildHandle, tool: &str) -> Option<bool> {
+        Some(match tool {
+            "read_file" | "search_files" => Self::has(child, READ) || Self::has(child, FILE),
+            "write_file" | "patch" => Self::has(child, FILE),
+            "terminal" => Self::has(child, TERMINAL),
+            "delegate_task" => Self::has(child, DELEGATION),
+            _ => return None,
+        })
+    }
+
+    fn delegate(&self, child: &ChildHandle, arguments: &Value) -> Result<String, ToolError> {
+        let delegator = self.delegator.get().ok_or_else(|| {
+            ToolError::Refused("delegation is not available in this process".to_owned())
+        })?;
+        let parent = ParentContext {
+            session_id: Some(child.session_id.clone()),
+            depth: child.depth,
+            toolsets: child.toolsets.iter().filter(|t| *t != DELEGATION).cloned().collect(),
+            workspace: child.workspace.clone(),
+            can_receive_detached: false,
+            ..ParentContext::default()
+        };
+        let out = delegator.delegate_task(arguments, Some(&parent));
+        Ok(out.to_string())
+    }
+}
+
+impl ToolExecutor for Toolbox {
+    fn definitions(&self, child: &ChildHandle) -> Vec<Value> {
+        let mut out = Vec::new();
+        if Self::has(child, READ) || Self::has(child, FILE) {
+            out.push(function(read::read_file_schema()));
+            out.push(function(read::search_files_schema()));
+        }
+        if Self::has(child, FILE) {
+            out.push(function(file::write_file_schema()));
+            out.push(function(file::patch_schema()));
+        }
+        if Self::has(child, TERMINAL) {
+            out.push(function(terminal::terminal_schema(self.terminal.config())));
+        }
+        if Self::has(child, DELEGATION)
+            && let Some(d) = self.delegator.get()
+        {
+            let mut schema = retinue_delegate::delegate_task_schema(d.config());
+            if let Some(p) = schema
+                .get_mut("parameters")
+                .and_then(|p| p.get_mut("properties"))
+                .and_then(Value::as_object_mut)
+            {
+                // A grandchild's result comes back to this child now.
+                p.remove("background");
+            }
+            out.push(function(schema));
+        }
+        out.extend(self.mcp.definitions(&child.toolsets));
+        out
+    }
+
+    fn execute(
+        &self,
+        child: &ChildHandle,
+        name: &str,
+        arguments: &Value,
+    ) -> Result<String, ToolError> {
+        let args = Args::new(name, arguments);
+        match Self::allowed(child, name) {
+            Some(false) => {
+                return Err(ToolError::Refused(format!(
+                    "the tool `{name}` is not in this child's toolsets ({})",
+                    child.toolsets.join(", ")
+                )));
+            }
+            None if self.mcp.owns(&child.toolsets, name) => {
+                return self.mcp.call(&child.toolsets, name, arguments);
+            }
+            None => return Err(ToolError::Unknown { name: name.to_owned() }),
+            Some(true) => {}
+        }
+        match name {
+            "delegate_task" => self.delegate(child, arguments),
+            _ => {
+                let ws = Self::workspace(child)?;
+                match name {
+                    "read_file" => read::read_file(&ws, &args),
+                    "search_files" => read::search_files(&ws, &args),
+                    "write_file" => file::write_file(&ws, &args),
+                    "patch" => file::patch(&ws, &args),
+                    "terminal" => self.terminal.run(&ws, &args),
+                    _ => Err(ToolError::Unknown { name: name.to_owned() }),
+                }
+            }
+        }
+    }
+}
+
+/// A toolbox shared by a runtime and the delegator it serves.
+pub type SharedToolbox = Arc<Toolbox>;

@@ -1,0 +1,302 @@
+//! MCP servers as toolsets (`mcp-<server>`), configured in hermes's
+//! `mcp_servers:` format and reached through rmcp's client (stdio child
+//! processes and streamable HTTP). Each server is started lazily, at most
+//! one connection per server per process, shared by concurrent children.
+//! A server that cannot start or that dies leaves its tools unavailable:
+//! a call gets a tool result saying so, never a failed delegation. The
+//! tokio runtime stays inside this module.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use rmcp::model::{CallToolRequestParams, Tool};
+use rmcp::service::RunningService;
+use rmcp::{RoleClient, ServiceExt};
+use serde_json::{Value, json};
+
+use retinue_runtime::ToolError;
+use retinue_store::McpServerConfig;
+
+/// The prefix of an MCP tool's name (`mcp__<server>__<tool>`).
+pub const TOOL_PREFIX: &str = "mcp__";
+/// How long a server gets to start and list its tools.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a failed server stays failed before a call tries it again.
+const RETRY_AFTER: Duration = Duration::from_secs(30);
+/// The most characters one MCP result keeps.
+const MAX_RESULT_CHARS: usize = 100_000;
+/// The only variables a stdio server inherits (plus its own `env`).
+const PASSED_ENV: &[&str] = &["PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "USER"];
+
+/// `[A-Za-z0-9_]` only (hermes's and Claude Code's convention).
+pub fn sanitize(name: &str) -> String {
+    name.chars().map(|c| if c.is_ascii_alphanumeric() || c == '_' { c } else { '_' }).collect()
+}
+
+enum State {
+    NotStarted,
+    Running { service: Arc<RunningService<RoleClient, ()>>, tools: Vec<Tool> },
+    Failed { why: String, at: Instant },
+}
+
+struct Server {
+    config: McpServerConfig,
+    state: Mutex<State>,
+}
+
+/// The configured MCP servers of one process.
+pub struct McpServers {
+    runtime: Option<tokio::runtime::Runtime>,
+    servers: Vec<Server>,
+}
+
+impl std::fmt::Debug for McpServers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("McpServers")
+            .field("servers", &self.servers.iter().map(|s| &s.config.name).collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+impl McpServers {
+    /// The servers of `configs` (none is started yet).
+    pub fn new(configs: Vec<McpServerConfig>) -> McpServers {
+        let runtime = if configs.is_empty() {
+            None
+        } else {
+            // reqwest's rustls needs a process-wide provider (ring, as ureq's).
+            let _ = rustls::crypto::ring::default_provider().install_default();
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .thread_name("retinue-mcp-client")
+                .enable_all()
+                .build()
+                .map_err(|e| log::warn!("MCP servers disabled: no async runtime ({e})"))
+                .ok()
+        };
+        McpServers {
+            runtime,
+            servers: configs
+                .into_iter()
+                .map(|config| Server { config, state: Mutex::new(State::NotStarted) })
+                .collect(),
+        }
+    }
+
+    /// The toolset names (`mcp-<server>`), one per configured server.
+    pub fn toolsets(&self) -> Vec<String> {
+        self.servers.iter().map(|s| format!("mcp-{}", s.config.name)).collect()
+    }
+
+    fn server(&self, toolset: &str) -> Option<&Server> {
+        let name = toolset.strip_prefix("mcp-")?;
+        self.servers.iter().find(|s| s.config.name == name)
+    }
+
+    /// Starts the server if needed; its tools, or why it is unavailable.
+    fn ensure(
+        &self,
+        server: &Server,
+    ) -> Result<(Arc<RunningService<RoleClient, ()>>, Vec<Tool>), String> {
+        let Some(rt) = &self.runtime else { return Err("no async runtime".to_owned()) };
+        let mut state = server.state.lock().unwrap_or_else(PoisonError::into_inner);
+        match &*state {
+            State::Running { service, tools } if !service.is_closed() => {
+                return Ok((Arc::clone(service), tools.clone()));
+            }
+            State::Running { .. } => {
+                *state = State::Failed { why: "the server stopped".to_owned(), at: Instant::now() };
+                return Err("the server stopped".to_owned());
+            }
+            State::Failed { why, at } if at.elapsed() < RETRY_AFTER => return Err(why.clone()),
+            _ => {}
+        }
+        let started = rt.block_on(async {
+            tokio::time::timeout(START_TIMEOUT, start(&server.config)).await.unwrap_or_else(|_| {
+                Err(format!("did not start within {} s", START_TIMEOUT.as_secs()))
+            })
+        });
+        match started {
+            Ok((service, tools)) => {
+                let tools: Vec<Tool> = tools
+                    .into_iter()
+                    .filter(|t| {
+                        let n = t.name.as_ref();
+                        server.config.include.as_ref().is_none_or(|inc| inc.iter().any(|i| i == n))
+                            && !server.config.exclude.iter().any(|e| e == n)
+                    })
+                    .collect();
+                let service = Arc::new(service);
+                *state = State::Running { service: Arc::clone(&service), tools: tools.clone() };
+                Ok((service, tools))
+            }
+            Err(why) => {
+                log::warn!("MCP server `{}` is unavailable: {why}", server.config.name);
+                *state = State::Failed { why: why.clone(), at: Instant::now() };
+                Err(why)
+            }
+        }
+    }
+
+    /// The tool definitions of the servers named by `toolsets`.
+    pub fn definitions(&self, toolsets: &[String]) -> Vec<Value> {
+        let mut out = Vec::new();
+        for t in toolsets {
+            let Some(server) = self.server(t) else { continue };
+            let Ok((_, tools)) = self.ensure(server) else { continue };
+            let prefix = format!("{TOOL_PREFIX}{}__", sanitize(&server.config.name));
+            for tool in tools {
+                out.push(json!({
+                    "type": "function",
+                    "function": {
+                        "name": format!("{prefix}{}", sanitize(&tool.name)),
+                        "description": tool.description.as_deref().unwrap_or_default(),
+                        "parameters": Value::Object((*tool.input_schema).clone()),
+                    }
+                }));
+            }
+        }
+        out
+    }
+
+    /// Whether `name` is an MCP tool name of one of `toolsets`.
+    pub fn owns(&self, toolsets: &[String], name: &str) -> bool {
+        name.starts_with(TOOL_PREFIX)
+            && toolsets
+                .iter()
+                .filter_map(|t| self.server(t))
+                .any(|s| name.starts_with(&format!("{TOOL_PREFIX}{}__", sanitize(&s.config.name))))
+    }
+
+    /// Calls `name` (`mcp__<server>__<tool>`) for a child with `toolsets`.
+    pub fn call(
+        &self,
+        toolsets: &[String],
+        name: &str,
+        arguments: &Value,
+    ) -> Result<String, ToolError> {
+        let server = toolsets
+            .iter()
+            .filter_map(|t| self.server(t))
+            .find(|s| name.starts_with(&format!("{TOOL_PREFIX}{}__", sanitize(&s.config.name))))
+            .ok_or_else(|| ToolError::Unknown { name: name.to_owned() })?;
+        let server_name = &server.config.name;
+        let (service, tools) = self.ensure(server).map_err(|why| {
+            ToolError::Failed(format!("the MCP server `{server_name}` is unavailable: {why}"))
+        })?;
+        let wanted = &name[TOOL_PREFIX.len() + sanitize(server_name).len() + 2..];
+        let tool = tools
+            .iter()
+            .find(|t| sanitize(&t.name) == wanted)
+            .ok_or_else(|| ToolError::Unknown { name: name.to_owned() })?;
+        let Some(rt) = &self.runtime else {
+            return Err(ToolError::Failed("MCP servers are unavailable".to_owned()));
+        };
+        let args = arguments.as_object().cloned().unwrap_or_default();
+        let params = CallToolRequestParams::new(tool.name.to_string()).with_arguments(args);
+        let timeout = Duration::from_secs_f64(server.config.timeout_seconds);
+        let result =
+            rt.block_on(async { tokio::time::timeout(timeout, service.call_tool(params)).await });
+        let result = match result {
+            Err(_) => {
+                return Err(ToolError::Failed(format!(
+                    "the MCP server `{server_name}` did not answer within {} s",
+                    timeout.as_secs()
+                )));
+            }
+            Ok(Err(e)) => {
+                if service.is_closed() {
+                    *server.state.lock().unwrap_or_else(PoisonError::into_inner) =
+                        State::Failed { why: format!("it stopped ({e})"), at: Instant::now() };
+                    return Err(ToolError::Failed(format!(
+                        "the MCP server `{server_name}` stopped during the call: {e}"
+                    )));
+                }
+                return Err(ToolError::Failed(format!("the MCP server `{server_name}`: {e}")));
+            }
+            Ok(Ok(r)) => r,
+        };
+        let mut parts: Vec<String> = Vec::new();
+        for block in &result.content {
+            let v = serde_json::to_value(block).unwrap_or(Value::Null);
+            match v.get("type").and_then(Value::as_str) {
+                Some("text") => parts.push(v["text"].as_str().unwrap_or_default().to_owned()),
+                Some(other) => parts.push(format!("[{other} content omitted]")),
+                None => {}
+            }
+        }
+        if parts.is_empty()
+            && let Some(s) = &result.structured_content
+        {
+            parts.push(s.to_string());
+        }
+        let mut text = parts.join("\n");
+        if text.chars().count() > MAX_RESULT_CHARS {
+            text = text.chars().take(MAX_RESULT_CHARS).collect::<String>()
+                + "\n[result cut at 100000 characters]";
+        }
+        if result.is_error == Some(true) {
+            return Err(ToolError::Failed(text));
+        }
+        Ok(text)
+    }
+}
+
+impl Drop for McpServers {
+    fn drop(&mut self) {
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_timeout(Duration::from_secs(2));
+        }
+    }
+}
+
+async fn start(
+    config: &McpServerConfig,
+) -> Result<(RunningService<RoleClient, ()>, Vec<Tool>), String> {
+    let service = if let Some(command) = &config.command {
+        let mut cmd = tokio::process::Command::new(command);
+        cmd.args(&config.args).env_clear().kill_on_drop(true);
+        for key in PASSED_ENV {
+            if let Some(v) = std::env::var_os(key) {
+                cmd.env(key, v);
+            }
+        }
+        cmd.envs(&config.env);
+        if let Some(cwd) = &config.cwd {
+            cmd.current_dir(cwd);
+        }
+        let (transport, _stderr) = rmcp::transport::TokioChildProcess::builder(cmd)
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .map_err(|e| format!("cannot start `{command}`: {e}"))?;
+        ().serve(transport).await.map_err(|e| format!("initialization failed: {e}"))?
+    } else if let Some(url) = &config.url {
+        use rmcp::transport::StreamableHttpClientTransport;
+        use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+        let mut headers = HashMap::new();
+        let mut auth = None;
+        for (k, v) in &config.headers {
+            if k.eq_ignore_ascii_case("authorization") {
+                auth = Some(v.trim_start_matches("Bearer ").to_owned());
+                continue;
+            }
+            let name = http::HeaderName::from_bytes(k.as_bytes())
+                .map_err(|e| format!("header `{k}`: {e}"))?;
+            let value = http::HeaderValue::from_str(v)
+                .map_err(|_| format!("header `{k}` has an invalid value"))?;
+            headers.insert(name, value);
+        }
+        let mut cfg =
+            StreamableHttpClientTransportConfig::with_uri(url.as_str()).custom_headers(headers);
+        if let Some(a) = auth {
+            cfg = cfg.auth_header(a);
+        }
+        let transport = StreamableHttpClientTransport::from_config(cfg);
+        ().serve(transport).await.map_err(|e| format!("initialization failed: {e}"))?
+    } else {
+        return Err("neither `command` nor `url` is set".to_owned());
+    };
+    let tools = service.list_all_tools().await.map_err(|e| format!("tools/list failed: {e}"))?;
+    Ok((service, tools))
+}

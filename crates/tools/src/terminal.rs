@@ -1,0 +1,349 @@
+//! The `terminal` toolset: `terminal` runs `/bin/sh -c COMMAND` through
+//! the sandbox helper ([`crate::sandbox`]) with a scrubbed environment, in
+//! its own process group that is killed at the timeout and when the
+//! command ends, with its output capped (head and tail kept).
+
+use std::ffi::OsString;
+use std::io::Read;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use serde_json::{Value, json};
+
+use crate::args::Args;
+use crate::sandbox::{SETUP_FAILED, SETUP_PREFIX};
+use crate::workspace::Workspace;
+use retinue_runtime::ToolError;
+use retinue_store::TerminalConfig;
+
+/// Output kept from one command (hermes's 50,000; 40 % head, 60 % tail).
+pub const MAX_OUTPUT_CHARS: usize = 50_000;
+/// Bytes read from a command's output before the rest is only counted.
+const READ_CAP_BYTES: usize = 8 << 20;
+/// The only variables a command sees (besides HOME and TMPDIR, set to its
+/// private temp dir).
+const PASSED_ENV: &[&str] = &["LANG", "LC_ALL", "TZ"];
+/// PATH inside the sandbox.
+const SANDBOX_PATH: &str = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin";
+
+/// How the sandbox helper is started: a program and the arguments that
+/// come before the helper's own (`retinue __sandbox`, or the
+/// `retinue-sandbox` binary with none).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Helper {
+    /// The program.
+    pub program: PathBuf,
+    /// Leading arguments.
+    pub prefix: Vec<OsString>,
+}
+
+/// `terminal`'s schema (hermes-agent 0.19's `terminal`, foreground only).
+pub fn terminal_schema(config: &TerminalConfig) -> Value {
+    json!({
+        "name": "terminal",
+        "description": format!(
+            "Run a shell command (/bin/sh -c) in the workspace and return its output and exit code. \
+             The command runs in a sandbox: it can write only inside the workspace and its own \
+             temporary HOME, {} and sees no credentials in its environment. Commands run in the \
+             foreground only (no background, pty or watch options); the process group is killed \
+             at the timeout and when the command ends.",
+            if config.network { "may use the network," } else { "has no network access," }
+        ),
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "command": {"type": "string", "description": "The command to execute"},
+                "timeout": {"type": "integer", "description": format!("Max seconds to wait (default: {}, max: {}). Returns as soon as the command finishes.", config.timeout_seconds, config.max_timeout_seconds), "minimum": 1},
+                "workdir": {"type": "string", "description": "Working directory for this command, inside the workspace (default: the workspace root)."}
+            },
+            "required": ["command"]
+        }
+    })
+}
+
+/// The terminal of one process: its helper, its configuration and the
+/// cached answer to "can the sandbox be set up here?".
+#[derive(Debug)]
+pub struct Terminal {
+    config: TerminalConfig,
+    helper: Option<Helper>,
+    probe: Mutex<Option<Result<String, String>>>,
+}
+
+impl Terminal {
+    /// A terminal running commands through `helper` (`None`: no helper, so
+    /// commands run only with `sandbox: off`).
+    pub fn new(config: TerminalConfig, helper: Option<Helper>) -> Terminal {
+        Terminal { config, helper, probe: Mutex::new(None) }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &TerminalConfig {
+        &self.config
+    }
+
+    /// Whether the sandbox can be set up here: `Ok(what it enforces)` or
+    /// `Err(why not)`. Probed once per process.
+    pub fn sandbox_status(&self) -> Result<String, String> {
+        let mut cached = self.probe.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(r) = cached.as_ref() {
+            return r.clone();
+        }
+        let r = self.run_probe();
+        *cached = Some(r.clone());
+        r
+    }
+
+    fn run_probe(&self) -> Result<String, String> {
+        let Some(helper) = &self.helper else {
+            return Err("no sandbox helper is configured".to_owned());
+        };
+        let tmp = tempfile::tempdir().map_err(|e| format!("no temp dir: {e}"))?;
+        let mut cmd = Command::new(&helper.program);
+        cmd.args(&helper.prefix)
+            .arg("--workspace")
+            .arg(tmp.path())
+            .arg("--tmp")
+            .arg(tmp.path())
+            .arg("--probe")
+            .env_clear()
+            .stdin(Stdio::null());
+        if self.config.network {
+            cmd.arg("--network");
+        }
+        let out = cmd.output().map_err(|e| format!("cannot start the sandbox helper: {e}"))?;
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+        } else {
+            let err = String::from_utf8_lossy(&out.stderr);
+            Err(err.trim().trim_start_matches(SETUP_PREFIX).to_owned())
+        }
+    }
+
+    /// `terminal`.
+    pub fn run(&self, ws: &Workspace, args: &Args<'_>) -> Result<String, ToolError> {
+        let command = args.required_str("command")?;
+        if command.trim().is_empty() {
+            return Err(ToolError::InvalidArguments("terminal: `command` is empty".to_owned()));
+        }
+        if args.boolean("background", false)? {
+            return Err(ToolError::InvalidArguments(
+                "terminal: background commands are not supported for subagents; run it in the \
+                 foreground with a timeout"
+                    .to_owned(),
+            ));
+        }
+        let timeout = args.uint("timeout", self.config.timeout_seconds)?;
+        if timeout > self.config.max_timeout_seconds {
+            return Err(ToolError::InvalidArguments(format!(
+                "terminal: timeout {timeout} is above the maximum of {} seconds",
+                self.config.max_timeout_seconds
+            )));
+        }
+        let timeout = Duration::from_secs(timeout.max(1));
+        let workdir = ws.inside(args.str_or("workdir", ".")?)?;
+        let cwd = ws.root().join(workdir.rel());
+        if !cwd.is_dir() {
+            return Err(ToolError::Failed(format!(
+                "terminal: workdir `{}` is not a directory in the workspace",
+                workdir.shown()
+            )));
+        }
+        let sandboxed = match self.sandbox_status() {
+            Ok(_) => true,
+            Err(why) if self.config.sandbox => {
+                return Err(ToolError::Refused(format!(
+                    "the terminal sandbox cannot be set up here ({why}); commands are refused. \
+                     The operator may set `delegation.terminal.sandbox: off` to run them \
+                     unconfined"
+                )));
+            }
+            Err(_) => false,
+        };
+        let home = tempfile::Builder::new()
+            .prefix("retinue-term-")
+            .tempdir()
+            .map_err(|e| ToolError::Failed(format!("terminal: no temp dir: {e}")))?;
+        let mut cmd = match (&self.helper, sandboxed) {
+            (Some(helper), true) => {
+                let mut c = Command::new(&helper.program);
+                c.args(&helper.prefix)
+                    .arg("--workspace")
+                    .arg(ws.root())
+                    .arg("--tmp")
+                    .arg(home.path());
+                if self.config.network {
+                    c.arg("--network");
+                }
+                c.arg("--").arg(command);
+                c
+            }
+            _ => {
+                let mut c = Command::new("/bin/sh");
+                c.arg("-c").arg(command);
+                c
+            }
+        };
+        cmd.current_dir(&cwd).env_clear();
+        for key in PASSED_ENV {
+            if let Some(v) = std::env::var_os(key) {
+                cmd.env(key, v);
+            }
+        }
+        cmd.env("PATH", SANDBOX_PATH)
+            .env("TERM", "dumb")
+            .env("HOME", home.path())
+            .env("TMPDIR", home.path())
+            .process_group(0)
+            .stdin(Stdio::null());
+        let (reader, writer) =
+            std::io::pipe().map_err(|e| ToolError::Failed(format!("terminal: pipe: {e}")))?;
+        let writer2 =
+            writer.try_clone().map_err(|e| ToolError::Failed(format!("terminal: pipe: {e}")))?;
+        cmd.stdout(writer).stderr(writer2);
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| ToolError::Failed(format!("terminal: cannot start the command: {e}")))?;
+        // The pipe's write ends now live only in the command's group.
+        drop(cmd);
+        let group = Pid::from_raw(i32::try_from(child.id()).unwrap_or(i32::MAX));
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .name("terminal-output".into())
+            .spawn(move || {
+                let _ = tx.send(read_capped(reader));
+            })
+            .map_err(|e| ToolError::Failed(format!("terminal: {e}")))?;
+        let started = Instant::now();
+        let mut timed_out = false;
+        let status = loop {
+            match child.try_wait() {
+                Ok(Some(s)) => break Some(s),
+                Ok(None) => {}
+                Err(_) => break None,
+            }
+            if started.elapsed() >= timeout {
+                timed_out = true;
+                let _ = killpg(group, Signal::SIGKILL);
+                break child.wait().ok();
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        // Whatever the command left running in its group goes too.
+        let _ = killpg(group, Signal::SIGKILL);
+        let (bytes, total) = rx.recv_timeout(Duration::from_secs(5)).unwrap_or_else(|_| {
+            (b"[output unavailable: a process outside the group kept it open]".to_vec(), 0)
+        });
+        let code = status.and_then(|s| s.code()).unwrap_or(-1);
+        let text = String::from_utf8_lossy(&bytes);
+        if sandboxed && code == SETUP_FAILED && text.starts_with(SETUP_PREFIX) {
+            return Err(ToolError::Refused(format!(
+                "the terminal sandbox could not be set up: {}",
+                text.trim().trim_start_matches(SETUP_PREFIX)
+            )));
+        }
+        let mut output = cap_output(&strip_ansi(&text));
+        if total > bytes.len() {
+            output.push_str(&format!(
+                "\n\n[output cut: the command wrote {total} bytes; the first {} were read]",
+                bytes.len()
+            ));
+        }
+        let mut out = json!({"output": output.trim(), "exit_code": if timed_out { 124 } else { code }, "error": null});
+        if timed_out {
+            out["error"] = json!(format!(
+                "the command timed out after {} s; its process group was killed",
+                timeout.as_secs()
+            ));
+        }
+        if !sandboxed {
+            out["warning"] = json!("ran without a sandbox (delegation.terminal.sandbox: off)");
+        }
+        Ok(out.to_string())
+    }
+}
+
+/// Reads a command's output: the first [`READ_CAP_BYTES`] kept, the rest
+/// counted and dropped (so a `yes` cannot fill memory).
+fn read_capped(mut r: impl Read) -> (Vec<u8>, usize) {
+    let mut kept = Vec::new();
+    let mut total = 0usize;
+    let mut buf = [0u8; 64 << 10];
+    loop {
+        match r.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                total = total.saturating_add(n);
+                let room = READ_CAP_BYTES.saturating_sub(kept.len());
+                kept.extend_from_slice(&buf[..n.min(room)]);
+            }
+        }
+    }
+    (kept, total)
+}
+
+/// hermes's cap: 40 % head and 60 % tail of [`MAX_OUTPUT_CHARS`], with a note.
+pub fn cap_output(output: &str) -> String {
+    let len = output.chars().count();
+    if len <= MAX_OUTPUT_CHARS {
+        return output.to_owned();
+    }
+    let head = MAX_OUTPUT_CHARS * 2 / 5;
+    let tail = MAX_OUTPUT_CHARS - head;
+    let omitted = len - head - tail;
+    let h: String = output.chars().take(head).collect();
+    let t: String = output.chars().skip(len - tail).collect();
+    format!("{h}\n\n... [OUTPUT TRUNCATED - {omitted} chars omitted out of {len} total] ...\n\n{t}")
+}
+
+/// Drops ANSI escape sequences (CSI and OSC), so the model never copies them.
+fn strip_ansi(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c != '\u{1b}' {
+            out.push(c);
+            continue;
+        }
+        match chars.peek() {
+            Some('[') => {
+                chars.next();
+                for c in chars.by_ref() {
+                    if ('@'..='~').contains(&c) {
+                        break;
+                    }
+                }
+            }
+            Some(']') => {
+                chars.next();
+                while let Some(c) = chars.next() {
+                    if c == '\u{7}' {
+                        break;
+                    }
+                    if c == '\u{1b}' && chars.peek() == Some(&'\\') {
+                        chars.next();
+                        break;
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// The helper binary of this crate next to the running test or program
+/// (`retinue-sandbox`), when it exists.
+pub fn sibling_helper(name: &str) -> Option<Helper> {
+    let exe = std::env::current_exe().ok()?;
+    let dir = exe.parent()?;
+    [dir.join(name), dir.parent().map(|p| p.join(name)).unwrap_or_default()]
+        .into_iter()
+        .find(|p| p.is_file())
+        .map(|program| Helper { program, prefix: Vec::new() })
+}

@@ -1,0 +1,270 @@
+//! [`Workspace`]: a directory every file tool works beneath.
+//!
+//! Paths from the model are untrusted. Each is checked lexically (no NUL,
+//! no `~`, an absolute path only when it lies under the root, no `..` above
+//! the root), then opened with `openat2(2)` relative to the root's
+//! descriptor with `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS |
+//! RESOLVE_NO_MAGICLINKS`: the kernel refuses any escape and any symlink on
+//! the way at the moment of the open, so there is no check-then-open race.
+
+use std::fs::File;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Component, Path, PathBuf};
+
+use rustix::fs::{FileType, Mode, OFlags, ResolveFlags};
+use rustix::io::Errno;
+
+use retinue_runtime::ToolError;
+
+/// A child's workspace: its root directory, held open.
+#[derive(Debug)]
+pub struct Workspace {
+    root: PathBuf,
+    fd: OwnedFd,
+}
+
+const BENEATH: ResolveFlags =
+    ResolveFlags::BENEATH.union(ResolveFlags::NO_SYMLINKS).union(ResolveFlags::NO_MAGICLINKS);
+
+/// A path inside the workspace, relative to its root and normalised (no
+/// `.`/`..`, never empty: the root itself is `.`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Inside(PathBuf);
+
+impl Inside {
+    /// The relative path (`.` for the root).
+    pub fn rel(&self) -> &Path {
+        &self.0
+    }
+
+    /// The path as shown to the model (relative, `/`-separated).
+    pub fn shown(&self) -> String {
+        self.0.to_string_lossy().into_owned()
+    }
+}
+
+impl Workspace {
+    /// Opens `root` (it must be an existing directory).
+    pub fn open(root: &Path) -> Result<Workspace, ToolError> {
+        let real = std::fs::canonicalize(root).map_err(|e| {
+            ToolError::Refused(format!("the workspace {} cannot be opened: {e}", root.display()))
+        })?;
+        let fd = rustix::fs::open(
+            &real,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| {
+            ToolError::Refused(format!("the workspace {} cannot be opened: {e}", real.display()))
+        })?;
+        Ok(Workspace { root: real, fd })
+    }
+
+    /// The root's canonical path.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Checks `path` (as the model gave it) and makes it relative to the root.
+    pub fn inside(&self, path: &str) -> Result<Inside, ToolError> {
+        let refuse =
+            |why: &str| ToolError::Refused(format!("path `{}` refused: {why}", shown(path)));
+        if path.contains('\0') {
+            return Err(refuse("it contains a NUL byte"));
+        }
+        let trimmed = path.trim();
+        if trimmed.starts_with('~') {
+            return Err(refuse("`~` paths are outside the workspace"));
+        }
+        let given = Path::new(if trimmed.is_empty() { "." } else { trimmed });
+        let relative: &Path = if given.is_absolute() {
+            given.strip_prefix(&self.root).map_err(|_| {
+                refuse(&format!("it is outside the workspace {}", self.root.display()))
+            })?
+        } else {
+            given
+        };
+        let mut parts: Vec<&std::ffi::OsStr> = Vec::new();
+        for c in relative.components() {
+            match c {
+                Component::CurDir => {}
+                Component::ParentDir => {
+                    if parts.pop().is_none() {
+                        return Err(refuse("it leads out of the workspace"));
+                    }
+                }
+                Component::Normal(p) => parts.push(p),
+                Component::RootDir | Component::Prefix(_) => {
+                    return Err(refuse("it is outside the workspace"));
+                }
+            }
+        }
+        let rel: PathBuf =
+            if parts.is_empty() { PathBuf::from(".") } else { parts.iter().collect() };
+        Ok(Inside(rel))
+    }
+
+    fn open_at(&self, p: &Inside, flags: OFlags, mode: Mode) -> Result<OwnedFd, ToolError> {
+        rustix::fs::openat2(self.fd.as_fd(), p.rel(), flags | OFlags::CLOEXEC, mode, BENEATH)
+            .map_err(|e| open_error(p, e))
+    }
+
+    /// Opens a regular file for reading (FIFOs, devices and directories are
+    /// refused without blocking), with its size.
+    pub fn open_file(&self, p: &Inside) -> Result<(File, u64), ToolError> {
+        let fd =
+            self.open_at(p, OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOFOLLOW, Mode::empty())?;
+        let stat = rustix::fs::fstat(&fd).map_err(|e| open_error(p, e))?;
+        match FileType::from_raw_mode(stat.st_mode) {
+            FileType::RegularFile => {}
+            FileType::Directory => {
+                return Err(ToolError::Failed(format!(
+                    "`{}` is a directory; use search_files with target `files` to list it",
+                    p.shown()
+                )));
+            }
+            other => {
+                return Err(ToolError::Refused(format!(
+                    "`{}` is not a regular file ({other:?}); only regular files are read",
+                    p.shown()
+                )));
+            }
+        }
+        // Back to blocking reads for a regular file.
+        rustix::fs::fcntl_setfl(&fd, OFlags::empty()).map_err(|e| open_error(p, e))?;
+        Ok((File::from(fd), u64::try_from(stat.st_size).unwrap_or(0)))
+    }
+
+    /// Whether `p` exists (as anything, symlinks included).
+    pub fn exists(&self, p: &Inside) -> bool {
+        rustix::fs::openat2(
+            self.fd.as_fd(),
+            p.rel(),
+            OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+            BENEATH,
+        )
+        .is_ok()
+    }
+
+    /// Opens a directory beneath the root.
+    fn open_dir(&self, p: &Inside) -> Result<OwnedFd, ToolError> {
+        self.open_at(p, OFlags::PATH | OFlags::DIRECTORY, Mode::empty())
+    }
+
+    /// Creates (or truncates) a regular file for writing, creating its
+    /// parent directories; returns the file and whether any directory was
+    /// created.
+    pub fn create_file(&self, p: &Inside) -> Result<(File, bool), ToolError> {
+        let name = p
+            .rel()
+            .file_name()
+            .ok_or_else(|| ToolError::InvalidArguments(format!("`{}` names no file", p.shown())))?;
+        let mut created = false;
+        let mut dir = self.open_dir(&Inside(PathBuf::from(".")))?;
+        if let Some(parent) = p.rel().parent() {
+            let mut sofar = PathBuf::new();
+            for comp in parent.components() {
+                sofar.push(comp);
+                let next = rustix::fs::openat2(
+                    dir.as_fd(),
+                    comp.as_os_str(),
+                    OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                    Mode::empty(),
+                    BENEATH,
+                );
+                dir = match next {
+                    Ok(fd) => fd,
+                    Err(Errno::NOENT) => {
+                        match rustix::fs::mkdirat(
+                            dir.as_fd(),
+                            comp.as_os_str(),
+                            Mode::from_raw_mode(0o755),
+                        ) {
+                            Ok(()) | Err(Errno::EXIST) => {}
+                            Err(e) => return Err(open_error(&Inside(sofar), e)),
+                        }
+                        created = true;
+                        rustix::fs::openat2(
+                            dir.as_fd(),
+                            comp.as_os_str(),
+                            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                            Mode::empty(),
+                            BENEATH,
+                        )
+                        .map_err(|e| open_error(&Inside(sofar.clone()), e))?
+                    }
+                    Err(e) => return Err(open_error(&Inside(sofar), e)),
+                };
+            }
+        }
+        let fd = rustix::fs::openat2(
+            dir.as_fd(),
+            name,
+            OFlags::WRONLY | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o644),
+            BENEATH,
+        )
+        .map_err(|e| open_error(p, e))?;
+        let stat = rustix::fs::fstat(&fd).map_err(|e| open_error(p, e))?;
+        if FileType::from_raw_mode(stat.st_mode) != FileType::RegularFile {
+            return Err(ToolError::Refused(format!(
+                "`{}` is not a regular file; only regular files are written",
+                p.shown()
+            )));
+        }
+        rustix::fs::fcntl_setfl(&fd, OFlags::empty()).map_err(|e| open_error(p, e))?;
+        rustix::fs::ftruncate(&fd, 0).map_err(|e| open_error(p, e))?;
+        Ok((File::from(fd), created))
+    }
+}
+
+/// A path as shown in an error (bounded; control characters escaped).
+fn shown(path: &str) -> String {
+    let cut: String = path.chars().take(200).collect();
+    let cut = cut.escape_debug().to_string();
+    if path.chars().count() > 200 { format!("{cut}…") } else { cut }
+}
+
+fn open_error(p: &Inside, e: Errno) -> ToolError {
+    let path = p.shown();
+    match e {
+        Errno::NOENT => ToolError::Failed(format!("`{path}` not found in the workspace")),
+        Errno::XDEV => {
+            ToolError::Refused(format!("path `{path}` refused: it leads out of the workspace"))
+        }
+        Errno::LOOP => ToolError::Refused(format!(
+            "path `{path}` refused: it goes through a symbolic link (links are not followed in the \
+             workspace)"
+        )),
+        Errno::NOTDIR => {
+            ToolError::Failed(format!("`{path}`: a part of the path is not a directory"))
+        }
+        Errno::ISDIR => ToolError::Failed(format!("`{path}` is a directory")),
+        Errno::ACCESS | Errno::PERM => ToolError::Failed(format!("`{path}`: permission denied")),
+        Errno::NOSYS => ToolError::Refused(
+            "this kernel lacks openat2 (Linux 5.6+), which the file tools need to stay inside the \
+             workspace"
+                .to_owned(),
+        ),
+        other => ToolError::Failed(format!("`{path}`: {other}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lexical_checks() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let ws = Workspace::open(dir.path()).expect("open");
+        assert_eq!(ws.inside("a/./b/../c").expect("ok").rel(), Path::new("a/c"));
+        assert_eq!(ws.inside("").expect("ok").rel(), Path::new("."));
+        let abs = ws.root().join("x/y");
+        assert_eq!(ws.inside(abs.to_str().expect("utf8")).expect("ok").rel(), Path::new("x/y"));
+        for bad in ["../x", "a/../../x", "/etc/passwd", "~/x", "a\0b", "/proc/self/root/etc"] {
+            assert!(matches!(ws.inside(bad), Err(ToolError::Refused(_))), "{bad}");
+        }
+    }
+}
