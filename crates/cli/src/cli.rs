@@ -181,6 +181,14 @@ pub(crate) struct DelegateArgs {
     /// Follow up a retained (or running) child instead of spawning
     #[arg(long, value_name = "ID", requires = "goal", conflicts_with = "tasks")]
     pub(crate) follow_up: Option<String>,
+
+    /// The directory the children's tools work in [default: the current directory]
+    #[arg(long, value_name = "DIR")]
+    pub(crate) workspace: Option<std::path::PathBuf>,
+
+    /// Narrow the children's toolsets (comma-separated: read, file, terminal, mcp-<server>); only narrows delegation.toolsets
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    pub(crate) toolsets: Option<Vec<String>>,
 }
 
 /// `retinue mcp …`.

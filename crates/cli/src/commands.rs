@@ -10,12 +10,13 @@ use retinue_delegate::{
     ErrorKind, ParentContext,
 };
 use retinue_lineage::{Authority, Denial, check_follow_up_authority, lineage_chain, list_for};
-use retinue_runtime::{ChatRuntime, NoTools, RuntimeConfig};
+use retinue_runtime::{ChatRuntime, RuntimeConfig};
 use retinue_store::{
     Clock, DelegationConfig, LoadedConfig, Lookup, NewSession, ProcProbe, RegistryRead,
     RetainedChild, SessionStore, SystemClock, TombstoneReason, Unaddressable, UsageAttribution,
     UsageTotals, iso8601,
 };
+use retinue_tools::{Toolbox, ToolboxConfig};
 use retinue_usage::{
     budget_json, child_breakdown, fold_usage, load_child_usage_attributions,
     load_child_usage_totals, load_lineage_usage_totals,
@@ -527,7 +528,7 @@ pub(crate) fn delegator(
 pub(crate) fn configured_runtime(
     env: &Env,
     args: &DelegateArgs,
-) -> Result<(ChatRuntime, DelegationConfig)> {
+) -> Result<(ChatRuntime, DelegationConfig, Arc<Toolbox>)> {
     let loaded = LoadedConfig::load(&env.home);
     if !loaded.errors.is_empty() {
         // Fail closed: an invalid budget is never "no limit" (no model call).
@@ -556,9 +557,53 @@ pub(crate) fn configured_runtime(
             env.home.join("config.yaml").display()
         )));
     }
-    let runtime = ChatRuntime::new(runtime_config, Arc::new(NoTools))
-        .map_err(|e| CliError::Usage(e.to_string()))?;
-    Ok((runtime, config))
+    let toolbox = Arc::new(Toolbox::new(ToolboxConfig {
+        terminal: config.terminal.clone(),
+        sandbox_helper: sandbox_helper(),
+        mcp_servers: loaded.mcp_servers,
+    }));
+    let tools: Arc<dyn retinue_runtime::ToolExecutor> = toolbox.clone();
+    let runtime =
+        ChatRuntime::new(runtime_config, tools).map_err(|e| CliError::Usage(e.to_string()))?;
+    Ok((runtime, config, toolbox))
+}
+
+/// The terminal's sandbox helper: this binary's hidden `__sandbox` mode.
+fn sandbox_helper() -> Option<retinue_tools::terminal::Helper> {
+    std::env::current_exe().ok().map(|program| retinue_tools::terminal::Helper {
+        program,
+        prefix: vec![crate::SANDBOX_SUBCOMMAND.into()],
+    })
+}
+
+/// The toolsets a parent run by this process grants its children: the
+/// configured ones, and each MCP server's.
+pub(crate) fn parent_toolsets(config: &DelegationConfig, toolbox: &Toolbox) -> Vec<String> {
+    let mut t = config.toolsets.clone();
+    for m in toolbox.mcp_toolsets() {
+        if !t.contains(&m) {
+            t.push(m);
+        }
+    }
+    t
+}
+
+/// The `--workspace` directory (default: the current one), canonical.
+fn workspace_of(args: &DelegateArgs) -> Result<std::path::PathBuf> {
+    let dir = match &args.workspace {
+        Some(d) => d.clone(),
+        None => std::env::current_dir().map_err(|e| {
+            CliError::Usage(format!(
+                "the working directory cannot be read ({e}); pass --workspace DIR"
+            ))
+        })?,
+    };
+    let real = std::fs::canonicalize(&dir)
+        .map_err(|e| CliError::Usage(format!("--workspace {}: {e}", dir.display())))?;
+    if !real.is_dir() {
+        return Err(CliError::Usage(format!("--workspace {} is not a directory", dir.display())));
+    }
+    Ok(real)
 }
 
 /// A new top-level session (source `cli`) to act as the parent.
@@ -579,7 +624,8 @@ fn new_parent(store: &dyn SessionStore) -> Result<String> {
 /// `retinue delegate [--parent SESSION] (--goal TEXT | --tasks JSON) [--follow-up ID]
 /// [--model M] [--base-url URL]`.
 pub(crate) fn delegate(env: &Env, args: &DelegateArgs) -> Result<Output> {
-    let (runtime, config) = configured_runtime(env, args)?;
+    let (runtime, config, toolbox) = configured_runtime(env, args)?;
+    let workspace = workspace_of(args)?;
     // The arguments are checked before anything is written.
     let mut call = serde_json::Map::new();
     if let Some(goal) = &args.goal {
@@ -590,6 +636,9 @@ pub(crate) fn delegate(env: &Env, args: &DelegateArgs) -> Result<Output> {
     }
     if let Some(target) = &args.follow_up {
         call.insert("follow_up".into(), json!(target));
+    }
+    if let Some(t) = &args.toolsets {
+        call.insert("toolsets".into(), json!(t));
     }
     let request = match DelegateRequest::from_json(&Value::Object(call)) {
         Ok(r) => r,
@@ -626,11 +675,15 @@ pub(crate) fn delegate(env: &Env, args: &DelegateArgs) -> Result<Output> {
         Some(p) => (p.trim().to_owned(), false),
         None => (new_parent(&*store.sessions)?, true),
     };
+    let toolsets = parent_toolsets(&config, &toolbox);
     let tool = delegator(&store, Arc::new(runtime), config, &env.profile);
+    toolbox.set_delegator(tool.clone());
     let parent_row = store.sessions.session(&parent_id)?;
     let parent = ParentContext {
         session_id: Some(parent_id.clone()),
         model: parent_row.as_ref().and_then(|r| r.model.clone()),
+        toolsets,
+        workspace: Some(workspace),
         ..ParentContext::default()
     };
     // SIGINT/SIGTERM cancel the children: each bills what it spent, the unit

@@ -107,7 +107,16 @@ fn json_error(message: &str, code: &str) -> String {
     serde_json::to_string_pretty(&v).map_or_else(|_| String::new(), |s| s + "\n")
 }
 
+/// The hidden first argument that turns `retinue` into the terminal's
+/// sandbox helper (`retinue __sandbox --workspace DIR --tmp DIR -- CMD`).
+pub(crate) const SANDBOX_SUBCOMMAND: &str = "__sandbox";
+
 fn main() -> ExitCode {
+    let mut argv = std::env::args_os().skip(1);
+    if argv.next().is_some_and(|a| a == SANDBOX_SUBCOMMAND) {
+        let code = retinue_tools::sandbox::helper_main(argv.collect());
+        return ExitCode::from(u8::try_from(code).unwrap_or(1));
+    }
     init_logging();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,

@@ -43,6 +43,8 @@ pub(crate) fn run(env: &Env, args: &McpArgs) -> Result<Output> {
         goal: None,
         tasks: None,
         follow_up: None,
+        workspace: None,
+        toolsets: None,
     };
     // No model configured: the registry tools still work, and delegate_task
     // answers with the message naming the keys to set.
@@ -82,10 +84,14 @@ pub(crate) fn run(env: &Env, args: &McpArgs) -> Result<Output> {
     };
     let parent =
         retinue_mcp::resolve_session(&*store.sessions, &choice, &env.profile).map_err(mcp_error)?;
+    let mut parent_toolsets = Vec::new();
     let delegator = match runtime {
-        Ok((runtime, config)) => {
+        Ok((runtime, config, toolbox)) => {
+            parent_toolsets = crate::commands::parent_toolsets(&config, &toolbox);
             let runtime: Arc<dyn ChildRuntime> = Arc::new(runtime);
-            Ok(delegator(&store, runtime, config, &env.profile))
+            let d = delegator(&store, runtime, config, &env.profile);
+            toolbox.set_delegator(d.clone());
+            Ok(d)
         }
         Err(e) => {
             eprintln!("retinue mcp: warning: delegate_task is unavailable: {e}");
@@ -104,6 +110,14 @@ pub(crate) fn run(env: &Env, args: &McpArgs) -> Result<Output> {
             env.profile.as_str(),
         )),
         delegator,
+        // The children work in the project directory the session is keyed
+        // on (or the server's working directory).
+        workspace: parent
+            .project
+            .clone()
+            .or_else(|| std::env::current_dir().ok())
+            .and_then(|p| std::fs::canonicalize(p).ok()),
+        toolsets: parent_toolsets,
     };
     let project = parent.project.as_ref().map(|p| p.display().to_string());
     let server = RetinueServer::new(parts, parent.id.clone(), project, ServerOptions::default());

@@ -66,6 +66,11 @@ pub struct McpParts {
     /// configured): that text is `delegate_task`'s tool error, while the
     /// registry tools keep working.
     pub delegator: Result<Delegator, String>,
+    /// The directory the children's tools work in.
+    pub workspace: Option<std::path::PathBuf>,
+    /// The toolsets this session grants its children (narrowed per call by
+    /// `delegate_task`'s `toolsets`).
+    pub toolsets: Vec<String>,
 }
 
 impl std::fmt::Debug for McpParts {

@@ -199,6 +199,8 @@ impl RetinueServer {
         };
         let parent = ParentContext {
             session_id: Some(self.shared.session.clone()),
+            toolsets: self.shared.parts.toolsets.clone(),
+            workspace: self.shared.parts.workspace.clone(),
             ..ParentContext::default()
         };
         let cancel = CancelToken::new();

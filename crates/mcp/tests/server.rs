@@ -105,6 +105,8 @@ fn server(
         budget: store.config().delegation.budget,
         authority,
         delegator: Ok(delegator),
+        workspace: None,
+        toolsets: Vec::new(),
     };
     let project = parent.project.map(|p| p.display().to_string());
     let options = ServerOptions { progress_interval: Duration::from_millis(50) };

@@ -206,7 +206,12 @@ impl McpServers {
                 )));
             }
             Ok(Err(e)) => {
-                if service.is_closed() {
+                let gone = matches!(
+                    e,
+                    rmcp::service::ServiceError::TransportClosed
+                        | rmcp::service::ServiceError::TransportSend(_)
+                );
+                if gone || service.is_closed() {
                     *server.state.lock().unwrap_or_else(PoisonError::into_inner) =
                         State::Failed { why: format!("it stopped ({e})"), at: Instant::now() };
                     return Err(ToolError::Failed(format!(

@@ -215,9 +215,7 @@ pub fn search_files(ws: &Workspace, args: &Args<'_>) -> Result<String, ToolError
         )));
     }
     let start = ws.inside(args.str_or("path", ".")?)?;
-    if !ws.exists(&start) {
-        return Err(ToolError::Failed(format!("`{}` not found in the workspace", start.shown())));
-    }
+    ws.check(&start)?;
     let file_glob = args.opt_str("file_glob")?.filter(|g| !g.trim().is_empty());
     let glob_of = |g: &str| -> Result<globset::GlobMatcher, ToolError> {
         globset::GlobBuilder::new(g)

@@ -135,16 +135,10 @@ impl Workspace {
         Ok((File::from(fd), u64::try_from(stat.st_size).unwrap_or(0)))
     }
 
-    /// Whether `p` exists (as anything, symlinks included).
-    pub fn exists(&self, p: &Inside) -> bool {
-        rustix::fs::openat2(
-            self.fd.as_fd(),
-            p.rel(),
-            OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::empty(),
-            BENEATH,
-        )
-        .is_ok()
+    /// Checks that `p` exists beneath the root with no symlink on the way
+    /// (itself included).
+    pub fn check(&self, p: &Inside) -> Result<(), ToolError> {
+        self.open_at(p, OFlags::PATH, Mode::empty()).map(drop)
     }
 
     /// Opens a directory beneath the root.

@@ -1,0 +1,611 @@
+//! The toolsets against real files, a real sandbox, a real MCP server and
+//! the runtime talking real HTTP to testkit's fake model.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use retinue_delegate::{
+    CancelToken, ChildHandle, ChildRuntime, ChildSpec, RunInput, SinkError, TranscriptSink,
+};
+use retinue_runtime::{ChatRuntime, RuntimeConfig, ToolError, ToolExecutor};
+use retinue_store::{ExitReason, McpServerConfig, Message, TerminalConfig};
+use retinue_testkit::fake_model::{FakeModel, FakeToolCall, Reply, Usage};
+use retinue_tools::terminal::Helper;
+use retinue_tools::{Toolbox, ToolboxConfig};
+use serde_json::{Value, json};
+
+fn helper() -> Helper {
+    Helper { program: PathBuf::from(env!("CARGO_BIN_EXE_retinue-sandbox")), prefix: Vec::new() }
+}
+
+fn toolbox() -> Toolbox {
+    Toolbox::new(ToolboxConfig {
+        terminal: TerminalConfig::default(),
+        sandbox_helper: Some(helper()),
+        mcp_servers: Vec::new(),
+    })
+}
+
+fn child(ws: &Path, toolsets: &[&str]) -> ChildHandle {
+    ChildHandle {
+        subagent_id: "sa-0-test".into(),
+        session_id: "s-test".into(),
+        toolsets: toolsets.iter().map(|t| (*t).to_owned()).collect(),
+        workspace: Some(ws.to_path_buf()),
+        depth: 1,
+    }
+}
+
+fn ok(r: Result<String, ToolError>) -> Value {
+    let text = r.expect("tool ok");
+    serde_json::from_str(&text).unwrap_or(Value::String(text))
+}
+
+fn refused(r: Result<String, ToolError>) -> String {
+    match r {
+        Err(ToolError::Refused(t)) => t,
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+// ---------------------------------------------------------------- read
+
+#[test]
+fn read_file_numbers_lines_and_paginates() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let text: String = (1..=30).map(|i| format!("line {i}\n")).collect();
+    std::fs::write(dir.path().join("a.txt"), text).expect("write");
+    let tb = toolbox();
+    let c = child(dir.path(), &["read"]);
+    let out = ok(tb.execute(&c, "read_file", &json!({"path": "a.txt", "offset": 5, "limit": 3})));
+    assert_eq!(out["content"], "5|line 5\n6|line 6\n7|line 7");
+    assert_eq!(out["total_lines"], 30);
+    assert_eq!(out["truncated"], true);
+    assert!(out["hint"].as_str().expect("hint").contains("offset=8"));
+    let all = ok(tb.execute(&c, "read_file", &json!({"path": "a.txt"})));
+    assert_eq!(all["truncated"], false);
+    assert!(all["content"].as_str().expect("content").ends_with("30|line 30"));
+    // An absolute path inside the workspace is the same file.
+    let abs = std::fs::canonicalize(dir.path()).expect("canon").join("a.txt");
+    let same = ok(tb.execute(&c, "read_file", &json!({"path": abs, "limit": 1})));
+    assert_eq!(same["content"], "1|line 1");
+}
+
+#[test]
+fn read_file_cuts_at_the_char_budget_on_a_line_boundary_with_next_offset() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let line = "x".repeat(1500);
+    let text: String = (0..200).map(|_| format!("{line}\n")).collect();
+    std::fs::write(dir.path().join("wide.txt"), text).expect("write");
+    let out = ok(toolbox().execute(
+        &child(dir.path(), &["read"]),
+        "read_file",
+        &json!({"path": "wide.txt", "limit": 2000}),
+    ));
+    let content = out["content"].as_str().expect("content");
+    assert!(content.chars().count() <= retinue_tools::read::MAX_READ_CHARS);
+    let shown = content.lines().count() as u64;
+    assert_eq!(out["next_offset"], shown + 1);
+    assert_eq!(out["truncated_by"], "bytes");
+    assert!(content.lines().all(|l| l.ends_with('x')), "cut on a line boundary");
+}
+
+#[test]
+fn read_file_refuses_binary_fifos_devices_and_huge_lines_stay_bounded() {
+    let dir = tempfile::tempdir().expect("tmp");
+    std::fs::write(dir.path().join("bin"), [0u8, 1, 2, 3]).expect("write");
+    let status =
+        std::process::Command::new("mkfifo").arg(dir.path().join("fifo")).status().expect("mkfifo");
+    assert!(status.success());
+    std::os::unix::fs::symlink("/dev/zero", dir.path().join("zero")).expect("link");
+    std::fs::write(dir.path().join("one-line"), "y".repeat(5_000_000)).expect("write");
+    let tb = toolbox();
+    let c = child(dir.path(), &["read"]);
+    assert!(refused(tb.execute(&c, "read_file", &json!({"path": "bin"}))).contains("binary"));
+    // A FIFO with no writer: refused at once, never blocking.
+    assert!(
+        refused(tb.execute(&c, "read_file", &json!({"path": "fifo"}))).contains("not a regular")
+    );
+    assert!(refused(tb.execute(&c, "read_file", &json!({"path": "zero"}))).contains("symbolic"));
+    let out = ok(tb.execute(&c, "read_file", &json!({"path": "one-line"})));
+    let content = out["content"].as_str().expect("content");
+    assert!(content.ends_with("... [truncated]") && content.len() < 3000, "{}", content.len());
+}
+
+/// The path-escape table: every way out is a tool error the model reads,
+/// and nothing outside is read.
+#[test]
+fn paths_that_leave_the_workspace_are_refused() {
+    let outer = tempfile::tempdir().expect("tmp");
+    let ws = outer.path().join("ws");
+    std::fs::create_dir_all(ws.join("sub")).expect("mkdir");
+    std::fs::write(outer.path().join("secret.txt"), "TOP SECRET").expect("write");
+    std::os::unix::fs::symlink(outer.path().join("secret.txt"), ws.join("link-file"))
+        .expect("link");
+    std::os::unix::fs::symlink(outer.path(), ws.join("link-dir")).expect("link");
+    std::os::unix::fs::symlink("sub", ws.join("inner-link")).expect("link");
+    let tb = toolbox();
+    let c = child(&ws, &["file"]);
+    let secret = outer.path().join("secret.txt");
+    let cases = [
+        "../secret.txt".to_owned(),
+        "sub/../../secret.txt".to_owned(),
+        secret.to_string_lossy().into_owned(),
+        "link-file".to_owned(),
+        "link-dir/secret.txt".to_owned(),
+        "inner-link/x".to_owned(),
+        "/proc/self/root/etc/passwd".to_owned(),
+        "/etc/passwd".to_owned(),
+        "~/.bashrc".to_owned(),
+        "a\u{0}b".to_owned(),
+    ];
+    for path in &cases {
+        for (tool, args) in [
+            ("read_file", json!({"path": path})),
+            ("write_file", json!({"path": path, "content": "pwned"})),
+            (
+                "patch",
+                json!({"mode": "replace", "path": path, "old_string": "TOP", "new_string": "X"}),
+            ),
+            ("search_files", json!({"pattern": "SECRET", "path": path})),
+        ] {
+            let r = tb.execute(&c, tool, &args);
+            assert!(
+                matches!(r, Err(ToolError::Refused(_) | ToolError::Failed(_))),
+                "{tool} {path:?} → {r:?}"
+            );
+            if let Ok(text) = &r {
+                assert!(!text.contains("TOP SECRET"));
+            }
+        }
+    }
+    assert_eq!(std::fs::read_to_string(&secret).expect("read"), "TOP SECRET");
+    assert!(!ws.join("sub/x").exists());
+}
+
+#[test]
+fn search_files_finds_content_and_files_honouring_gitignore() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let p = dir.path();
+    std::fs::create_dir_all(p.join("src/auth")).expect("mkdir");
+    std::fs::create_dir_all(p.join("target")).expect("mkdir");
+    std::fs::write(p.join(".gitignore"), "target/\n").expect("write");
+    std::fs::write(p.join("src/auth/login.rs"), "fn login() {}\nfn check_token() {}\n")
+        .expect("write");
+    std::fs::write(p.join("src/main.rs"), "fn main() { login(); }\n").expect("write");
+    std::fs::write(p.join("target/gen.rs"), "fn login() {}\n").expect("write");
+    let tb = toolbox();
+    let c = child(p, &["read"]);
+    let out = ok(tb.execute(&c, "search_files", &json!({"pattern": "login"})));
+    assert_eq!(out["total_count"], 2, "{out}");
+    let paths: Vec<&str> = out["matches"]
+        .as_array()
+        .expect("matches")
+        .iter()
+        .filter_map(|m| m["path"].as_str())
+        .collect();
+    assert_eq!(paths, ["src/auth/login.rs", "src/main.rs"]);
+    assert_eq!(out["matches"][0]["line"], 1);
+    let files = ok(tb.execute(&c, "search_files", &json!({"pattern": "*.rs", "target": "files"})));
+    let mut names: Vec<&str> =
+        files["files"].as_array().expect("files").iter().filter_map(Value::as_str).collect();
+    names.sort_unstable();
+    assert_eq!(names, ["src/auth/login.rs", "src/main.rs"]);
+    let counts = ok(tb.execute(
+        &c,
+        "search_files",
+        &json!({"pattern": "fn ", "output_mode": "count", "path": "src"}),
+    ));
+    assert_eq!(counts["counts"]["src/auth/login.rs"], 2);
+    let bad = tb.execute(&c, "search_files", &json!({"pattern": "("}));
+    assert!(matches!(bad, Err(ToolError::InvalidArguments(t)) if t.contains("invalid regex")));
+}
+
+// ---------------------------------------------------------------- file
+
+#[test]
+fn write_file_and_patch_edit_inside_the_workspace() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let tb = toolbox();
+    let c = child(dir.path(), &["file"]);
+    let out = ok(tb.execute(
+        &c,
+        "write_file",
+        &json!({"path": "new/deep/a.txt", "content": "alpha\nbeta\nalpha\n"}),
+    ));
+    assert_eq!(out["bytes_written"], 17);
+    assert_eq!(out["dirs_created"], true);
+    let file = dir.path().join("new/deep/a.txt");
+    let non_unique = tb.execute(
+        &c,
+        "patch",
+        &json!({"mode": "replace", "path": "new/deep/a.txt", "old_string": "alpha", "new_string": "A"}),
+    );
+    assert!(matches!(non_unique, Err(ToolError::Failed(t)) if t.contains("appears 2 times")));
+    let missing = tb.execute(
+        &c,
+        "patch",
+        &json!({"mode": "replace", "path": "new/deep/a.txt", "old_string": "gamma", "new_string": "G"}),
+    );
+    assert!(matches!(missing, Err(ToolError::Failed(t)) if t.contains("Could not find")));
+    let empty = tb.execute(
+        &c,
+        "patch",
+        &json!({"mode": "replace", "path": "new/deep/a.txt", "old_string": "", "new_string": "G"}),
+    );
+    assert!(matches!(empty, Err(ToolError::InvalidArguments(t)) if t.contains("empty")));
+    assert_eq!(std::fs::read_to_string(&file).expect("read"), "alpha\nbeta\nalpha\n");
+    let done = ok(tb.execute(
+        &c,
+        "patch",
+        &json!({"mode": "replace", "path": "new/deep/a.txt", "old_string": "beta", "new_string": "BETA"}),
+    ));
+    assert_eq!(done["success"], true);
+    let diff = done["diff"].as_str().expect("diff");
+    assert!(diff.contains("-beta\n+BETA"), "{diff}");
+    assert!(diff.contains("--- a/new/deep/a.txt"));
+    let all = ok(tb.execute(
+        &c,
+        "patch",
+        &json!({"path": "new/deep/a.txt", "old_string": "alpha", "new_string": "A", "replace_all": true, "mode": "replace"}),
+    ));
+    assert_eq!(all["success"], true);
+    assert_eq!(std::fs::read_to_string(&file).expect("read"), "A\nBETA\nA\n");
+    let v4a = tb.execute(&c, "patch", &json!({"mode": "patch", "patch": "*** Begin Patch"}));
+    assert!(matches!(v4a, Err(ToolError::InvalidArguments(t)) if t.contains("not supported")));
+}
+
+#[test]
+fn file_tools_are_refused_under_read_and_bad_arguments_are_named() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let tb = toolbox();
+    let c = child(dir.path(), &["read"]);
+    let names: Vec<String> = tb
+        .definitions(&c)
+        .iter()
+        .filter_map(|d| d["function"]["name"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(names, ["read_file", "search_files"]);
+    let r = tb.execute(&c, "write_file", &json!({"path": "x", "content": "y"}));
+    assert!(refused(r).contains("not in this child's toolsets"));
+    assert!(!dir.path().join("x").exists());
+    let r = tb.execute(&c, "terminal", &json!({"command": "touch x"}));
+    assert!(refused(r).contains("not in this child's toolsets"));
+    for (tool, args, want) in [
+        ("read_file", json!({}), "missing required argument `path`"),
+        ("read_file", json!({"path": 7}), "`path` must be a string"),
+        ("read_file", json!({"path": "a", "offset": -1}), "`offset` must be a whole number"),
+        ("read_file", json!({"path": "x".repeat(5 << 20)}), "at most"),
+        ("search_files", json!({"pattern": "a", "target": "web"}), "`target` must be"),
+    ] {
+        match tb.execute(&c, tool, &args) {
+            Err(ToolError::InvalidArguments(t)) => assert!(t.contains(want), "{t}"),
+            other => panic!("{tool} {args}: {other:?}"),
+        }
+    }
+    assert!(matches!(tb.execute(&c, "no_such_tool", &json!({})), Err(ToolError::Unknown { .. })));
+    let none = ChildHandle { workspace: None, ..c };
+    assert!(
+        refused(tb.execute(&none, "read_file", &json!({"path": "a"}))).contains("no workspace")
+    );
+}
+
+// ---------------------------------------------------------------- terminal
+
+fn term(ws: &Path, args: Value) -> Value {
+    ok(toolbox().execute(&child(ws, &["terminal"]), "terminal", &args))
+}
+
+#[test]
+fn terminal_runs_in_the_workspace_with_a_scrubbed_environment() {
+    let dir = tempfile::tempdir().expect("tmp");
+    std::fs::create_dir(dir.path().join("sub")).expect("mkdir");
+    let out =
+        term(dir.path(), json!({"command": "echo hi > made.txt; cat made.txt; pwd; env | sort"}));
+    assert_eq!(out["exit_code"], 0, "{out}");
+    let text = out["output"].as_str().expect("output");
+    assert!(text.starts_with("hi\n"), "{text}");
+    assert!(dir.path().join("made.txt").exists());
+    let keys: Vec<&str> = text.lines().skip(2).filter_map(|l| l.split('=').next()).collect();
+    for k in &keys {
+        assert!(
+            [
+                "PATH", "TERM", "HOME", "TMPDIR", "LANG", "LC_ALL", "TZ", "PWD", "SHLVL", "_",
+                "OLDPWD"
+            ]
+            .contains(k),
+            "unexpected variable {k} in {text}"
+        );
+    }
+    let sub = term(dir.path(), json!({"command": "pwd", "workdir": "sub"}));
+    assert!(sub["output"].as_str().expect("out").ends_with("/sub"));
+    let code = term(dir.path(), json!({"command": "exit 7"}));
+    assert_eq!(code["exit_code"], 7);
+    let escape = toolbox().execute(
+        &child(dir.path(), &["terminal"]),
+        "terminal",
+        &json!({"command": "pwd", "workdir": "../"}),
+    );
+    assert!(matches!(escape, Err(ToolError::Refused(_))));
+}
+
+#[test]
+fn terminal_writes_outside_and_connections_fail() {
+    let outer = tempfile::tempdir().expect("tmp");
+    let ws = outer.path().join("ws");
+    std::fs::create_dir(&ws).expect("mkdir");
+    let target = outer.path().join("outside.txt");
+    let out = term(&ws, json!({"command": format!("echo pwned > {}", target.display())}));
+    assert_ne!(out["exit_code"], 0, "{out}");
+    assert!(!target.exists(), "a write outside the workspace must fail");
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.set_nonblocking(true).expect("nonblocking");
+    let port = listener.local_addr().expect("addr").port();
+    let out = term(
+        &ws,
+        json!({"command": format!("bash -c 'echo hi > /dev/tcp/127.0.0.1/{port}' && echo CONNECTED")}),
+    );
+    assert!(!out["output"].as_str().expect("out").contains("CONNECTED"), "{out}");
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(listener.accept().is_err(), "nothing may reach a local port");
+}
+
+#[test]
+fn terminal_timeout_kills_the_whole_group() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let marker = "61.4242";
+    let out = term(
+        dir.path(),
+        json!({"command": format!("sleep {marker} & sleep {marker}"), "timeout": 2}),
+    );
+    assert_eq!(out["exit_code"], 124, "{out}");
+    assert!(out["error"].as_str().expect("error").contains("timed out"));
+    std::thread::sleep(Duration::from_millis(200));
+    let left: Vec<String> = std::fs::read_dir("/proc")
+        .expect("proc")
+        .flatten()
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.contains(marker))
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
+
+#[test]
+fn terminal_output_is_capped_head_and_tail_and_a_fork_bomb_ends() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let out = term(dir.path(), json!({"command": "seq 1 200000"}));
+    let text = out["output"].as_str().expect("out");
+    assert!(text.starts_with("1\n2\n"));
+    assert!(text.ends_with("200000"));
+    assert!(text.contains("[OUTPUT TRUNCATED"));
+    assert!(text.chars().count() < retinue_tools::terminal::MAX_OUTPUT_CHARS + 200);
+    // Forks without end: the process cap stops it, the timeout ends it.
+    let bomb = term(
+        dir.path(),
+        json!({"command": "b() { b | b & }; b; sleep 1; echo survived", "timeout": 5}),
+    );
+    assert!(bomb.get("exit_code").is_some(), "{bomb}");
+    let big = toolbox().execute(
+        &child(dir.path(), &["terminal"]),
+        "terminal",
+        &json!({"command": "true", "timeout": 100_000}),
+    );
+    assert!(matches!(big, Err(ToolError::InvalidArguments(t)) if t.contains("maximum")));
+}
+
+#[test]
+fn without_a_helper_the_terminal_is_refused_unless_sandbox_is_off() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let tb = Toolbox::new(ToolboxConfig::default());
+    let c = child(dir.path(), &["terminal"]);
+    let text = refused(tb.execute(&c, "terminal", &json!({"command": "true"})));
+    assert!(text.contains("sandbox cannot be set up") && text.contains("sandbox: off"), "{text}");
+    let off = Toolbox::new(ToolboxConfig {
+        terminal: TerminalConfig { sandbox: false, ..TerminalConfig::default() },
+        ..ToolboxConfig::default()
+    });
+    let out = ok(off.execute(&c, "terminal", &json!({"command": "echo ran"})));
+    assert_eq!(out["output"], "ran");
+    assert!(out["warning"].as_str().expect("warning").contains("without a sandbox"));
+}
+
+// ---------------------------------------------------------------- MCP
+
+fn fake_mcp() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let exe = std::env::current_exe().expect("exe");
+        let dir = exe.parent().and_then(Path::parent).expect("target dir").to_path_buf();
+        let bin = dir.join("retinue-fake-mcp");
+        if !bin.exists() {
+            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+            let status = std::process::Command::new(cargo)
+                .args(["build", "-p", "retinue-testkit", "--bin", "retinue-fake-mcp"])
+                .status()
+                .expect("cargo build");
+            assert!(status.success());
+        }
+        bin
+    })
+    .clone()
+}
+
+fn mcp_box(servers: Vec<McpServerConfig>) -> Toolbox {
+    Toolbox::new(ToolboxConfig { mcp_servers: servers, ..ToolboxConfig::default() })
+}
+
+fn fake_server(name: &str) -> McpServerConfig {
+    McpServerConfig {
+        name: name.into(),
+        command: Some(fake_mcp().to_string_lossy().into_owned()),
+        timeout_seconds: 20.0,
+        ..McpServerConfig::default()
+    }
+}
+
+#[test]
+fn an_mcp_server_offers_its_tools_and_a_crash_leaves_them_unavailable() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let mut config = fake_server("fake.srv");
+    config.exclude = vec!["fail".into()];
+    let tb = mcp_box(vec![config]);
+    assert_eq!(tb.mcp_toolsets(), ["mcp-fake.srv"]);
+    let c = child(dir.path(), &["mcp-fake.srv"]);
+    let names: Vec<String> = tb
+        .definitions(&c)
+        .iter()
+        .filter_map(|d| d["function"]["name"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(names, ["mcp__fake_srv__echo", "mcp__fake_srv__add", "mcp__fake_srv__crash"]);
+    assert_eq!(
+        tb.execute(&c, "mcp__fake_srv__echo", &json!({"text": "hello"})).expect("echo"),
+        "hello"
+    );
+    assert_eq!(tb.execute(&c, "mcp__fake_srv__add", &json!({"a": 2, "b": 3})).expect("add"), "5");
+    // Not offered to a child without the toolset.
+    let other = child(dir.path(), &["read"]);
+    assert!(matches!(
+        tb.execute(&other, "mcp__fake_srv__echo", &json!({"text": "x"})),
+        Err(ToolError::Unknown { .. })
+    ));
+    let crash = tb.execute(&c, "mcp__fake_srv__crash", &json!({}));
+    assert!(matches!(&crash, Err(ToolError::Failed(t)) if t.contains("fake.srv")), "{crash:?}");
+    let after = tb.execute(&c, "mcp__fake_srv__echo", &json!({"text": "again"}));
+    assert!(
+        matches!(&after, Err(ToolError::Failed(t)) if t.contains("unavailable") || t.contains("stopped")),
+        "{after:?}"
+    );
+}
+
+#[test]
+fn an_mcp_server_that_cannot_start_gives_a_clear_tool_result() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let tb = mcp_box(vec![McpServerConfig {
+        name: "gone".into(),
+        command: Some("/nonexistent/mcp-server".into()),
+        timeout_seconds: 5.0,
+        ..McpServerConfig::default()
+    }]);
+    let c = child(dir.path(), &["mcp-gone"]);
+    assert!(tb.definitions(&c).is_empty());
+    let r = tb.execute(&c, "mcp__gone__anything", &json!({}));
+    assert!(
+        matches!(&r, Err(ToolError::Failed(t)) if t.contains("`gone` is unavailable")),
+        "{r:?}"
+    );
+}
+
+// ---------------------------------------------------------------- runtime
+
+#[derive(Default)]
+struct Transcript(Mutex<Vec<Message>>);
+
+impl TranscriptSink for Transcript {
+    fn append(&self, message: &Message) -> Result<(), SinkError> {
+        self.0.lock().expect("lock").push(message.clone());
+        Ok(())
+    }
+}
+
+fn run_child(
+    server: &FakeModel,
+    ws: &Path,
+    toolsets: &[&str],
+    stream: bool,
+) -> (Vec<Message>, ExitReason) {
+    let mut config = RuntimeConfig::new(server.base_url(), "fake/model").with_api_key("sk-test");
+    config.stream = stream;
+    config.request_timeout = Duration::from_secs(20);
+    let rt = ChatRuntime::new(config, Arc::new(toolbox())).expect("runtime");
+    let spec = ChildSpec {
+        subagent_id: "sa-0-run".into(),
+        session_id: "s-run".into(),
+        toolsets: toolsets.iter().map(|t| (*t).to_owned()).collect(),
+        workspace: Some(ws.to_path_buf()),
+        depth: 1,
+        ..ChildSpec::default()
+    };
+    let handle = rt.build(&spec).expect("build");
+    let sink = Transcript::default();
+    let input =
+        RunInput { user_message: "survey".into(), history: Vec::new(), system_prompt: None };
+    let out = rt.run(&handle, &input, &sink, &CancelToken::new());
+    let all = sink.0.lock().expect("lock").clone();
+    (all, out.exit_reason)
+}
+
+#[test]
+fn a_child_reads_a_file_through_the_model_loop_plain_and_streamed() {
+    for stream in [false, true] {
+        let dir = tempfile::tempdir().expect("tmp");
+        std::fs::write(dir.path().join("notes.md"), "the key fact\n").expect("write");
+        let server = FakeModel::start();
+        server.push(
+            Reply::tool_calls(vec![
+                FakeToolCall::new("c1", "read_file", &json!({"path": "notes.md"})),
+                FakeToolCall::new("c2", "search_files", &json!({"pattern": "key"})),
+                FakeToolCall::new("c3", "write_file", &json!({"path": "x", "content": "y"})),
+            ])
+            .with_usage(Usage::new(10, 5)),
+        );
+        server.push(Reply::text("done: the key fact").with_usage(Usage::new(20, 5)));
+        let (rows, exit) = run_child(&server, dir.path(), &["read"], stream);
+        assert_eq!(exit, ExitReason::Completed);
+        let roles: Vec<&str> = rows.iter().map(|m| m.role.as_str()).collect();
+        assert_eq!(roles, ["assistant", "tool", "tool", "tool", "assistant"]);
+        // Results keep the calls' order and carry their ids and names.
+        let ids: Vec<&str> = rows[1..4].iter().filter_map(|m| m.tool_call_id.as_deref()).collect();
+        assert_eq!(ids, ["c1", "c2", "c3"]);
+        assert_eq!(rows[1].tool_name.as_deref(), Some("read_file"));
+        assert!(rows[1].content.as_deref().expect("c").contains("1|the key fact"));
+        assert!(rows[3].content.as_deref().expect("c").contains("unknown tool `write_file`"));
+        assert!(!dir.path().join("x").exists());
+        let calls: Value =
+            serde_json::from_str(rows[0].tool_calls.as_deref().expect("calls")).expect("json");
+        assert_eq!(calls.as_array().expect("array").len(), 3);
+        // The second request carried every result right after its call.
+        let second = &server.requests()[1];
+        let msgs = second.messages();
+        let tail: Vec<&str> = msgs.iter().filter_map(|m| m["role"].as_str()).collect();
+        assert_eq!(tail, ["user", "assistant", "tool", "tool", "tool"]);
+        let reqs = server.requests();
+        let offered: Vec<&str> = reqs[0].body["tools"]
+            .as_array()
+            .expect("tools")
+            .iter()
+            .filter_map(|t| t["function"]["name"].as_str())
+            .collect();
+        assert_eq!(offered, ["read_file", "search_files"]);
+    }
+}
+
+#[test]
+fn a_tool_call_loop_ends_at_max_iterations() {
+    let dir = tempfile::tempdir().expect("tmp");
+    std::fs::write(dir.path().join("a"), "a\n").expect("write");
+    let server = FakeModel::start();
+    server.set_default(Reply::tool_call("loop", "read_file", json!({"path": "a"})));
+    let mut config = RuntimeConfig::new(server.base_url(), "fake/model").with_api_key("sk-test");
+    config.max_iterations = 4;
+    let rt = ChatRuntime::new(config, Arc::new(toolbox())).expect("runtime");
+    let spec = ChildSpec {
+        subagent_id: "sa-0-loop".into(),
+        session_id: "s-loop".into(),
+        toolsets: vec!["read".into()],
+        workspace: Some(dir.path().to_path_buf()),
+        ..ChildSpec::default()
+    };
+    let handle = rt.build(&spec).expect("build");
+    let sink = Transcript::default();
+    let input = RunInput { user_message: "go".into(), history: Vec::new(), system_prompt: None };
+    let out = rt.run(&handle, &input, &sink, &CancelToken::new());
+    assert_eq!(out.exit_reason, ExitReason::MaxIterations);
+    assert_eq!(server.request_count(), 4);
+    // The transcript stays valid: every call has its result.
+    let rows = sink.0.lock().expect("lock").clone();
+    let calls = rows.iter().filter(|m| m.role == "assistant").count();
+    let results = rows.iter().filter(|m| m.role == "tool").count();
+    assert_eq!(calls, results);
+}
