@@ -206,6 +206,55 @@ fn to_wire(m: &Message) -> Option<Value> {
     }
 }
 
+/// A stored transcript as a request every OpenAI-compatible server
+/// accepts: each assistant row's tool calls followed at once by their
+/// results, in the calls' order. A call whose result was never written (a
+/// run stopped mid-tools) gets a stated placeholder; a result whose call is
+/// not right before it (an orphan, or a duplicate) is dropped.
+pub(crate) fn wire_history(history: &[Message]) -> Vec<Value> {
+    let mut out: Vec<Value> = Vec::new();
+    let rows: Vec<&Message> = history.iter().filter(|m| m.role != "system").collect();
+    let mut i = 0;
+    while i < rows.len() {
+        let m = rows[i];
+        i += 1;
+        if m.role == "tool" {
+            // Results are only taken right after their call (below).
+            continue;
+        }
+        let Some(wire) = to_wire(m) else { continue };
+        let ids: Vec<String> = wire
+            .get("tool_calls")
+            .and_then(Value::as_array)
+            .map(|calls| calls.iter().filter_map(|c| c["id"].as_str().map(str::to_owned)).collect())
+            .unwrap_or_default();
+        out.push(wire);
+        if ids.is_empty() {
+            continue;
+        }
+        let mut results: HashMap<String, Value> = HashMap::new();
+        while i < rows.len() && rows[i].role == "tool" {
+            if let Some(r) = to_wire(rows[i])
+                && let Some(id) = rows[i].tool_call_id.as_deref()
+                && ids.iter().any(|c| c == id)
+            {
+                results.entry(id.to_owned()).or_insert(r);
+            }
+            i += 1;
+        }
+        for id in ids {
+            out.push(results.remove(&id).unwrap_or_else(|| {
+                json!({
+                    "role": "tool",
+                    "tool_call_id": id,
+                    "content": "{\"error\": \"no result: the run stopped before this tool call finished\"}",
+                })
+            }));
+        }
+    }
+    out
+}
+
 fn add(total: &mut RunTokens, t: &RunTokens) {
     total.input = total.input.saturating_add(t.input);
     total.output = total.output.saturating_add(t.output);
@@ -292,7 +341,7 @@ impl Run<'_> {
         if let Some(system) = input.system_prompt.as_deref().filter(|s| !s.is_empty()) {
             messages.push(json!({"role": "system", "content": system}));
         }
-        messages.extend(input.history.iter().filter(|m| m.role != "system").filter_map(to_wire));
+        messages.extend(wire_history(&input.history));
         messages.push(json!({"role": "user", "content": input.user_message}));
         let max = self.settings.max_iterations.max(1);
         let mut calls: u32 = 0;
@@ -540,6 +589,69 @@ impl Run<'_> {
 /// A tool error as hermes writes it: `{"error": TEXT}`.
 fn tool_error(text: &str) -> String {
     json!({ "error": text }).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(role: &str, content: &str) -> Message {
+        Message { role: role.into(), content: Some(content.into()), ..Message::default() }
+    }
+
+    fn call(ids: &[&str]) -> Message {
+        let calls: Vec<Value> = ids
+            .iter()
+            .map(|id| json!({"id": id, "type": "function", "function": {"name": "read_file", "arguments": "{}"}}))
+            .collect();
+        Message {
+            role: "assistant".into(),
+            tool_calls: Some(Value::Array(calls).to_string()),
+            ..Message::default()
+        }
+    }
+
+    fn result(id: &str) -> Message {
+        Message {
+            tool_call_id: Some(id.into()),
+            tool_name: Some("read_file".into()),
+            ..m("tool", &format!("out {id}"))
+        }
+    }
+
+    fn shape(v: &[Value]) -> Vec<String> {
+        v.iter()
+            .map(|w| match w["role"].as_str() {
+                Some("tool") => format!("tool:{}", w["tool_call_id"].as_str().unwrap_or("?")),
+                Some(r) => r.to_owned(),
+                None => "?".into(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn tool_rows_follow_their_call_in_order_and_gaps_are_filled() {
+        let history = vec![
+            m("system", "s"),
+            m("user", "go"),
+            call(&["a", "b"]),
+            result("b"),
+            result("a"),
+            result("zzz"),
+            m("user", "steer"),
+            call(&["c"]),
+            // the run stopped: c has no result
+            m("user", "follow-up"),
+            result("orphan"),
+        ];
+        let wire = wire_history(&history);
+        assert_eq!(
+            shape(&wire),
+            ["user", "assistant", "tool:a", "tool:b", "user", "assistant", "tool:c", "user"]
+        );
+        assert!(wire[6]["content"].as_str().is_some_and(|c| c.contains("no result")));
+        assert_eq!(wire[2]["content"], "out a");
+    }
 }
 
 impl ChildRuntime for ChatRuntime {
