@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use retinue_delegate::ParentContext;
 use retinue_lineage::{check_follow_up_authority, lineage_chain, root};
-use retinue_runtime::{ChatRuntime, NoTools, RuntimeConfig};
+use retinue_runtime::{ChatRuntime, RuntimeConfig};
 use retinue_store::DelegationConfig;
 use retinue_store::{
     ChildManifest, Claims, Clock, DeliveryFilter, LoadedConfig, Lookup, ManualClock, NewSession,
@@ -68,13 +68,30 @@ const FOLLOW_UP: &str = "Follow-up: which index answers a lookup by subagent id?
 const FOLLOW_UP_REPLY: &str =
     "retinue_idx_children_subagent: a lookup by id never scans children_json.";
 
+/// The file the storage survey reads in the demo's workspace.
+const NOTES_FILE: &str = "STORAGE.md";
+const NOTES: &str = "# Storage\n\nThe store owns one SQLite file; every write is a single \
+                     BEGIN IMMEDIATE transaction.\n";
+
 /// The demo's model: testkit's fake OpenAI-compatible server on 127.0.0.1,
 /// answering each task (and the follow-up) with its scripted reply and usage.
-/// The children reach it through the real runtime, over real HTTP.
+/// The storage survey first reads `STORAGE.md` in its workspace with a
+/// `read_file` tool call. The children reach it through the real runtime,
+/// over real HTTP.
 fn fake_model() -> FakeModel {
     let model = FakeModel::start();
     model.set_handler(|request| {
         let messages = request.messages();
+        let first = messages.iter().find(|m| m["role"] == "user");
+        let surveying =
+            first.and_then(|m| m["content"].as_str()).is_some_and(|t| t.contains(TASKS[0].0));
+        let read_yet = messages.iter().any(|m| m["role"] == "tool");
+        if surveying && !read_yet {
+            return Some(
+                Reply::tool_call("call-read-1", "read_file", json!({ "path": NOTES_FILE }))
+                    .with_usage(Usage::new(600, 40).cost(0.0)),
+            );
+        }
         let last = messages.iter().rev().find(|m| m["role"] == "user")?;
         let text = last["content"].as_str().unwrap_or_default();
         let (reply, input, output, cost) = if text.contains("Follow-up:") {
@@ -100,8 +117,10 @@ fn demo_runtime(model: &FakeModel) -> Result<(ChatRuntime, DelegationConfig)> {
         api_key: "demo-key".to_owned(),
         ..DelegationConfig::default()
     };
+    // The children get the default `read` toolset over the demo's workspace.
+    let tools = Arc::new(retinue_tools::Toolbox::new(retinue_tools::ToolboxConfig::default()));
     let runtime = RuntimeConfig::from_delegation(&config)
-        .and_then(|c| ChatRuntime::new(c, Arc::new(NoTools)))
+        .and_then(|c| ChatRuntime::new(c, tools))
         .map_err(|e| CliError::Failed(format!("cannot start the demo's runtime: {e}")))?;
     Ok((runtime, config))
 }
@@ -249,6 +268,7 @@ pub(crate) fn run(env: &Env, home: Option<&Path>) -> Result<Output> {
     let created_dir = home.is_some_and(|d| !d.exists());
     // Only a database this run creates is ever removed.
     let fresh = home.is_some_and(|d| !d.join("state.db").exists());
+    let home_had_workspace = home.is_some_and(|d| d.join("demo-workspace").exists());
     let out = run_story(env, home);
     if out.is_err()
         && fresh
@@ -256,6 +276,11 @@ pub(crate) fn run(env: &Env, home: Option<&Path>) -> Result<Output> {
     {
         for name in ["state.db", "state.db-wal", "state.db-shm", "state.db-journal"] {
             let _ = std::fs::remove_file(dir.join(name));
+        }
+        // The children's workspace, when this run made it.
+        if !home_had_workspace {
+            let _ = std::fs::remove_file(dir.join("demo-workspace").join(NOTES_FILE));
+            let _ = std::fs::remove_dir(dir.join("demo-workspace"));
         }
         if created_dir {
             let _ = std::fs::remove_dir(dir);
@@ -294,10 +319,13 @@ fn run_story(env: &Env, home: Option<&Path>) -> Result<Output> {
     let backend = crate::backend::Backend::from_sqlite(store.clone());
     let tool = delegator(&backend, Arc::new(runtime), config, &profile);
     let tasks: Vec<Value> = TASKS.iter().map(|t| json!({ "goal": t.0 })).collect();
-    let out = tool_ok(
-        "delegate_task",
-        tool.delegate_task(&json!({ "tasks": tasks }), Some(&parent_ctx(PARENT))),
-    )?;
+    let workspace = home.join("demo-workspace");
+    std::fs::create_dir_all(&workspace)
+        .and_then(|()| std::fs::write(workspace.join(NOTES_FILE), NOTES))
+        .map_err(|e| failed("cannot write the demo's workspace", e))?;
+    let parent = ParentContext { workspace: Some(workspace.clone()), ..parent_ctx(PARENT) };
+    let out =
+        tool_ok("delegate_task", tool.delegate_task(&json!({ "tasks": tasks }), Some(&parent)))?;
     let delegation_id = str_at(&out, &["delegation_id"]).to_owned();
     let results = out.get("results").and_then(Value::as_array).cloned().unwrap_or_default();
     let ids: Vec<(String, String)> = results
@@ -316,7 +344,10 @@ fn run_story(env: &Env, home: Option<&Path>) -> Result<Output> {
             para(&format!(
                 "{PARENT} calls delegate_task with tasks=[…3 goals…]. One durable unit \
                  ({delegation_id}) and three child sessions were written before any child \
-                 started; the results:"
+                 started. Each child has the `read` toolset over the workspace {}: the \
+                 storage survey called read_file on {NOTES_FILE} before answering (its \
+                 transcript keeps the tool call and its result). The results:",
+                workspace.display()
             )),
             delegate_human(&out)
         ),
@@ -369,17 +400,33 @@ fn run_story(env: &Env, home: Option<&Path>) -> Result<Output> {
         "follow-up",
         tool.delegate_task(
             &json!({ "follow_up": sa0, "goal": FOLLOW_UP }),
-            Some(&parent_ctx(CONTINUATION)),
+            Some(&ParentContext { workspace: Some(workspace.clone()), ..parent_ctx(CONTINUATION) }),
         ),
     )?;
     let transcript = store.conversation(&sid0)?;
     let mut t = Table::new(&["#", "ROLE", "CONTENT"]);
     for (i, m) in transcript.iter().enumerate() {
-        t.row(vec![
-            (i + 1).to_string(),
-            m.role.clone(),
-            clip(m.content.as_deref().unwrap_or(""), 70),
-        ]);
+        // An assistant turn that called tools shows the calls.
+        let calls: Vec<String> = m
+            .tool_calls
+            .as_deref()
+            .and_then(|t| serde_json::from_str::<Value>(t).ok())
+            .and_then(|v| v.as_array().cloned())
+            .unwrap_or_default()
+            .iter()
+            .map(|c| {
+                format!(
+                    "→ {}({})",
+                    c["function"]["name"].as_str().unwrap_or("?"),
+                    c["function"]["arguments"].as_str().unwrap_or("")
+                )
+            })
+            .collect();
+        let content = match m.content.as_deref().filter(|c| !c.is_empty()) {
+            Some(c) => c.to_owned(),
+            None => calls.join(" "),
+        };
+        t.row(vec![(i + 1).to_string(), m.role.clone(), clip(&content, 70)]);
     }
     let refreshed = match store.lookup(&sa0)? {
         Lookup::Addressable(e) => when(e.retained_at),

@@ -860,7 +860,8 @@ fn demo_json_tells_the_whole_lifecycle() {
         .iter()
         .map(|m| m["role"].as_str().expect("role"))
         .collect();
-    assert_eq!(roles, ["system", "user", "assistant", "user", "assistant"]);
+    // The storage survey read a file in its workspace before answering.
+    assert_eq!(roles, ["system", "user", "assistant", "tool", "assistant", "user", "assistant"]);
     for attempt in step("refused")["attempts"].as_array().expect("attempts") {
         assert_eq!(attempt["denial"], "lineage");
     }
@@ -976,6 +977,7 @@ fn a_demo_that_fails_midway_leaves_nothing_half_built() {
                 .collect();
             left.sort();
             assert_eq!(left, ["config.yaml"], "{at}: half-built files left");
+            assert!(!dir.join("demo-workspace").exists());
         }
     }
 }

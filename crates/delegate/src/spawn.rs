@@ -21,8 +21,6 @@ use crate::results::{ChildReport, SessionSink, status_of};
 use crate::runtime::{CancelReason, CancelToken, ChildHandle, ChildOutcome, ChildSpec, RunInput};
 use crate::{Inner, ParentContext, texts};
 
-/// Toolsets a child never inherits.
-
 pub(crate) fn random_hex(bytes: usize) -> String {
     let mut buf = vec![0u8; bytes];
     if getrandom::fill(&mut buf).is_err() {

@@ -591,69 +591,6 @@ fn tool_error(text: &str) -> String {
     json!({ "error": text }).to_string()
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn m(role: &str, content: &str) -> Message {
-        Message { role: role.into(), content: Some(content.into()), ..Message::default() }
-    }
-
-    fn call(ids: &[&str]) -> Message {
-        let calls: Vec<Value> = ids
-            .iter()
-            .map(|id| json!({"id": id, "type": "function", "function": {"name": "read_file", "arguments": "{}"}}))
-            .collect();
-        Message {
-            role: "assistant".into(),
-            tool_calls: Some(Value::Array(calls).to_string()),
-            ..Message::default()
-        }
-    }
-
-    fn result(id: &str) -> Message {
-        Message {
-            tool_call_id: Some(id.into()),
-            tool_name: Some("read_file".into()),
-            ..m("tool", &format!("out {id}"))
-        }
-    }
-
-    fn shape(v: &[Value]) -> Vec<String> {
-        v.iter()
-            .map(|w| match w["role"].as_str() {
-                Some("tool") => format!("tool:{}", w["tool_call_id"].as_str().unwrap_or("?")),
-                Some(r) => r.to_owned(),
-                None => "?".into(),
-            })
-            .collect()
-    }
-
-    #[test]
-    fn tool_rows_follow_their_call_in_order_and_gaps_are_filled() {
-        let history = vec![
-            m("system", "s"),
-            m("user", "go"),
-            call(&["a", "b"]),
-            result("b"),
-            result("a"),
-            result("zzz"),
-            m("user", "steer"),
-            call(&["c"]),
-            // the run stopped: c has no result
-            m("user", "follow-up"),
-            result("orphan"),
-        ];
-        let wire = wire_history(&history);
-        assert_eq!(
-            shape(&wire),
-            ["user", "assistant", "tool:a", "tool:b", "user", "assistant", "tool:c", "user"]
-        );
-        assert!(wire[6]["content"].as_str().is_some_and(|c| c.contains("no result")));
-        assert_eq!(wire[2]["content"], "out a");
-    }
-}
-
 impl ChildRuntime for ChatRuntime {
     fn build(&self, spec: &ChildSpec) -> Result<ChildHandle, RuntimeError> {
         let pick = |child: &Option<String>, ours: &str| {
@@ -736,5 +673,68 @@ impl ChildRuntime for ChatRuntime {
             }
             _ => false,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(role: &str, content: &str) -> Message {
+        Message { role: role.into(), content: Some(content.into()), ..Message::default() }
+    }
+
+    fn call(ids: &[&str]) -> Message {
+        let calls: Vec<Value> = ids
+            .iter()
+            .map(|id| json!({"id": id, "type": "function", "function": {"name": "read_file", "arguments": "{}"}}))
+            .collect();
+        Message {
+            role: "assistant".into(),
+            tool_calls: Some(Value::Array(calls).to_string()),
+            ..Message::default()
+        }
+    }
+
+    fn result(id: &str) -> Message {
+        Message {
+            tool_call_id: Some(id.into()),
+            tool_name: Some("read_file".into()),
+            ..m("tool", &format!("out {id}"))
+        }
+    }
+
+    fn shape(v: &[Value]) -> Vec<String> {
+        v.iter()
+            .map(|w| match w["role"].as_str() {
+                Some("tool") => format!("tool:{}", w["tool_call_id"].as_str().unwrap_or("?")),
+                Some(r) => r.to_owned(),
+                None => "?".into(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn tool_rows_follow_their_call_in_order_and_gaps_are_filled() {
+        let history = vec![
+            m("system", "s"),
+            m("user", "go"),
+            call(&["a", "b"]),
+            result("b"),
+            result("a"),
+            result("zzz"),
+            m("user", "steer"),
+            call(&["c"]),
+            // the run stopped: c has no result
+            m("user", "follow-up"),
+            result("orphan"),
+        ];
+        let wire = wire_history(&history);
+        assert_eq!(
+            shape(&wire),
+            ["user", "assistant", "tool:a", "tool:b", "user", "assistant", "tool:c", "user"]
+        );
+        assert!(wire[6]["content"].as_str().is_some_and(|c| c.contains("no result")));
+        assert_eq!(wire[2]["content"], "out a");
     }
 }

@@ -34,9 +34,12 @@ pub fn sanitize(name: &str) -> String {
     name.chars().map(|c| if c.is_ascii_alphanumeric() || c == '_' { c } else { '_' }).collect()
 }
 
+/// A connected client.
+type Client = Arc<RunningService<RoleClient, ()>>;
+
 enum State {
     NotStarted,
-    Running { service: Arc<RunningService<RoleClient, ()>>, tools: Vec<Tool> },
+    Running { service: Client, tools: Vec<Tool> },
     Failed { why: String, at: Instant },
 }
 
@@ -95,10 +98,7 @@ impl McpServers {
     }
 
     /// Starts the server if needed; its tools, or why it is unavailable.
-    fn ensure(
-        &self,
-        server: &Server,
-    ) -> Result<(Arc<RunningService<RoleClient, ()>>, Vec<Tool>), String> {
+    fn ensure(&self, server: &Server) -> Result<(Client, Vec<Tool>), String> {
         let Some(rt) = &self.runtime else { return Err("no async runtime".to_owned()) };
         let mut state = server.state.lock().unwrap_or_else(PoisonError::into_inner);
         match &*state {
