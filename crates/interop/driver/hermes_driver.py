@@ -602,6 +602,36 @@ def verify_integrity(ck: Checks, db_path: Path, expect: dict) -> None:
         conn.close()
 
 
+def verify_tool_turns(ck: Checks, db, s: dict) -> None:
+    """hermes reads a Retinue child's transcript with tool turns as it writes
+    its own: the assistant row carries `tool_calls`, each result is a `tool`
+    row with `tool_call_id` and `tool_name`, right after its call, and the
+    conversation hermes would replay keeps that adjacency."""
+    sid = s["session_id"]
+    want = [m for m in s["messages"]]
+    msgs = db.get_messages(sid)
+    ck.equal(
+        [(m["role"], m["content"], m.get("tool_call_id"), m.get("tool_name")) for m in msgs],
+        [(m["role"], m["content"], m["tool_call_id"], m["tool_name"]) for m in want],
+        f"tool turns: rows of {sid}",
+    )
+    conv = db.get_messages_as_conversation(sid)
+    calls = [m for m in conv if m.get("tool_calls")]
+    if not ck.check(len(calls) == 1, f"tool turns: one assistant row with tool_calls in {sid}"):
+        return
+    at = conv.index(calls[0])
+    call = calls[0]["tool_calls"][0]
+    want_call = next(m for m in want if m["tool_calls"])["tool_calls"][0]
+    ck.equal(call["id"], want_call["id"], "tool turns: call id")
+    ck.equal(call["function"]["name"], "read_file", "tool turns: tool name")
+    ck.equal(call["function"]["arguments"], want_call["function"]["arguments"], "tool turns: arguments")
+    nxt = conv[at + 1] if at + 1 < len(conv) else {}
+    ck.equal(nxt.get("role"), "tool", "tool turns: the result follows its call")
+    ck.equal(nxt.get("tool_call_id"), call["id"], "tool turns: result tool_call_id")
+    ck.equal(nxt.get("tool_name"), "read_file", "tool turns: result tool_name")
+    ck.check("wombat count: 42" in (nxt.get("content") or ""), "tool turns: result content")
+
+
 def verify_fresh(ck: Checks, hermes_state, ad, fresh: dict) -> None:
     """hermes adopts a database Retinue created from scratch."""
     path = Path(fresh["db"])
@@ -618,6 +648,8 @@ def verify_fresh(ck: Checks, hermes_state, ad, fresh: dict) -> None:
                 [(m["role"], m["content"]) for m in s["messages"]],
                 f"fresh db: transcript of {s['session_id']}",
             )
+        for s in fresh.get("tool_sessions", []):
+            verify_tool_turns(ck, db, s)
         for sid, tip in fresh.get("compression_tips", {}).items():
             got = optional(db, "get_compression_tip", sid)
             ck.check(got in (None, tip), f"fresh db: compression tip of {sid}: {got}, want {tip}")

@@ -622,6 +622,7 @@ fn retinue_created_database_for_hermes() {
         .iter()
         .map(|id| json!({"session_id": id, "messages": transcript_json(&store, id)}))
         .collect();
+    let tool_session = child_with_tool_turns(&store, "retinue-b");
     drop(tool);
     drop(store);
     write_json(
@@ -632,8 +633,124 @@ fn retinue_created_database_for_hermes() {
             "compression_tips": {"retinue-a": "retinue-b", "retinue-b": "retinue-b", (child.clone()): child},
             "units": [{"delegation_id": unit, "state": "completed"}],
             "search_token": "wombat",
+            "tool_sessions": [tool_session],
         }),
     );
+}
+
+/// A Retinue child of `parent` that reads a file in its workspace through
+/// the real runtime and toolbox (testkit's fake model scripts the call):
+/// its session id and its rows as stored, tool fields included, for
+/// hermes to read back in `verify`.
+fn child_with_tool_turns(store: &Arc<Store>, parent_session: &str) -> Value {
+    use retinue_testkit::fake_model::{FakeModel, Reply, Usage};
+    let ws = tempfile::tempdir().expect("workspace");
+    std::fs::write(ws.path().join("wombats.txt"), "wombat count: 42\n").expect("file");
+    let model = FakeModel::start();
+    model.set_handler(|request| {
+        let last = request.messages().last().cloned()?;
+        Some(if last["role"] == "tool" {
+            Reply::text("There are 42 wombats.").with_usage(Usage::new(30, 6))
+        } else {
+            Reply::tool_call("call_wombat_read", "read_file", json!({"path": "wombats.txt"}))
+                .with_usage(Usage::new(20, 4))
+        })
+    });
+    let config = retinue_runtime::RuntimeConfig::new(model.base_url(), "test/model")
+        .with_api_key("sk-interop");
+    let toolbox = Arc::new(retinue_tools::Toolbox::new(retinue_tools::ToolboxConfig::default()));
+    let runtime = Arc::new(retinue_runtime::ChatRuntime::new(config, toolbox).expect("runtime"));
+    let tool = Delegator::new(DelegatorParts {
+        registry: store.clone(),
+        sessions: store.clone(),
+        ledger: store.clone(),
+        budgets: Some(store.clone()),
+        authority: Arc::new(Authority::new(store.clone(), store.clone(), "")),
+        runtime,
+        completions: None,
+        config: DelegationConfig::default(),
+        profile: String::new(),
+    });
+    let ctx = ParentContext { workspace: Some(ws.path().to_path_buf()), ..parent(parent_session) };
+    let out = tool.delegate_task(&json!({"goal": "count the wombats with tools"}), Some(&ctx));
+    assert_eq!(out["results"][0]["status"], "completed", "{out}");
+    let child = out["results"][0]["child_session_id"].as_str().expect("child").to_owned();
+    let messages: Vec<Value> = store
+        .conversation(&child)
+        .expect("conversation")
+        .iter()
+        .map(|m| {
+            json!({
+                "role": m.role,
+                "content": m.content,
+                "tool_call_id": m.tool_call_id,
+                "tool_name": m.tool_name,
+                "tool_calls": m.tool_calls.as_deref().and_then(|t| serde_json::from_str::<Value>(t).ok()),
+            })
+        })
+        .collect();
+    let roles: Vec<&str> = messages.iter().filter_map(|m| m["role"].as_str()).collect();
+    assert_eq!(roles, ["system", "user", "assistant", "tool", "assistant"]);
+    json!({"session_id": child, "messages": messages})
+}
+
+/// hermes wrote `k1`'s transcript with a tool call and its result; Retinue's
+/// real runtime resumes it with each result right after its call, the
+/// shape every OpenAI-compatible server accepts.
+#[test]
+#[ignore = "needs the hermes wheel; run by cargo xtask interop"]
+fn a_hermes_transcript_with_tool_turns_resumes_on_the_wire() {
+    use retinue_delegate::{CancelToken, ChildRuntime, ChildSpec, RunInput, TranscriptSink};
+    use retinue_testkit::fake_model::{FakeModel, Reply};
+    let ex = expect();
+    let Some(u1) = ex.units.get("u1") else {
+        eprintln!("note: hermes {} keeps no durable delegations", ex.hermes_version);
+        return;
+    };
+    let k1 = &u1.children[0];
+    let store = open(&copy("tool-turns"));
+    let history: Vec<Message> = store
+        .conversation(&k1.session_id)
+        .expect("conversation")
+        .into_iter()
+        .filter(|m| m.role != "system")
+        .collect();
+    assert!(history.iter().any(|m| m.tool_calls.is_some()), "hermes wrote a tool call");
+    assert!(history.iter().any(|m| m.role == "tool"), "hermes wrote a tool result");
+    let model = FakeModel::start();
+    model.push(Reply::text("resumed"));
+    let config =
+        retinue_runtime::RuntimeConfig::new(model.base_url(), "test/model").with_api_key("sk-x");
+    let rt = retinue_runtime::ChatRuntime::new(config, Arc::new(retinue_runtime::NoTools))
+        .expect("runtime");
+    let spec = ChildSpec {
+        subagent_id: k1.subagent_id.clone(),
+        session_id: k1.session_id.clone(),
+        resume_session_id: Some(k1.session_id.clone()),
+        ..ChildSpec::default()
+    };
+    struct Discard;
+    impl TranscriptSink for Discard {
+        fn append(&self, _m: &Message) -> Result<(), retinue_delegate::SinkError> {
+            Ok(())
+        }
+    }
+    let handle = rt.build(&spec).expect("build");
+    let input = RunInput { user_message: "and now?".into(), history, system_prompt: None };
+    let out = rt.run(&handle, &input, &Discard, &CancelToken::new());
+    assert_eq!(out.final_response.as_deref(), Some("resumed"), "{out:?}");
+    let sent = model.requests()[0].messages();
+    for (i, m) in sent.iter().enumerate() {
+        if let Some(calls) = m["tool_calls"].as_array() {
+            for (j, call) in calls.iter().enumerate() {
+                let result = &sent[i + 1 + j];
+                assert_eq!(result["role"], "tool", "{sent:?}");
+                assert_eq!(result["tool_call_id"], call["id"], "{sent:?}");
+            }
+        }
+    }
+    assert!(sent.iter().any(|m| m["role"] == "tool"), "{sent:?}");
+    assert_eq!(sent.last().expect("last")["content"], "and now?");
 }
 
 /// `retinue lineage SESSION --db FILE --json` agrees with the library (and so with hermes).
