@@ -215,7 +215,16 @@ fn resume(
     };
     // The child's tools come back as they were: its toolsets (still within
     // today's grant: a stored manifest is untrusted) and its workspace.
-    let role = m.role.as_deref().map_or(Role::Leaf, Role::parse);
+    // The stored role is untrusted: an orchestrator only where a spawn here
+    // could make one.
+    let role = match m.role.as_deref().map_or(Role::Leaf, Role::parse) {
+        Role::Orchestrator
+            if config.orchestrator_enabled && parent.depth + 1 < config.max_spawn_depth =>
+        {
+            Role::Orchestrator
+        }
+        _ => Role::Leaf,
+    };
     let workspace = match restored_workspace(fu, m.workspace.as_deref(), parent) {
         Ok(w) => w,
         Err(e) => {
@@ -225,14 +234,13 @@ fn resume(
             return Err(e);
         }
     };
-    let recorded = ParentContext {
-        toolsets: m.toolsets.clone().unwrap_or_else(|| parent.toolsets.clone()),
-        ..ParentContext::default()
-    };
+    // The recorded toolsets narrow what this parent may grant (a stored
+    // manifest never widens it); a child hermes recorded without any gets
+    // the parent's grant.
     let grant = crate::toolsets::grant(
         &config.toolsets,
-        &recorded,
-        None,
+        parent,
+        m.toolsets.as_deref(),
         &role,
         config.inherit_mcp_toolsets,
     );

@@ -212,6 +212,25 @@ mod tests {
     }
 
     #[test]
+    fn a_delegation_only_parent_grants_nothing_more() {
+        // An orchestrator child with only `delegation`: its grandchildren
+        // never get the operator's whole grant.
+        let g = grant(&s(&["file", "terminal"]), &parent(&["delegation"]), None, &Role::Leaf, true);
+        assert!(g.granted.is_empty(), "{g:?}");
+        // A stored manifest (passed as the call) only narrows.
+        let g = grant(
+            &s(&["read"]),
+            &parent(&["read"]),
+            Some(&s(&["terminal", "file"])),
+            &Role::Leaf,
+            true,
+        );
+        assert!(g.granted.is_empty(), "{g:?}");
+        let g = grant(&s(&["read"]), &parent(&["read"]), Some(&s(&[])), &Role::Leaf, true);
+        assert!(g.granted.is_empty(), "{g:?}");
+    }
+
+    #[test]
     fn a_file_parent_under_a_read_grant_gets_read() {
         let g = grant(&s(&["read"]), &parent(&["file"]), None, &Role::Leaf, true);
         assert_eq!(g.granted, s(&["read"]));

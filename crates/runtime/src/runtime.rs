@@ -549,11 +549,19 @@ impl Run<'_> {
             }
         };
         let width = rt.config.max_parallel_tools.max(1);
-        if calls.len() <= 1 || width == 1 {
-            return calls.iter().map(one).collect();
-        }
+        let (run, skipped) = calls.split_at(calls.len().min(MAX_TOOL_CALLS_PER_ANSWER));
         let mut out = Vec::with_capacity(calls.len());
-        for chunk in calls.chunks(width) {
+        for chunk in run.chunks(width) {
+            if self.cancel.is_cancelled() {
+                // Stopped: the rest are answered, not run (the transcript
+                // keeps a result for every call).
+                out.extend(chunk.iter().map(|_| tool_error("not run: the child was stopped")));
+                continue;
+            }
+            if chunk.len() == 1 {
+                out.push(one(&chunk[0]));
+                continue;
+            }
             let done: Vec<String> = std::thread::scope(|scope| {
                 let handles: Vec<_> = chunk.iter().map(|c| scope.spawn(|| one(c))).collect();
                 handles
@@ -563,6 +571,11 @@ impl Run<'_> {
             });
             out.extend(done);
         }
+        out.extend(skipped.iter().map(|_| {
+            tool_error(&format!(
+                "not run: an answer may make at most {MAX_TOOL_CALLS_PER_ANSWER} tool calls"
+            ))
+        }));
         out
     }
 
@@ -585,6 +598,10 @@ impl Run<'_> {
         )
     }
 }
+
+/// The most tool calls of one answer that run; the rest are answered
+/// with an error.
+const MAX_TOOL_CALLS_PER_ANSWER: usize = 64;
 
 /// A tool error as hermes writes it: `{"error": TEXT}`.
 fn tool_error(text: &str) -> String {

@@ -1,7 +1,8 @@
 //! The `file` toolset's writers: `write_file` and `patch` (mode `replace`),
 //! with hermes-agent 0.19's schemas and result shapes.
 
-use std::io::{Read, Write};
+use std::io::Read;
+use std::time::Duration;
 
 use serde_json::{Value, json};
 
@@ -9,8 +10,10 @@ use crate::args::Args;
 use crate::workspace::Workspace;
 use retinue_runtime::ToolError;
 
-/// The largest file `patch` edits.
+/// The largest file `patch` edits (and the largest it may produce).
 const PATCH_MAX_BYTES: u64 = 16 << 20;
+/// The longest diff a `patch` result shows.
+const MAX_DIFF_CHARS: usize = 50_000;
 
 /// `write_file`'s schema (hermes-agent 0.19, without the profile guard).
 pub fn write_file_schema() -> Value {
@@ -60,10 +63,7 @@ pub fn write_file(ws: &Workspace, args: &Args<'_>) -> Result<String, ToolError> 
         )
     })?;
     let inside = ws.inside(path)?;
-    let (mut file, dirs_created) = ws.create_file(&inside)?;
-    file.write_all(content.as_bytes())
-        .and_then(|()| file.flush())
-        .map_err(|e| ToolError::Failed(format!("`{path}`: {e}")))?;
+    let dirs_created = ws.replace_file(&inside, content.as_bytes())?;
     Ok(json!({"bytes_written": content.len(), "dirs_created": dirs_created}).to_string())
 }
 
@@ -121,16 +121,35 @@ pub fn patch(ws: &Workspace, args: &Args<'_>) -> Result<String, ToolError> {
              make it unique, or set replace_all=true"
         )));
     }
+    // The result's size is known before it is built: a replacement that
+    // would grow the file past the limit is refused, not allocated.
+    let replaced = if replace_all { count } else { 1 };
+    let size_after = (before.len() - replaced * old.len())
+        .checked_add(replaced.checked_mul(new.len()).unwrap_or(usize::MAX));
+    if size_after.is_none_or(|n| n as u64 > PATCH_MAX_BYTES) {
+        return Err(ToolError::Refused(format!(
+            "the edit would make `{path}` larger than {PATCH_MAX_BYTES} bytes"
+        )));
+    }
     let after = if replace_all { before.replace(old, new) } else { before.replacen(old, new, 1) };
-    let (mut out, _) = ws.create_file(&inside)?;
-    out.write_all(after.as_bytes())
-        .and_then(|()| out.flush())
-        .map_err(|e| ToolError::Failed(format!("`{path}`: {e}")))?;
+    ws.replace_file(&inside, after.as_bytes())?;
     let shown = inside.shown();
-    let diff = similar::TextDiff::from_lines(&before, &after)
+    // The diff is bounded in time (a pathological edit falls back to a
+    // coarser diff) and in size.
+    let mut diff = similar::TextDiff::configure()
+        .timeout(Duration::from_secs(1))
+        .diff_lines(&before, &after)
         .unified_diff()
         .context_radius(3)
         .header(&format!("a/{shown}"), &format!("b/{shown}"))
         .to_string();
+    if diff.len() > MAX_DIFF_CHARS {
+        let mut cut = MAX_DIFF_CHARS;
+        while !diff.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        diff.truncate(cut);
+        diff.push_str("\n[diff cut: read the file for the rest]");
+    }
     Ok(json!({"success": true, "diff": diff, "files_modified": [shown]}).to_string())
 }

@@ -124,7 +124,10 @@ impl Toolbox {
         let parent = ParentContext {
             session_id: Some(child.session_id.clone()),
             depth: child.depth,
-            toolsets: child.toolsets.iter().filter(|t| *t != DELEGATION).cloned().collect(),
+            // The child's own toolsets, `delegation` included: a grandchild
+            // gets at most these (never the operator's whole grant, even
+            // when the child has nothing but `delegation`).
+            toolsets: child.toolsets.clone(),
             workspace: child.workspace.clone(),
             can_receive_detached: false,
             ..ParentContext::default()

@@ -17,6 +17,11 @@ pub const MAX_LINE_LENGTH: usize = 2000;
 pub const MAX_LIMIT: u64 = 2000;
 /// Bytes scanned to count a file's lines; a bigger file's total is a floor.
 const COUNT_SCAN_BYTES: u64 = 64 << 20;
+/// The most bytes one `read_file` scans (a far offset in a huge file, or
+/// a file that keeps growing, ends here).
+const MAX_SCAN_BYTES: u64 = 256 << 20;
+/// The furthest `search_files` pages.
+const MAX_SEARCH_OFFSET: u64 = 10_000;
 /// Files larger than this are skipped by `search_files` content search.
 const SEARCH_MAX_FILESIZE: u64 = 50 << 20;
 
@@ -118,7 +123,7 @@ pub fn read_file(ws: &Workspace, args: &Args<'_>) -> Result<String, ToolError> {
             }
         }
         line_no += 1;
-        if line_no >= offset && line_no < offset + limit && !cut_by_chars {
+        if line_no >= offset && line_no < offset.saturating_add(limit) && !cut_by_chars {
             let text = String::from_utf8_lossy(&buf);
             let text = text.trim_end_matches('\n').trim_end_matches('\r');
             let text = if line_no == 1 { text.trim_start_matches('\u{feff}') } else { text };
@@ -131,7 +136,18 @@ pub fn read_file(ws: &Workspace, args: &Args<'_>) -> Result<String, ToolError> {
                 lines.push(rendered);
             }
         }
-        if scanned > COUNT_SCAN_BYTES && (line_no >= offset + limit || cut_by_chars) {
+        if scanned > COUNT_SCAN_BYTES && (line_no >= offset.saturating_add(limit) || cut_by_chars) {
+            counted_all = false;
+            break;
+        }
+        if scanned > MAX_SCAN_BYTES {
+            if line_no < offset {
+                return Err(ToolError::Refused(format!(
+                    "offset {offset} lies beyond the first {} MB of `{path}`, the most read_file \
+                     scans",
+                    MAX_SCAN_BYTES >> 20
+                )));
+            }
             counted_all = false;
             break;
         }
@@ -139,14 +155,15 @@ pub fn read_file(ws: &Workspace, args: &Args<'_>) -> Result<String, ToolError> {
     let total_lines = line_no;
     let mut out = Map::new();
     let shown = lines.len() as u64;
-    let end_line = if shown == 0 { offset.saturating_sub(1) } else { offset + shown - 1 };
+    let end_line =
+        if shown == 0 { offset.saturating_sub(1) } else { offset.saturating_add(shown - 1) };
     out.insert("content".into(), json!(lines.join("\n")));
     out.insert("total_lines".into(), json!(total_lines));
     out.insert("file_size".into(), json!(size));
     let more = !counted_all || total_lines > end_line;
     out.insert("truncated".into(), json!(more));
     if cut_by_chars {
-        let next = end_line + 1;
+        let next = end_line.saturating_add(1);
         out.insert("truncated_by".into(), json!("bytes"));
         out.insert("next_offset".into(), json!(next));
         out.insert(
@@ -166,7 +183,7 @@ pub fn read_file(ws: &Workspace, args: &Args<'_>) -> Result<String, ToolError> {
             "hint".into(),
             json!(format!(
                 "Use offset={} to continue reading (showing {offset}-{end_line} of {} lines)",
-                end_line + 1,
+                end_line.saturating_add(1),
                 if counted_all {
                     total_lines.to_string()
                 } else {
@@ -182,6 +199,68 @@ pub fn read_file(ws: &Workspace, args: &Args<'_>) -> Result<String, ToolError> {
         );
     }
     Ok(Value::Object(out).to_string())
+}
+
+/// The `.gitignore` and `.ignore` rules of the directories a walk visits,
+/// read through the workspace.
+struct Ignores {
+    ws: Workspace,
+    cache: std::sync::Mutex<
+        std::collections::HashMap<std::path::PathBuf, Option<ignore::gitignore::Gitignore>>,
+    >,
+}
+
+/// The largest ignore file read.
+const MAX_IGNORE_FILE: u64 = 1 << 20;
+
+impl Ignores {
+    fn rules(&self, dir: &std::path::Path) -> Option<ignore::gitignore::Gitignore> {
+        let mut cache = self.cache.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(r) = cache.get(dir) {
+            return r.clone();
+        }
+        let rel = dir.strip_prefix(self.ws.root()).ok()?;
+        let mut builder = ignore::gitignore::GitignoreBuilder::new(dir);
+        let mut any = false;
+        for name in [".gitignore", ".ignore"] {
+            let Some(path) = rel.join(name).to_str().map(str::to_owned) else { continue };
+            let Ok(inside) = self.ws.inside(&path) else { continue };
+            let Ok((file, size)) = self.ws.open_file(&inside) else { continue };
+            if size > MAX_IGNORE_FILE {
+                continue;
+            }
+            let mut text = String::new();
+            if file.take(MAX_IGNORE_FILE).read_to_string(&mut text).is_err() {
+                continue;
+            }
+            for line in text.lines() {
+                any |= builder.add_line(None, line).is_ok();
+            }
+        }
+        let rules = if any { builder.build().ok() } else { None };
+        cache.insert(dir.to_path_buf(), rules.clone());
+        rules
+    }
+
+    /// Whether `path` is ignored by the rules of its ancestors (the
+    /// deepest rule that matches decides).
+    fn ignored(&self, path: &std::path::Path, is_dir: bool) -> bool {
+        let root = self.ws.root();
+        let mut verdict = false;
+        let mut dirs: Vec<&std::path::Path> =
+            path.ancestors().skip(1).take_while(|a| a.starts_with(root)).collect();
+        dirs.reverse();
+        for dir in dirs {
+            if let Some(rules) = self.rules(dir) {
+                match rules.matched(path, is_dir) {
+                    ignore::Match::Ignore(_) => verdict = true,
+                    ignore::Match::Whitelist(_) => verdict = false,
+                    ignore::Match::None => {}
+                }
+            }
+        }
+        verdict
+    }
 }
 
 struct Found {
@@ -206,7 +285,7 @@ pub fn search_files(ws: &Workspace, args: &Args<'_>) -> Result<String, ToolError
         }
     };
     let limit = usize::try_from(args.uint("limit", 50)?.clamp(1, 1000)).unwrap_or(1000);
-    let offset = usize::try_from(args.uint("offset", 0)?).unwrap_or(usize::MAX);
+    let offset = usize::try_from(args.uint("offset", 0)?.min(MAX_SEARCH_OFFSET)).unwrap_or(0);
     let context = usize::try_from(args.uint("context", 0)?.min(10)).unwrap_or(0);
     let mode = args.str_or("output_mode", "content")?;
     if !matches!(mode, "content" | "files_only" | "count") {
@@ -227,13 +306,25 @@ pub fn search_files(ws: &Workspace, args: &Args<'_>) -> Result<String, ToolError
     let name_glob = if target == "files" { Some(glob_of(pattern)?) } else { None };
     let content_glob = file_glob.map(glob_of).transpose()?;
     let walk_root = ws.root().join(start.rel());
+    // ripgrep's walker, with its own ignore-file reading off: `.gitignore`
+    // and `.ignore` files are read here, beneath the root (a FIFO, a
+    // symlink or a huge file is skipped), so the walk never reads outside
+    // the workspace or blocks.
+    let ignores = Ignores { ws: ws.clone(), cache: Default::default() };
     let walker = ignore::WalkBuilder::new(&walk_root)
         .follow_links(false)
         .hidden(true)
         .parents(false)
+        .ignore(false)
+        .git_ignore(false)
+        .git_global(false)
+        .git_exclude(false)
         .require_git(false)
         .max_filesize(if target == "content" { Some(SEARCH_MAX_FILESIZE) } else { None })
         .sort_by_file_path(|a, b| a.cmp(b))
+        .filter_entry(move |e| {
+            !ignores.ignored(e.path(), e.file_type().is_some_and(|t| t.is_dir()))
+        })
         .build();
     let rel_of = |p: &std::path::Path| -> Option<String> {
         p.strip_prefix(ws.root()).ok().map(|r| r.to_string_lossy().into_owned())
@@ -298,7 +389,10 @@ pub fn search_files(ws: &Workspace, args: &Args<'_>) -> Result<String, ToolError
         // Opened beneath the root (a file swapped for a link since the walk
         // saw it is refused, never followed).
         let Ok(inside) = ws.inside(&rel) else { continue };
-        let Ok((file, _)) = ws.open_file(&inside) else { continue };
+        let Ok((file, size)) = ws.open_file(&inside) else { continue };
+        if size > SEARCH_MAX_FILESIZE {
+            continue;
+        }
         let mut here: Vec<Found> = Vec::new();
         let mut hits: u64 = 0;
         let sink = Collect { path: &rel, found: &mut here, hits: &mut hits };

@@ -1,25 +1,35 @@
 //! The terminal's sandbox, applied by a helper process to itself before it
-//! becomes `/bin/sh -c COMMAND` (no `unsafe` `pre_exec` hook is needed):
+//! starts `/bin/sh -c COMMAND` (no `unsafe` `pre_exec` hook is needed):
 //!
-//! 1. resource limits: processes (a fork bomb ends at the cap), file size,
-//!    no core dumps;
-//! 2. unless the network is allowed: a fresh user + network namespace (only
-//!    a downed loopback: no route anywhere, 127.0.0.1 included);
-//! 3. Landlock (ABI up to 6): reads and execution only under the system
-//!    directories, the workspace and the private temp dir; writes only
-//!    under the workspace, the temp dir and `/dev/null`; no TCP bind or
-//!    connect without the network; no signals to processes outside;
-//! 4. `exec /bin/sh -c COMMAND` in the working directory it was started in.
+//! 1. resource limits: processes (a fork bomb ends at the cap), address
+//!    space, file size, no core dumps;
+//! 2. fresh namespaces: user (the caller's ids mapped to themselves), mount,
+//!    PID (the shell is PID 1: when it exits, everything it left running is
+//!    killed by the kernel, `setsid` or not) and — unless the network is
+//!    allowed — network (only a downed loopback: no route anywhere,
+//!    127.0.0.1 included; abstract unix sockets are per network namespace);
+//! 3. private mounts: a fresh size-limited tmpfs on `/tmp` (the command's
+//!    `HOME` and `TMPDIR`), and empty ones over `/run`, `/var/run`,
+//!    `/var/tmp` and `/dev/shm`, so no unix socket of the host's services
+//!    (D-Bus, systemd, Docker, an SSH agent in `/tmp`) can be reached;
+//! 4. Landlock (up to ABI 6): reads and execution only under the system
+//!    directories, the workspace and `/tmp`; writes only under the
+//!    workspace, `/tmp` and `/dev/null`; no TCP bind or connect without the
+//!    network; no signals and no abstract unix sockets outside the sandbox.
+//!
+//! Every step is required: where one cannot be set up (no user namespaces,
+//! no Landlock) the helper refuses, and the terminal toolset with it unless
+//! the operator sets `delegation.terminal.sandbox: off`.
 //!
 //! The helper is the `retinue` binary (`retinue __sandbox …`) or the
 //! `retinue-sandbox` binary of this crate. Its arguments:
-//! `--workspace DIR --tmp DIR [--network] [--probe] -- COMMAND`.
-//! `--probe` sets everything up and reports in one JSON line instead of
-//! running a command. A failure exits [`SETUP_FAILED`] with the reason on
-//! stderr, prefixed by [`SETUP_PREFIX`].
+//! `--workspace DIR [--network] [--probe] -- COMMAND`. `--probe` sets
+//! everything up and reports in one JSON line instead of running a command.
+//! A setup failure exits [`SETUP_FAILED`] with the reason on stderr,
+//! prefixed by [`SETUP_PREFIX`].
 
 use std::ffi::OsString;
-use std::os::unix::process::CommandExt;
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 
 use landlock::{
@@ -44,12 +54,17 @@ const DEVICES_READ: &[&str] =
 const EXTRA_PROCESSES: u64 = 256;
 /// The largest file a command may write.
 const MAX_FILE_BYTES: u64 = 1 << 30;
+/// The address space of each sandboxed process.
+const MAX_ADDRESS_SPACE: u64 = 8 << 30;
+/// The size of the private `/tmp`.
+const TMP_SIZE: &str = "size=512m,mode=1777";
+/// Host directories hidden behind an empty tmpfs (their unix sockets with them).
+const HIDDEN: &[&str] = &["/run", "/var/run", "/var/tmp", "/dev/shm"];
 
 /// What the helper was asked to do.
 #[derive(Debug, Default)]
 struct Plan {
     workspace: PathBuf,
-    tmp: PathBuf,
     network: bool,
     probe: bool,
     command: Option<OsString>,
@@ -63,7 +78,6 @@ fn parse(args: Vec<OsString>) -> Result<Plan, String> {
             Some("--workspace") => {
                 plan.workspace = it.next().map(PathBuf::from).unwrap_or_default()
             }
-            Some("--tmp") => plan.tmp = it.next().map(PathBuf::from).unwrap_or_default(),
             Some("--network") => plan.network = true,
             Some("--probe") => plan.probe = true,
             Some("--") => {
@@ -73,8 +87,8 @@ fn parse(args: Vec<OsString>) -> Result<Plan, String> {
             _ => return Err(format!("unexpected argument {a:?}")),
         }
     }
-    if plan.workspace.as_os_str().is_empty() || plan.tmp.as_os_str().is_empty() {
-        return Err("--workspace and --tmp are required".to_owned());
+    if plan.workspace.as_os_str().is_empty() {
+        return Err("--workspace is required".to_owned());
     }
     if plan.command.is_none() && !plan.probe {
         return Err("no command".to_owned());
@@ -96,36 +110,31 @@ pub fn helper_main(args: Vec<OsString>) -> i32 {
     if let Err(e) = limits() {
         return fail(e);
     }
-    let isolated = if plan.network {
-        "allowed".to_owned()
-    } else {
-        match isolate_network() {
-            Ok(()) => "namespace".to_owned(),
-            Err(e) => format!("landlock-tcp-only ({e})"),
-        }
-    };
+    if let Err(e) = isolate(plan.network, &plan.workspace) {
+        return fail(e);
+    }
     let landlock = match restrict(&plan) {
         Ok(s) => s,
         Err(e) => return fail(e),
     };
-    if !plan.network && isolated != "namespace" && !landlock.tcp {
-        return fail(format!(
-            "the network cannot be cut off here ({isolated}; Landlock has no TCP rules on this \
-             kernel)"
-        ));
-    }
     if plan.probe {
         println!(
-            "{{\"landlock\":\"{}\",\"abi\":{},\"network\":\"{}\"}}",
+            "{{\"landlock\":\"{}\",\"abi\":{},\"network\":{},\"namespaces\":\"user,mount,pid{}\"}}",
             landlock.status,
             landlock.abi,
-            isolated.replace('"', "'")
+            plan.network,
+            if plan.network { "" } else { ",net" }
         );
         return 0;
     }
     let Some(command) = plan.command else { return fail("no command".to_owned()) };
-    let err = std::process::Command::new("/bin/sh").arg("-c").arg(command).exec();
-    fail(format!("cannot run /bin/sh: {err}"))
+    // The shell is PID 1 of the new PID namespace: when it exits, the
+    // kernel kills whatever it left behind.
+    let status = std::process::Command::new("/bin/sh").arg("-c").arg(command).status();
+    match status {
+        Ok(s) => s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(9)),
+        Err(e) => fail(format!("cannot run /bin/sh: {e}")),
+    }
 }
 
 fn limits() -> Result<(), String> {
@@ -136,6 +145,8 @@ fn limits() -> Result<(), String> {
     setrlimit(Resource::RLIMIT_FSIZE, MAX_FILE_BYTES, MAX_FILE_BYTES)
         .map_err(|e| format!("RLIMIT_FSIZE: {e}"))?;
     setrlimit(Resource::RLIMIT_CORE, 0, 0).map_err(|e| format!("RLIMIT_CORE: {e}"))?;
+    setrlimit(Resource::RLIMIT_AS, MAX_ADDRESS_SPACE, MAX_ADDRESS_SPACE)
+        .map_err(|e| format!("RLIMIT_AS: {e}"))?;
     Ok(())
 }
 
@@ -165,27 +176,69 @@ fn count_processes(uid: u32) -> u64 {
     n
 }
 
-/// A fresh user and network namespace: the command sees only a loopback
-/// that is down.
-fn isolate_network() -> Result<(), String> {
+/// Fresh user, mount, PID and (without the network) network namespaces,
+/// then the private mounts.
+fn isolate(network: bool, workspace: &Path) -> Result<(), String> {
+    use nix::mount::{MsFlags, mount};
     use nix::sched::{CloneFlags, unshare};
+    use std::os::unix::fs::MetadataExt;
+
     let uid = nix::unistd::getuid().as_raw();
     let gid = nix::unistd::getgid().as_raw();
-    unshare(CloneFlags::CLONE_NEWUSER | CloneFlags::CLONE_NEWNET)
-        .map_err(|e| format!("unshare(user, net): {e}"))?;
+    let mut flags = CloneFlags::CLONE_NEWUSER | CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_NEWPID;
+    if !network {
+        flags |= CloneFlags::CLONE_NEWNET;
+    }
+    unshare(flags).map_err(|e| {
+        format!("cannot create user, mount, PID and network namespaces ({e}): user namespaces are unavailable here")
+    })?;
     // Keep the caller's ids inside (so files stay owned as before).
     let _ = std::fs::write("/proc/self/setgroups", "deny");
     std::fs::write("/proc/self/uid_map", format!("{uid} {uid} 1"))
         .map_err(|e| format!("uid_map: {e}"))?;
     std::fs::write("/proc/self/gid_map", format!("{gid} {gid} 1"))
         .map_err(|e| format!("gid_map: {e}"))?;
+    let none: Option<&str> = None;
+    mount(none, "/", none, MsFlags::MS_REC | MsFlags::MS_PRIVATE, none)
+        .map_err(|e| format!("making mounts private: {e}"))?;
+    // Held (opened in the new mount namespace) open across the mounts: a workspace under a hidden directory
+    // (`/tmp/…`) is bound back at its own path.
+    let held = std::fs::File::open(workspace)
+        .map_err(|e| format!("the workspace {}: {e}", workspace.display()))?;
+    let id = held.metadata().map(|m| (m.dev(), m.ino())).map_err(|e| format!("workspace: {e}"))?;
+    let tmpfs = |target: &str, data: &str| {
+        mount(
+            Some("tmpfs"),
+            target,
+            Some("tmpfs"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+            Some(data),
+        )
+        .map_err(|e| format!("tmpfs on {target}: {e}"))
+    };
+    tmpfs("/tmp", TMP_SIZE)?;
+    for dir in HIDDEN {
+        // A symlink (`/var/run` → `/run`) is covered by its target.
+        let real_dir = std::fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir());
+        if real_dir {
+            tmpfs(dir, "size=1m,mode=755")?;
+        }
+    }
+    let same = std::fs::metadata(workspace).is_ok_and(|m| (m.dev(), m.ino()) == id);
+    if !same {
+        std::fs::create_dir_all(workspace)
+            .map_err(|e| format!("re-creating the workspace path {}: {e}", workspace.display()))?;
+        let source = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&held));
+        mount(Some(source.as_str()), workspace, none, MsFlags::MS_BIND | MsFlags::MS_REC, none)
+            .map_err(|e| format!("binding the workspace back at {}: {e}", workspace.display()))?;
+    }
+    drop(held);
     Ok(())
 }
 
 struct Landlocked {
     status: &'static str,
     abi: i32,
-    tcp: bool,
 }
 
 fn existing<'a>(paths: impl IntoIterator<Item = &'a Path>) -> Vec<&'a Path> {
@@ -206,9 +259,10 @@ fn restrict(plan: &Plan) -> Result<Landlocked, String> {
         ruleset = ruleset.handle_access(AccessNet::from_all(abi)).map_err(err)?;
     }
     ruleset = ruleset.scope(Scope::Signal).map_err(err)?;
+    ruleset = ruleset.scope(Scope::AbstractUnixSocket).map_err(err)?;
     let system: Vec<&Path> = existing(SYSTEM_READ.iter().map(Path::new));
     let devices: Vec<&Path> = existing(DEVICES_READ.iter().map(Path::new));
-    let own = [plan.workspace.as_path(), plan.tmp.as_path()];
+    let own = [plan.workspace.as_path(), Path::new("/tmp")];
     let created = ruleset
         .create()
         .map_err(err)?
@@ -238,5 +292,5 @@ fn restrict(plan: &Plan) -> Result<Landlocked, String> {
             "Landlock is not available on this kernel (writes could not be confined)".to_owned()
         );
     }
-    Ok(Landlocked { status: name, abi: abi_in_use, tcp: cut_tcp && abi_in_use >= 4 })
+    Ok(Landlocked { status: name, abi: abi_in_use })
 }

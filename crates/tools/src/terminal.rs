@@ -72,8 +72,12 @@ pub fn terminal_schema(config: &TerminalConfig) -> Value {
 pub struct Terminal {
     config: TerminalConfig,
     helper: Option<Helper>,
-    probe: Mutex<Option<Result<String, String>>>,
+    probe: Mutex<Option<(Result<String, String>, std::time::Instant)>>,
 }
+
+/// How long a failed sandbox probe is trusted before it is tried again
+/// (a long-running server may see the system change).
+const PROBE_RETRY: Duration = Duration::from_secs(60);
 
 impl Terminal {
     /// A terminal running commands through `helper` (`None`: no helper, so
@@ -91,11 +95,13 @@ impl Terminal {
     /// `Err(why not)`. Probed once per process.
     pub fn sandbox_status(&self) -> Result<String, String> {
         let mut cached = self.probe.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(r) = cached.as_ref() {
+        if let Some((r, at)) = cached.as_ref()
+            && (r.is_ok() || at.elapsed() < PROBE_RETRY)
+        {
             return r.clone();
         }
         let r = self.run_probe();
-        *cached = Some(r.clone());
+        *cached = Some((r.clone(), std::time::Instant::now()));
         r
     }
 
@@ -107,8 +113,6 @@ impl Terminal {
         let mut cmd = Command::new(&helper.program);
         cmd.args(&helper.prefix)
             .arg("--workspace")
-            .arg(tmp.path())
-            .arg("--tmp")
             .arg(tmp.path())
             .arg("--probe")
             .env_clear()
@@ -147,6 +151,8 @@ impl Terminal {
         }
         let timeout = Duration::from_secs(timeout.max(1));
         let workdir = ws.inside(args.str_or("workdir", ".")?)?;
+        // Beneath the root with no symlink on the way.
+        ws.check(&workdir)?;
         let cwd = ws.root().join(workdir.rel());
         if !cwd.is_dir() {
             return Err(ToolError::Failed(format!(
@@ -165,18 +171,24 @@ impl Terminal {
             }
             Err(_) => false,
         };
-        let home = tempfile::Builder::new()
-            .prefix("retinue-term-")
-            .tempdir()
-            .map_err(|e| ToolError::Failed(format!("terminal: no temp dir: {e}")))?;
+        // Sandboxed: HOME is the private tmpfs the helper mounts on /tmp.
+        // Unsandboxed: a temp dir of its own, removed afterwards.
+        let home = if sandboxed {
+            None
+        } else {
+            Some(
+                tempfile::Builder::new()
+                    .prefix("retinue-term-")
+                    .tempdir()
+                    .map_err(|e| ToolError::Failed(format!("terminal: no temp dir: {e}")))?,
+            )
+        };
+        let home_dir =
+            home.as_ref().map_or_else(|| PathBuf::from("/tmp"), |h| h.path().to_path_buf());
         let mut cmd = match (&self.helper, sandboxed) {
             (Some(helper), true) => {
                 let mut c = Command::new(&helper.program);
-                c.args(&helper.prefix)
-                    .arg("--workspace")
-                    .arg(ws.root())
-                    .arg("--tmp")
-                    .arg(home.path());
+                c.args(&helper.prefix).arg("--workspace").arg(ws.root());
                 if self.config.network {
                     c.arg("--network");
                 }
@@ -197,8 +209,8 @@ impl Terminal {
         }
         cmd.env("PATH", SANDBOX_PATH)
             .env("TERM", "dumb")
-            .env("HOME", home.path())
-            .env("TMPDIR", home.path())
+            .env("HOME", &home_dir)
+            .env("TMPDIR", &home_dir)
             .process_group(0)
             .stdin(Stdio::null());
         let (reader, writer) =
@@ -221,21 +233,25 @@ impl Terminal {
             .map_err(|e| ToolError::Failed(format!("terminal: {e}")))?;
         let started = Instant::now();
         let mut timed_out = false;
-        let status = loop {
-            match child.try_wait() {
-                Ok(Some(s)) => break Some(s),
-                Ok(None) => {}
-                Err(_) => break None,
+        // Wait for the leader to exit without reaping it, so its process
+        // group id cannot be reused before the group is killed.
+        use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid};
+        loop {
+            let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
+            match waitid(Id::Pid(group), flags) {
+                Ok(WaitStatus::StillAlive) => {}
+                Ok(_) | Err(_) => break,
             }
             if started.elapsed() >= timeout {
                 timed_out = true;
-                let _ = killpg(group, Signal::SIGKILL);
-                break child.wait().ok();
+                break;
             }
             std::thread::sleep(Duration::from_millis(5));
-        };
-        // Whatever the command left running in its group goes too.
+        }
+        // Whatever the command left running in its group goes too (in the
+        // sandbox the PID namespace has already taken it).
         let _ = killpg(group, Signal::SIGKILL);
+        let status = child.wait().ok();
         let (bytes, total) = rx.recv_timeout(Duration::from_secs(5)).unwrap_or_else(|_| {
             (b"[output unavailable: a process outside the group kept it open]".to_vec(), 0)
         });

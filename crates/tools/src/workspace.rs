@@ -16,11 +16,11 @@ use rustix::io::Errno;
 
 use retinue_runtime::ToolError;
 
-/// A child's workspace: its root directory, held open.
-#[derive(Debug)]
+/// A child's workspace: its root directory, held open. Cheap to clone.
+#[derive(Debug, Clone)]
 pub struct Workspace {
     root: PathBuf,
-    fd: OwnedFd,
+    fd: std::sync::Arc<OwnedFd>,
 }
 
 const BENEATH: ResolveFlags =
@@ -57,7 +57,7 @@ impl Workspace {
         .map_err(|e| {
             ToolError::Refused(format!("the workspace {} cannot be opened: {e}", real.display()))
         })?;
-        Ok(Workspace { root: real, fd })
+        Ok(Workspace { root: real, fd: std::sync::Arc::new(fd) })
     }
 
     /// The root's canonical path.
@@ -146,70 +146,103 @@ impl Workspace {
         self.open_at(p, OFlags::PATH | OFlags::DIRECTORY, Mode::empty())
     }
 
-    /// Creates (or truncates) a regular file for writing, creating its
-    /// parent directories; returns the file and whether any directory was
-    /// created.
-    pub fn create_file(&self, p: &Inside) -> Result<(File, bool), ToolError> {
+    /// Opens the parent directory of `p`, creating missing directories;
+    /// returns it, the file name, and whether any directory was created.
+    fn parent_dir<'p>(
+        &self,
+        p: &'p Inside,
+    ) -> Result<(OwnedFd, &'p std::ffi::OsStr, bool), ToolError> {
         let name = p
             .rel()
             .file_name()
             .ok_or_else(|| ToolError::InvalidArguments(format!("`{}` names no file", p.shown())))?;
         let mut created = false;
         let mut dir = self.open_dir(&Inside(PathBuf::from(".")))?;
+        let open = |dir: &OwnedFd, comp: &std::ffi::OsStr| {
+            rustix::fs::openat2(
+                dir.as_fd(),
+                comp,
+                OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                Mode::empty(),
+                BENEATH,
+            )
+        };
         if let Some(parent) = p.rel().parent() {
             let mut sofar = PathBuf::new();
             for comp in parent.components() {
                 sofar.push(comp);
-                let next = rustix::fs::openat2(
-                    dir.as_fd(),
-                    comp.as_os_str(),
-                    OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
-                    Mode::empty(),
-                    BENEATH,
-                );
-                dir = match next {
+                let comp = comp.as_os_str();
+                dir = match open(&dir, comp) {
                     Ok(fd) => fd,
                     Err(Errno::NOENT) => {
-                        match rustix::fs::mkdirat(
-                            dir.as_fd(),
-                            comp.as_os_str(),
-                            Mode::from_raw_mode(0o755),
-                        ) {
+                        match rustix::fs::mkdirat(dir.as_fd(), comp, Mode::from_raw_mode(0o755)) {
                             Ok(()) | Err(Errno::EXIST) => {}
                             Err(e) => return Err(open_error(&Inside(sofar), e)),
                         }
                         created = true;
-                        rustix::fs::openat2(
-                            dir.as_fd(),
-                            comp.as_os_str(),
-                            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
-                            Mode::empty(),
-                            BENEATH,
-                        )
-                        .map_err(|e| open_error(&Inside(sofar.clone()), e))?
+                        open(&dir, comp).map_err(|e| open_error(&Inside(sofar.clone()), e))?
                     }
                     Err(e) => return Err(open_error(&Inside(sofar), e)),
                 };
             }
         }
+        Ok((dir, name, created))
+    }
+
+    /// Replaces (or creates) the regular file `p` with `bytes`, atomically:
+    /// written to a temporary file beside it, then renamed over it, so a
+    /// failed write never leaves it half-written. Parent directories are
+    /// created; an existing file keeps its permissions. Returns whether any
+    /// directory was created.
+    pub fn replace_file(&self, p: &Inside, bytes: &[u8]) -> Result<bool, ToolError> {
+        use std::io::Write;
+        let (dir, name, created) = self.parent_dir(p)?;
+        let mut mode = Mode::from_raw_mode(0o644);
+        match rustix::fs::statat(dir.as_fd(), name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) => match FileType::from_raw_mode(st.st_mode) {
+                FileType::RegularFile => mode = Mode::from_raw_mode(st.st_mode & 0o777),
+                FileType::Symlink => {
+                    return Err(open_error(p, Errno::LOOP));
+                }
+                _ => {
+                    return Err(ToolError::Refused(format!(
+                        "`{}` is not a regular file; only regular files are written",
+                        p.shown()
+                    )));
+                }
+            },
+            Err(Errno::NOENT) => {}
+            Err(e) => return Err(open_error(p, e)),
+        }
+        let mut suffix = [0u8; 6];
+        rustix::rand::getrandom(&mut suffix, rustix::rand::GetRandomFlags::empty())
+            .map_err(|e| open_error(p, e))?;
+        let tmp_name = format!(
+            ".{}.retinue-{}.tmp",
+            name.to_string_lossy(),
+            suffix.iter().map(|b| format!("{b:02x}")).collect::<String>()
+        );
         let fd = rustix::fs::openat2(
             dir.as_fd(),
-            name,
-            OFlags::WRONLY | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
-            Mode::from_raw_mode(0o644),
+            tmp_name.as_str(),
+            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            mode,
             BENEATH,
         )
         .map_err(|e| open_error(p, e))?;
-        let stat = rustix::fs::fstat(&fd).map_err(|e| open_error(p, e))?;
-        if FileType::from_raw_mode(stat.st_mode) != FileType::RegularFile {
-            return Err(ToolError::Refused(format!(
-                "`{}` is not a regular file; only regular files are written",
-                p.shown()
-            )));
+        let mut file = File::from(fd);
+        let written = file.write_all(bytes).and_then(|()| file.sync_data());
+        let renamed = written
+            .map_err(|e| ToolError::Failed(format!("`{}`: {e}", p.shown())))
+            .and_then(|()| {
+                rustix::fs::renameat(dir.as_fd(), tmp_name.as_str(), dir.as_fd(), name)
+                    .map_err(|e| open_error(p, e))
+            });
+        if renamed.is_err() {
+            let _ =
+                rustix::fs::unlinkat(dir.as_fd(), tmp_name.as_str(), rustix::fs::AtFlags::empty());
         }
-        rustix::fs::fcntl_setfl(&fd, OFlags::empty()).map_err(|e| open_error(p, e))?;
-        rustix::fs::ftruncate(&fd, 0).map_err(|e| open_error(p, e))?;
-        Ok((File::from(fd), created))
+        renamed.map(|()| created)
     }
 }
 

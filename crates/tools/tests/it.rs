@@ -335,7 +335,14 @@ fn terminal_writes_outside_and_connections_fail() {
     let outer = tempfile::tempdir().expect("tmp");
     let ws = outer.path().join("ws");
     std::fs::create_dir(&ws).expect("mkdir");
+    // Beside the workspace in the host's /tmp: the sandbox's /tmp is its
+    // own tmpfs, so the write lands there and never on the host.
     let target = outer.path().join("outside.txt");
+    term(&ws, json!({"command": format!("echo pwned > {}", target.display())}));
+    assert!(!target.exists(), "a write outside the workspace must not reach the host");
+    // Anywhere else (here: the build's own temp dir): refused.
+    let elsewhere = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tmp");
+    let target = elsewhere.path().join("outside.txt");
     let out = term(&ws, json!({"command": format!("echo pwned > {}", target.display())}));
     assert_ne!(out["exit_code"], 0, "{out}");
     assert!(!target.exists(), "a write outside the workspace must fail");
@@ -608,4 +615,114 @@ fn a_tool_call_loop_ends_at_max_iterations() {
     let calls = rows.iter().filter(|m| m.role == "assistant").count();
     let results = rows.iter().filter(|m| m.role == "tool").count();
     assert_eq!(calls, results);
+}
+
+// ---------------------------------------------------------------- hostile inputs (review)
+
+#[test]
+fn a_patch_that_would_explode_is_refused_and_writes_are_atomic() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let tb = toolbox();
+    let c = child(dir.path(), &["file"]);
+    std::fs::write(dir.path().join("a.txt"), "a".repeat(100_000)).expect("write");
+    let r = tb.execute(
+        &c,
+        "patch",
+        &json!({"mode": "replace", "path": "a.txt", "old_string": "a", "new_string": "b".repeat(1 << 20), "replace_all": true}),
+    );
+    assert!(matches!(&r, Err(ToolError::Refused(t)) if t.contains("larger than")), "{r:?}");
+    assert_eq!(std::fs::metadata(dir.path().join("a.txt")).expect("meta").len(), 100_000);
+    // Permissions survive an edit; no temporary file is left behind.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(dir.path().join("run.sh"), "echo one\n").expect("write");
+    std::fs::set_permissions(dir.path().join("run.sh"), std::fs::Permissions::from_mode(0o750))
+        .expect("chmod");
+    ok(tb.execute(
+        &c,
+        "patch",
+        &json!({"mode": "replace", "path": "run.sh", "old_string": "one", "new_string": "two"}),
+    ));
+    let meta = std::fs::metadata(dir.path().join("run.sh")).expect("meta");
+    assert_eq!(meta.permissions().mode() & 0o777, 0o750);
+    let names: Vec<String> = std::fs::read_dir(dir.path())
+        .expect("dir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(names.iter().all(|n| !n.contains("retinue-")), "{names:?}");
+    // A write through a symlink is refused, the link's target untouched.
+    let outside = tempfile::tempdir().expect("outside");
+    std::fs::write(outside.path().join("t"), "keep").expect("write");
+    std::os::unix::fs::symlink(outside.path().join("t"), dir.path().join("link")).expect("link");
+    assert!(tb.execute(&c, "write_file", &json!({"path": "link", "content": "x"})).is_err());
+    assert_eq!(std::fs::read_to_string(outside.path().join("t")).expect("read"), "keep");
+}
+
+#[test]
+fn hostile_ignore_files_never_block_or_leak_and_nested_ones_count() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let p = dir.path();
+    std::fs::create_dir_all(p.join("a/b")).expect("mkdir");
+    std::fs::write(p.join("a/.gitignore"), "skip.txt\n").expect("write");
+    std::fs::write(p.join("a/skip.txt"), "needle\n").expect("write");
+    std::fs::write(p.join("a/b/keep.txt"), "needle\n").expect("write");
+    // A FIFO as a .gitignore (reading it would block) and one that is a
+    // link to /dev/zero (reading it would never end).
+    assert!(
+        std::process::Command::new("mkfifo")
+            .arg(p.join("a/b/.gitignore"))
+            .status()
+            .expect("mkfifo")
+            .success()
+    );
+    std::os::unix::fs::symlink("/dev/zero", p.join(".ignore")).expect("link");
+    let out =
+        ok(toolbox().execute(&child(p, &["read"]), "search_files", &json!({"pattern": "needle"})));
+    assert_eq!(out["total_count"], 1, "{out}");
+    assert_eq!(out["matches"][0]["path"], "a/b/keep.txt");
+}
+
+#[test]
+fn escaped_processes_die_with_the_command_and_host_sockets_are_out_of_reach() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let marker = "61.7777";
+    let out = term(dir.path(), json!({"command": format!("setsid sleep {marker} & echo started")}));
+    assert_eq!(out["output"], "started");
+    std::thread::sleep(Duration::from_millis(300));
+    let left = std::fs::read_dir("/proc")
+        .expect("proc")
+        .flatten()
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .any(|c| String::from_utf8_lossy(&c).contains(marker));
+    assert!(!left, "a setsid'd process outlived its command");
+    // A unix socket of a host service (here: one in the host's /tmp).
+    let sockdir = tempfile::tempdir().expect("sockdir");
+    let path = sockdir.path().join("svc.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&path).expect("bind");
+    listener.set_nonblocking(true).expect("nonblocking");
+    let script = format!(
+        "import socket\ns = socket.socket(socket.AF_UNIX)\ns.connect({:?})\nprint('CONNECTED')\n",
+        path.to_string_lossy()
+    );
+    std::fs::write(dir.path().join("connect.py"), script).expect("script");
+    let out = term(dir.path(), json!({"command": "python3 connect.py 2>&1"}));
+    assert!(!out["output"].as_str().expect("out").contains("CONNECTED"), "{out}");
+    assert!(listener.accept().is_err(), "the host socket was reached");
+}
+
+#[test]
+fn an_answer_with_too_many_tool_calls_gets_a_result_for_each() {
+    let dir = tempfile::tempdir().expect("tmp");
+    std::fs::write(dir.path().join("a"), "a\n").expect("write");
+    let server = FakeModel::start();
+    let calls: Vec<FakeToolCall> = (0..70)
+        .map(|i| FakeToolCall::new(&format!("c{i}"), "read_file", &json!({"path": "a"})))
+        .collect();
+    server.push(Reply::tool_calls(calls));
+    server.push(Reply::text("done"));
+    let (rows, exit) = run_child(&server, dir.path(), &["read"], false);
+    assert_eq!(exit, ExitReason::Completed);
+    let results: Vec<&Message> = rows.iter().filter(|m| m.role == "tool").collect();
+    assert_eq!(results.len(), 70);
+    assert!(results[63].content.as_deref().expect("c").contains("1|a"));
+    assert!(results[64].content.as_deref().expect("c").contains("at most 64"));
 }
