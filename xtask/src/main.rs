@@ -132,8 +132,15 @@ fn bench(args: &[String]) -> Result<(), String> {
     let mut runtime = cargo();
     runtime
         .args(["run", "--release", "--locked", "-p", "retinue-bench", "--example", "runtime", "--"])
+        .args(quick.clone());
+    run(&mut runtime)?;
+    // The children's tools: read_file against a bare read, the sandboxed
+    // terminal against a bare spawn.
+    let mut tools = cargo();
+    tools
+        .args(["run", "--release", "--locked", "-p", "retinue-bench", "--example", "tools", "--"])
         .args(quick);
-    run(&mut runtime)
+    run(&mut tools)
 }
 
 fn main() -> ExitCode {

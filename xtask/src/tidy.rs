@@ -18,6 +18,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("retinue-usage", &["retinue-store"]),
     ("retinue-delegate", &["retinue-store", "retinue-lineage", "retinue-usage"]),
     ("retinue-runtime", &["retinue-store", "retinue-delegate"]),
+    ("retinue-tools", &["retinue-store", "retinue-delegate", "retinue-runtime"]),
     (
         "retinue-mcp",
         &[
@@ -37,6 +38,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "retinue-delegate",
             "retinue-runtime",
             "retinue-mcp",
+            "retinue-tools",
             "retinue-store-pg",
             "retinue-testkit",
         ],

@@ -55,7 +55,12 @@ pub struct Toolbox {
     terminal: Terminal,
     mcp: McpServers,
     delegator: OnceLock<Delegator>,
+    workspaces: std::sync::Mutex<std::collections::HashMap<std::path::PathBuf, Workspace>>,
 }
+
+/// Workspaces kept open at once (a long-running server forgets them all
+/// when more are used).
+const MAX_OPEN_WORKSPACES: usize = 64;
 
 impl std::fmt::Debug for Toolbox {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -74,6 +79,7 @@ impl Toolbox {
             terminal: Terminal::new(config.terminal, config.sandbox_helper),
             mcp: McpServers::new(config.mcp_servers),
             delegator: OnceLock::new(),
+            workspaces: Default::default(),
         }
     }
 
@@ -94,11 +100,22 @@ impl Toolbox {
         self.terminal.sandbox_status()
     }
 
-    fn workspace(child: &ChildHandle) -> Result<Workspace, ToolError> {
+    /// The child's workspace, opened once per root and kept (its
+    /// directory is pinned from then on).
+    fn workspace(&self, child: &ChildHandle) -> Result<Workspace, ToolError> {
         let root = child.workspace.as_deref().ok_or_else(|| {
             ToolError::Refused("this child has no workspace, so it cannot use files".to_owned())
         })?;
-        Workspace::open(root)
+        let mut open = self.workspaces.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(ws) = open.get(root) {
+            return Ok(ws.clone());
+        }
+        let ws = Workspace::open(root)?;
+        if open.len() >= MAX_OPEN_WORKSPACES {
+            open.clear();
+        }
+        open.insert(root.to_path_buf(), ws.clone());
+        Ok(ws)
     }
 
     fn has(child: &ChildHandle, toolset: &str) -> bool {
@@ -192,7 +209,7 @@ impl ToolExecutor for Toolbox {
         match name {
             "delegate_task" => self.delegate(child, arguments),
             _ => {
-                let ws = Self::workspace(child)?;
+                let ws = self.workspace(child)?;
                 match name {
                     "read_file" => read::read_file(&ws, &args),
                     "search_files" => read::search_files(&ws, &args),

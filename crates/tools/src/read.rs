@@ -64,10 +64,13 @@ pub fn search_files_schema() -> Value {
     })
 }
 
-fn clip_line(line: &str) -> String {
+fn clip_line(line: &str) -> std::borrow::Cow<'_, str> {
+    if line.len() <= MAX_LINE_LENGTH {
+        return std::borrow::Cow::Borrowed(line);
+    }
     match line.char_indices().nth(MAX_LINE_LENGTH) {
-        Some((at, _)) => format!("{}... [truncated]", &line[..at]),
-        None => line.to_owned(),
+        Some((at, _)) => std::borrow::Cow::Owned(format!("{}... [truncated]", &line[..at])),
+        None => std::borrow::Cow::Borrowed(line),
     }
 }
 
@@ -78,7 +81,7 @@ pub fn read_file(ws: &Workspace, args: &Args<'_>) -> Result<String, ToolError> {
     let limit = args.uint("limit", 500)?.clamp(1, MAX_LIMIT);
     let inside = ws.inside(path)?;
     let (file, size) = ws.open_file(&inside)?;
-    let mut reader = BufReader::with_capacity(64 << 10, file);
+    let mut reader = BufReader::with_capacity(16 << 10, file);
     // Binary check on the first block.
     {
         let head = reader.fill_buf().map_err(|e| ToolError::Failed(format!("`{path}`: {e}")))?;
@@ -88,7 +91,9 @@ pub fn read_file(ws: &Workspace, args: &Args<'_>) -> Result<String, ToolError> {
             )));
         }
     }
-    let mut lines: Vec<String> = Vec::new();
+    // The rendered lines, `\n`-joined, and how many.
+    let mut content = String::new();
+    let mut shown: u64 = 0;
     let mut line_no: u64 = 0;
     let mut chars = 0usize;
     let mut cut_by_chars = false;
@@ -127,13 +132,20 @@ pub fn read_file(ws: &Workspace, args: &Args<'_>) -> Result<String, ToolError> {
             let text = String::from_utf8_lossy(&buf);
             let text = text.trim_end_matches('\n').trim_end_matches('\r');
             let text = if line_no == 1 { text.trim_start_matches('\u{feff}') } else { text };
-            let rendered = format!("{line_no}|{}", clip_line(text));
-            let cost = rendered.chars().count() + 1;
-            if chars + cost > MAX_READ_CHARS && !lines.is_empty() {
+            let clipped = clip_line(text);
+            let rendered = format!("{line_no}|{clipped}");
+            // Counted in scalars (bytes would cut non-ASCII text short).
+            let cost =
+                if rendered.is_ascii() { rendered.len() } else { rendered.chars().count() } + 1;
+            if chars + cost > MAX_READ_CHARS && shown > 0 {
                 cut_by_chars = true;
             } else {
                 chars += cost;
-                lines.push(rendered);
+                if shown > 0 {
+                    content.push('\n');
+                }
+                content.push_str(&rendered);
+                shown += 1;
             }
         }
         if scanned > COUNT_SCAN_BYTES && (line_no >= offset.saturating_add(limit) || cut_by_chars) {
@@ -154,10 +166,9 @@ pub fn read_file(ws: &Workspace, args: &Args<'_>) -> Result<String, ToolError> {
     }
     let total_lines = line_no;
     let mut out = Map::new();
-    let shown = lines.len() as u64;
     let end_line =
         if shown == 0 { offset.saturating_sub(1) } else { offset.saturating_add(shown - 1) };
-    out.insert("content".into(), json!(lines.join("\n")));
+    out.insert("content".into(), Value::String(content));
     out.insert("total_lines".into(), json!(total_lines));
     out.insert("file_size".into(), json!(size));
     let more = !counted_all || total_lines > end_line;
@@ -511,7 +522,7 @@ impl Collect<'_> {
         self.found.push(Found {
             path: self.path.to_owned(),
             line: line.unwrap_or(0),
-            content: clip_line(text.trim_end_matches(['\n', '\r'])),
+            content: clip_line(text.trim_end_matches(['\n', '\r'])).into_owned(),
         });
     }
 }
