@@ -50,7 +50,7 @@ const SYSTEM_READ: &[&str] =
 /// Devices a command may read.
 const DEVICES_READ: &[&str] =
     &["/dev/null", "/dev/zero", "/dev/urandom", "/dev/random", "/dev/full"];
-/// Processes one sandboxed command may have beyond its owner's count.
+/// Processes (threads included) one sandboxed command may have.
 const EXTRA_PROCESSES: u64 = 256;
 /// The largest file a command may write.
 const MAX_FILE_BYTES: u64 = 1 << 30;
@@ -107,10 +107,10 @@ pub fn helper_main(args: Vec<OsString>) -> i32 {
         Ok(p) => p,
         Err(e) => return fail(e),
     };
-    if let Err(e) = limits() {
+    if let Err(e) = isolate(plan.network, &plan.workspace) {
         return fail(e);
     }
-    if let Err(e) = isolate(plan.network, &plan.workspace) {
+    if let Err(e) = limits() {
         return fail(e);
     }
     let landlock = match restrict(&plan) {
@@ -138,9 +138,9 @@ pub fn helper_main(args: Vec<OsString>) -> i32 {
 }
 
 fn limits() -> Result<(), String> {
-    let uid = nix::unistd::getuid().as_raw();
-    let mine = count_processes(uid);
-    let nproc = mine.saturating_add(EXTRA_PROCESSES);
+    // Set inside the new user namespace, where only this command's
+    // processes count.
+    let nproc = EXTRA_PROCESSES;
     setrlimit(Resource::RLIMIT_NPROC, nproc, nproc).map_err(|e| format!("RLIMIT_NPROC: {e}"))?;
     setrlimit(Resource::RLIMIT_FSIZE, MAX_FILE_BYTES, MAX_FILE_BYTES)
         .map_err(|e| format!("RLIMIT_FSIZE: {e}"))?;
@@ -148,32 +148,6 @@ fn limits() -> Result<(), String> {
     setrlimit(Resource::RLIMIT_AS, MAX_ADDRESS_SPACE, MAX_ADDRESS_SPACE)
         .map_err(|e| format!("RLIMIT_AS: {e}"))?;
     Ok(())
-}
-
-/// Processes (threads count against RLIMIT_NPROC too) owned by `uid`.
-fn count_processes(uid: u32) -> u64 {
-    let Ok(dir) = std::fs::read_dir("/proc") else { return 1024 };
-    let mut n: u64 = 0;
-    for e in dir.flatten() {
-        if !e.file_name().to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
-            continue;
-        }
-        let Ok(status) = std::fs::read_to_string(e.path().join("status")) else { continue };
-        let owner = status
-            .lines()
-            .find_map(|l| l.strip_prefix("Uid:"))
-            .and_then(|r| r.split_whitespace().next())
-            .and_then(|u| u.parse::<u32>().ok());
-        if owner == Some(uid) {
-            let threads = status
-                .lines()
-                .find_map(|l| l.strip_prefix("Threads:"))
-                .and_then(|r| r.trim().parse::<u64>().ok())
-                .unwrap_or(1);
-            n = n.saturating_add(threads);
-        }
-    }
-    n
 }
 
 /// Fresh user, mount, PID and (without the network) network namespaces,

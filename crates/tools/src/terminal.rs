@@ -236,6 +236,12 @@ impl Terminal {
         // Wait for the leader to exit without reaping it, so its process
         // group id cannot be reused before the group is killed.
         use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid};
+        // The sandbox's PID namespace, to count what the command started
+        // (RLIMIT_NPROC does not bind root; this watch does).
+        let helper_pid = child.id();
+        let mut pid_ns = None;
+        let mut last_count = Instant::now();
+        let mut too_many = false;
         loop {
             let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
             match waitid(Id::Pid(group), flags) {
@@ -245,6 +251,18 @@ impl Terminal {
             if started.elapsed() >= timeout {
                 timed_out = true;
                 break;
+            }
+            if sandboxed && last_count.elapsed() >= PROCESS_WATCH {
+                last_count = Instant::now();
+                if pid_ns.is_none() {
+                    pid_ns = namespace_of(helper_pid);
+                }
+                if let Some(ns) = &pid_ns
+                    && processes_in(ns) > MAX_PROCESSES
+                {
+                    too_many = true;
+                    break;
+                }
             }
             std::thread::sleep(Duration::from_millis(5));
         }
@@ -277,11 +295,39 @@ impl Terminal {
                 timeout.as_secs()
             ));
         }
+        if too_many {
+            out["exit_code"] = json!(137);
+            out["error"] = json!(format!(
+                "the command started more than {MAX_PROCESSES} processes and was killed"
+            ));
+        }
         if !sandboxed {
             out["warning"] = json!("ran without a sandbox (delegation.terminal.sandbox: off)");
         }
         Ok(out.to_string())
     }
+}
+
+/// The most processes one sandboxed command may have at once.
+pub const MAX_PROCESSES: usize = 256;
+/// How often the processes of a running command are counted.
+const PROCESS_WATCH: Duration = Duration::from_millis(20);
+
+/// The PID namespace the helper `pid` starts its command in.
+fn namespace_of(pid: u32) -> Option<PathBuf> {
+    let link = std::fs::read_link(format!("/proc/{pid}/ns/pid_for_children")).ok()?;
+    let own = std::fs::read_link("/proc/self/ns/pid").ok()?;
+    // Not yet unshared: nothing to count.
+    (link != own).then_some(link)
+}
+
+/// Processes living in the PID namespace `ns`.
+fn processes_in(ns: &std::path::Path) -> usize {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return 0 };
+    dir.flatten()
+        .filter(|e| e.file_name().as_encoded_bytes().iter().all(u8::is_ascii_digit))
+        .filter(|e| std::fs::read_link(e.path().join("ns/pid")).is_ok_and(|l| l == ns))
+        .count()
 }
 
 /// Reads a command's output: the first [`READ_CAP_BYTES`] kept, the rest

@@ -388,12 +388,26 @@ fn terminal_output_is_capped_head_and_tail_and_a_fork_bomb_ends() {
     assert!(text.ends_with("200000"));
     assert!(text.contains("[OUTPUT TRUNCATED"));
     assert!(text.chars().count() < retinue_tools::terminal::MAX_OUTPUT_CHARS + 200);
-    // Forks without end: the process cap stops it, the timeout ends it.
+    // Forks without end: the process watch kills the command, and the PID
+    // namespace takes everything it started.
     let bomb = term(
         dir.path(),
-        json!({"command": "b() { b | b & }; b; sleep 1; echo survived", "timeout": 5}),
+        json!({"command": "b() { b | b & }; b; sleep 30; echo survived", "timeout": 20}),
     );
-    assert!(bomb.get("exit_code").is_some(), "{bomb}");
+    assert_eq!(bomb["exit_code"], 137, "{bomb}");
+    assert!(bomb["error"].as_str().expect("error").contains("more than 256 processes"), "{bomb}");
+    let spawned = term(
+        dir.path(),
+        json!({"command": "for i in $(seq 1 400); do sleep 61.3131 & done; wait", "timeout": 20}),
+    );
+    assert_eq!(spawned["exit_code"], 137, "{spawned}");
+    std::thread::sleep(Duration::from_millis(300));
+    let left = std::fs::read_dir("/proc")
+        .expect("proc")
+        .flatten()
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .any(|c| String::from_utf8_lossy(&c).contains("61.3131"));
+    assert!(!left, "processes outlived a killed command");
     let big = toolbox().execute(
         &child(dir.path(), &["terminal"]),
         "terminal",
