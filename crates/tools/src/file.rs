@@ -124,9 +124,10 @@ pub fn patch(ws: &Workspace, args: &Args<'_>) -> Result<String, ToolError> {
     // The result's size is known before it is built: a replacement that
     // would grow the file past the limit is refused, not allocated.
     let replaced = if replace_all { count } else { 1 };
-    let size_after = (before.len() - replaced * old.len())
-        .checked_add(replaced.checked_mul(new.len()).unwrap_or(usize::MAX));
-    if size_after.is_none_or(|n| n as u64 > PATCH_MAX_BYTES) {
+    // (`replaced` matches of `old` lie in `before`, so the subtraction holds.)
+    let size_after =
+        (before.len() - replaced * old.len()).saturating_add(replaced.saturating_mul(new.len()));
+    if size_after as u64 > PATCH_MAX_BYTES {
         return Err(ToolError::Refused(format!(
             "the edit would make `{path}` larger than {PATCH_MAX_BYTES} bytes"
         )));
