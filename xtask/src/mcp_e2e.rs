@@ -82,7 +82,8 @@ pub(crate) fn run(root: &Path) -> Result<(), String> {
     }
     let home = run_dir.join("home");
     let (a, b) = (run_dir.join("project-a"), run_dir.join("project-b"));
-    for dir in [&home, &a, &b] {
+    let c = run_dir.join("project-c");
+    for dir in [&home, &a, &b, &c] {
         fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     }
 
@@ -101,7 +102,14 @@ pub(crate) fn run(root: &Path) -> Result<(), String> {
     if !url.starts_with("http://127.0.0.1:") {
         return Err(format!("the fake model printed no base URL (got {url:?})"));
     }
-    let config = format!("delegation:\n  model: fake-model\n  base_url: {url}\n");
+    // A child's MCP toolset: a server on the official Python SDK (FastMCP).
+    let echo = root.join("crates/mcp/e2e/echo_server.py");
+    let config = format!(
+        "delegation:\n  model: fake-model\n  base_url: {url}\n  toolsets: [read, file]\n\
+         mcp_servers:\n  pyecho:\n    command: {}\n    args: [{}]\n    timeout: 30\n",
+        python.display(),
+        echo.display()
+    );
     fs::write(home.join("config.yaml"), config).map_err(|e| format!("writing config.yaml: {e}"))?;
 
     let output = Command::new(&python)
@@ -110,6 +118,7 @@ pub(crate) fn run(root: &Path) -> Result<(), String> {
         .arg(&home)
         .arg(&a)
         .arg(&b)
+        .arg(&c)
         .env("PYTHONDONTWRITEBYTECODE", "1")
         .stderr(Stdio::inherit())
         .output()

@@ -5,7 +5,11 @@ restarted server in the same project following up yesterday's child,
 another project denied, tombstone. Prints a transcript; exits non-zero on
 the first failed check.
 
-Usage: python mcp_e2e.py RETINUE_BIN HOME PROJECT_A PROJECT_B
+Then the children's tools: in project C a child reads and writes files in
+its workspace and calls a tool of an MCP server written on the same SDK
+(`echo_server.py`, configured under `mcp_servers:`).
+
+Usage: python mcp_e2e.py RETINUE_BIN HOME PROJECT_A PROJECT_B PROJECT_C
 (`cargo xtask mcp-e2e` sets everything up: venv, fake model, home.)
 """
 
@@ -16,7 +20,7 @@ import sys
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
-RETINUE, HOME, PROJECT_A, PROJECT_B = sys.argv[1:5]
+RETINUE, HOME, PROJECT_A, PROJECT_B, PROJECT_C = sys.argv[1:6]
 
 
 def check(cond, what):
@@ -147,6 +151,44 @@ async def main():
         check(payload(r)["subagents"] == [], "nothing listed")
 
     await server(PROJECT_B, other_project)
+
+    say()
+    say("## Project C: the children's tools")
+
+    async def tools_story(session, init):
+        with open(f"{PROJECT_C}/notes.txt", "w") as f:
+            f.write("the busy timeout is ten seconds\n")
+        tools = await session.list_tools()
+        schema = tools.tools[0].input_schema["properties"]
+        check("toolsets" in schema, "delegate_task takes toolsets")
+        r = await call(
+            session,
+            "delegate_task",
+            {"goal": 'Read the notes [tool read_file {"path": "notes.txt"}]'},
+        )
+        res = payload(r)["results"][0]
+        check(res["status"] == "completed", "the reading child completed")
+        check("1|the busy timeout is ten seconds" in res["summary"], "it read the file in its workspace")
+        check(res["toolsets"] == ["file", "mcp-pyecho"], f"its toolsets: {res['toolsets']}")
+        r = await call(
+            session,
+            "delegate_task",
+            {"goal": 'Write it [tool write_file {"path": "out/made.txt", "content": "made"}]', "toolsets": ["read"]},
+        )
+        res = payload(r)["results"][0]
+        check(res["toolsets"] == ["read", "mcp-pyecho"], "narrowed to read (MCP kept)")
+        check("unknown tool" in res["summary"], "write_file is refused under read")
+        r = await call(
+            session,
+            "delegate_task",
+            {"goal": 'Shout [tool mcp__pyecho__shout {"text": "quiet please"}]'},
+        )
+        res = payload(r)["results"][0]
+        check("QUIET PLEASE" in res["summary"], "the Python MCP server's tool answered")
+        import os
+        check(not os.path.exists(f"{PROJECT_C}/out/made.txt"), "nothing was written")
+
+    await server(PROJECT_C, tools_story)
     say()
     say("mcp-e2e: ok")
 
