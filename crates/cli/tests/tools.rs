@@ -225,3 +225,65 @@ fn an_orchestrator_child_delegates_a_grandchild_on_the_same_registry() {
     let records = usage["records"].as_array().expect("records");
     assert!(!records.is_empty(), "the grandchild's run is billed to the child: {usage}");
 }
+
+/// Kills a spawned server however the test ends.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn a_child_calls_a_streamable_http_mcp_server() {
+    use std::io::{BufRead, BufReader};
+    // The MCP server: Retinue's own, over streamable HTTP on 127.0.0.1.
+    let server_home = TempHome::new();
+    let mut server = Killed(
+        Command::new(BIN)
+            .arg("--home")
+            .arg(server_home.path())
+            .args(["mcp", "--http", "127.0.0.1:0", "--new-session"])
+            .env_remove("HERMES_HOME")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("start retinue mcp --http"),
+    );
+    let stderr = server.0.stderr.take().expect("stderr");
+    let mut lines = BufReader::new(stderr).lines();
+    let url = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .find_map(|l| {
+            l.split_whitespace().find(|w| w.starts_with("http://127.0.0.1:")).map(str::to_owned)
+        })
+        .expect("the server's address");
+    std::thread::spawn(move || lines.for_each(drop));
+    let home = TempHome::new();
+    let ws = tempfile::tempdir().expect("ws");
+    let model = scripted("mcp__remote__list_subagents", json!({}), "listed them");
+    configure(
+        home.path(),
+        &model,
+        &format!("mcp_servers:\n  remote:\n    url: {url}\n    timeout: 20\n"),
+    );
+    let (code, v, err) = retinue(home.path(), ws.path(), &["delegate", "--goal", "list"]);
+    assert_eq!(code, 0, "{v} {err}");
+    let r = &v["results"][0];
+    assert_eq!(r["toolsets"], json!(["read", "mcp-remote"]), "{v}");
+    let rows = transcript(&home.db_path(), r["child_session_id"].as_str().expect("sid"));
+    let tool = rows.iter().find(|r| r.0 == "tool").expect("tool row");
+    assert_eq!(tool.3.as_deref(), Some("mcp__remote__list_subagents"));
+    assert!(tool.1.contains("subagents"), "{}", tool.1);
+    let offered: Vec<String> = model.requests()[0].body["tools"]
+        .as_array()
+        .expect("tools")
+        .iter()
+        .filter_map(|t| t["function"]["name"].as_str().map(str::to_owned))
+        .collect();
+    assert!(offered.contains(&"mcp__remote__delegate_task".to_owned()), "{offered:?}");
+}
