@@ -236,4 +236,69 @@ mod tests {
         assert_eq!(g.granted, s(&["read"]));
         assert_eq!(g.dropped[0].toolset, "file");
     }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn name() -> impl Strategy<Value = String> {
+            prop_oneof![
+                Just("read".to_owned()),
+                Just("file".to_owned()),
+                Just("terminal".to_owned()),
+                Just("delegation".to_owned()),
+                Just("mcp-a".to_owned()),
+                Just("mcp-b".to_owned()),
+                Just("memory".to_owned()),
+                Just("web".to_owned()),
+            ]
+        }
+
+        fn names() -> impl Strategy<Value = Vec<String>> {
+            proptest::collection::vec(name(), 0..5)
+        }
+
+        /// `file` grants `read`.
+        fn allowed(set: &[String], t: &str) -> bool {
+            set.iter().any(|s| s == t || (t == READ && s == FILE))
+        }
+
+        proptest! {
+            /// A grant never holds more than the operator allows, the parent
+            /// holds (when it states any) and the call asks for (MCP toolsets
+            /// inherited aside); `delegation` only for orchestrators; nothing
+            /// blocked; no duplicates.
+            #[test]
+            fn a_grant_only_narrows(
+                configured in names(),
+                parent_sets in names(),
+                call in proptest::option::of(names()),
+                orchestrator in any::<bool>(),
+                inherit in any::<bool>(),
+            ) {
+                let role = if orchestrator { Role::Orchestrator } else { Role::Leaf };
+                let parent = ParentContext { toolsets: parent_sets.clone(), ..ParentContext::default() };
+                let g = grant(&configured, &parent, call.as_deref(), &role, inherit);
+                for t in &g.granted {
+                    prop_assert!(!BLOCKED.contains(&t.as_str()));
+                    prop_assert_eq!(g.granted.iter().filter(|x| *x == t).count(), 1);
+                    if t == DELEGATION {
+                        prop_assert!(orchestrator);
+                        continue;
+                    }
+                    let candidates = if parent_sets.is_empty() { &configured } else { &parent_sets };
+                    prop_assert!(allowed(candidates, t), "{t} not held by the parent");
+                    if t.starts_with(MCP_PREFIX) {
+                        prop_assert!(inherit || allowed(&configured, t));
+                        prop_assert!(inherit || call.as_ref().is_none_or(|c| allowed(c, t)));
+                        continue;
+                    }
+                    prop_assert!(allowed(&configured, t), "{t} not granted by the operator");
+                    if let Some(c) = &call {
+                        prop_assert!(allowed(c, t), "{t} not asked for by the call");
+                    }
+                }
+            }
+        }
+    }
 }

@@ -740,3 +740,60 @@ fn an_answer_with_too_many_tool_calls_gets_a_result_for_each() {
     assert!(results[63].content.as_deref().expect("c").contains("1|a"));
     assert!(results[64].content.as_deref().expect("c").contains("at most 64"));
 }
+
+// ---------------------------------------------------------------- properties
+
+mod properties {
+    use proptest::prelude::*;
+    use retinue_tools::workspace::Workspace;
+
+    fn segment() -> impl Strategy<Value = String> {
+        prop_oneof![
+            Just("..".to_owned()),
+            Just(".".to_owned()),
+            Just("".to_owned()),
+            Just("a".to_owned()),
+            Just("b c".to_owned()),
+            Just("~".to_owned()),
+            Just("\u{0}".to_owned()),
+            "[a-zé]{1,4}",
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        /// Whatever the model sends, an accepted path is relative, has no
+        /// `..`, and lies under the root.
+        #[test]
+        fn accepted_paths_stay_under_the_root(
+            parts in proptest::collection::vec(segment(), 0..8),
+            absolute in any::<bool>(),
+        ) {
+            let dir = tempfile::tempdir().expect("tmp");
+            let ws = Workspace::open(dir.path()).expect("open");
+            let joined = parts.join("/");
+            let path = if absolute { format!("{}/{joined}", ws.root().display()) } else { joined };
+            if let Ok(inside) = ws.inside(&path) {
+                let rel = inside.rel();
+                prop_assert!(rel.is_relative());
+                prop_assert!(rel.components().all(|c| matches!(c, std::path::Component::Normal(_) | std::path::Component::CurDir)));
+                prop_assert!(ws.root().join(rel).starts_with(ws.root()));
+            }
+        }
+
+        /// Reading never panics and never returns text of a file outside.
+        #[test]
+        fn reads_of_arbitrary_paths_fail_cleanly(path in "\\PC{0,40}") {
+            let outer = tempfile::tempdir().expect("tmp");
+            let ws_dir = outer.path().join("ws");
+            std::fs::create_dir(&ws_dir).expect("mkdir");
+            std::fs::write(outer.path().join("secret"), "SECRET").expect("write");
+            let tb = super::toolbox();
+            let c = super::child(&ws_dir, &["read"]);
+            if let Ok(out) = retinue_runtime::ToolExecutor::execute(&tb, &c, "read_file", &serde_json::json!({"path": path})) {
+                prop_assert!(!out.contains("SECRET"));
+            }
+        }
+    }
+}
