@@ -108,7 +108,7 @@ fn json_error(message: &str, code: &str) -> String {
 }
 
 /// The hidden first argument that turns `retinue` into the terminal's
-/// sandbox helper (`retinue __sandbox --workspace DIR --tmp DIR -- CMD`).
+/// sandbox helper (`retinue __sandbox --workspace DIR [--network] -- CMD`).
 pub(crate) const SANDBOX_SUBCOMMAND: &str = "__sandbox";
 
 fn main() -> ExitCode {

@@ -10,9 +10,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use rmcp::model::{CallToolRequestParams, Tool};
-use rmcp::service::RunningService;
-use rmcp::{RoleClient, ServiceExt};
+use rmcp_client::model::{CallToolRequestParams, Tool};
+use rmcp_client::service::RunningService;
+use rmcp_client::{RoleClient, ServiceExt};
 use serde_json::{Value, json};
 
 use retinue_runtime::ToolError;
@@ -208,8 +208,8 @@ impl McpServers {
             Ok(Err(e)) => {
                 let gone = matches!(
                     e,
-                    rmcp::service::ServiceError::TransportClosed
-                        | rmcp::service::ServiceError::TransportSend(_)
+                    rmcp_client::service::ServiceError::TransportClosed
+                        | rmcp_client::service::ServiceError::TransportSend(_)
                 );
                 if gone || service.is_closed() {
                     *server.state.lock().unwrap_or_else(PoisonError::into_inner) =
@@ -271,14 +271,14 @@ async fn start(
         if let Some(cwd) = &config.cwd {
             cmd.current_dir(cwd);
         }
-        let (transport, _stderr) = rmcp::transport::TokioChildProcess::builder(cmd)
+        let (transport, _stderr) = rmcp_client::transport::TokioChildProcess::builder(cmd)
             .stderr(std::process::Stdio::null())
             .spawn()
             .map_err(|e| format!("cannot start `{command}`: {e}"))?;
         ().serve(transport).await.map_err(|e| format!("initialization failed: {e}"))?
     } else if let Some(url) = &config.url {
-        use rmcp::transport::StreamableHttpClientTransport;
-        use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+        use rmcp_client::transport::StreamableHttpClientTransport;
+        use rmcp_client::transport::streamable_http_client::StreamableHttpClientTransportConfig;
         let mut headers = HashMap::new();
         let mut auth = None;
         for (k, v) in &config.headers {
