@@ -186,7 +186,7 @@ pub(crate) struct DelegateArgs {
     #[arg(long, value_name = "DIR")]
     pub(crate) workspace: Option<std::path::PathBuf>,
 
-    /// Narrow the children's toolsets (comma-separated: read, file, terminal, mcp-<server>); only narrows delegation.toolsets
+    /// Narrow the children's toolsets (comma-separated: read, file, terminal, mcp-SERVER); only narrows delegation.toolsets
     #[arg(long, value_name = "LIST", value_delimiter = ',')]
     pub(crate) toolsets: Option<Vec<String>>,
 }
