@@ -76,8 +76,14 @@ fn a_child_runs_a_sandboxed_command_and_never_sees_the_callers_secrets() {
     // (the tools crate's tests check that refusal).
     let probe = Command::new(BIN)
         .args(["__sandbox", "--workspace", "/", "--probe"])
-        .output()
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
         .expect("probe");
+    let pid = probe.id();
+    let probe = probe.wait_with_output().expect("probe");
+    // The probe's pids cgroup, where it made one (the terminal removes its own).
+    let _ = std::fs::remove_dir(format!("/sys/fs/cgroup/pids/retinue-{pid}"));
     let why = String::from_utf8_lossy(&probe.stderr);
     if !probe.status.success()
         && (why.contains("user namespaces are unavailable")

@@ -1,8 +1,8 @@
 //! The terminal's sandbox, applied by a helper process to itself before it
 //! starts `/bin/sh -c COMMAND` (no `unsafe` `pre_exec` hook is needed):
 //!
-//! 1. resource limits: processes (a fork bomb ends at the cap), address
-//!    space, file size, no core dumps;
+//! 1. resource limits: address space, file size, no core dumps (the
+//!    parent's process watch bounds the number of processes);
 //! 2. fresh namespaces: user (the caller's ids mapped to themselves), mount,
 //!    PID (the shell is PID 1: when it exits, everything it left running is
 //!    killed by the kernel, `setsid` or not) and — unless the network is
@@ -47,11 +47,22 @@ pub const SETUP_PREFIX: &str = "retinue-sandbox: ";
 /// exist), besides the workspace and its temp dir.
 const SYSTEM_READ: &[&str] =
     &["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt", "/nix/store"];
+/// Secrets under [`SYSTEM_READ`] a command may never read (a command run
+/// by root could otherwise: the user namespace maps it to itself).
+const SECRETS: &[&str] = &[
+    "/etc/shadow",
+    "/etc/shadow-",
+    "/etc/gshadow",
+    "/etc/gshadow-",
+    "/etc/sudoers",
+    "/etc/sudoers.d",
+    "/etc/ssh",
+    "/etc/ssl/private",
+    "/etc/security/opasswd",
+];
 /// Devices a command may read.
 const DEVICES_READ: &[&str] =
     &["/dev/null", "/dev/zero", "/dev/urandom", "/dev/random", "/dev/full"];
-/// Processes (threads included) one sandboxed command may have.
-const EXTRA_PROCESSES: u64 = 256;
 /// The largest file a command may write.
 const MAX_FILE_BYTES: u64 = 1 << 30;
 /// The address space of each sandboxed process.
@@ -107,6 +118,8 @@ pub fn helper_main(args: Vec<OsString>) -> i32 {
         Ok(p) => p,
         Err(e) => return fail(e),
     };
+    // The process cap is set up first, on the host's cgroup tree.
+    let cap = cap_processes();
     if let Err(e) = isolate(plan.network, &plan.workspace) {
         return fail(e);
     }
@@ -119,7 +132,7 @@ pub fn helper_main(args: Vec<OsString>) -> i32 {
     };
     if plan.probe {
         println!(
-            "{{\"landlock\":\"{}\",\"abi\":{},\"network\":{},\"namespaces\":\"user,mount,pid{}\"}}",
+            "{{\"landlock\":\"{}\",\"abi\":{},\"network\":{},\"namespaces\":\"user,mount,pid{}\",\"process_cap\":\"{cap}\"}}",
             landlock.status,
             landlock.abi,
             plan.network,
@@ -137,11 +150,81 @@ pub fn helper_main(args: Vec<OsString>) -> i32 {
     }
 }
 
+/// The most processes (threads included) of one sandboxed command.
+pub const MAX_PROCESSES: u64 = 256;
+
+/// The pids cgroup a helper puts itself in: `retinue-<pid>` under the
+/// cgroup v2 tree of the helper (where delegated) or the v1 `pids`
+/// hierarchy. The parent removes it after the helper exits.
+pub fn process_cgroups(pid: u32) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(text) = std::fs::read_to_string("/proc/self/cgroup")
+        && let Some(rel) = text.lines().find_map(|l| l.strip_prefix("0::"))
+        && Path::new("/sys/fs/cgroup/cgroup.controllers").exists()
+    {
+        out.push(
+            Path::new("/sys/fs/cgroup")
+                .join(rel.trim_start_matches('/'))
+                .join(format!("retinue-{pid}")),
+        );
+    }
+    out.push(PathBuf::from(format!("/sys/fs/cgroup/pids/retinue-{pid}")));
+    out
+}
+
+/// A hard cap of [`MAX_PROCESSES`] on this process and what it starts: a
+/// pids cgroup of its own where the host lets it make one, else (not root)
+/// RLIMIT_NPROC over the user's count; else only the parent's process
+/// watch. Returns which.
+fn cap_processes() -> &'static str {
+    for dir in process_cgroups(std::process::id()) {
+        let made = std::fs::create_dir(&dir)
+            .and_then(|()| std::fs::write(dir.join("pids.max"), MAX_PROCESSES.to_string()))
+            .and_then(|()| {
+                std::fs::write(dir.join("cgroup.procs"), std::process::id().to_string())
+            });
+        match made {
+            Ok(()) => return "cgroup",
+            Err(_) => {
+                let _ = std::fs::remove_dir(&dir);
+            }
+        }
+    }
+    let uid = nix::unistd::getuid().as_raw();
+    if uid != 0 {
+        // RLIMIT_NPROC counts every process of the user: the cap is above
+        // what the user runs now.
+        let n = count_processes(uid).saturating_add(MAX_PROCESSES);
+        if setrlimit(Resource::RLIMIT_NPROC, n, n).is_ok() {
+            return "rlimit";
+        }
+    }
+    "watch"
+}
+
+/// Processes (threads count against RLIMIT_NPROC too) owned by `uid`.
+fn count_processes(uid: u32) -> u64 {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return 0 };
+    let mut n: u64 = 0;
+    for e in dir.flatten() {
+        let Ok(status) = std::fs::read_to_string(e.path().join("status")) else { continue };
+        let field = |name: &str| {
+            status.lines().find_map(|l| l.strip_prefix(name)).map(str::trim).map(str::to_owned)
+        };
+        let owner = field("Uid:")
+            .and_then(|r| r.split_whitespace().next().and_then(|u| u.parse::<u32>().ok()));
+        if owner == Some(uid) {
+            n = n.saturating_add(field("Threads:").and_then(|t| t.parse().ok()).unwrap_or(1));
+        }
+    }
+    n
+}
+
 fn limits() -> Result<(), String> {
-    // Set inside the new user namespace, where only this command's
-    // processes count.
-    let nproc = EXTRA_PROCESSES;
-    setrlimit(Resource::RLIMIT_NPROC, nproc, nproc).map_err(|e| format!("RLIMIT_NPROC: {e}"))?;
+    // No RLIMIT_NPROC: it counts every process of the user on the host
+    // (a busy host would make the shell itself fail to start) and does not
+    // bind root at all; the terminal's process watch bounds a command's
+    // processes instead.
     setrlimit(Resource::RLIMIT_FSIZE, MAX_FILE_BYTES, MAX_FILE_BYTES)
         .map_err(|e| format!("RLIMIT_FSIZE: {e}"))?;
     setrlimit(Resource::RLIMIT_CORE, 0, 0).map_err(|e| format!("RLIMIT_CORE: {e}"))?;
@@ -210,6 +293,33 @@ fn isolate(network: bool, workspace: &Path) -> Result<(), String> {
     Ok(())
 }
 
+/// The paths that cover `roots` (those that exist) minus `secrets`: a root
+/// holding a secret is replaced by its entries, recursively along the way
+/// to the secret, so the secret itself is never under a read rule. Also
+/// returns the directories so opened up (listable: names are not secret).
+fn readable(roots: &[&str], secrets: &[&str]) -> (Vec<PathBuf>, Vec<PathBuf>) {
+    fn expand(dir: &Path, secrets: &[&Path], out: &mut Vec<PathBuf>, listed: &mut Vec<PathBuf>) {
+        if secrets.contains(&dir) {
+            return;
+        }
+        if !secrets.iter().any(|s| s.starts_with(dir)) {
+            out.push(dir.to_path_buf());
+            return;
+        }
+        let Ok(entries) = std::fs::read_dir(dir) else { return };
+        listed.push(dir.to_path_buf());
+        for e in entries.flatten() {
+            expand(&e.path(), secrets, out, listed);
+        }
+    }
+    let secrets: Vec<&Path> = secrets.iter().map(Path::new).collect();
+    let (mut out, mut listed) = (Vec::new(), Vec::new());
+    for root in existing(roots.iter().map(Path::new)) {
+        expand(root, &secrets, &mut out, &mut listed);
+    }
+    (out, listed)
+}
+
 struct Landlocked {
     status: &'static str,
     abi: i32,
@@ -234,7 +344,7 @@ fn restrict(plan: &Plan) -> Result<Landlocked, String> {
     }
     ruleset = ruleset.scope(Scope::Signal).map_err(err)?;
     ruleset = ruleset.scope(Scope::AbstractUnixSocket).map_err(err)?;
-    let system: Vec<&Path> = existing(SYSTEM_READ.iter().map(Path::new));
+    let (system, listed) = readable(SYSTEM_READ, SECRETS);
     let devices: Vec<&Path> = existing(DEVICES_READ.iter().map(Path::new));
     let own = [plan.workspace.as_path(), Path::new("/tmp")];
     let created = ruleset
@@ -243,6 +353,8 @@ fn restrict(plan: &Plan) -> Result<Landlocked, String> {
         .add_rules(path_beneath_rules(&system, read))
         .map_err(err)?
         .add_rules(path_beneath_rules(&devices, read))
+        .map_err(err)?
+        .add_rules(path_beneath_rules(&listed, AccessFs::ReadDir))
         .map_err(err)?
         .add_rules(path_beneath_rules(
             existing([Path::new("/dev/null")]),

@@ -120,7 +120,16 @@ impl Terminal {
         if self.config.network {
             cmd.arg("--network");
         }
-        let out = cmd.output().map_err(|e| format!("cannot start the sandbox helper: {e}"))?;
+        let probe = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("cannot start the sandbox helper: {e}"))?;
+        let pid = probe.id();
+        let out = probe.wait_with_output().map_err(|e| format!("the sandbox helper: {e}"))?;
+        for dir in crate::sandbox::process_cgroups(pid) {
+            let _ = std::fs::remove_dir(dir);
+        }
         if out.status.success() {
             Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
         } else {
@@ -270,6 +279,10 @@ impl Terminal {
         // sandbox the PID namespace has already taken it).
         let _ = killpg(group, Signal::SIGKILL);
         let status = child.wait().ok();
+        // The helper's pids cgroup (empty now) goes too.
+        for dir in crate::sandbox::process_cgroups(helper_pid) {
+            let _ = std::fs::remove_dir(dir);
+        }
         let (bytes, total) = rx.recv_timeout(Duration::from_secs(5)).unwrap_or_else(|_| {
             (b"[output unavailable: a process outside the group kept it open]".to_vec(), 0)
         });
@@ -308,8 +321,9 @@ impl Terminal {
     }
 }
 
-/// The most processes one sandboxed command may have at once.
-pub const MAX_PROCESSES: usize = 256;
+/// The most processes one sandboxed command may have at once (the watch's
+/// bound, where no cgroup or rlimit holds it).
+pub const MAX_PROCESSES: usize = crate::sandbox::MAX_PROCESSES as usize;
 /// How often the processes of a running command are counted.
 const PROCESS_WATCH: Duration = Duration::from_millis(20);
 
