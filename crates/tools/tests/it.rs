@@ -881,3 +881,36 @@ mod properties {
         }
     }
 }
+
+#[test]
+fn a_ten_gigabyte_file_is_answered_at_once() {
+    let dir = tempfile::tempdir().expect("tmp");
+    // Sparse: 10 GB of zeros, then a text line at the end.
+    let f = std::fs::File::create(dir.path().join("huge.bin")).expect("create");
+    f.set_len(10 << 30).expect("sparse");
+    drop(f);
+    let tb = toolbox();
+    let c = child(dir.path(), &["file"]);
+    let r = tb.execute(&c, "read_file", &json!({"path": "huge.bin"}));
+    assert!(matches!(&r, Err(ToolError::Refused(t)) if t.contains("binary")), "{r:?}");
+    // A search skips it (over the size a search reads), and a patch refuses it.
+    let out = ok(tb.execute(&c, "search_files", &json!({"pattern": "x"})));
+    assert_eq!(out["total_count"], 0);
+    let r = tb.execute(
+        &c,
+        "patch",
+        &json!({"mode": "replace", "path": "huge.bin", "old_string": "a", "new_string": "b"}),
+    );
+    assert!(matches!(&r, Err(ToolError::Refused(t)) if t.contains("bytes")), "{r:?}");
+    // A text file far beyond the scan limit, read from a far offset.
+    let text = dir.path().join("long.txt");
+    let mut f = std::fs::File::create(&text).expect("create");
+    use std::io::Write;
+    let line = "y".repeat(1023) + "\n";
+    for _ in 0..(300 << 10) {
+        f.write_all(line.as_bytes()).expect("write");
+    }
+    drop(f);
+    let r = tb.execute(&c, "read_file", &json!({"path": "long.txt", "offset": 1_000_000}));
+    assert!(matches!(&r, Err(ToolError::Refused(t)) if t.contains("beyond the first")), "{r:?}");
+}
