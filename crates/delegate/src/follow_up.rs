@@ -217,14 +217,11 @@ fn resume(
     // today's grant: a stored manifest is untrusted) and its workspace.
     // The stored role is untrusted: an orchestrator only where a spawn here
     // could make one.
-    let role = match m.role.as_deref().map_or(Role::Leaf, Role::parse) {
-        Role::Orchestrator
-            if config.orchestrator_enabled && parent.depth + 1 < config.max_spawn_depth =>
-        {
-            Role::Orchestrator
-        }
-        _ => Role::Leaf,
-    };
+    let role = crate::spawn::effective_role(
+        m.role.as_deref().map_or(Role::Leaf, Role::parse),
+        config,
+        parent,
+    );
     let workspace = match restored_workspace(fu, m.workspace.as_deref(), parent) {
         Ok(w) => w,
         Err(e) => {

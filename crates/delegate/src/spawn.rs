@@ -35,6 +35,23 @@ pub(crate) fn random_hex(bytes: usize) -> String {
     buf.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// The role a child gets: `orchestrator` only where hermes allows one
+/// (`orchestrator_enabled`, and the child's depth below `max_spawn_depth`).
+pub(crate) fn effective_role(
+    wanted: Role,
+    config: &retinue_store::DelegationConfig,
+    parent: &ParentContext,
+) -> Role {
+    if wanted == Role::Orchestrator
+        && config.orchestrator_enabled
+        && parent.depth.saturating_add(1) < config.max_spawn_depth
+    {
+        Role::Orchestrator
+    } else {
+        Role::Leaf
+    }
+}
+
 fn system_prompt(goal: &str) -> String {
     format!(
         "You are a focused subagent working for a parent agent. Complete this task and reply \
@@ -380,14 +397,7 @@ pub(crate) fn run(
     let mut planned = Vec::with_capacity(tasks.len());
     for (i, task) in tasks.iter().enumerate() {
         let wanted = task.role.as_deref().map_or_else(|| top_role.clone(), Role::parse);
-        let role = if wanted == Role::Orchestrator
-            && config.orchestrator_enabled
-            && parent.depth + 1 < config.max_spawn_depth
-        {
-            Role::Orchestrator
-        } else {
-            Role::Leaf
-        };
+        let role = effective_role(wanted, config, parent);
         let grant = crate::toolsets::grant(
             &config.toolsets,
             parent,
