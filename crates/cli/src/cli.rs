@@ -187,7 +187,7 @@ pub(crate) struct DelegateArgs {
     pub(crate) workspace: Option<std::path::PathBuf>,
 
     /// Narrow the children's toolsets (comma-separated: read, file, terminal, mcp-SERVER); only narrows delegation.toolsets
-    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    #[arg(long, value_name = "LIST", value_delimiter = ',', conflicts_with = "follow_up")]
     pub(crate) toolsets: Option<Vec<String>>,
 }
 

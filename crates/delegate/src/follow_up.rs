@@ -242,6 +242,7 @@ fn resume(
         config.inherit_mcp_toolsets,
     );
     let depth = parent.depth.saturating_add(1);
+    let dropped = grant.dropped;
     let spec = ChildSpec {
         subagent_id: entry.subagent_id.clone(),
         session_id: entry.child_session_id.clone(),
@@ -285,7 +286,8 @@ fn resume(
             }
         }
     });
-    let result = execute(inner, &spec, input, false, parent.session_id.clone(), &metered);
+    let mut result = execute(inner, &spec, input, false, parent.session_id.clone(), &metered);
+    result.toolsets_dropped = dropped;
     drop(stop_tx);
     let _ = renewer.join();
     let results = [result];

@@ -9,7 +9,7 @@ pub fn delegate_task_schema(config: &DelegationConfig) -> Value {
         "Pass a subagent_id or child session id from an earlier result, with `goal` as the \
          message. A running child is steered (queued); a completed retained child resumes with \
          it as its next turn and returns a new summary. No depth or concurrency budget is used, \
-         and tasks/role/background are ignored. Retained children stay addressable for {} hours \
+         and tasks/role/background/toolsets are ignored (a resumed child keeps its own toolsets). Retained children stay addressable for {} hours \
          (the {} most recent delegations).",
         config.retained_ttl_hours, config.max_retained
     );

@@ -497,9 +497,8 @@ impl Run<'_> {
                 }
                 return;
             }
-            if self.cancel.is_cancelled() {
-                return self.stop();
-            }
+            // Stopped or not, every call gets a result (a stopped child's
+            // are "not run"), so the transcript stays valid.
             let outputs = self.run_tools(&completion.tool_calls, &names);
             for (call, output) in completion.tool_calls.iter().zip(outputs) {
                 let output = self.within_output_cap(as_text(output));
@@ -523,6 +522,7 @@ impl Run<'_> {
     fn run_tools(&self, calls: &[crate::client::ToolCall], names: &[String]) -> Vec<String> {
         let rt = self.rt;
         let child = self.child;
+        let cancel = self.cancel;
         let one = |call: &crate::client::ToolCall| -> String {
             if !names.contains(&call.name) {
                 let available = if names.is_empty() { "none".to_owned() } else { names.join(", ") };
@@ -540,7 +540,7 @@ impl Run<'_> {
                 Err(e) => tool_error(&format!("the arguments are not valid JSON ({e})")),
                 Ok(args) if !args.is_object() => tool_error("the arguments must be a JSON object"),
                 Ok(args) => match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    rt.tools.execute(child, &call.name, &args)
+                    rt.tools.execute_with_cancel(child, &call.name, &args, cancel)
                 })) {
                     Ok(Ok(out)) => out,
                     Ok(Err(e)) => tool_error(&e.to_string()),
@@ -563,10 +563,22 @@ impl Run<'_> {
                 continue;
             }
             let done: Vec<String> = std::thread::scope(|scope| {
-                let handles: Vec<_> = chunk.iter().map(|c| scope.spawn(|| one(c))).collect();
+                // A thread that cannot be started runs its call here instead.
+                let handles: Vec<_> = chunk
+                    .iter()
+                    .map(|c| {
+                        std::thread::Builder::new()
+                            .name("tool-call".into())
+                            .spawn_scoped(scope, || one(c))
+                            .map_err(|_| one(c))
+                    })
+                    .collect();
                 handles
                     .into_iter()
-                    .map(|h| h.join().unwrap_or_else(|_| tool_error("the tool call failed")))
+                    .map(|h| match h {
+                        Ok(h) => h.join().unwrap_or_else(|_| tool_error("the tool call failed")),
+                        Err(done) => done,
+                    })
                     .collect()
             });
             out.extend(done);
@@ -582,6 +594,10 @@ impl Run<'_> {
     /// Cuts `output` to what is left of the run's tool-output allowance.
     fn within_output_cap(&mut self, output: String) -> String {
         let cap = self.rt.config.max_tool_output_chars;
+        if cap == 0 {
+            // 0: no cap.
+            return output;
+        }
         let left = cap.saturating_sub(self.tool_chars);
         let len = output.chars().count();
         if len <= left {

@@ -1,6 +1,6 @@
 //! The embedder's tools.
 
-use retinue_delegate::ChildHandle;
+use retinue_delegate::{CancelToken, ChildHandle};
 use serde_json::Value;
 
 /// Why a tool call produced no output. The text goes back to the model as
@@ -47,6 +47,21 @@ pub trait ToolExecutor: Send + Sync {
         name: &str,
         arguments: &Value,
     ) -> Result<String, ToolError>;
+
+    /// [`ToolExecutor::execute`] within the child's run: `cancel` is the
+    /// run's token (its deadline, its budget, a stop), which a long tool
+    /// (a command, a nested delegation) should obey. The runtime calls this;
+    /// by default it ignores the token.
+    fn execute_with_cancel(
+        &self,
+        child: &ChildHandle,
+        name: &str,
+        arguments: &Value,
+        cancel: &CancelToken,
+    ) -> Result<String, ToolError> {
+        let _ = cancel;
+        self.execute(child, name, arguments)
+    }
 }
 
 /// No tools: the model is offered none, and any call it makes anyway gets an

@@ -533,10 +533,10 @@ fn a_failing_tool_and_a_budget_stop_are_reported_to_the_model_and_the_parent() {
         vec![json!({"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}})]
     });
     tools
-        .expect_execute()
+        .expect_execute_with_cancel()
         .times(1)
-        .withf(|_, name, args| name == "lookup" && args["q"] == "x")
-        .returning(|_, _, _| Err(ToolError::Failed("index offline".into())));
+        .withf(|_, name, args, _| name == "lookup" && args["q"] == "x")
+        .returning(|_, _, _, _| Err(ToolError::Failed("index offline".into())));
     let rt = runtime(config(&server), Arc::new(tools));
     let child = rt.build(&spec("sa-0-m")).expect("build");
     let sink = Transcript::default();

@@ -25,7 +25,7 @@ pub mod workspace;
 
 use std::sync::{Arc, OnceLock};
 
-use retinue_delegate::{ChildHandle, Delegator, ParentContext};
+use retinue_delegate::{CancelToken, ChildHandle, DelegateRequest, Delegator, ParentContext};
 use retinue_runtime::{ToolError, ToolExecutor};
 use retinue_store::{McpServerConfig, TerminalConfig};
 use serde_json::{Value, json};
@@ -107,7 +107,8 @@ impl Toolbox {
             ToolError::Refused("this child has no workspace, so it cannot use files".to_owned())
         })?;
         let mut open = self.workspaces.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(ws) = open.get(root) {
+        // A directory replaced since (a re-clone) is opened afresh.
+        if let Some(ws) = open.get(root).filter(|ws| ws.is_current()) {
             return Ok(ws.clone());
         }
         let ws = Workspace::open(root)?;
@@ -134,7 +135,14 @@ impl Toolbox {
         })
     }
 
-    fn delegate(&self, child: &ChildHandle, arguments: &Value) -> Result<String, ToolError> {
+    /// `delegate_task` for an orchestrator child: the grandchildren run
+    /// under the child's own `cancel` (its deadline, budget meter and stop).
+    fn delegate(
+        &self,
+        child: &ChildHandle,
+        arguments: &Value,
+        cancel: &CancelToken,
+    ) -> Result<String, ToolError> {
         let delegator = self.delegator.get().ok_or_else(|| {
             ToolError::Refused("delegation is not available in this process".to_owned())
         })?;
@@ -149,7 +157,13 @@ impl Toolbox {
             can_receive_detached: false,
             ..ParentContext::default()
         };
-        let out = delegator.delegate_task(arguments, Some(&parent));
+        let out = match DelegateRequest::from_json(arguments) {
+            Ok(request) => match delegator.delegate(&request, &parent, cancel) {
+                Ok(outcome) => outcome.to_json(),
+                Err(e) => retinue_delegate::error_json(&e),
+            },
+            Err(e) => retinue_delegate::error_json(&e),
+        };
         Ok(out.to_string())
     }
 }
@@ -157,15 +171,18 @@ impl Toolbox {
 impl ToolExecutor for Toolbox {
     fn definitions(&self, child: &ChildHandle) -> Vec<Value> {
         let mut out = Vec::new();
-        if Self::has(child, READ) || Self::has(child, FILE) {
+        // Without a workspace the file and terminal tools could only refuse:
+        // they are not offered.
+        let files = child.workspace.is_some();
+        if files && (Self::has(child, READ) || Self::has(child, FILE)) {
             out.push(function(read::read_file_schema()));
             out.push(function(read::search_files_schema()));
         }
-        if Self::has(child, FILE) {
+        if files && Self::has(child, FILE) {
             out.push(function(file::write_file_schema()));
             out.push(function(file::patch_schema()));
         }
-        if Self::has(child, TERMINAL) {
+        if files && Self::has(child, TERMINAL) {
             out.push(function(terminal::terminal_schema(self.terminal.config())));
         }
         if Self::has(child, DELEGATION)
@@ -192,6 +209,16 @@ impl ToolExecutor for Toolbox {
         name: &str,
         arguments: &Value,
     ) -> Result<String, ToolError> {
+        self.execute_with_cancel(child, name, arguments, &CancelToken::new())
+    }
+
+    fn execute_with_cancel(
+        &self,
+        child: &ChildHandle,
+        name: &str,
+        arguments: &Value,
+        cancel: &CancelToken,
+    ) -> Result<String, ToolError> {
         let args = Args::new(name, arguments);
         match Self::allowed(child, name) {
             Some(false) => {
@@ -207,7 +234,7 @@ impl ToolExecutor for Toolbox {
             Some(true) => {}
         }
         match name {
-            "delegate_task" => self.delegate(child, arguments),
+            "delegate_task" => self.delegate(child, arguments, cancel),
             _ => {
                 let ws = self.workspace(child)?;
                 match name {
@@ -215,7 +242,7 @@ impl ToolExecutor for Toolbox {
                     "search_files" => read::search_files(&ws, &args),
                     "write_file" => file::write_file(&ws, &args),
                     "patch" => file::patch(&ws, &args),
-                    "terminal" => self.terminal.run(&ws, &args),
+                    "terminal" => self.terminal.run(&ws, &args, cancel),
                     _ => Err(ToolError::Unknown { name: name.to_owned() }),
                 }
             }

@@ -20,6 +20,8 @@ use retinue_store::McpServerConfig;
 
 /// The prefix of an MCP tool's name (`mcp__<server>__<tool>`).
 pub const TOOL_PREFIX: &str = "mcp__";
+/// The longest function name providers accept.
+const MAX_NAME: usize = 64;
 /// How long a server gets to start and list its tools.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a failed server stays failed before a call tries it again.
@@ -142,15 +144,29 @@ impl McpServers {
     /// The tool definitions of the servers named by `toolsets`.
     pub fn definitions(&self, toolsets: &[String]) -> Vec<Value> {
         let mut out = Vec::new();
+        let mut seen = std::collections::HashSet::new();
         for t in toolsets {
             let Some(server) = self.server(t) else { continue };
             let Ok((_, tools)) = self.ensure(server) else { continue };
             let prefix = format!("{TOOL_PREFIX}{}__", sanitize(&server.config.name));
             for tool in tools {
+                let name = format!("{prefix}{}", sanitize(&tool.name));
+                // Providers refuse a request whose tool names repeat or run
+                // past 64 characters: such a tool is left out (the first of
+                // a clash is kept, and a call finds it the same way).
+                if name.len() > MAX_NAME || !seen.insert(name.clone()) {
+                    log::warn!(
+                        "MCP tool `{}` of server `{}` is left out: its name `{name}` is a \
+                         duplicate or longer than {MAX_NAME} characters",
+                        tool.name,
+                        server.config.name
+                    );
+                    continue;
+                }
                 out.push(json!({
                     "type": "function",
                     "function": {
-                        "name": format!("{prefix}{}", sanitize(&tool.name)),
+                        "name": name,
                         "description": tool.description.as_deref().unwrap_or_default(),
                         "parameters": Value::Object((*tool.input_schema).clone()),
                     }
@@ -176,20 +192,35 @@ impl McpServers {
         name: &str,
         arguments: &Value,
     ) -> Result<String, ToolError> {
-        let server = toolsets
-            .iter()
-            .filter_map(|t| self.server(t))
-            .find(|s| name.starts_with(&format!("{TOOL_PREFIX}{}__", sanitize(&s.config.name))))
-            .ok_or_else(|| ToolError::Unknown { name: name.to_owned() })?;
+        // The servers whose prefix the name carries, in the order the
+        // definitions were built: the first that has the tool answers.
+        let mut unavailable = None;
+        let mut found = None;
+        for server in toolsets.iter().filter_map(|t| self.server(t)) {
+            let prefix = format!("{TOOL_PREFIX}{}__", sanitize(&server.config.name));
+            let Some(wanted) = name.strip_prefix(&prefix) else { continue };
+            match self.ensure(server) {
+                Ok((service, tools)) => {
+                    if let Some(tool) = tools.iter().find(|t| sanitize(&t.name) == wanted) {
+                        found = Some((server, service, tool.clone()));
+                        break;
+                    }
+                }
+                Err(why) => {
+                    unavailable.get_or_insert(format!(
+                        "the MCP server `{}` is unavailable: {why}",
+                        server.config.name
+                    ));
+                }
+            }
+        }
+        let Some((server, service, tool)) = found else {
+            return Err(match unavailable {
+                Some(why) => ToolError::Failed(why),
+                None => ToolError::Unknown { name: name.to_owned() },
+            });
+        };
         let server_name = &server.config.name;
-        let (service, tools) = self.ensure(server).map_err(|why| {
-            ToolError::Failed(format!("the MCP server `{server_name}` is unavailable: {why}"))
-        })?;
-        let wanted = &name[TOOL_PREFIX.len() + sanitize(server_name).len() + 2..];
-        let tool = tools
-            .iter()
-            .find(|t| sanitize(&t.name) == wanted)
-            .ok_or_else(|| ToolError::Unknown { name: name.to_owned() })?;
         let Some(rt) = &self.runtime else {
             return Err(ToolError::Failed("MCP servers are unavailable".to_owned()));
         };
@@ -212,8 +243,15 @@ impl McpServers {
                         | rmcp_client::service::ServiceError::TransportSend(_)
                 );
                 if gone || service.is_closed() {
-                    *server.state.lock().unwrap_or_else(PoisonError::into_inner) =
-                        State::Failed { why: format!("it stopped ({e})"), at: Instant::now() };
+                    // Only this connection is marked dead (another thread
+                    // may have restarted the server meanwhile).
+                    let mut state = server.state.lock().unwrap_or_else(PoisonError::into_inner);
+                    if matches!(&*state, State::Running { service: s, .. } if Arc::ptr_eq(s, &service))
+                    {
+                        *state =
+                            State::Failed { why: format!("it stopped ({e})"), at: Instant::now() };
+                    }
+                    drop(state);
                     return Err(ToolError::Failed(format!(
                         "the MCP server `{server_name}` stopped during the call: {e}"
                     )));
@@ -251,7 +289,8 @@ impl McpServers {
 impl Drop for McpServers {
     fn drop(&mut self) {
         if let Some(rt) = self.runtime.take() {
-            rt.shutdown_timeout(Duration::from_secs(2));
+            // Never blocks (a drop inside another runtime must not).
+            rt.shutdown_background();
         }
     }
 }
@@ -282,8 +321,12 @@ async fn start(
         let mut headers = HashMap::new();
         let mut auth = None;
         for (k, v) in &config.headers {
-            if k.eq_ignore_ascii_case("authorization") {
-                auth = Some(v.trim_start_matches("Bearer ").to_owned());
+            // A bearer token goes through rmcp's auth header; any other
+            // scheme is sent as it is.
+            if k.eq_ignore_ascii_case("authorization")
+                && let Some(token) = v.strip_prefix("Bearer ")
+            {
+                auth = Some(token.trim().to_owned());
                 continue;
             }
             let name = http::HeaderName::from_bytes(k.as_bytes())

@@ -172,6 +172,36 @@ pub fn process_cgroups(pid: u32) -> Vec<PathBuf> {
     out
 }
 
+/// Removes the pids cgroups of helper `pid` (its processes are leaving:
+/// the removal is retried for a moment), and any left by helpers that are
+/// gone (a Retinue process killed mid-command).
+pub fn remove_process_cgroups(pid: u32) {
+    for dir in process_cgroups(pid) {
+        if !dir.exists() {
+            continue;
+        }
+        for _ in 0..50 {
+            if std::fs::remove_dir(&dir).is_ok() || !dir.exists() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+    for dir in process_cgroups(0) {
+        let Some(parent) = dir.parent() else { continue };
+        let Ok(entries) = std::fs::read_dir(parent) else { continue };
+        for e in entries.flatten() {
+            let name = e.file_name();
+            let Some(owner) = name.to_str().and_then(|n| n.strip_prefix("retinue-")) else {
+                continue;
+            };
+            if owner.parse::<u32>().is_ok() && !Path::new("/proc").join(owner).exists() {
+                let _ = std::fs::remove_dir(e.path());
+            }
+        }
+    }
+}
+
 /// A hard cap of [`MAX_PROCESSES`] on this process and what it starts: a
 /// pids cgroup of its own where the host lets it make one, else (not root)
 /// RLIMIT_NPROC over the user's count; else only the parent's process

@@ -127,9 +127,7 @@ impl Terminal {
             .map_err(|e| format!("cannot start the sandbox helper: {e}"))?;
         let pid = probe.id();
         let out = probe.wait_with_output().map_err(|e| format!("the sandbox helper: {e}"))?;
-        for dir in crate::sandbox::process_cgroups(pid) {
-            let _ = std::fs::remove_dir(dir);
-        }
+        crate::sandbox::remove_process_cgroups(pid);
         if out.status.success() {
             Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
         } else {
@@ -139,7 +137,12 @@ impl Terminal {
     }
 
     /// `terminal`.
-    pub fn run(&self, ws: &Workspace, args: &Args<'_>) -> Result<String, ToolError> {
+    pub fn run(
+        &self,
+        ws: &Workspace,
+        args: &Args<'_>,
+        cancel: &retinue_delegate::CancelToken,
+    ) -> Result<String, ToolError> {
         let command = args.required_str("command")?;
         if command.trim().is_empty() {
             return Err(ToolError::InvalidArguments("terminal: `command` is empty".to_owned()));
@@ -251,6 +254,7 @@ impl Terminal {
         let mut pid_ns = None;
         let mut last_count = Instant::now();
         let mut too_many = false;
+        let mut stopped = false;
         loop {
             let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
             match waitid(Id::Pid(group), flags) {
@@ -259,6 +263,10 @@ impl Terminal {
             }
             if started.elapsed() >= timeout {
                 timed_out = true;
+                break;
+            }
+            if cancel.is_cancelled() {
+                stopped = true;
                 break;
             }
             if sandboxed && last_count.elapsed() >= PROCESS_WATCH {
@@ -280,9 +288,7 @@ impl Terminal {
         let _ = killpg(group, Signal::SIGKILL);
         let status = child.wait().ok();
         // The helper's pids cgroup (empty now) goes too.
-        for dir in crate::sandbox::process_cgroups(helper_pid) {
-            let _ = std::fs::remove_dir(dir);
-        }
+        crate::sandbox::remove_process_cgroups(helper_pid);
         let (bytes, total) = rx.recv_timeout(Duration::from_secs(5)).unwrap_or_else(|_| {
             (b"[output unavailable: a process outside the group kept it open]".to_vec(), 0)
         });
@@ -307,6 +313,10 @@ impl Terminal {
                 "the command timed out after {} s; its process group was killed",
                 timeout.as_secs()
             ));
+        }
+        if stopped {
+            out["exit_code"] = json!(137);
+            out["error"] = json!("the child was stopped; the command was killed");
         }
         if too_many {
             out["exit_code"] = json!(137);

@@ -65,6 +65,16 @@ impl Workspace {
         &self.root
     }
 
+    /// Whether the root path still names the directory held open (it was
+    /// not replaced or removed since).
+    pub fn is_current(&self) -> bool {
+        let (Ok(held), Ok(now)) = (rustix::fs::fstat(&*self.fd), rustix::fs::stat(&self.root))
+        else {
+            return false;
+        };
+        (held.st_dev, held.st_ino) == (now.st_dev, now.st_ino)
+    }
+
     /// Checks `path` (as the model gave it) and makes it relative to the root.
     pub fn inside(&self, path: &str) -> Result<Inside, ToolError> {
         let refuse =
