@@ -914,3 +914,25 @@ fn a_ten_gigabyte_file_is_answered_at_once() {
     let r = tb.execute(&c, "read_file", &json!({"path": "long.txt", "offset": 1_000_000}));
     assert!(matches!(&r, Err(ToolError::Refused(t)) if t.contains("beyond the first")), "{r:?}");
 }
+
+#[test]
+fn a_stopped_child_stops_its_running_command() {
+    if !sandbox_ready() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tmp");
+    let tb = toolbox();
+    let c = child(dir.path(), &["terminal"]);
+    let cancel = CancelToken::new();
+    let stopper = cancel.clone();
+    let at = std::time::Instant::now();
+    let t = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        stopper.cancel();
+    });
+    let out = ok(tb.execute_with_cancel(&c, "terminal", &json!({"command": "sleep 30"}), &cancel));
+    t.join().expect("stopper");
+    assert!(at.elapsed() < Duration::from_secs(10), "{:?}", at.elapsed());
+    assert_eq!(out["exit_code"], 137, "{out}");
+    assert!(out["error"].as_str().expect("error").contains("stopped"), "{out}");
+}
