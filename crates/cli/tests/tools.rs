@@ -189,23 +189,7 @@ fn toolsets_only_narrow_and_a_follow_up_restores_toolsets_workspace_and_history(
 fn an_orchestrator_child_delegates_a_grandchild_on_the_same_registry() {
     let home = TempHome::new();
     let ws = tempfile::tempdir().expect("ws");
-    let model = FakeModel::start();
-    model.set_handler(|request| {
-        let messages = request.messages();
-        let first_user = messages.iter().find(|m| m["role"] == "user")?;
-        let goal = first_user["content"].as_str().unwrap_or_default().to_owned();
-        let last = messages.last()?;
-        if goal.starts_with("grand") {
-            return Some(Reply::text("grandchild found it").with_usage(Usage::new(30, 5)));
-        }
-        if last["role"] == "tool" {
-            return Some(Reply::text("child relayed it").with_usage(Usage::new(60, 5)));
-        }
-        Some(
-            Reply::tool_call("d1", "delegate_task", json!({"goal": "grand task"}))
-                .with_usage(Usage::new(40, 5)),
-        )
-    });
+    let model = orchestrating_model();
     configure(home.path(), &model, "  max_spawn_depth: 2\n");
     let (code, v, err) = retinue(
         home.path(),
@@ -307,4 +291,46 @@ fn a_child_calls_a_streamable_http_mcp_server() {
         .filter_map(|t| t["function"]["name"].as_str().map(str::to_owned))
         .collect();
     assert!(offered.contains(&"mcp__remote__delegate_task".to_owned()), "{offered:?}");
+}
+
+/// The model of the orchestrator tests: the child delegates a grandchild
+/// (40 + 5 tokens), the grandchild answers (30 + 5), the child relays (60 + 5).
+fn orchestrating_model() -> FakeModel {
+    let model = FakeModel::start();
+    model.set_handler(|request| {
+        let messages = request.messages();
+        let first_user = messages.iter().find(|m| m["role"] == "user")?;
+        let goal = first_user["content"].as_str().unwrap_or_default().to_owned();
+        let last = messages.last()?;
+        if goal.starts_with("grand") {
+            return Some(Reply::text("grandchild found it").with_usage(Usage::new(30, 5)));
+        }
+        if last["role"] == "tool" {
+            return Some(Reply::text("child relayed it").with_usage(Usage::new(60, 5)));
+        }
+        Some(
+            Reply::tool_call("d1", "delegate_task", json!({"goal": "grand task"}))
+                .with_usage(Usage::new(40, 5)),
+        )
+    });
+    model
+}
+
+#[test]
+fn the_whole_tree_grandchild_included_draws_on_one_budget() {
+    let home = TempHome::new();
+    let ws = tempfile::tempdir().expect("ws");
+    let model = orchestrating_model();
+    configure(home.path(), &model, "  max_spawn_depth: 2\n  budget: {max_tokens: 100000}\n");
+    let (code, v, err) = retinue(
+        home.path(),
+        ws.path(),
+        &["delegate", "--tasks", r#"[{"goal":"orchestrate","role":"orchestrator"}]"#],
+    );
+    assert_eq!(code, 0, "{v} {err}");
+    assert_eq!(v["results"][0]["summary"], "child relayed it", "{v}");
+    // Spent: the child's two calls and the grandchild's one, 145 tokens,
+    // all counted against the top-level budget; nothing left reserved.
+    assert_eq!(v["budget"]["spent"]["tokens"], 145, "{v}");
+    assert_eq!(v["budget"]["reserved"]["tokens"], 0, "{v}");
 }
