@@ -9,20 +9,24 @@ use std::process::Command;
 
 use serde_json::Value;
 
-/// Workspace crates each crate may depend on (normal dependencies).
+/// Workspace crates each crate may depend on (normal dependencies): core on
+/// the ground floor, the two backends side by side on it, config above them
+/// (never below), lineage and usage on core only.
 const ALLOWED: &[(&str, &[&str])] = &[
-    ("retinue-store", &[]),
-    ("retinue-store-pg", &["retinue-store"]),
-    ("retinue-testkit", &["retinue-store"]),
-    ("retinue-lineage", &["retinue-store", "retinue-usage"]),
-    ("retinue-usage", &["retinue-store"]),
-    ("retinue-delegate", &["retinue-store", "retinue-lineage", "retinue-usage"]),
-    ("retinue-runtime", &["retinue-store", "retinue-delegate"]),
-    ("retinue-tools", &["retinue-store", "retinue-delegate", "retinue-runtime"]),
+    ("retinue-core", &[]),
+    ("retinue-config", &["retinue-core"]),
+    ("retinue-store", &["retinue-core"]),
+    ("retinue-store-pg", &["retinue-core"]),
+    ("retinue-testkit", &["retinue-core", "retinue-config", "retinue-store"]),
+    ("retinue-lineage", &["retinue-core"]),
+    ("retinue-usage", &["retinue-core"]),
+    ("retinue-delegate", &["retinue-core", "retinue-config", "retinue-lineage", "retinue-usage"]),
+    ("retinue-runtime", &["retinue-core", "retinue-config", "retinue-delegate"]),
+    ("retinue-tools", &["retinue-config", "retinue-delegate", "retinue-runtime"]),
     (
         "retinue-mcp",
         &[
-            "retinue-store",
+            "retinue-core",
             "retinue-lineage",
             "retinue-usage",
             "retinue-delegate",
@@ -32,6 +36,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "retinue-cli",
         &[
+            "retinue-core",
+            "retinue-config",
             "retinue-store",
             "retinue-lineage",
             "retinue-usage",
@@ -44,15 +50,41 @@ const ALLOWED: &[(&str, &[&str])] = &[
         ],
     ),
     // The bench is a harness: it shares testkit's workload with the PostgreSQL bench.
-    ("retinue-bench", &["retinue-store", "retinue-lineage", "retinue-usage", "retinue-testkit"]),
-    ("retinue-torture", &["retinue-store", "retinue-lineage", "retinue-usage", "retinue-delegate"]),
-    ("retinue-interop", &["retinue-store", "retinue-lineage", "retinue-usage"]),
+    (
+        "retinue-bench",
+        &[
+            "retinue-core",
+            "retinue-config",
+            "retinue-store",
+            "retinue-lineage",
+            "retinue-usage",
+            "retinue-testkit",
+        ],
+    ),
+    (
+        "retinue-torture",
+        &[
+            "retinue-core",
+            "retinue-config",
+            "retinue-store",
+            "retinue-lineage",
+            "retinue-usage",
+            "retinue-delegate",
+        ],
+    ),
+    (
+        "retinue-interop",
+        &["retinue-core", "retinue-config", "retinue-store", "retinue-lineage", "retinue-usage"],
+    ),
     ("xtask", &[]),
 ];
 
-/// Crates allowed to depend on SQL libraries: only `store`, plus test support
-/// (and `store-pg` for refinery's PostgreSQL driver).
-const SQL_CRATES: &[&str] = &[
+/// Crates allowed to depend on rusqlite: only `store`, plus test support.
+const SQLITE_CRATES: &[&str] =
+    &["retinue-store", "retinue-testkit", "retinue-bench", "retinue-torture", "retinue-interop"];
+
+/// Crates allowed to depend on refinery: the two backends, plus test support.
+const MIGRATION_CRATES: &[&str] = &[
     "retinue-store",
     "retinue-store-pg",
     "retinue-testkit",
@@ -60,6 +92,9 @@ const SQL_CRATES: &[&str] = &[
     "retinue-torture",
     "retinue-interop",
 ];
+
+/// Crates allowed to read YAML: only `config`.
+const YAML_CRATES: &[&str] = &["retinue-config"];
 
 /// Crates allowed to depend on the PostgreSQL client: only `store-pg`, plus harnesses.
 const PG_CRATES: &[&str] = &["retinue-store-pg", "retinue-bench", "retinue-torture"];
@@ -70,12 +105,56 @@ pub(crate) fn run(root: &Path) -> Result<(), String> {
     check_sources(root, &mut problems);
     check_manifests(root, &mut problems);
     check_graph(root, &mut problems);
+    check_engine_free(root, &mut problems);
     crate::seams::check(root, &mut problems);
     if problems.is_empty() {
         eprintln!("tidy: ok");
         Ok(())
     } else {
         Err(format!("tidy found {} problem(s):\n  {}", problems.len(), problems.join("\n  ")))
+    }
+}
+
+/// What each crate's whole normal dependency tree must not contain
+/// (`cargo tree -e normal`, features resolved as for that crate alone): an
+/// embedder takes core + lineage with no SQL engine, and the PostgreSQL
+/// backend never links SQLite.
+const ENGINE_FREE: &[(&str, &[&str])] = &[
+    ("retinue-core", &["rusqlite", "libsqlite3-sys", "postgres", "refinery", "serde_yaml_ng"]),
+    ("retinue-lineage", &["rusqlite", "libsqlite3-sys", "postgres", "refinery", "serde_yaml_ng"]),
+    ("retinue-usage", &["rusqlite", "libsqlite3-sys", "postgres", "refinery", "serde_yaml_ng"]),
+    ("retinue-store-pg", &["rusqlite", "libsqlite3-sys", "serde_yaml_ng"]),
+    ("retinue-store", &["postgres", "tokio-postgres", "serde_yaml_ng"]),
+];
+
+fn check_engine_free(root: &Path, problems: &mut Vec<String>) {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    for (krate, banned) in ENGINE_FREE {
+        let out = Command::new(&cargo)
+            .current_dir(root)
+            .args(["tree", "--quiet", "--offline", "-e", "normal", "--prefix", "none"])
+            .args(["--format", "{p}", "-p", krate])
+            .output();
+        let text = match out {
+            Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).into_owned(),
+            Ok(o) => {
+                problems.push(format!(
+                    "cargo tree -p {krate}: {}",
+                    String::from_utf8_lossy(&o.stderr).trim()
+                ));
+                continue;
+            }
+            Err(e) => {
+                problems.push(format!("cargo tree -p {krate}: {e}"));
+                continue;
+            }
+        };
+        for line in text.lines() {
+            let name = line.split_whitespace().next().unwrap_or_default();
+            if banned.contains(&name) {
+                problems.push(format!("{krate}'s dependency tree contains {name}"));
+            }
+        }
     }
 }
 
@@ -227,11 +306,16 @@ fn check_graph(root: &Path, problems: &mut Vec<String>) {
             {
                 problems.push(format!("{name}: retinue-testkit may only be a dev-dependency"));
             }
-            if (dep_name == "rusqlite" || dep_name == "refinery")
-                && normal
-                && !SQL_CRATES.contains(&name)
-            {
+            if dep_name == "rusqlite" && normal && !SQLITE_CRATES.contains(&name) {
                 problems.push(format!("{name}: only retinue-store may depend on {dep_name}"));
+            }
+            if dep_name == "refinery" && normal && !MIGRATION_CRATES.contains(&name) {
+                problems.push(format!(
+                    "{name}: only retinue-store and retinue-store-pg may depend on {dep_name}"
+                ));
+            }
+            if dep_name.starts_with("serde_yaml") && normal && !YAML_CRATES.contains(&name) {
+                problems.push(format!("{name}: only retinue-config may depend on {dep_name}"));
             }
             if (dep_name == "postgres" || dep_name == "tokio-postgres")
                 && normal

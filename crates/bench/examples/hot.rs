@@ -4,8 +4,9 @@
 
 use std::sync::Arc;
 
+use retinue_core::{ManualClock, RegistryRead, Retention, UnitLifecycle};
 use retinue_lineage::{Authority, LineageAuthority};
-use retinue_store::{ManualClock, RegistryRead, Retention, Store, StoreOptions, UnitLifecycle};
+use retinue_store::{Store, StoreOptions};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -30,9 +31,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "authority" => drop(authority.check_follow_up_authority(&e, Some("L99"))),
             "authority1" => drop(authority.check_follow_up_authority(&e, Some("L1"))),
             "retain" => {
-                let draft = retinue_store::UnitDraft {
+                let draft = retinue_core::UnitDraft {
                     parent_session_id: Some("p-1".into()),
-                    children: vec![retinue_store::ChildManifest {
+                    children: vec![retinue_core::ChildManifest {
                         subagent_id: format!("sa-0-hot{}", clock_now(&clock)),
                         ..Default::default()
                     }],
@@ -44,9 +45,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             "tombstone" => {
                 let sa = format!("sa-0-hot{}", clock_now(&clock));
-                let draft = retinue_store::UnitDraft {
+                let draft = retinue_core::UnitDraft {
                     parent_session_id: Some("p-1".into()),
-                    children: vec![retinue_store::ChildManifest {
+                    children: vec![retinue_core::ChildManifest {
                         subagent_id: sa.clone(),
                         ..Default::default()
                     }],
@@ -54,7 +55,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 };
                 let id = store.insert_unit(&draft)?;
                 store.retain_completed_delegation(&id, None)?;
-                if !store.tombstone_retained_child(&sa, &retinue_store::TombstoneReason::Manual)? {
+                if !store.tombstone_retained_child(&sa, &retinue_core::TombstoneReason::Manual)? {
                     return Err("tombstone changed nothing".into());
                 }
                 clock.advance(1.0);
@@ -66,7 +67,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 }
 
 fn clock_now(clock: &ManualClock) -> f64 {
-    use retinue_store::Clock;
+    use retinue_core::Clock;
     clock.now()
 }
 

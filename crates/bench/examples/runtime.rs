@@ -13,9 +13,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use retinue_core::Message;
 use retinue_delegate::{CancelToken, ChildRuntime, ChildSpec, RunInput, SinkError, TranscriptSink};
 use retinue_runtime::{ChatRuntime, NoTools, RuntimeConfig};
-use retinue_store::Message;
 use retinue_testkit::fake_model::{FakeModel, Reply, Usage};
 
 struct Discard;

@@ -13,9 +13,9 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
+use retinue_config::TerminalConfig;
 use retinue_delegate::ChildHandle;
 use retinue_runtime::ToolExecutor;
-use retinue_store::TerminalConfig;
 use retinue_tools::terminal::Helper;
 use retinue_tools::{Toolbox, ToolboxConfig};
 use serde_json::json;

@@ -16,11 +16,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use retinue_lineage::{Authority, LineageAuthority};
-use retinue_store::{
-    Completion, DelegationConfig, LoadedConfig, ManualClock, RegistryRead, Retention, Store,
-    StoreOptions, Synchronous, TombstoneReason, UnitLifecycle,
+use retinue_config::DelegationConfig;
+use retinue_core::{
+    Completion, ManualClock, RegistryRead, Retention, Synchronous, TombstoneReason, UnitLifecycle,
 };
+use retinue_lineage::{Authority, LineageAuthority};
+use retinue_store::{Store, StoreOptions};
 use retinue_usage::AttributionDraft;
 use serde_json::{Value, json};
 
@@ -113,10 +114,11 @@ impl Bench {
 }
 
 fn options(clock: &Arc<ManualClock>, sync: Synchronous) -> StoreOptions {
-    let mut config = LoadedConfig::default();
-    config.database.synchronous = sync;
-    config.delegation = DelegationConfig::default();
-    StoreOptions { config, ..StoreOptions::default().with_clock(clock.clone()) }
+    StoreOptions {
+        synchronous: sync,
+        retention: DelegationConfig::default().retention(),
+        ..StoreOptions::default().with_clock(clock.clone())
+    }
 }
 
 fn rss_peak_kib() -> Option<u64> {
@@ -375,7 +377,7 @@ fn run_size(b: &mut Bench, n: usize) -> Result<(), Box<dyn std::error::Error>> {
                 });
             }
         };
-        for i in 0..retinue_store::TERMINAL_KEEP {
+        for i in 0..retinue_core::TERMINAL_KEEP {
             finish_failed(format!("hk{i:06}"));
         }
         let _ = store.prune_history();
@@ -466,7 +468,7 @@ fn run_size(b: &mut Bench, n: usize) -> Result<(), Box<dyn std::error::Error>> {
 }
 
 fn clock_now(clock: &ManualClock) -> f64 {
-    use retinue_store::Clock;
+    use retinue_core::Clock;
     clock.now()
 }
 

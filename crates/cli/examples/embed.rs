@@ -7,13 +7,17 @@
 
 use std::sync::Arc;
 
+use retinue_config::LoadedConfig;
+use retinue_core::{
+    ExitReason, Message, NewSession, SessionStore, SystemClock, default_profile_key,
+};
 use retinue_delegate::{
     CallPlan, CallUsage, CancelToken, ChildHandle, ChildOutcome, ChildRuntime, ChildSpec,
     DelegateOutcome, DelegateRequest, Delegator, DelegatorParts, ParentContext, RunInput,
     RunTokens, RuntimeError, SpawnRequest, TaskSpec, TranscriptSink,
 };
 use retinue_lineage::{Authority, LineageAuthority};
-use retinue_store::{ExitReason, Message, NewSession, SessionStore, Store, SystemClock};
+use retinue_store::{Store, StoreOptions};
 use serde_json::json;
 
 /// The framework's own child runtime: here an echo, in real life an LLM client
@@ -81,9 +85,14 @@ impl ChildRuntime for MyRuntime {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    // In an agent: `retinue_store::hermes_home()`; here a throw-away home.
+    // In an agent: `retinue_config::hermes_home()`; here a throw-away home.
     let home = tempfile::tempdir()?;
-    let store = Arc::new(Store::open_home(home.path(), Arc::new(SystemClock))?);
+    let config = LoadedConfig::load(home.path());
+    let opts = StoreOptions::default()
+        .with_clock(Arc::new(SystemClock))
+        .with_profile(default_profile_key(home.path()))
+        .with_retention(config.delegation.retention());
+    let store = Arc::new(Store::open(home.path().join("state.db"), opts)?);
     let profile = store.profile().to_owned();
     let authority = Arc::new(Authority::new(store.clone(), store.clone(), profile.clone()));
     let tool = Delegator::new(DelegatorParts {
@@ -94,7 +103,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         authority: authority.clone(),
         runtime: Arc::new(MyRuntime),
         completions: None, // background results: pass your CompletionSink
-        config: store.config().delegation.clone(),
+        config: config.delegation.clone(),
         profile,
     });
     // Advertise the tool to the model with this schema.

@@ -7,9 +7,9 @@
 
 use std::sync::Arc;
 
-use retinue_store::{
-    Budgets, Clock, LoadedConfig, Registry, SessionGraph, SessionStore, Store, UsageLedger,
-};
+use retinue_config::LoadedConfig;
+use retinue_core::{Budgets, Clock, Registry, SessionGraph, SessionStore, UsageLedger};
+use retinue_store::Store;
 use retinue_store_pg::{PgOptions, PgStore};
 
 use crate::env::{Access, Env};
@@ -59,14 +59,17 @@ impl Backend {
     pub(crate) fn open(env: &Env, clock: Arc<dyn Clock>, access: Access) -> Result<Backend> {
         match env.team()? {
             Some(url) => Backend::open_pg(env, url, clock, access),
-            None => Ok(Backend::from_sqlite(env.open(clock, access)?)),
+            None => {
+                let (store, config) = env.open(clock, access)?;
+                Ok(Backend::from_sqlite(store, config))
+            }
         }
     }
 
-    /// The handle over an open SQLite store.
-    pub(crate) fn from_sqlite(store: Arc<Store>) -> Backend {
+    /// The handle over an open SQLite store, opened with `config`.
+    pub(crate) fn from_sqlite(store: Arc<Store>, config: LoadedConfig) -> Backend {
         Backend {
-            config: store.config().clone(),
+            config,
             profile: store.profile().to_owned(),
             registry: store.clone(),
             sessions: store.clone(),
@@ -83,7 +86,7 @@ impl Backend {
             eprintln!("retinue: warning: {warning}");
         }
         let opts = PgOptions {
-            config: config.clone(),
+            retention: config.delegation.retention(),
             clock,
             profile: env.profile.clone(),
             // A read command never migrates the schema nor registers a

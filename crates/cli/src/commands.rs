@@ -5,17 +5,17 @@
 
 use std::sync::Arc;
 
+use retinue_config::{DelegationConfig, LoadedConfig};
+use retinue_core::{
+    Clock, Lookup, NewSession, ProcProbe, RegistryRead, RetainedChild, SessionStore, SystemClock,
+    TombstoneReason, Unaddressable, UsageAttribution, UsageTotals, iso8601,
+};
 use retinue_delegate::{
     CancelToken, ChildRuntime, DelegateError, DelegateRequest, Delegator, DelegatorParts,
     ErrorKind, ParentContext,
 };
 use retinue_lineage::{Authority, Denial, check_follow_up_authority, lineage_chain, list_for};
 use retinue_runtime::{ChatRuntime, RuntimeConfig};
-use retinue_store::{
-    Clock, DelegationConfig, LoadedConfig, Lookup, NewSession, ProcProbe, RegistryRead,
-    RetainedChild, SessionStore, SystemClock, TombstoneReason, Unaddressable, UsageAttribution,
-    UsageTotals, iso8601,
-};
 use retinue_tools::{Toolbox, ToolboxConfig};
 use retinue_usage::{
     budget_json, child_breakdown, fold_usage, load_child_usage_attributions,
@@ -718,7 +718,7 @@ pub(crate) fn delegate(env: &Env, args: &DelegateArgs) -> Result<Output> {
             }
             let results = outcome.results();
             let all_failed = !results.is_empty()
-                && results.iter().all(|r| r.status != retinue_store::ChildStatus::Completed);
+                && results.iter().all(|r| r.status != retinue_core::ChildStatus::Completed);
             match outcome.ledger_error() {
                 // The spend is kept in the budget; the command still fails.
                 Some(e) => {

@@ -7,16 +7,17 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use retinue_config::DelegationConfig;
+use retinue_config::LoadedConfig;
+use retinue_core::{
+    ChildManifest, Claims, Clock, DeliveryFilter, Lookup, ManualClock, NewSession, OwnerProbe,
+    ProcProbe, ProcessState, RegistryRead, RetainedChild, Retention, SessionStore, SystemClock,
+    TombstoneReason, Unaddressable, UnitDraft, UnitLifecycle, current_owner, iso8601,
+};
 use retinue_delegate::ParentContext;
 use retinue_lineage::{check_follow_up_authority, lineage_chain, root};
 use retinue_runtime::{ChatRuntime, RuntimeConfig};
-use retinue_store::DelegationConfig;
-use retinue_store::{
-    ChildManifest, Claims, Clock, DeliveryFilter, LoadedConfig, Lookup, ManualClock, NewSession,
-    OwnerProbe, ProcProbe, ProcessState, RegistryRead, RetainedChild, Retention, SessionStore,
-    Store, StoreOptions, SystemClock, TombstoneReason, Unaddressable, UnitDraft, UnitLifecycle,
-    current_owner, iso8601,
-};
+use retinue_store::{Store, StoreOptions};
 use retinue_testkit::fake_model::{FakeModel, Reply, Usage};
 use retinue_usage::{load_child_usage_attributions, load_lineage_usage_totals};
 use serde_json::{Value, json};
@@ -114,7 +115,7 @@ fn demo_runtime(model: &FakeModel) -> Result<(ChatRuntime, DelegationConfig)> {
     let config = DelegationConfig {
         model: MODEL.to_owned(),
         base_url: model.base_url(),
-        api_key: "demo-key".to_owned(),
+        api_key: retinue_config::ApiKey::new("demo-key"),
         ..DelegationConfig::default()
     };
     // The children get the default `read` toolset over the demo's workspace.
@@ -253,7 +254,7 @@ fn demo_home(home: Option<&Path>) -> Result<(Option<tempfile::TempDir>, PathBuf)
 /// home says.
 fn demo_store(db: &Path, profile: &str, clock: Arc<ManualClock>) -> Result<Arc<Store>> {
     let opts = StoreOptions {
-        config: LoadedConfig::default(),
+        retention: LoadedConfig::default().delegation.retention(),
         clock,
         profile: profile.to_owned(),
         ..StoreOptions::default()
@@ -316,7 +317,7 @@ fn run_story(env: &Env, home: Option<&Path>) -> Result<Output> {
     // 2. The parent delegates a batch of three tasks.
     let model = fake_model();
     let (runtime, config) = demo_runtime(&model)?;
-    let backend = crate::backend::Backend::from_sqlite(store.clone());
+    let backend = crate::backend::Backend::from_sqlite(store.clone(), LoadedConfig::default());
     let tool = delegator(&backend, Arc::new(runtime), config, &profile);
     let tasks: Vec<Value> = TASKS.iter().map(|t| json!({ "goal": t.0 })).collect();
     let workspace = home.join("demo-workspace");
@@ -364,8 +365,8 @@ fn run_story(env: &Env, home: Option<&Path>) -> Result<Output> {
             para(&format!(
                 "The unit completed, so its children stay addressable for a follow-up \
                  (TTL {} h, at most {} retained units). `retinue children list`:",
-                store.config().delegation.retained_ttl_hours,
-                store.config().delegation.max_retained,
+                store.retention().ttl_hours,
+                store.retention().max_retained,
             )),
             children_table(&listed)
         ),

@@ -6,7 +6,9 @@ use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use retinue_store::{Clock, LoadedConfig, Store, StoreOptions, try_hermes_home};
+use retinue_config::{LoadedConfig, try_hermes_home};
+use retinue_core::Clock;
+use retinue_store::{Store, StoreOptions};
 
 use crate::cli::Cli;
 use crate::error::{CliError, Result};
@@ -99,7 +101,7 @@ impl Env {
         let database = if cli.db.is_none() || pg_url.is_some() {
             quiet_database_config(&home)
         } else {
-            retinue_store::DatabaseConfig::default()
+            retinue_config::DatabaseConfig::default()
         };
         if cli.db.is_none()
             && let Some(url) = database.url.as_deref()
@@ -152,15 +154,20 @@ impl Env {
     }
 
     /// Opens the SQLite database with the home's configuration, this
-    /// profile and `clock` (the demo's store; commands use [`crate::backend::Backend`]).
-    pub(crate) fn open(&self, clock: Arc<dyn Clock>, access: Access) -> Result<Arc<Store>> {
+    /// profile and `clock` (commands use [`crate::backend::Backend`]); returns
+    /// the store and the configuration it was opened with.
+    pub(crate) fn open(
+        &self,
+        clock: Arc<dyn Clock>,
+        access: Access,
+    ) -> Result<(Arc<Store>, LoadedConfig)> {
         open_store_with(&self.home, &self.db, &self.profile, clock, access)
     }
 }
 
 /// `<home>/config.yaml`'s `database:` section, read without logging its
 /// warnings (the command's open reports them once, as before).
-fn quiet_database_config(home: &Path) -> retinue_store::DatabaseConfig {
+fn quiet_database_config(home: &Path) -> retinue_config::DatabaseConfig {
     let level = log::max_level();
     log::set_max_level(log::LevelFilter::Off);
     let database = LoadedConfig::load(home).database;
@@ -177,7 +184,7 @@ pub(crate) fn redact_url(url: &str) -> String {
         None => (String::new(), url),
     };
     // The userinfo runs to its last `@` (a password may hold `/` or `@`).
-    let (userinfo, rest) = match retinue_store::userinfo_at(rest) {
+    let (userinfo, rest) = match retinue_core::userinfo_at(rest) {
         Some(at) => (
             match rest[..at].split_once(':') {
                 Some((user, _)) => format!("{user}:***@"),
@@ -214,7 +221,7 @@ fn open_store_with(
     profile: &str,
     clock: Arc<dyn Clock>,
     access: Access,
-) -> Result<Arc<Store>> {
+) -> Result<(Arc<Store>, LoadedConfig)> {
     if retinue_store_pg::is_postgres_url(&db.to_string_lossy()) {
         // Never a file named `postgres:` (team mode opens a `PgStore` instead).
         return Err(crate::error::CliError::Usage(
@@ -226,15 +233,18 @@ fn open_store_with(
     for warning in &config.warnings {
         eprintln!("retinue: warning: {warning}");
     }
+    let defaults = StoreOptions::default();
     let opts = StoreOptions {
-        config,
+        retention: config.delegation.retention(),
+        journal_mode: config.database.journal_mode,
+        synchronous: config.database.synchronous,
+        busy_timeout: config.database.busy_timeout().unwrap_or(defaults.busy_timeout),
         clock,
         profile: profile.to_owned(),
         read_only: access == Access::Read,
         create_missing: access == Access::WriteOrCreate,
-        ..StoreOptions::default()
     };
-    Ok(Arc::new(Store::open(db, opts)?))
+    Ok((Arc::new(Store::open(db, opts)?), config))
 }
 
 #[cfg(test)]

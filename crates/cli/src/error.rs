@@ -27,7 +27,7 @@ pub(crate) enum CliError {
     Failed(String),
     /// The store failed.
     #[error(transparent)]
-    Store(#[from] retinue_store::Error),
+    Store(#[from] retinue_core::Error),
     /// The usage ledger failed.
     #[error(transparent)]
     Ledger(#[from] retinue_usage::Error),
@@ -42,7 +42,7 @@ impl CliError {
         match self {
             CliError::Usage(_) => EXIT_USAGE,
             CliError::NotFound(_) => EXIT_NOT_FOUND,
-            CliError::Store(e) if e.kind() == retinue_store::ErrorKind::Missing => EXIT_NOT_FOUND,
+            CliError::Store(e) if e.kind() == retinue_core::ErrorKind::Missing => EXIT_NOT_FOUND,
             CliError::Failed(_) | CliError::Store(_) | CliError::Ledger(_) | CliError::Io(_) => {
                 EXIT_FAILED
             }
@@ -51,7 +51,7 @@ impl CliError {
 
     /// The kind of failure, as `--json` reports it under `"code"`.
     pub(crate) fn kind(&self) -> &'static str {
-        use retinue_store::Error as S;
+        use retinue_core::Error as S;
         match self {
             CliError::Usage(_) => "usage",
             CliError::NotFound(_) => "not_found",

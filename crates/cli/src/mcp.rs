@@ -4,10 +4,10 @@
 
 use std::sync::Arc;
 
+use retinue_core::SystemClock;
 use retinue_delegate::ChildRuntime;
 use retinue_lineage::Authority;
 use retinue_mcp::{McpParts, RetinueServer, ServerOptions, SessionChoice, Shutdown};
-use retinue_store::SystemClock;
 
 use crate::Output;
 use crate::backend::Backend;
@@ -59,7 +59,7 @@ pub(crate) fn run(env: &Env, args: &McpArgs) -> Result<Output> {
     store.keep_alive();
     // A server restarted after a crash: its dead units (and any other dead
     // owner's) are recovered before it serves, never left `running`.
-    let report = store.registry.recover_abandoned_delegations(&retinue_store::ProcProbe);
+    let report = store.registry.recover_abandoned_delegations(&retinue_core::ProcProbe);
     if report.abandoned > 0 {
         eprintln!(
             "retinue mcp: recovered {} abandoned delegation(s) of processes that are gone",
@@ -69,7 +69,7 @@ pub(crate) fn run(env: &Env, args: &McpArgs) -> Result<Output> {
     if let Some(e) = report.error {
         eprintln!("retinue mcp: warning: could not recover abandoned delegations: {e}");
     }
-    if let Err(e) = store.budgets.release_abandoned_reservations(&retinue_store::ProcProbe) {
+    if let Err(e) = store.budgets.release_abandoned_reservations(&retinue_core::ProcProbe) {
         eprintln!("retinue mcp: warning: could not reconcile abandoned budget reservations: {e}");
     }
     let choice = match (&args.session, args.new_session) {

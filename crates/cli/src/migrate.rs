@@ -7,7 +7,8 @@
 
 use std::sync::Arc;
 
-use retinue_store::{LoadedConfig, SystemClock};
+use retinue_config::LoadedConfig;
+use retinue_core::SystemClock;
 use retinue_store_pg::{PgOptions, PgStore, is_postgres_url};
 use serde_json::json;
 
@@ -37,13 +38,13 @@ pub(crate) fn migrate(env: &Env, to: &str) -> Result<Output> {
     // file gets the same clear refusal, and nothing is written to it.
     drop(env.open(Arc::new(SystemClock), Access::Read)?);
     let opts = PgOptions {
-        config: LoadedConfig::load(&env.home),
+        retention: LoadedConfig::load(&env.home).delegation.retention(),
         clock: Arc::new(SystemClock),
         profile: env.profile.clone(),
         ..PgOptions::default()
     };
     let store = PgStore::open(to, opts)?;
-    let report = store.import_state_db(&env.db)?;
+    let report = store.import_state_db(&env.db, &retinue_store::StateDbReader)?;
     // A one-shot migration is not a worker: give the lease up at once.
     store.retire()?;
     let mut human = format!("copied {} into PostgreSQL (verified):\n", env.db.display());

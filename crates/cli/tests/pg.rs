@@ -240,11 +240,11 @@ fn budget_refusal_on_postgres() {
 /// under the explicit profile; another tenant is still denied.
 #[test]
 fn migrate_into_a_tenant_then_follow_up() {
-    use retinue_store::{NewSession, SessionStore};
+    use retinue_core::{NewSession, SessionStore};
     let Some(url) = retinue_testkit::pg_url("team-mode CLI tests") else { return };
     let scratch = Scratch::new(&url);
     let home = TempHome::new();
-    let key = retinue_store::default_profile_key(home.path());
+    let key = retinue_core::default_profile_key(home.path());
     {
         // The real clock: the CLI judges TTLs at the real time.
         let store = home.open_store_with(retinue_store::StoreOptions::default().with_profile(&key));
@@ -259,10 +259,10 @@ fn migrate_into_a_tenant_then_follow_up() {
             &store,
             "P",
             &key,
-            vec![retinue_store::ChildManifest {
+            vec![retinue_core::ChildManifest {
                 subagent_id: "sa-home".into(),
                 session_id: "cs-home".into(),
-                ..retinue_store::ChildManifest::default()
+                ..retinue_core::ChildManifest::default()
             }],
         );
     }

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use retinue_store::{BudgetLimit, Budgets, Message, Reservation, ReservationDraft, Spend};
+use retinue_core::{BudgetLimit, Budgets, Message, Reservation, ReservationDraft, Spend};
 use serde_json::Value;
 #[cfg(test)]
 use serde_json::json;

@@ -121,7 +121,7 @@ pub enum DelegateError {
     },
     /// The unit could not be recorded; no child was started.
     #[error("{}", texts::PERSIST_FAILED)]
-    Storage(#[source] retinue_store::Error),
+    Storage(#[source] retinue_core::Error),
     /// A thread or another runtime resource could not be had.
     #[error("{0}")]
     Runtime(String),

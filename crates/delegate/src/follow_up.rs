@@ -5,10 +5,10 @@ use std::sync::Arc;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use retinue_lineage::Resolution;
-use retinue_store::{
+use retinue_core::{
     BudgetLimit, Message, ResumeClaim, RetainedChild, Role, Spend, UnitState, UsageSwap,
 };
+use retinue_lineage::Resolution;
 
 use crate::args::FollowUp;
 use crate::budget;
@@ -48,7 +48,7 @@ fn try_steer(
         child_index: 0,
         subagent_id: live.handle.subagent_id.clone(),
         child_session_id: live.handle.session_id.clone(),
-        manifest: retinue_store::ChildManifest::default(),
+        manifest: retinue_core::ChildManifest::default(),
     };
     if inner.parts.authority.check_follow_up_authority(&entry, requester(parent)).is_err() {
         return Some(Err(DelegateError::NotAddressable { target: fu.target.clone() }));
@@ -149,7 +149,7 @@ fn resume(
 ) -> Result<DelegateOutcome, DelegateError> {
     let parts = &inner.parts;
     let started = Instant::now();
-    let transcript_error = |session: &str, e: retinue_store::Error| DelegateError::Transcript {
+    let transcript_error = |session: &str, e: retinue_core::Error| DelegateError::Transcript {
         session_id: session.to_owned(),
         message: e.to_string(),
     };
@@ -295,7 +295,7 @@ fn resume(
     // Add the run to the unit's usage by compare-and-swap, so a concurrent
     // follow-up on a sibling never loses its run.
     let runs = runs_of(&results);
-    let mut finished = Err(retinue_store::Error::Stale { what: "the unit's usage_json" });
+    let mut finished = Err(retinue_core::Error::Stale { what: "the unit's usage_json" });
     for _ in 0..8 {
         let existing = match parts.registry.unit_usage(&entry.delegation_id) {
             Ok(v) => v,
@@ -314,7 +314,7 @@ fn resume(
             token,
             Some(&swap),
         );
-        if !matches!(finished, Err(retinue_store::Error::Stale { .. })) {
+        if !matches!(finished, Err(retinue_core::Error::Stale { .. })) {
             break;
         }
     }

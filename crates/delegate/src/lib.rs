@@ -29,8 +29,9 @@ pub mod toolsets;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use retinue_config::DelegationConfig;
+use retinue_core::{Budgets, Registry, SessionStore, UsageLedger};
 use retinue_lineage::LineageAuthority;
-use retinue_store::{Budgets, DelegationConfig, Registry, SessionStore, UsageLedger};
 use serde_json::{Value, json};
 
 pub use args::{FollowUp, TaskSpec, parse_follow_up, parse_tasks};

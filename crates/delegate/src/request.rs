@@ -4,7 +4,7 @@
 //! [`DelegateOutcome::to_json`] its rendering half; between them sits
 //! [`crate::Delegator::delegate`].
 
-use retinue_store::{BudgetLimit, Role};
+use retinue_core::{BudgetLimit, Role};
 use serde_json::{Value, json};
 
 use crate::args::{FollowUp, TaskSpec, parse_follow_up, parse_tasks};

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use retinue_store::{ChildStatus, ExitReason, Message, SessionStore};
+use retinue_core::{ChildStatus, ExitReason, Message, SessionStore};
 use retinue_usage::{ChildUsage, Tokens};
 use serde_json::{Map, Value, json};
 

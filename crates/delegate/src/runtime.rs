@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use retinue_store::{ExitReason, Message, Spend};
+use retinue_core::{ExitReason, Message, Spend};
 use serde_json::Value;
 
 /// Everything a runtime needs to build one child.
@@ -213,10 +213,10 @@ pub enum CancelReason {
 /// The store side of a [`BudgetMeter`]: the lineage reservation its runs
 /// grow call by call.
 pub(crate) struct MeterStore {
-    pub(crate) budgets: Arc<dyn retinue_store::Budgets>,
+    pub(crate) budgets: Arc<dyn retinue_core::Budgets>,
     pub(crate) reservation: String,
     /// Root, sessions and limit of the budget (`minimum`/`maximum` unused).
-    pub(crate) draft: retinue_store::ReservationDraft,
+    pub(crate) draft: retinue_core::ReservationDraft,
 }
 
 impl std::fmt::Debug for MeterStore {
@@ -404,7 +404,7 @@ impl BudgetMeter {
                 if sharing {
                     minimum.cost_usd = 0.0;
                 }
-                let draft = retinue_store::ReservationDraft {
+                let draft = retinue_core::ReservationDraft {
                     minimum,
                     maximum: Some(Spend {
                         cost_usd: (most.cost_usd - st.held.cost_usd).max(0.0),
@@ -413,10 +413,10 @@ impl BudgetMeter {
                     ..store.draft.clone()
                 };
                 match store.budgets.grow(&store.reservation, &draft) {
-                    Ok(retinue_store::Reservation::Held { granted, .. }) => {
+                    Ok(retinue_core::Reservation::Held { granted, .. }) => {
                         st.held = plus(st.held, granted);
                     }
-                    Ok(retinue_store::Reservation::Refused(status)) => {
+                    Ok(retinue_core::Reservation::Refused(status)) => {
                         let exceeded = status.exceeded_by(draft.minimum);
                         return Err(CallRefusal::Lineage { status, exceeded });
                     }
@@ -491,7 +491,7 @@ pub enum CallRefusal {
     /// delegations.
     Lineage {
         /// The budget at the refusal.
-        status: retinue_store::BudgetStatus,
+        status: retinue_core::BudgetStatus,
         /// Spent alone leaves too little.
         exceeded: bool,
     },

@@ -1,6 +1,6 @@
 //! The `delegate_task` tool schema (spec §6.1), with live limits in its texts.
 
-use retinue_store::DelegationConfig;
+use retinue_config::DelegationConfig;
 use serde_json::{Value, json};
 
 /// The tool's JSON schema.

@@ -5,7 +5,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use retinue_store::{ExitReason, Message};
+use retinue_core::{ExitReason, Message};
 use serde_json::Value;
 
 use crate::runtime::{

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use retinue_store::{
+use retinue_core::{
     ChildManifest, ChildStatus, Completion, DeliveryFilter, ExitReason, Lookup, Message,
     NewSession, Role, Spend, UnitDraft, current_owner, truncate_chars,
 };
@@ -39,7 +39,7 @@ pub(crate) fn random_hex(bytes: usize) -> String {
 /// (`orchestrator_enabled`, and the child's depth below `max_spawn_depth`).
 pub(crate) fn effective_role(
     wanted: Role,
-    config: &retinue_store::DelegationConfig,
+    config: &retinue_config::DelegationConfig,
     parent: &ParentContext,
 ) -> Role {
     if wanted == Role::Orchestrator
@@ -513,7 +513,7 @@ pub(crate) fn run(
                 provider: p.spec.provider.clone(),
                 // Stored redacted: never a credential in a column, and
                 // never an address a follow-up would send the key to.
-                base_url: p.spec.base_url.as_deref().map(retinue_store::redact_endpoint),
+                base_url: p.spec.base_url.as_deref().map(retinue_core::redact_endpoint),
                 api_mode: p.spec.api_mode.clone(),
                 toolsets: Some(p.spec.toolsets.clone()),
                 role: Some(p.spec.role.clone()),

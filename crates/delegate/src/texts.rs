@@ -62,7 +62,7 @@ pub const SHOWN_ID_CHARS: usize = 128;
 
 /// The trimmed target, at most [`SHOWN_ID_CHARS`] characters.
 pub fn shown_id(id: &str) -> String {
-    retinue_store::truncate_chars(id.trim(), SHOWN_ID_CHARS)
+    retinue_core::truncate_chars(id.trim(), SHOWN_ID_CHARS)
 }
 
 /// Missing and foreign targets: byte-identical.
@@ -78,7 +78,7 @@ pub fn tombstoned(id: &str, at: f64, reason: &str, session: &str) -> String {
     format!(
         "follow_up target '{}' was tombstoned at {} (reason: {reason}) and can no longer receive follow-ups. Its transcript is kept (session {session}).",
         shown_id(id),
-        retinue_store::iso8601(at)
+        retinue_core::iso8601(at)
     )
 }
 
@@ -87,8 +87,8 @@ pub fn busy(id: &str, claimed_at: f64, expires_at: f64) -> String {
     format!(
         "follow_up target '{}' is busy: another follow-up is already resuming this child (claimed {}, lease until {}). Retry when it finishes.",
         shown_id(id),
-        retinue_store::iso8601(claimed_at),
-        retinue_store::iso8601(expires_at)
+        retinue_core::iso8601(claimed_at),
+        retinue_core::iso8601(expires_at)
     )
 }
 
@@ -154,8 +154,8 @@ fn money_tokens(cost: Option<f64>, tokens: Option<u64>) -> String {
 /// A spawn or follow-up refused before any model call: it would exceed the budget.
 pub fn budget_refused(
     root: &str,
-    status: &retinue_store::BudgetStatus,
-    needs: retinue_store::Spend,
+    status: &retinue_core::BudgetStatus,
+    needs: retinue_core::Spend,
 ) -> String {
     let (cost_left, tokens_left) = status.remaining();
     let limited = |cost: f64, tokens: u64| {

@@ -5,7 +5,7 @@
 use serde::Serialize;
 
 use crate::ParentContext;
-use retinue_store::Role;
+use retinue_core::Role;
 
 /// The read-only subset of hermes's `file` toolset (Retinue's default).
 pub const READ: &str = "read";

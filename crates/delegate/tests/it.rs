@@ -3,13 +3,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use retinue_config::DelegationConfig;
+use retinue_core::{
+    Claims, DeliveryFilter, ManualClock, Message, NewSession, RegistryRead, Retention,
+    SessionGraph, SessionStore, TombstoneReason,
+};
 use retinue_delegate::scripted::{RecordingSink, Script, ScriptedRuntime};
 use retinue_delegate::{ChildHandle, Delegator, DelegatorParts, LiveChild, ParentContext};
 use retinue_lineage::Authority;
-use retinue_store::{
-    Claims, DelegationConfig, DeliveryFilter, ManualClock, Message, NewSession, RegistryRead,
-    Retention, SessionGraph, SessionStore, Store, StoreOptions, TombstoneReason,
-};
+use retinue_store::{Store, StoreOptions};
 use serde_json::{Value, json};
 
 const T0: f64 = 1_800_000_000.0;
@@ -50,8 +52,9 @@ impl Fx {
     fn with(config: DelegationConfig, runtime: ScriptedRuntime) -> Fx {
         let dir = tempfile::tempdir().expect("tempdir");
         let clock = Arc::new(ManualClock::new(T0));
-        let opts =
-            StoreOptions::default().with_clock(clock.clone()).with_delegation(config.clone());
+        let opts = StoreOptions::default()
+            .with_clock(clock.clone())
+            .with_retention(config.clone().retention());
         let store = Arc::new(Store::open(dir.path().join("state.db"), opts).expect("open"));
         let runtime = Arc::new(runtime);
         let sink = Arc::new(RecordingSink::default());
@@ -298,7 +301,7 @@ fn follow_up_resumes_completed_child() {
     assert!((totals.cost_usd - 0.25).abs() < 1e-9);
     assert!(matches!(
         fx.store.claim_resume(&id, 0).expect("claim"),
-        retinue_store::ResumeClaim::Claimed { .. }
+        retinue_core::ResumeClaim::Claimed { .. }
     ));
     insta::assert_json_snapshot!("resume_result", out, {".delegation_id" => "[id]", ".total_duration_seconds" => "[t]", ".results[].duration_seconds" => "[t]"});
 }
@@ -632,7 +635,7 @@ fn follow_up_after_restart_resumes_with_full_transcript() {
     drop(fx.store);
     let opts = StoreOptions::default().with_clock(clock.clone());
     let store = Arc::new(Store::open(&path, opts).expect("reopen"));
-    let report = store.recover_abandoned_delegations(&retinue_store::ProcProbe);
+    let report = store.recover_abandoned_delegations(&retinue_core::ProcProbe);
     assert_eq!(report.addressable, 1);
     let runtime = Arc::new(ScriptedRuntime::new());
     let tool = tool_over(
@@ -669,11 +672,10 @@ fn config_defaults_include_retention_knobs() {
 mod seams {
     use std::sync::Arc;
 
+    use retinue_config::DelegationConfig;
+    use retinue_core::{Error, Lookup, MockRegistry, MockSessionStore, MockUsageLedger};
     use retinue_delegate::{Delegator, DelegatorParts, MockChildRuntime, ParentContext};
     use retinue_lineage::{MockLineageAuthority, Resolution};
-    use retinue_store::{
-        DelegationConfig, Error, Lookup, MockRegistry, MockSessionStore, MockUsageLedger,
-    };
     use serde_json::json;
 
     fn tool(
@@ -764,7 +766,7 @@ mod seams {
             .returning(|_, _| Err(Error::Invalid("locked".into())));
         let mut authority = MockLineageAuthority::new();
         authority.expect_resolve_for().returning(|_, _| {
-            Resolution::Addressable(retinue_store::RetainedChild {
+            Resolution::Addressable(retinue_core::RetainedChild {
                 delegation_id: "deleg_1".into(),
                 parent_session_id: "P".into(),
                 owner_profile: String::new(),
@@ -774,7 +776,7 @@ mod seams {
                 child_index: 0,
                 subagent_id: "sa-0-x".into(),
                 child_session_id: "cs".into(),
-                manifest: retinue_store::ChildManifest::default(),
+                manifest: retinue_core::ChildManifest::default(),
             })
         });
         let mut runtime = MockChildRuntime::new();
@@ -790,13 +792,12 @@ mod stopping {
     use std::sync::Arc;
     use std::time::Duration;
 
+    use retinue_config::DelegationConfig;
+    use retinue_core::{ChildStatus, ExitReason, RegistryRead, SessionGraph, SessionStore};
     use retinue_delegate::scripted::{Script, ScriptedRuntime};
     use retinue_delegate::{
         CancelToken, DelegateError, DelegateOutcome, DelegateRequest, ErrorKind, MockChildRuntime,
         RuntimeError, SpawnRequest, TaskSpec,
-    };
-    use retinue_store::{
-        ChildStatus, DelegationConfig, ExitReason, RegistryRead, SessionGraph, SessionStore,
     };
     use serde_json::json;
 
@@ -943,13 +944,14 @@ mod stopping {
 mod sinks {
     use std::sync::Arc;
 
+    use retinue_config::DelegationConfig;
+    use retinue_core::{Claims, DeliveryFilter, ExitReason};
     use retinue_delegate::scripted::ScriptedRuntime;
     use retinue_delegate::{
         CancelToken, ChildHandle, ChildRuntime, ChildSpec, Delegator, DelegatorParts,
         MockCompletionSink, MockTranscriptSink, RunInput, SinkError,
     };
     use retinue_lineage::Authority;
-    use retinue_store::{Claims, DelegationConfig, DeliveryFilter, ExitReason};
     use serde_json::json;
 
     use super::{Fx, ParentContext, parent};
@@ -998,7 +1000,7 @@ mod sinks {
         tool.wait_background();
         let id = out["delegation_id"].as_str().expect("id").to_owned();
         // The refused claim's lease runs out; the completion is offered again.
-        fx.clock.advance(retinue_store::LEASE_SECS + 1.0);
+        fx.clock.advance(retinue_core::LEASE_SECS + 1.0);
         let claim = fx.store.claim_delivery(&DeliveryFilter::default()).expect("claim");
         let claim = claim.expect("the refused completion is still pending");
         assert_eq!(claim.delegation_id, id);
@@ -1032,8 +1034,9 @@ fn parts_over(
 /// Budgets across a lineage (issue "Budgets"), on a real store with the
 /// scripted runtime ($0.01, 100 + 20 tokens per child run).
 mod budgets {
+    use retinue_config::DelegationConfig;
+    use retinue_core::{BudgetLimit, Claims, ResumeClaim, SessionStore};
     use retinue_delegate::scripted::ScriptedRuntime;
-    use retinue_store::{BudgetLimit, Claims, DelegationConfig, ResumeClaim, SessionStore};
     use serde_json::{Value, json};
 
     use super::{Fx, err, parent};
@@ -1151,12 +1154,11 @@ mod budgets {
 mod budget_seam {
     use std::sync::Arc;
 
+    use retinue_config::DelegationConfig;
+    use retinue_core::{BudgetLimit, BudgetStatus, Error, MockBudgets, Reservation, Spend};
     use retinue_delegate::scripted::ScriptedRuntime;
     use retinue_delegate::{Delegator, DelegatorParts};
     use retinue_lineage::Authority;
-    use retinue_store::{
-        BudgetLimit, BudgetStatus, DelegationConfig, Error, MockBudgets, Reservation, Spend,
-    };
     use serde_json::json;
 
     use super::{Fx, err, parent};
@@ -1280,12 +1282,13 @@ mod budget_tree {
     use std::sync::Arc;
     use std::time::Duration;
 
+    use retinue_config::DelegationConfig;
+    use retinue_core::{
+        AttributionDraft, BudgetLimit, Budgets, Result, SessionCost, TotalsSnapshot, TotalsUpdate,
+        UsageAttribution, UsageLedger,
+    };
     use retinue_delegate::scripted::{Script, ScriptedRuntime};
     use retinue_delegate::{Delegator, DelegatorParts};
-    use retinue_store::{
-        AttributionDraft, BudgetLimit, Budgets, DelegationConfig, Result, SessionCost,
-        TotalsSnapshot, TotalsUpdate, UsageAttribution, UsageLedger,
-    };
     use serde_json::{Value, json};
 
     use super::{Fx, err, parent};
@@ -1390,7 +1393,7 @@ mod budget_tree {
 
     impl UsageLedger for BrokenLedger {
         fn record_usage(&self, _: &AttributionDraft, _: &TotalsUpdate) -> Result<bool> {
-            Err(retinue_store::Error::Invalid("ledger disk full".into()))
+            Err(retinue_core::Error::Invalid("ledger disk full".into()))
         }
         fn usage_attributions(&self, parent: &str) -> Result<Vec<UsageAttribution>> {
             self.0.usage_attributions(parent)
@@ -1462,7 +1465,7 @@ mod budget_tree {
         ) -> retinue_delegate::ChildOutcome {
             retinue_delegate::ChildOutcome {
                 final_response: Some("done".into()),
-                exit_reason: retinue_store::ExitReason::Completed,
+                exit_reason: retinue_core::ExitReason::Completed,
                 api_calls: 1,
                 tokens: retinue_delegate::RunTokens {
                     input: 700,
@@ -1497,8 +1500,9 @@ mod budget_tree {
 /// past a token budget, and every reservation is settled at the end.
 mod no_overspend {
     use proptest::prelude::*;
+    use retinue_config::DelegationConfig;
+    use retinue_core::{BudgetLimit, Budgets};
     use retinue_delegate::scripted::{Script, ScriptedRuntime};
-    use retinue_store::{BudgetLimit, Budgets, DelegationConfig};
     use serde_json::{Value, json};
 
     use super::{Fx, parent};
@@ -1589,9 +1593,10 @@ mod no_overspend {
 mod ids {
     use std::sync::{Arc, Mutex};
 
+    use retinue_config::DelegationConfig;
+    use retinue_core::{Lookup, RegistryRead};
     use retinue_delegate::scripted::ScriptedRuntime;
     use retinue_delegate::{Delegator, DelegatorParts};
-    use retinue_store::{DelegationConfig, Lookup, RegistryRead};
     use serde_json::json;
 
     use super::{Fx, parent};
@@ -1649,12 +1654,13 @@ mod ids {
 mod unknown_price {
     use std::sync::Arc;
 
+    use retinue_config::DelegationConfig;
+    use retinue_core::{BudgetLimit, Budgets, ExitReason};
     use retinue_delegate::scripted::ScriptedRuntime;
     use retinue_delegate::{
         CallPlan, CancelToken, ChildHandle, ChildOutcome, ChildRuntime, ChildSpec, Delegator,
         RunInput, RuntimeError, TranscriptSink,
     };
-    use retinue_store::{BudgetLimit, Budgets, DelegationConfig, ExitReason};
     use serde_json::json;
 
     use super::{Fx, err, parent};

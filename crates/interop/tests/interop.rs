@@ -10,6 +10,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, OnceLock};
 
+use retinue_config::DelegationConfig;
+use retinue_core::{
+    ChildManifest, Claims, DeliveryFilter, Message, NewSession, RegistryRead, SessionGraph,
+    SessionStore, SystemClock, UnitLifecycle,
+};
 use retinue_delegate::scripted::{RecordingSink, ScriptedRuntime};
 use retinue_delegate::{Delegator, DelegatorParts, ParentContext};
 use retinue_interop::{
@@ -17,10 +22,7 @@ use retinue_interop::{
     query_i64, query_text, schema_objects, sibling, snapshot, table_counts,
 };
 use retinue_lineage::{Authority, Denial, LineageAuthority, RootError, lineage_chain, root};
-use retinue_store::{
-    ChildManifest, Claims, DelegationConfig, DeliveryFilter, Message, NewSession, RegistryRead,
-    SessionGraph, SessionStore, Store, StoreOptions, SystemClock, UnitLifecycle,
-};
+use retinue_store::{Store, StoreOptions};
 use serde_json::{Value, json};
 
 /// A column as `PRAGMA table_info` shows it: (name, type, NOT NULL, default).
@@ -419,9 +421,12 @@ fn adopt_and_follow_up(store: &Arc<Store>, tool: &Delegator, runtime: &ScriptedR
         listed.iter().map(|c| c.child_session_id.as_str()).collect::<Vec<_>>(),
         [sid("k1"), sid("k2")]
     );
-    assert!(listed.iter().all(
-        |c| c.parent_session_id == sid("c1") && c.state == retinue_store::UnitState::Completed
-    ));
+    assert!(
+        listed
+            .iter()
+            .all(|c| c.parent_session_id == sid("c1")
+                && c.state == retinue_core::UnitState::Completed)
+    );
 
     // Authority over hermes' graph: the lineage may, everyone else may not.
     let authority = Authority::new(store.clone(), store.clone(), "");

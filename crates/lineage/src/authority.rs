@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 
-use retinue_store::{RetainedChild, SessionGraph};
+use retinue_core::{RetainedChild, SessionGraph};
 
 use crate::root::{RootError, root};
 

@@ -23,10 +23,10 @@ mod walk;
 
 use std::sync::Arc;
 
-use retinue_store::{RegistryRead, RetainedChild, SessionGraph};
+use retinue_core::{RegistryRead, RetainedChild, SessionGraph};
 
 pub use authority::{Denial, LineageCause, check_follow_up_authority, check_profile, is_self};
-pub use retinue_store::MAX_HOPS;
+pub use retinue_core::MAX_HOPS;
 pub use root::{RootError, check_hop, check_row, lineage_chain, root};
 pub use scope::{Resolution, find_for, list_for, resolve_for};
 pub use walk::{CompressionWalk, lineage_sessions};
@@ -48,14 +48,13 @@ pub trait LineageAuthority: Send + Sync {
         requester: Option<&'a str>,
     ) -> Result<(), Denial>;
     /// The addressable entries `requester` may address ([`list_for`]).
-    fn list_for<'a>(&self, requester: Option<&'a str>)
-    -> retinue_store::Result<Vec<RetainedChild>>;
+    fn list_for<'a>(&self, requester: Option<&'a str>) -> retinue_core::Result<Vec<RetainedChild>>;
     /// The entry for `id` if `requester` may address it ([`find_for`]).
     fn find_for<'a>(
         &self,
         requester: Option<&'a str>,
         id: &str,
-    ) -> retinue_store::Result<Option<RetainedChild>>;
+    ) -> retinue_core::Result<Option<RetainedChild>>;
     /// Resolves `id` for `requester` on the tool path ([`resolve_for`]).
     fn resolve_for<'a>(&self, requester: Option<&'a str>, id: &str) -> Resolution;
 }
@@ -108,7 +107,7 @@ impl LineageAuthority for Authority {
         check_follow_up_authority(self.graph.as_ref(), entry, requester, &self.profile)
     }
 
-    fn list_for(&self, requester: Option<&str>) -> retinue_store::Result<Vec<RetainedChild>> {
+    fn list_for(&self, requester: Option<&str>) -> retinue_core::Result<Vec<RetainedChild>> {
         list_for(self.registry.as_ref(), self.graph.as_ref(), requester, &self.profile)
     }
 
@@ -116,7 +115,7 @@ impl LineageAuthority for Authority {
         &self,
         requester: Option<&str>,
         id: &str,
-    ) -> retinue_store::Result<Option<RetainedChild>> {
+    ) -> retinue_core::Result<Option<RetainedChild>> {
         find_for(self.registry.as_ref(), self.graph.as_ref(), requester, id, &self.profile)
     }
 

@@ -4,7 +4,7 @@
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 
-use retinue_store::{MAX_HOPS, SessionGraph, SessionRow};
+use retinue_core::{MAX_HOPS, SessionGraph, SessionRow};
 use serde_json::Value;
 
 // `MAX_HOPS` is the most sessions a walk checks; a start 99 links below its
@@ -55,8 +55,8 @@ pub enum RootError {
     Storage(String),
 }
 
-impl From<retinue_store::Error> for RootError {
-    fn from(e: retinue_store::Error) -> Self {
+impl From<retinue_core::Error> for RootError {
+    fn from(e: retinue_core::Error) -> Self {
         RootError::Storage(e.to_string())
     }
 }

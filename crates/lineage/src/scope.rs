@@ -1,7 +1,7 @@
 //! Scoped lookups (spec §5.5): the registry as one requester may see it.
 //! Unscoped store functions remain for the operator CLI.
 
-use retinue_store::{
+use retinue_core::{
     Lookup, RegistryRead, RetainedChild, SessionGraph, TombstoneReason, Unaddressable,
 };
 
@@ -36,7 +36,7 @@ pub fn list_for(
     graph: &dyn SessionGraph,
     requester: Option<&str>,
     current_profile: &str,
-) -> retinue_store::Result<Vec<RetainedChild>> {
+) -> retinue_core::Result<Vec<RetainedChild>> {
     let mut memo = RootMemo::default();
     Ok(registry
         .list_retained_children()?
@@ -53,7 +53,7 @@ pub fn find_for(
     requester: Option<&str>,
     id: &str,
     current_profile: &str,
-) -> retinue_store::Result<Option<RetainedChild>> {
+) -> retinue_core::Result<Option<RetainedChild>> {
     let mut memo = RootMemo::default();
     Ok(registry
         .find_retained_child(id)?

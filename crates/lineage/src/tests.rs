@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use proptest::prelude::*;
-use retinue_store::{Error, RetainedChild, SessionGraph, SessionRow};
+use retinue_core::{Error, RetainedChild, SessionGraph, SessionRow};
 
 // A local mock of the two row readers only: `neighbourhood` keeps its default
 // (no prefetch), so these tests exercise the row-by-row walk; the prefetching
@@ -12,8 +12,8 @@ use retinue_store::{Error, RetainedChild, SessionGraph, SessionRow};
 mockall::mock! {
     pub SessionGraph {}
     impl SessionGraph for SessionGraph {
-        fn session(&self, id: &str) -> retinue_store::Result<Option<SessionRow>>;
-        fn child_sessions(&self, parent: &str) -> retinue_store::Result<Vec<SessionRow>>;
+        fn session(&self, id: &str) -> retinue_core::Result<Option<SessionRow>>;
+        fn child_sessions(&self, parent: &str) -> retinue_core::Result<Vec<SessionRow>>;
     }
 }
 
@@ -58,7 +58,7 @@ fn entry(parent: &str, child_session: &str, owner: &str) -> RetainedChild {
         child_index: 0,
         subagent_id: "sa-0-abc12345".into(),
         child_session_id: child_session.into(),
-        manifest: retinue_store::ChildManifest::default(),
+        manifest: retinue_core::ChildManifest::default(),
     }
 }
 
@@ -442,7 +442,7 @@ fn forbidden_sources_fold_case_and_trim() {
 /// by the listing calls and fails closed on the tool path.
 #[test]
 fn registry_read_errors_fail_closed() {
-    let mut registry = retinue_store::MockRegistryRead::new();
+    let mut registry = retinue_core::MockRegistryRead::new();
     registry
         .expect_list_retained_children()
         .returning(|| Err(Error::Invalid("injected storage failure".into())));

@@ -1,9 +1,9 @@
 //! The forward half of the one lineage walk: from a session's proven root
 //! through its unique compression continuations (spec §5.2, §7.1). The usage
-//! crate sums a lineage's ledger over it ([`retinue_usage::LineageWalk`]).
+//! crate sums a lineage's ledger over it ([`retinue_core::LineageWalk`]).
 
-use retinue_store::{MAX_HOPS, SessionGraph};
-use retinue_usage::LineageWalk;
+use retinue_core::LineageWalk;
+use retinue_core::{MAX_HOPS, SessionGraph};
 
 use crate::root::{RootError, check_row, root};
 

@@ -3,21 +3,22 @@
 
 use std::sync::Arc;
 
+use retinue_core::{
+    ChildManifest, RegistryRead, RetainedChild, Retention, SessionGraph, SessionRow,
+    TombstoneReason,
+};
 use retinue_lineage::{
     Authority, Denial, LineageAuthority, LineageCause, Resolution, RootError,
     check_follow_up_authority, find_for, lineage_chain, list_for, resolve_for, root,
 };
-use retinue_store::{
-    ChildManifest, RegistryRead, RetainedChild, Retention, SessionGraph, SessionRow, Store,
-    TombstoneReason,
-};
+use retinue_store::Store;
 // The store's own mocks (feature `mocks`) do not compile at the moment, so
 // the session-graph mock is declared here.
 mockall::mock! {
     pub SessionGraph {}
     impl SessionGraph for SessionGraph {
-        fn session(&self, id: &str) -> retinue_store::Result<Option<SessionRow>>;
-        fn child_sessions(&self, parent: &str) -> retinue_store::Result<Vec<SessionRow>>;
+        fn session(&self, id: &str) -> retinue_core::Result<Option<SessionRow>>;
+        fn child_sessions(&self, parent: &str) -> retinue_core::Result<Vec<SessionRow>>;
     }
 }
 
@@ -324,7 +325,7 @@ fn foreign_profile_is_rejected() {
 #[test]
 fn storage_error_from_the_graph_denies() {
     let mut graph = MockSessionGraph::new();
-    graph.expect_session().returning(|_| Err(retinue_store::Error::Invalid("boom".into())));
+    graph.expect_session().returning(|_| Err(retinue_core::Error::Invalid("boom".into())));
     graph.expect_child_sessions().returning(|_| Ok(vec![]));
     let (_home, store) = seed_home("");
     SessionGraphBuilder::new(&store).root("A");

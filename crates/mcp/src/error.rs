@@ -38,5 +38,5 @@ pub enum Error {
     Random(String),
     /// The store failed.
     #[error(transparent)]
-    Store(#[from] retinue_store::Error),
+    Store(#[from] retinue_core::Error),
 }

@@ -28,9 +28,9 @@ use std::sync::Arc;
 
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
+use retinue_core::{Registry, SessionStore, UsageLedger};
 use retinue_delegate::Delegator;
 use retinue_lineage::LineageAuthority;
-use retinue_store::{Registry, SessionStore, UsageLedger};
 use rmcp::ServiceExt;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
@@ -57,9 +57,9 @@ pub struct McpParts {
     /// The usage ledger.
     pub ledger: Arc<dyn UsageLedger>,
     /// Budget reservations (for `subagent_usage`'s budget report).
-    pub budgets: Option<Arc<dyn retinue_store::Budgets>>,
+    pub budgets: Option<Arc<dyn retinue_core::Budgets>>,
     /// `delegation.budget`: the lineage's spending cap (unlimited = none).
-    pub budget: retinue_store::BudgetLimit,
+    pub budget: retinue_core::BudgetLimit,
     /// Follow-up authority: the rules `delegate_task` applies.
     pub authority: Arc<dyn LineageAuthority>,
     /// The `delegate_task` tool, or why it is unavailable (e.g. no model is

@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use retinue_store::{NewSession, SessionStore};
+use retinue_core::{NewSession, SessionStore};
 
 use crate::error::Error;
 

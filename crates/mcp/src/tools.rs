@@ -6,9 +6,9 @@
 
 use std::collections::BTreeMap;
 
+use retinue_core::{RetainedChild, TombstoneReason, UsageTotals, iso8601, truncate_chars};
 use retinue_delegate::texts;
 use retinue_lineage::{CompressionWalk, Resolution};
-use retinue_store::{RetainedChild, TombstoneReason, UsageTotals, iso8601, truncate_chars};
 use retinue_usage::{fold_usage, load_child_usage_attributions, load_lineage_usage_totals};
 use serde_json::{Map, Value, json};
 
@@ -138,8 +138,8 @@ impl std::fmt::Display for ToolError {
     }
 }
 
-impl From<retinue_store::Error> for ToolError {
-    fn from(e: retinue_store::Error) -> Self {
+impl From<retinue_core::Error> for ToolError {
+    fn from(e: retinue_core::Error) -> Self {
         log::warn!("storage error in a tool call: {e}");
         ToolError(format!("storage error: {e}"))
     }

@@ -10,11 +10,12 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use retinue_core::SystemClock;
 use retinue_delegate::{Delegator, DelegatorParts};
 use retinue_lineage::Authority;
 use retinue_mcp::{McpParts, RetinueServer, ServerOptions, SessionChoice};
 use retinue_runtime::{ChatRuntime, NoTools, RuntimeConfig};
-use retinue_store::{Store, StoreOptions, SystemClock};
+use retinue_store::{Store, StoreOptions};
 use retinue_testkit::TempHome;
 use retinue_testkit::fake_model::{FakeModel, Reply, Usage};
 use rmcp::model::{
@@ -77,10 +78,13 @@ fn server(
     stream: bool,
 ) -> RetinueServer {
     let store = open(home);
-    let mut config = store.config().delegation.clone();
-    config.model = "fake-model".into();
-    config.base_url = model.base_url();
-    config.stream = stream;
+    let config = retinue_config::DelegationConfig {
+        model: "fake-model".into(),
+        base_url: model.base_url(),
+        stream,
+        ..retinue_config::DelegationConfig::default()
+    };
+    let config_budget = config.budget;
     let runtime =
         ChatRuntime::new(RuntimeConfig::from_delegation(&config).unwrap(), Arc::new(NoTools))
             .unwrap();
@@ -102,7 +106,7 @@ fn server(
         sessions: store.clone(),
         ledger: store.clone(),
         budgets: Some(store.clone()),
-        budget: store.config().delegation.budget,
+        budget: config_budget,
         authority,
         delegator: Ok(delegator),
         workspace: None,
@@ -367,7 +371,7 @@ fn sessions_resolve_as_documented() {
     assert!(first.created);
     let again = retinue_mcp::resolve_session(store.as_ref(), &project(dir.path()), "").unwrap();
     assert_eq!((again.id.as_str(), again.created), (first.id.as_str(), false));
-    let row = retinue_store::SessionGraph::session(store.as_ref(), &first.id).unwrap().unwrap();
+    let row = retinue_core::SessionGraph::session(store.as_ref(), &first.id).unwrap().unwrap();
     assert_eq!(row.source, "mcp");
     let profiled =
         retinue_mcp::resolve_session(store.as_ref(), &project(dir.path()), "coder").unwrap();

@@ -72,7 +72,7 @@ impl Call {
     /// (`…/v1?api_key=K` → `…/v1/chat/completions?api_key=K`).
     fn url(&self) -> String {
         // The userinfo is never sent (ureq would turn it into Basic auth).
-        let (stripped, _) = retinue_store::strip_userinfo(&self.base_url);
+        let (stripped, _) = retinue_core::strip_userinfo(&self.base_url);
         let (base, query) = match stripped.split_once('?') {
             Some((base, query)) => (base, Some(query)),
             None => (stripped.as_str(), None),
@@ -86,12 +86,12 @@ impl Call {
     }
 
     fn key(&self) -> Option<&str> {
-        self.config.api_key.as_deref()
+        self.config.api_key.expose()
     }
 
     /// The URL called, as messages and logs may show it.
     fn shown_url(&self) -> String {
-        retinue_store::redact_endpoint(&self.url())
+        retinue_core::redact_endpoint(&self.url())
     }
 
     /// `text` with the key and the endpoint's secrets (userinfo, query
@@ -100,7 +100,7 @@ impl Call {
         let mut out = scrub(text, self.key());
         for raw in [self.base_url.clone(), self.url()] {
             if !raw.is_empty() && out.contains(&raw) {
-                out = out.replace(&raw, &retinue_store::redact_endpoint(&raw));
+                out = out.replace(&raw, &retinue_core::redact_endpoint(&raw));
             }
         }
         if let Some((_, query)) = self.base_url.split_once('?') {
@@ -208,7 +208,7 @@ impl Call {
             .headers()
             .get("location")
             .and_then(|v| v.to_str().ok())
-            .map(retinue_store::redact_endpoint);
+            .map(retinue_core::redact_endpoint);
         let retry_after = response
             .headers()
             .get("retry-after")
@@ -252,11 +252,11 @@ impl Call {
             }),
             401 | 403 => Attempt::Fatal(Error::KeyRejected {
                 status,
-                base_url: retinue_store::redact_endpoint(&self.base_url),
+                base_url: retinue_core::redact_endpoint(&self.base_url),
                 origin: self.config.api_key_origin.clone(),
             }),
             404 => Attempt::Fatal(Error::NotFound {
-                url: retinue_store::redact_endpoint(&url),
+                url: retinue_core::redact_endpoint(&url),
                 model: self.model.to_owned(),
                 message,
             }),

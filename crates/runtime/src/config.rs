@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
-use retinue_store::{DelegationConfig, ModelPrice};
+use retinue_config::{ApiKey, DelegationConfig, ModelPrice};
 
 use crate::Error;
 
@@ -46,8 +46,9 @@ pub struct RuntimeConfig {
     pub base_url: String,
     /// The model.
     pub model: String,
-    /// The bearer token; `None` sends no `Authorization` header (local servers).
-    pub api_key: Option<String>,
+    /// The bearer token (a secret: never printed, never serialised); empty
+    /// sends no `Authorization` header (local servers).
+    pub api_key: ApiKey,
     /// Where the key came from, for error texts (`delegation.api_key`,
     /// `environment variable OPENAI_API_KEY`, …).
     pub api_key_origin: String,
@@ -91,9 +92,9 @@ pub struct RuntimeConfig {
 impl fmt::Debug for RuntimeConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RuntimeConfig")
-            .field("base_url", &retinue_store::redact_endpoint(&self.base_url))
+            .field("base_url", &retinue_core::redact_endpoint(&self.base_url))
             .field("model", &self.model)
-            .field("api_key", &self.api_key.as_ref().map(|_| "[redacted]"))
+            .field("api_key", &self.api_key)
             .field("api_key_origin", &self.api_key_origin)
             .field("api_mode", &self.api_mode)
             .field("stream", &self.stream)
@@ -120,7 +121,7 @@ impl RuntimeConfig {
         RuntimeConfig {
             base_url: base_url.into(),
             model: model.into(),
-            api_key: None,
+            api_key: ApiKey::default(),
             api_key_origin: "nowhere (no key configured)".to_owned(),
             api_mode: String::new(),
             stream: false,
@@ -142,7 +143,7 @@ impl RuntimeConfig {
     /// With `key` as the API key (origin: set by the embedder).
     #[must_use]
     pub fn with_api_key(mut self, key: impl Into<String>) -> RuntimeConfig {
-        self.api_key = Some(key.into());
+        self.api_key = ApiKey::new(key);
         self.api_key_origin = "the embedder's configuration".to_owned();
         self
     }
@@ -189,13 +190,13 @@ impl RuntimeConfig {
             "max_completion_tokens".to_owned()
         };
         if !d.api_key.is_empty() {
-            c.api_key = Some(d.api_key.clone());
+            c.api_key = d.api_key.clone();
             c.api_key_origin = "`delegation.api_key` in config.yaml".to_owned();
         } else {
             let var = if d.api_key_env.is_empty() { DEFAULT_KEY_ENV } else { &d.api_key_env };
             match env(var).map(|k| k.trim().to_owned()).filter(|k| !k.is_empty()) {
                 Some(key) => {
-                    c.api_key = Some(key);
+                    c.api_key = ApiKey::new(key);
                     c.api_key_origin = format!("the environment variable `{var}`");
                 }
                 None => {
@@ -213,16 +214,16 @@ impl RuntimeConfig {
     /// needs one.
     pub fn check(&self) -> Result<(), Error> {
         check_api_mode(&self.api_mode)?;
-        let (url, _) = retinue_store::strip_userinfo(&self.base_url);
-        let shown = retinue_store::redact_endpoint(&self.base_url);
-        if self.api_key.is_some() && !self.allow_insecure_http && insecure(&url) {
+        let (url, _) = retinue_core::strip_userinfo(&self.base_url);
+        let shown = retinue_core::redact_endpoint(&self.base_url);
+        if !self.api_key.is_empty() && !self.allow_insecure_http && insecure(&url) {
             return Err(Error::Config(format!(
                 "refusing to send the API key over plain HTTP to {shown} (not a loopback \
                  address): use https://, or set `delegation.allow_insecure_http: true` in \
                  config.yaml if this network is trusted"
             )));
         }
-        if self.api_key.is_none() && needs_key(&url) {
+        if self.api_key.is_empty() && needs_key(&url) {
             return Err(Error::Config(format!(
                 "{shown} needs an API key and none is configured (the key came from {}): set \
                  `delegation.api_key`, or `delegation.api_key_env` naming the environment \
@@ -340,19 +341,19 @@ mod tests {
         };
         let e = env(&[("OPENAI_API_KEY", "sk-default"), ("MINE", "sk-mine")]);
         let c = RuntimeConfig::from_delegation_with_env(&d, &e).expect("config");
-        assert_eq!(c.api_key.as_deref(), Some("sk-default"));
+        assert_eq!(c.api_key.expose(), Some("sk-default"));
         assert!(c.api_key_origin.contains("OPENAI_API_KEY"));
         d.api_key_env = "MINE".into();
         let c = RuntimeConfig::from_delegation_with_env(&d, &e).expect("config");
-        assert_eq!(c.api_key.as_deref(), Some("sk-mine"));
-        d.api_key = "sk-config".into();
+        assert_eq!(c.api_key.expose(), Some("sk-mine"));
+        d.api_key = ApiKey::new("sk-config");
         let c = RuntimeConfig::from_delegation_with_env(&d, &e).expect("config");
-        assert_eq!(c.api_key.as_deref(), Some("sk-config"));
+        assert_eq!(c.api_key.expose(), Some("sk-config"));
         assert!(!format!("{c:?}").contains("sk-config"));
-        d.api_key.clear();
+        d.api_key = ApiKey::default();
         d.api_key_env = "UNSET".into();
         let c = RuntimeConfig::from_delegation_with_env(&d, &e).expect("config");
-        assert_eq!(c.api_key, None);
+        assert!(c.api_key.is_empty());
         assert!(c.api_key_origin.contains("UNSET"));
     }
 

@@ -44,7 +44,7 @@ mod tools;
 
 pub use config::{DEFAULT_KEY_ENV, RetryPolicy, RuntimeConfig, SUPPORTED_API_MODES};
 pub use error::Error;
-pub use retinue_store::ModelPrice;
+pub use retinue_config::ModelPrice;
 pub use runtime::ChatRuntime;
 #[cfg(any(test, feature = "mocks"))]
 pub use tools::MockToolExecutor;

@@ -4,11 +4,11 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 
+use retinue_core::{ExitReason, Message};
 use retinue_delegate::{
     CallPermit, CallPlan, CallUsage, CancelReason, CancelToken, ChildHandle, ChildOutcome,
     ChildRuntime, ChildSpec, RunInput, RunTokens, RuntimeError, TranscriptSink,
 };
-use retinue_store::{ExitReason, Message};
 use serde_json::{Value, json};
 
 use crate::client::{Call, CallOutcome, Completion};
@@ -309,7 +309,7 @@ impl Run<'_> {
 
     fn fail(&mut self, reason: ExitReason, error: Option<String>) {
         self.outcome.exit_reason = reason;
-        self.outcome.error = error.map(|e| scrub(&e, self.rt.config.api_key.as_deref()));
+        self.outcome.error = error.map(|e| scrub(&e, self.rt.config.api_key.expose()));
     }
 
     fn stop(&mut self) {
@@ -646,8 +646,8 @@ impl ChildRuntime for ChatRuntime {
             log::info!(
                 "child {} was recorded with endpoint {}; using the configured {}",
                 spec.subagent_id,
-                retinue_store::redact_endpoint(stored),
-                retinue_store::redact_endpoint(&base_url)
+                retinue_core::redact_endpoint(stored),
+                retinue_core::redact_endpoint(&base_url)
             );
         }
         let mut missing = Vec::new();
@@ -694,7 +694,7 @@ impl ChildRuntime for ChatRuntime {
         let mut outcome = run.outcome;
         outcome.missed_steers = self.close(child);
         outcome.model = Some(settings_model);
-        outcome.endpoint = Some(retinue_store::redact_endpoint(&settings_url));
+        outcome.endpoint = Some(retinue_core::redact_endpoint(&settings_url));
         outcome
     }
 

@@ -8,7 +8,7 @@
 //! A reservation's owner is the worker (lease) that made it: recovery, from
 //! any host, releases those of workers whose lease expired.
 
-use retinue_store::{
+use retinue_core::{
     BudgetLimit, BudgetStatus, Budgets, OwnerProbe, ProcessState, Reservation, ReservationDraft,
     Result, Spend, current_owner,
 };

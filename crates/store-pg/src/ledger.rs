@@ -2,7 +2,7 @@
 //! idempotency key and the maintained totals in one `SERIALIZABLE`
 //! transaction, as in the SQLite backend.
 
-use retinue_store::{
+use retinue_core::{
     AttributionDraft, PendingUsage, Result, SessionCost, TotalsSnapshot, TotalsUpdate,
     UsageAttribution, UsageLedger, UsageTotals, parse_json_opt,
 };

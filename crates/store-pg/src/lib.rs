@@ -1,11 +1,11 @@
 //! `retinue-store-pg`: Retinue's PostgreSQL backend ("team mode").
 //!
 //! [`PgStore`] implements every seam trait of `retinue-store` — the four
-//! registry roles ([`retinue_store::RegistryRead`], [`retinue_store::UnitLifecycle`],
-//! [`retinue_store::Retention`], [`retinue_store::Claims`]), sessions and
-//! transcripts ([`retinue_store::SessionStore`], [`retinue_store::SessionGraph`]) and the
-//! usage ledger ([`retinue_store::UsageLedger`]) and budget reservations
-//! ([`retinue_store::Budgets`]) — on PostgreSQL through the
+//! registry roles ([`retinue_core::RegistryRead`], [`retinue_core::UnitLifecycle`],
+//! [`retinue_core::Retention`], [`retinue_core::Claims`]), sessions and
+//! transcripts ([`retinue_core::SessionStore`], [`retinue_core::SessionGraph`]) and the
+//! usage ledger ([`retinue_core::UsageLedger`]) and budget reservations
+//! ([`retinue_core::Budgets`]) — on PostgreSQL through the
 //! synchronous `postgres` client, so one registry, one ledger and one
 //! authority serve agent workers on many hosts. The semantics are the
 //! SQLite backend's (the shared conformance suite of `retinue-testkit` runs
@@ -22,16 +22,16 @@
 //! transparently on SQLSTATE 40001/40P01; claims take row locks (`FOR UPDATE`,
 //! `SKIP LOCKED` for deliveries). No advisory lock and no LISTEN/NOTIFY is on
 //! any path, so the SQL stays within what YugabyteDB and CockroachDB accept.
-//! Errors are the store's one [`retinue_store::Error`] enum, classified by
+//! Errors are the store's one [`retinue_core::Error`] enum, classified by
 //! SQLSTATE; no `postgres` type is in a public signature, and the connection
 //! string (which may hold a password) is never logged.
 //!
 //! ```no_run
-//! use retinue_store::RegistryRead;
+//! use retinue_core::RegistryRead;
 //! use retinue_store_pg::{PgOptions, PgStore};
 //! let store = PgStore::open("postgres://retinue@127.0.0.1:5432/retinue", PgOptions::default())?;
 //! println!("{} addressable children", store.list_retained_children()?.len());
-//! # Ok::<(), retinue_store::Error>(())
+//! # Ok::<(), retinue_core::Error>(())
 //! ```
 
 mod budget;

@@ -13,36 +13,19 @@
 //! target (its key or mapped id, its owner row, its tombstone) and the
 //! ledger sums are compared: the report is only produced when all of that
 //! holds. A column the file lacks (older hermes) copies as NULL. This is
-//! the one place outside `retinue-store` that reads SQLite, and it only
-//! reads.
+//! read by the SQLite backend (`retinue_store::StateDbReader`, through
+//! [`StateReader`]); this crate never links SQLite.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use postgres::types::ToSql;
-use retinue_store::{Error, Result};
-use rusqlite::types::ValueRef;
+use retinue_core::{Cell as Val, CellType as Ty, Error, Result, StateReader, TableSpec as Table};
 
 use crate::pool::{Fail, Mode, PgResult, Tx};
 use crate::store::PgStore;
 
-/// A column's type in PostgreSQL.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Ty {
-    Text,
-    Float,
-    Int,
-    Bytes,
-}
-
-/// One copied table: its columns and how many leading ones form the key.
-struct Table {
-    name: &'static str,
-    cols: &'static [(&'static str, Ty)],
-    key: usize,
-}
-
-use Ty::{Bytes, Float, Int, Text};
+use retinue_core::CellType::{Bytes, Float, Int, Text};
 
 const TABLES: &[Table] = &[
     Table {
@@ -192,16 +175,12 @@ pub struct MigrationReport {
     pub rekeyed: Option<(String, usize)>,
 }
 
-/// A value in transit, already in its PostgreSQL type.
-#[derive(Debug)]
-enum Val {
-    Text(Option<String>),
-    Float(Option<f64>),
-    Int(Option<i64>),
-    Bytes(Option<Vec<u8>>),
+/// Binding a value in transit to a PostgreSQL parameter.
+trait Bind {
+    fn sql(&self) -> &(dyn ToSql + Sync);
 }
 
-impl Val {
+impl Bind for Val {
     fn sql(&self) -> &(dyn ToSql + Sync) {
         match self {
             Val::Text(v) => v,
@@ -210,87 +189,6 @@ impl Val {
             Val::Bytes(v) => v,
         }
     }
-
-    fn key_text(&self) -> String {
-        match self {
-            Val::Text(v) => v.clone().unwrap_or_default(),
-            Val::Float(v) => v.map(|f| f.to_string()).unwrap_or_default(),
-            Val::Int(v) => v.map(|i| i.to_string()).unwrap_or_default(),
-            Val::Bytes(_) => String::new(),
-        }
-    }
-}
-
-/// Converts a SQLite value to the column's PostgreSQL type (SQLite is
-/// loosely typed: numbers may sit in text columns and the reverse).
-fn convert(v: ValueRef<'_>, ty: Ty) -> Val {
-    let text = |b: &[u8]| String::from_utf8_lossy(b).replace('\0', "");
-    match (ty, v) {
-        (Ty::Text, ValueRef::Null) => Val::Text(None),
-        (Ty::Text, ValueRef::Integer(i)) => Val::Text(Some(i.to_string())),
-        (Ty::Text, ValueRef::Real(f)) => Val::Text(Some(f.to_string())),
-        (Ty::Text, ValueRef::Text(b) | ValueRef::Blob(b)) => Val::Text(Some(text(b))),
-        (Ty::Float, ValueRef::Integer(i)) => Val::Float(Some(i as f64)),
-        (Ty::Float, ValueRef::Real(f)) => Val::Float(Some(f)),
-        (Ty::Float, ValueRef::Text(b)) => Val::Float(text(b).trim().parse().ok()),
-        (Ty::Float, _) => Val::Float(None),
-        (Ty::Int, ValueRef::Integer(i)) => Val::Int(Some(i)),
-        #[allow(clippy::cast_possible_truncation)]
-        (Ty::Int, ValueRef::Real(f)) => Val::Int(f.is_finite().then_some(f as i64)),
-        (Ty::Int, ValueRef::Text(b)) => Val::Int(text(b).trim().parse().ok()),
-        (Ty::Int, _) => Val::Int(None),
-        (Ty::Bytes, ValueRef::Null) => Val::Bytes(None),
-        (Ty::Bytes, ValueRef::Integer(i)) => Val::Bytes(Some(i.to_string().into_bytes())),
-        (Ty::Bytes, ValueRef::Real(f)) => Val::Bytes(Some(f.to_string().into_bytes())),
-        (Ty::Bytes, ValueRef::Text(b) | ValueRef::Blob(b)) => Val::Bytes(Some(b.to_vec())),
-    }
-}
-
-fn sqlite_err(operation: &'static str) -> impl Fn(rusqlite::Error) -> Error {
-    move |e| Error::Database { operation, source: Box::new(e) }
-}
-
-/// Reads every row of `table` (columns the file lacks read as NULL), in key order.
-fn read_table(conn: &rusqlite::Connection, table: &Table) -> Result<Vec<Vec<Val>>> {
-    let exists: bool = conn
-        .query_row(
-            "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?1)",
-            [table.name],
-            |r| r.get(0),
-        )
-        .map_err(sqlite_err("reading the source schema"))?;
-    if !exists {
-        return Ok(Vec::new());
-    }
-    let present: BTreeSet<String> = {
-        let mut stmt = conn
-            .prepare("SELECT name FROM pragma_table_info(?1)")
-            .map_err(sqlite_err("reading the source schema"))?;
-        stmt.query_map([table.name], |r| r.get::<_, String>(0))
-            .map_err(sqlite_err("reading the source schema"))?
-            .collect::<rusqlite::Result<_>>()
-            .map_err(sqlite_err("reading the source schema"))?
-    };
-    // Column names come from the fixed list above, never from input.
-    let select: Vec<String> = table
-        .cols
-        .iter()
-        .map(|(c, _)| if present.contains(*c) { format!("\"{c}\"") } else { "NULL".to_owned() })
-        .collect();
-    let order: Vec<String> = (1..=table.key).map(|i| i.to_string()).collect();
-    let sql =
-        format!("SELECT {} FROM {} ORDER BY {}", select.join(", "), table.name, order.join(", "));
-    let mut stmt = conn.prepare(&sql).map_err(sqlite_err("reading the source"))?;
-    let mut rows = stmt.query([]).map_err(sqlite_err("reading the source"))?;
-    let mut out = Vec::new();
-    while let Some(r) = rows.next().map_err(sqlite_err("reading the source"))? {
-        let mut row = Vec::with_capacity(table.cols.len());
-        for (i, (_, ty)) in table.cols.iter().enumerate() {
-            row.push(convert(r.get_ref(i).map_err(sqlite_err("reading the source"))?, *ty));
-        }
-        out.push(row);
-    }
-    Ok(out)
 }
 
 /// The PostgreSQL type a [`Ty`] binds as.
@@ -685,31 +583,17 @@ fn ledger_cost(usage_json: Option<&str>) -> f64 {
 }
 
 impl PgStore {
-    /// Copies the `state.db` at `source` into this database (idempotent) and
+    /// Copies the `state.db` at `source`, read by `reader` (the SQLite
+    /// backend's `StateDbReader`), into this database (idempotent) and
     /// verifies the result; see the module documentation.
-    pub fn import_state_db(&self, source: &Path) -> Result<MigrationReport> {
-        let conn = rusqlite::Connection::open_with_flags(
-            source,
-            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
-        )
-        .map_err(sqlite_err("opening the source state.db"))?;
-        conn.busy_timeout(std::time::Duration::from_secs(10))
-            .map_err(sqlite_err("opening the source state.db"))?;
-        // One read snapshot of the whole file.
-        conn.execute_batch("BEGIN").map_err(sqlite_err("reading the source"))?;
-        let data: Vec<Vec<Vec<Val>>> =
-            TABLES.iter().map(|t| read_table(&conn, t)).collect::<Result<_>>()?;
-        let parents: Vec<(String, String)> = {
-            let mut stmt = conn
-                .prepare(
-                    "SELECT id, parent_session_id FROM sessions WHERE parent_session_id IS NOT NULL",
-                )
-                .map_err(sqlite_err("reading the source"))?;
-            stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
-                .map_err(sqlite_err("reading the source"))?
-                .collect::<rusqlite::Result<_>>()
-                .map_err(sqlite_err("reading the source"))?
-        };
+    pub fn import_state_db(
+        &self,
+        source: &Path,
+        reader: &dyn StateReader,
+    ) -> Result<MigrationReport> {
+        let dump = reader.read_state(source, TABLES)?;
+        let data = dump.tables;
+        let parents = dump.parents;
         // Units keyed by the source home's path (hermes's profile key) join
         // this store's explicit tenant: in team mode a profile is never a
         // host's path. Other profiles (and the empty one) copy as they are.
@@ -915,7 +799,7 @@ impl PgStore {
             return None;
         }
         let home = source.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-        let from = retinue_store::default_profile_key(home);
+        let from = retinue_core::default_profile_key(home);
         let col = table.cols.iter().position(|(c, _)| *c == "owner_profile")?;
         let mut n = 0;
         for row in units.iter_mut() {

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use postgres::error::SqlState;
 use postgres::types::ToSql;
 use postgres::{Client, Config, NoTls, Row, Statement};
-use retinue_store::{Error, Result, Source};
+use retinue_core::{Error, Result, Source};
 
 /// A failure inside an operation, before its context is attached.
 #[derive(Debug)]

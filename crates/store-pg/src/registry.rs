@@ -8,7 +8,7 @@
 //! LOCKED` for deliveries) so that workers contend on rows, not on aborts.
 //! Reads are one `REPEATABLE READ` snapshot.
 
-use retinue_store::{
+use retinue_core::{
     ChildManifest, Claims, Completion, DeliveryClaim, DeliveryFilter, Error, LEASE_SECS, Lookup,
     MAX_DELIVERY_ATTEMPTS, OwnerProbe, ProcessState, PruneCount, RecoveryReport, RegistryRead,
     Result, ResumeClaim, RetainedChild, Retention, TombstoneReason, Unaddressable, UnitDraft,
@@ -562,7 +562,7 @@ impl PgStore {
     }
 
     fn prune_history_in(&self) -> Result<usize> {
-        use retinue_store::{DELIVERED_MAX_AGE_SECS, PENDING_KEEP, TERMINAL_KEEP};
+        use retinue_core::{DELIVERED_MAX_AGE_SECS, PENDING_KEEP, TERMINAL_KEEP};
         const TERMINAL: &str = "retained IS NULL AND state NOT IN ('running', 'finalizing')";
         let old = self.clock.now() - DELIVERED_MAX_AGE_SECS;
         // The keeps are BIGINT parameters (`$2 + 1` alone would make them INT4).

@@ -2,7 +2,7 @@
 //! SQLite backend's) and the per-profile key.
 
 use postgres::Row;
-use retinue_store::{ChildFacts, ChildManifest, RetainedChild, UnitState};
+use retinue_core::{ChildFacts, ChildManifest, RetainedChild, UnitState};
 
 use crate::pool::{PgResult, u32_of};
 

@@ -2,9 +2,7 @@
 //! ([`SessionGraph`]) on PostgreSQL, with the SQLite backend's semantics.
 
 use postgres::Row;
-use retinue_store::{
-    MAX_HOPS, Message, NewSession, Result, SessionGraph, SessionRow, SessionStore,
-};
+use retinue_core::{MAX_HOPS, Message, NewSession, Result, SessionGraph, SessionRow, SessionStore};
 use serde_json::Value;
 
 use crate::pool::{Fail, Mode, PgResult, Tx};
@@ -150,7 +148,7 @@ impl SessionStore for PgStore {
                 &[&session_id, &delta],
             )?;
             if n == 0 {
-                return Err(Fail::Store(retinue_store::Error::NotFound {
+                return Err(Fail::Store(retinue_core::Error::NotFound {
                     what: "session",
                     id: session_id.to_owned(),
                 }));

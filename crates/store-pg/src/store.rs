@@ -8,8 +8,8 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use postgres::Config;
-pub(crate) use retinue_store::Limits;
-use retinue_store::{Clock, DelegationConfig, Error, LoadedConfig, Result, SystemClock};
+pub(crate) use retinue_core::Limits;
+use retinue_core::{Clock, Error, Result, RetentionPolicy, SystemClock};
 
 use crate::pool::{Fail, Mode, PgResult, Pool, quote_ident, random_hex};
 
@@ -50,8 +50,8 @@ const SCHEMA_VERSION: i32 = MIGRATIONS.len() as i32;
 /// How to open a [`PgStore`].
 #[derive(Clone)]
 pub struct PgOptions {
-    /// `config.yaml` (retention limits).
-    pub config: LoadedConfig,
+    /// The retention policy (`delegation.max_retained`, `retained_ttl_hours`).
+    pub retention: RetentionPolicy,
     /// The clock of every timestamp written (and of lease expiry).
     pub clock: Arc<dyn Clock>,
     /// The tenant: new units' `owner_profile`; retention limits apply per profile.
@@ -72,7 +72,7 @@ pub struct PgOptions {
 impl Default for PgOptions {
     fn default() -> Self {
         PgOptions {
-            config: LoadedConfig::default(),
+            retention: RetentionPolicy::default(),
             clock: Arc::new(SystemClock),
             profile: String::new(),
             schema: None,
@@ -122,20 +122,20 @@ impl PgOptions {
         self
     }
 
-    /// These options with the delegation settings `d` (retention limits).
+    /// These options with this retention policy.
     #[must_use]
-    pub fn with_delegation(mut self, d: DelegationConfig) -> Self {
-        self.config.delegation = d;
+    pub fn with_retention(mut self, retention: RetentionPolicy) -> Self {
+        self.retention = retention;
         self
     }
 }
 
 /// The PostgreSQL-backed store: implements every seam trait of
-/// `retinue-store` with the same semantics. Cheap to share behind an `Arc`.
+/// `retinue-core` with the same semantics. Cheap to share behind an `Arc`.
 pub struct PgStore {
     pub(crate) pool: Pool,
     pub(crate) clock: Arc<dyn Clock>,
-    pub(crate) config: LoadedConfig,
+    pub(crate) retention: RetentionPolicy,
     pub(crate) profile: String,
     pub(crate) worker_id: String,
     pub(crate) lease_secs: f64,
@@ -346,7 +346,7 @@ impl PgStore {
         Ok(PgStore {
             pool,
             clock: opts.clock,
-            config: opts.config,
+            retention: opts.retention,
             profile: opts.profile,
             worker_id: format!("w-{}", random_hex(8)?),
             lease_secs: opts.lease_secs,
@@ -363,9 +363,9 @@ impl PgStore {
         &self.profile
     }
 
-    /// The configuration in force.
-    pub fn config(&self) -> &LoadedConfig {
-        &self.config
+    /// The retention policy in force.
+    pub fn retention(&self) -> RetentionPolicy {
+        self.retention
     }
 
     /// The clock.
@@ -428,7 +428,7 @@ impl PgStore {
 
     /// The retention limits in force now.
     pub(crate) fn limits(&self) -> Limits {
-        Limits::new(self.clock.now(), &self.config.delegation)
+        Limits::new(self.clock.now(), self.retention)
     }
 
     /// Deletes everything this store holds (tests and benches on a scratch schema).

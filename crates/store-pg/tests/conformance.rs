@@ -6,9 +6,10 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use retinue_store::{
-    ChildManifest, DelegationConfig, LoadedConfig, Lookup, ManualClock, RegistryRead, Retention,
-    TombstoneReason, Unaddressable, UnitDraft, UnitLifecycle,
+use retinue_config::{DelegationConfig, LoadedConfig};
+use retinue_core::{
+    ChildManifest, Lookup, ManualClock, RegistryRead, Retention, TombstoneReason, Unaddressable,
+    UnitDraft, UnitLifecycle,
 };
 use retinue_store_pg::{PgOptions, PgStore, WORKER_LEASE_SECS};
 use retinue_testkit::T0;
@@ -41,7 +42,7 @@ fn open(url: &str, schema: &str, clock: &Arc<ManualClock>, d: &DelegationConfig)
     let opts = PgOptions::default()
         .with_clock(clock.clone())
         .with_schema(schema)
-        .with_delegation(d.clone());
+        .with_retention(d.clone().retention());
     PgStore::open(url, opts).expect("open the PostgreSQL store")
 }
 
@@ -68,7 +69,7 @@ fn pg_backend(url: &str, d: DelegationConfig) -> Backend {
             let opts = PgOptions::default()
                 .with_clock(clock3.clone())
                 .with_schema(&schema3)
-                .with_delegation(d)
+                .with_retention(d.retention())
                 .with_profile(profile);
             Arc::new(PgStore::open(&url3, opts).expect("open the PostgreSQL store"))
         }),
@@ -216,7 +217,7 @@ fn heartbeat_keeps_units_alive_across_hosts() {
 /// deletes the oldest terminal units beyond `TERMINAL_KEEP`, never a retained one.
 #[test]
 fn history_prune_keeps_the_newest_terminal_units() {
-    use retinue_store::{Completion, TERMINAL_KEEP};
+    use retinue_core::{Completion, TERMINAL_KEEP};
     let Some(url) = retinue_testkit::pg_url("PostgreSQL conformance tests") else { return };
     let b = pg_backend(&url, config(10));
     let clock = b.clock.clone();

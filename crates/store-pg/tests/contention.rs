@@ -19,7 +19,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use retinue_store::{
+use retinue_core::{
     AttributionDraft, ChildManifest, Claims, Completion, DeliveryFilter, RegistryRead, ResumeClaim,
     Retention, TotalsUpdate, UnitDraft, UnitLifecycle, UsageLedger, UsageTotals,
 };
@@ -94,7 +94,7 @@ fn contend(url: &str, schema: &str, out: &Path, resumable: &[String]) {
             let (store, lines) = (store.clone(), &lines);
             s.spawn(move || {
                 let mut mine = Vec::new();
-                let mut note = |r: std::result::Result<String, retinue_store::Error>| match r {
+                let mut note = |r: std::result::Result<String, retinue_core::Error>| match r {
                     Ok(line) if !line.is_empty() => mine.push(line),
                     Ok(_) => {}
                     Err(e) => mine.push(format!("error {e}")),
@@ -275,7 +275,7 @@ fn four_hosts_contend_without_errors() {
     // so every one was claimed and held.
     for unit in &resumable {
         assert!(
-            matches!(seed.lookup(unit).expect("lookup"), retinue_store::Lookup::Addressable(_)),
+            matches!(seed.lookup(unit).expect("lookup"), retinue_core::Lookup::Addressable(_)),
             "{unit} of {RESUME_TENANT} was evicted by another profile's retains"
         );
         assert!(holds.contains_key(unit), "{unit} was never held");

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use retinue_store::{
+use retinue_core::{
     AttributionDraft, Message, NewSession, RegistryRead, SessionStore, TotalsUpdate, UsageLedger,
     UsageTotals,
 };
@@ -57,7 +57,7 @@ fn a_state_db_migrates_idempotently_and_reads_the_same() {
     assert!(sqlite.record_usage(&draft, &delta).expect("ledger"));
 
     // The child belongs to P's budget tree (issue #23).
-    retinue_store::Budgets::join_budget(&sqlite, "P", &["child-sess-1".to_owned()])
+    retinue_core::Budgets::join_budget(&sqlite, "P", &["child-sess-1".to_owned()])
         .expect("budget member");
 
     let schema = format!("mig_{}", std::process::id());
@@ -66,12 +66,14 @@ fn a_state_db_migrates_idempotently_and_reads_the_same() {
         PgStore::open(&url, PgOptions::default().with_clock(clock.clone()).with_schema(&schema))
             .expect("open"),
     );
-    let report = pg.import_state_db(&home.db_path()).expect("migrate");
+    let report =
+        pg.import_state_db(&home.db_path(), &retinue_store::StateDbReader).expect("migrate");
     assert_eq!(report.tables["async_delegations"], (1, 1));
     assert_eq!(report.tables["messages"], (2, 2));
     assert_eq!(report.tables["delegation_child_usage"], (1, 1));
     assert!((report.ledger_cost_usd - 0.75).abs() < 1e-9);
-    let again = pg.import_state_db(&home.db_path()).expect("migrate again");
+    let again =
+        pg.import_state_db(&home.db_path(), &retinue_store::StateDbReader).expect("migrate again");
     assert!(again.tables.values().all(|(_, copied)| *copied == 0), "{again:?}");
 
     assert_eq!(
@@ -80,7 +82,7 @@ fn a_state_db_migrates_idempotently_and_reads_the_same() {
     );
     assert!(pg.find_retained_child(&unit).expect("find").is_some());
     assert_eq!(
-        retinue_store::Budgets::budget_root_of(&*pg, "child-sess-1").expect("root").as_deref(),
+        retinue_core::Budgets::budget_root_of(&*pg, "child-sess-1").expect("root").as_deref(),
         Some("P"),
         "the budget tree came along"
     );
@@ -111,12 +113,12 @@ fn a_home_migrates_into_an_explicit_tenant() {
     let Some(url) = retinue_testkit::pg_url("PostgreSQL migrate tests") else { return };
     let home = TempHome::new();
     let clock = manual_clock(T0);
-    let key = retinue_store::default_profile_key(home.path());
+    let key = retinue_core::default_profile_key(home.path());
     let sqlite = home.open_store_as(clock.clone(), &key);
-    let child = |sa: &str| retinue_store::ChildManifest {
+    let child = |sa: &str| retinue_core::ChildManifest {
         subagent_id: sa.into(),
         session_id: format!("cs-{sa}"),
-        ..retinue_store::ChildManifest::default()
+        ..retinue_core::ChildManifest::default()
     };
     let mine = retinue_testkit::retain_unit(&sqlite, "P", &key, vec![child("sa-mine")]);
     let other = retinue_testkit::retain_unit(&sqlite, "P", "other", vec![child("sa-other")]);
@@ -129,7 +131,8 @@ fn a_home_migrates_into_an_explicit_tenant() {
         PgOptions::default().with_clock(clock.clone()).with_schema(&schema).with_profile("acme"),
     )
     .expect("open");
-    let report = pg.import_state_db(&home.db_path()).expect("migrate");
+    let report =
+        pg.import_state_db(&home.db_path(), &retinue_store::StateDbReader).expect("migrate");
     assert_eq!(report.rekeyed, Some((key.clone(), 1)));
     let profile_of = |id: &str| {
         pg.find_retained_child(id).expect("find").map(|e| e.owner_profile).unwrap_or_default()
@@ -138,7 +141,7 @@ fn a_home_migrates_into_an_explicit_tenant() {
     assert_eq!(profile_of(&other), "other");
     assert_eq!(profile_of(&shared), "");
     // A rerun copies nothing and re-keys nothing already copied.
-    let again = pg.import_state_db(&home.db_path()).expect("again");
+    let again = pg.import_state_db(&home.db_path(), &retinue_store::StateDbReader).expect("again");
     assert!(again.tables.values().all(|(_, copied)| *copied == 0), "{again:?}");
     assert_eq!(profile_of(&mine), "acme");
     drop(pg);
@@ -146,7 +149,12 @@ fn a_home_migrates_into_an_explicit_tenant() {
     let _ = PgStore::drop_schema(&url, &schema);
     let pg = PgStore::open(&url, PgOptions::default().with_clock(clock).with_schema(&schema))
         .expect("open");
-    assert_eq!(pg.import_state_db(&home.db_path()).expect("migrate").rekeyed, None);
+    assert_eq!(
+        pg.import_state_db(&home.db_path(), &retinue_store::StateDbReader)
+            .expect("migrate")
+            .rekeyed,
+        None
+    );
     assert_eq!(pg.find_retained_child(&mine).expect("find").map(|e| e.owner_profile), Some(key));
     drop(pg);
     PgStore::drop_schema(&url, &schema).expect("drop");
@@ -169,7 +177,9 @@ fn a_hermes_written_state_db_migrates() {
     let pg =
         PgStore::open(&url, PgOptions::default().with_clock(manual_clock(T0)).with_schema(&schema))
             .expect("open");
-    let report = pg.import_state_db(&home.db_path()).expect("a hermes file migrates");
+    let report = pg
+        .import_state_db(&home.db_path(), &retinue_store::StateDbReader)
+        .expect("a hermes file migrates");
     assert_eq!(report.tables["async_delegations"], (units, units));
     assert!(pg.lookup(fx.root).is_ok());
     drop(pg);
@@ -183,7 +193,9 @@ fn a_hermes_written_state_db_migrates() {
     let pg =
         PgStore::open(&url, PgOptions::default().with_clock(manual_clock(T0)).with_schema(&schema))
             .expect("open");
-    let err = pg.import_state_db(&home.db_path()).expect_err("an unreadable time is refused");
+    let err = pg
+        .import_state_db(&home.db_path(), &retinue_store::StateDbReader)
+        .expect_err("an unreadable time is refused");
     let text = err.to_string();
     assert!(text.contains("sessions row") && text.contains("`started_at` is NULL"), "{text}");
     assert!(pg.list_retained_children().expect("list").is_empty(), "nothing copied");
@@ -196,7 +208,7 @@ fn a_hermes_written_state_db_migrates() {
 /// wrote in between; every rerun verifies.
 #[test]
 fn a_rerun_carries_later_changes_and_ids_never_collide() {
-    use retinue_store::{Lookup, Retention, TombstoneReason};
+    use retinue_core::{Lookup, Retention, TombstoneReason};
     let Some(url) = retinue_testkit::pg_url("PostgreSQL migrate tests") else { return };
     let home = TempHome::new();
     let clock = manual_clock(T0);
@@ -239,7 +251,7 @@ fn a_rerun_carries_later_changes_and_ids_never_collide() {
         PgStore::open(&url, PgOptions::default().with_clock(clock.clone()).with_schema(&schema))
             .expect("open"),
     );
-    pg.import_state_db(&home.db_path()).expect("first run");
+    pg.import_state_db(&home.db_path(), &retinue_store::StateDbReader).expect("first run");
     // Team mode writes: the next message and ledger ids are taken in PostgreSQL.
     say(&*pg, "written in team mode");
     bill(&*pg, 0.25);
@@ -252,7 +264,9 @@ fn a_rerun_carries_later_changes_and_ids_never_collide() {
     say(&sqlite, "two");
     bill(&sqlite, 0.125);
 
-    let report = pg.import_state_db(&home.db_path()).expect("a rerun verifies");
+    let report = pg
+        .import_state_db(&home.db_path(), &retinue_store::StateDbReader)
+        .expect("a rerun verifies");
     assert_eq!(report.tables["messages"].1, 1, "{report:?}");
     assert_eq!(report.tables["delegation_child_usage"].1, 1, "{report:?}");
     assert_eq!(report.remapped, 2, "both new source ids were taken: {report:?}");
@@ -269,7 +283,8 @@ fn a_rerun_carries_later_changes_and_ids_never_collide() {
     let totals = retinue_usage_totals(&pg);
     assert!((totals - 0.875).abs() < 1e-9, "ledger after the rerun: {totals}");
     // A third run has nothing new and still verifies.
-    let again = pg.import_state_db(&home.db_path()).expect("third run");
+    let again =
+        pg.import_state_db(&home.db_path(), &retinue_store::StateDbReader).expect("third run");
     assert!(again.tables.values().all(|(_, new)| *new == 0), "{again:?}");
     assert_eq!(again.remapped, 0);
     drop(pg);

@@ -4,7 +4,7 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use retinue_store::{ChildManifest, RegistryRead, UnitDraft, UnitLifecycle};
+use retinue_core::{ChildManifest, RegistryRead, UnitDraft, UnitLifecycle};
 use retinue_store_pg::{PgOptions, PgStore};
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
@@ -76,7 +76,7 @@ fn a_read_only_role_reads_a_current_schema() {
 fn recovery_is_scoped_to_the_tenant() {
     use std::sync::Arc;
 
-    use retinue_store::{OwnerProbe, ProcessState, Retention};
+    use retinue_core::{OwnerProbe, ProcessState, Retention};
     use retinue_store_pg::WORKER_LEASE_SECS;
     struct AllAlive;
     impl OwnerProbe for AllAlive {

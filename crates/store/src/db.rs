@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
 
-use crate::clock::{Clock, SystemClock};
-use crate::config::{DelegationConfig, JournalMode, LoadedConfig, Synchronous};
 use crate::error::{Error, Result, SqlResult, is_retryable, migration, sql};
-use crate::model::SessionRow;
+use retinue_core::SessionRow;
+use retinue_core::{Clock, SystemClock};
+use retinue_core::{JournalMode, RetentionPolicy, Synchronous};
 
 mod embedded {
     refinery::embed_migrations!("migrations");
@@ -33,14 +33,18 @@ const SQLITE_MAGIC: &[u8; 16] = b"SQLite format 3\0";
 /// How to open a [`crate::Store`].
 #[derive(Clone)]
 pub struct StoreOptions {
-    /// The `delegation:` and `database:` configuration.
-    pub config: LoadedConfig,
+    /// The retention policy (`delegation.max_retained`, `retained_ttl_hours`).
+    pub retention: RetentionPolicy,
+    /// The journal mode (`database.journal_mode`): WAL by default.
+    pub journal_mode: JournalMode,
+    /// Commit durability (`database.synchronous`): FULL by default.
+    pub synchronous: Synchronous,
     /// Time source.
     pub clock: Arc<dyn Clock>,
     /// The process profile key written to `owner_profile`.
     pub profile: String,
-    /// Busy timeout for every connection (10 s by default);
-    /// `database.busy_timeout_seconds` in the configuration takes precedence.
+    /// Busy timeout for every connection (10 s by default;
+    /// `database.busy_timeout_seconds` in the configuration).
     pub busy_timeout: Duration,
     /// Open `mode=ro`: no directory or file creation, no journal-mode
     /// switch, no upgrade, no backfill, no write lock (see
@@ -65,7 +69,9 @@ impl std::fmt::Debug for StoreOptions {
 impl Default for StoreOptions {
     fn default() -> Self {
         StoreOptions {
-            config: LoadedConfig::default(),
+            retention: RetentionPolicy::default(),
+            journal_mode: JournalMode::default(),
+            synchronous: Synchronous::default(),
             clock: Arc::new(SystemClock),
             profile: String::new(),
             busy_timeout: Duration::from_secs(10),
@@ -76,16 +82,6 @@ impl Default for StoreOptions {
 }
 
 impl StoreOptions {
-    /// The busy timeout in force: `database.busy_timeout_seconds` when
-    /// configured, else [`StoreOptions::busy_timeout`].
-    pub fn effective_busy_timeout(&self) -> Duration {
-        self.config
-            .database
-            .busy_timeout_seconds
-            .and_then(|s| Duration::try_from_secs_f64(s).ok())
-            .unwrap_or(self.busy_timeout)
-    }
-
     /// Options with this clock.
     #[must_use]
     pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
@@ -100,10 +96,10 @@ impl StoreOptions {
         self
     }
 
-    /// Options with this delegation configuration.
+    /// Options with this retention policy.
     #[must_use]
-    pub fn with_delegation(mut self, d: DelegationConfig) -> Self {
-        self.config.delegation = d;
+    pub fn with_retention(mut self, retention: RetentionPolicy) -> Self {
+        self.retention = retention;
         self
     }
 }
@@ -629,7 +625,7 @@ fn with_wait(e: Error, started: Instant, timeout: Duration) -> Error {
 /// since the open began.
 pub(crate) fn open_pool(path: &Path, opts: &StoreOptions) -> Result<Pool> {
     let started = Instant::now();
-    let timeout = opts.effective_busy_timeout();
+    let timeout = opts.busy_timeout;
     open_pool_timed(path, opts, started, timeout).map_err(|e| with_wait(e, started, timeout))
 }
 
@@ -654,7 +650,7 @@ fn open_pool_timed(
         path: path.to_path_buf(),
         read_only: opts.read_only,
         busy_timeout: timeout,
-        synchronous: opts.config.database.synchronous,
+        synchronous: opts.synchronous,
         idle: Mutex::new(Vec::new()),
     };
     let mut conn = pool.connect()?;
@@ -674,13 +670,12 @@ fn open_pool_timed(
     let journal: String = conn
         .query_row("PRAGMA journal_mode", [], |r| r.get(0))
         .map_err(sql("reading the journal mode"))?;
-    let wal_wanted = opts.config.database.journal_mode == JournalMode::Wal;
+    let wal_wanted = opts.journal_mode == JournalMode::Wal;
     let switch = wal_wanted && !journal.eq_ignore_ascii_case("wal");
     if exists && (switch || needs_upgrade(&conn).map_err(|e| e.during("reading the schema"))?) {
         check_intact(&conn)?;
     }
-    set_journal_mode(&conn, opts.config.database.journal_mode)
-        .map_err(|e| e.during("setting the journal mode"))?;
+    set_journal_mode(&conn, opts.journal_mode).map_err(|e| e.during("setting the journal mode"))?;
     let mut attempt = 0;
     loop {
         let step = reconcile(&mut conn).and_then(|()| migrate(&mut conn)).and_then(|()| {

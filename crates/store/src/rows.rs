@@ -5,10 +5,10 @@
 
 use rusqlite::Row;
 
-use crate::model::{ChildManifest, RetainedChild};
-use crate::status::UnitState;
+use retinue_core::UnitState;
+use retinue_core::{ChildManifest, RetainedChild};
 
-pub(crate) use crate::rules::Limits;
+pub(crate) use retinue_core::Limits;
 
 /// Reads a JSON text column the way spec §2.7 reads JSON: corruption-tolerant.
 /// NULL, and text or a BLOB that is not UTF-8, read as absent (malformed);
@@ -185,8 +185,8 @@ impl ChildRow {
     }
 
     /// The facts the shared addressability rule reads.
-    pub(crate) fn facts(&self) -> crate::rules::ChildFacts<'_> {
-        crate::rules::ChildFacts {
+    pub(crate) fn facts(&self) -> retinue_core::ChildFacts<'_> {
+        retinue_core::ChildFacts {
             tombstoned_at: self.child_tombstoned_at,
             tombstone_reason: self.child_tombstone_reason.as_deref(),
             tombstone_note: self.tombstone_note.as_deref(),

@@ -5,18 +5,17 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::clock::Clock;
-use crate::config::{LoadedConfig, default_profile_key};
 use crate::db::{self, StoreOptions};
 use crate::error::Result;
 use crate::rows::Limits;
+use retinue_core::{Clock, RetentionPolicy};
 
 /// The SQLite-backed store. Cheap to share behind an `Arc`; each operation
 /// takes a pooled connection.
 pub struct Store {
     pub(crate) pool: db::Pool,
     pub(crate) clock: Arc<dyn Clock>,
-    pub(crate) config: LoadedConfig,
+    pub(crate) retention: RetentionPolicy,
     pub(crate) profile: String,
     pub(crate) has_system_prompt: bool,
 }
@@ -61,7 +60,7 @@ impl Store {
         Ok(Store {
             pool,
             clock: opts.clock,
-            config: opts.config,
+            retention: opts.retention,
             profile: opts.profile,
             has_system_prompt,
         })
@@ -77,26 +76,14 @@ impl Store {
         Store::open(path, StoreOptions { read_only: true, ..opts })
     }
 
-    /// Opens `<home>/state.db` with `<home>/config.yaml` and the home's profile key.
-    pub fn open_home(home: impl AsRef<Path>, clock: Arc<dyn Clock>) -> Result<Store> {
-        let home = home.as_ref();
-        let opts = StoreOptions {
-            config: LoadedConfig::load(home),
-            clock,
-            profile: default_profile_key(home),
-            ..StoreOptions::default()
-        };
-        Store::open(home.join("state.db"), opts)
-    }
-
     /// The database file.
     pub fn path(&self) -> PathBuf {
         self.pool.path().to_path_buf()
     }
 
-    /// The configuration in force.
-    pub fn config(&self) -> &LoadedConfig {
-        &self.config
+    /// The retention policy in force.
+    pub fn retention(&self) -> RetentionPolicy {
+        self.retention
     }
 
     /// The profile key written to new units.
@@ -111,7 +98,7 @@ impl Store {
 
     /// The retention limits in force now.
     pub(crate) fn limits(&self) -> Limits {
-        Limits::new(self.clock.now(), &self.config.delegation)
+        Limits::new(self.clock.now(), self.retention)
     }
 
     /// `PRAGMA integrity_check` result (`"ok"` when healthy).

@@ -4,10 +4,11 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use retinue_store::{
-    AttributionDraft, ManualClock, NewSession, SessionCost, SessionStore, Store, StoreOptions,
-    TotalsCatchUp, TotalsSnapshot, TotalsUpdate, UsageLedger, UsageTotals,
+use retinue_core::{
+    AttributionDraft, ManualClock, NewSession, SessionCost, SessionStore, TotalsCatchUp,
+    TotalsSnapshot, TotalsUpdate, UsageLedger, UsageTotals,
 };
+use retinue_store::{Store, StoreOptions};
 use serde_json::{Value, json};
 use tempfile::TempDir;
 

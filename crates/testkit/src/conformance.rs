@@ -16,13 +16,14 @@ use std::collections::HashSet;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
-use retinue_store::{
-    AttributionDraft, BudgetLimit, Budgets, ChildManifest, Completion, DelegationConfig,
-    DeliveryFilter, LEASE_SECS, LoadedConfig, Lookup, ManualClock, Message, NewSession, OwnerProbe,
-    ProcessState, Registry, Reservation, ReservationDraft, ResumeClaim, SessionGraph, SessionStore,
-    Spend, StoreOptions, TombstoneReason, TotalsUpdate, Unaddressable, UnitDraft, UsageLedger,
-    UsageSwap, UsageTotals,
+use retinue_config::{DelegationConfig, LoadedConfig};
+use retinue_core::{
+    AttributionDraft, BudgetLimit, Budgets, ChildManifest, Completion, DeliveryFilter, LEASE_SECS,
+    Lookup, ManualClock, Message, NewSession, OwnerProbe, ProcessState, Registry, Reservation,
+    ReservationDraft, ResumeClaim, SessionGraph, SessionStore, Spend, TombstoneReason,
+    TotalsUpdate, Unaddressable, UnitDraft, UsageLedger, UsageSwap, UsageTotals,
 };
+use retinue_store::StoreOptions;
 use serde_json::json;
 
 use crate::{T0, TempHome};
@@ -92,7 +93,8 @@ pub fn sqlite_backend(d: DelegationConfig) -> Backend {
     const OWNER: i64 = 3_999_999;
     let home = Arc::new(TempHome::new());
     let clock = Arc::new(ManualClock::new(T0));
-    let opts = || StoreOptions::default().with_clock(clock.clone()).with_delegation(d.clone());
+    let opts =
+        || StoreOptions::default().with_clock(clock.clone()).with_retention(d.clone().retention());
     let store = Arc::new(home.open_store_with(opts()));
     let probe = Arc::new(DeadPids::default());
     let reopen_home = home.clone();
@@ -118,7 +120,7 @@ pub fn sqlite_backend(d: DelegationConfig) -> Backend {
         open_as: Box::new(move |profile, d| {
             let opts = StoreOptions::default()
                 .with_clock(tenant_clock.clone())
-                .with_delegation(d)
+                .with_retention(d.retention())
                 .with_profile(profile);
             Arc::new(tenant_home.open_store_with(opts))
         }),
@@ -656,7 +658,7 @@ pub fn finish_follow_up_swaps_usage(make: Factory<'_>) {
     let stale =
         UsageSwap { expected: Some(json!({"cost_usd": 9.0})), new: json!({"cost_usd": 2.0}) };
     let err = r.finish_follow_up(&id, 0, &token, Some(&stale)).expect_err("stale swap");
-    assert_eq!(err.kind(), retinue_store::ErrorKind::Stale);
+    assert_eq!(err.kind(), retinue_core::ErrorKind::Stale);
     assert_eq!(r.unit_usage(&id).expect("usage"), Some(json!({"cost_usd": 0.5})));
     b.clock.advance(3000.0);
     let swap =
@@ -731,7 +733,7 @@ pub fn ledger_keys_and_totals(make: Factory<'_>) {
     // Session cost fields.
     root(&b, "S");
     assert_eq!(l.session_cost("nope").expect("cost"), None);
-    let cost = retinue_store::SessionCost {
+    let cost = retinue_core::SessionCost {
         estimated_cost_usd: Some(1.5),
         cost_status: Some("estimated".into()),
         cost_source: None,

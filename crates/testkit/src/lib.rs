@@ -32,9 +32,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use retinue_store::{
-    ChildManifest, NewSession, SessionStore, Store, StoreOptions, UnitDraft, UnitLifecycle,
-};
+use retinue_core::{ChildManifest, NewSession, SessionStore, UnitDraft, UnitLifecycle};
+use retinue_store::{Store, StoreOptions};
 use serde_json::Value;
 
 pub mod conformance;
@@ -43,7 +42,7 @@ pub mod hermes;
 pub mod workload;
 pub use fake_model::{FakeModel, FakeToolCall, RecordedRequest, Reply, Usage};
 pub use hermes::{HermesDb, HermesFixture, HermesSession, HermesUnit};
-pub use retinue_store::{Clock, ManualClock};
+pub use retinue_core::{Clock, ManualClock};
 /// The raw SQLite driver, for tests that must write what the store refuses.
 pub use rusqlite;
 

@@ -4,7 +4,7 @@
 //! its children, its parent, its child count, and the draft of a fresh
 //! two-child unit the write rows insert.
 
-use retinue_store::{ChildManifest, NewSession, UnitDraft};
+use retinue_core::{ChildManifest, NewSession, UnitDraft};
 use serde_json::json;
 
 /// Children of unit `i`: 1–3.

@@ -25,9 +25,9 @@ pub mod workspace;
 
 use std::sync::{Arc, OnceLock};
 
+use retinue_config::{McpServerConfig, TerminalConfig};
 use retinue_delegate::{CancelToken, ChildHandle, DelegateRequest, Delegator, ParentContext};
 use retinue_runtime::{ToolError, ToolExecutor};
-use retinue_store::{McpServerConfig, TerminalConfig};
 use serde_json::{Value, json};
 
 use crate::args::Args;

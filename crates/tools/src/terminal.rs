@@ -18,8 +18,8 @@ use serde_json::{Value, json};
 use crate::args::Args;
 use crate::sandbox::{SETUP_FAILED, SETUP_PREFIX};
 use crate::workspace::Workspace;
+use retinue_config::TerminalConfig;
 use retinue_runtime::ToolError;
-use retinue_store::TerminalConfig;
 
 /// Output kept from one command (hermes's 50,000; 40 % head, 60 % tail).
 pub const MAX_OUTPUT_CHARS: usize = 50_000;

@@ -5,11 +5,12 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use retinue_config::{McpServerConfig, TerminalConfig};
+use retinue_core::{ExitReason, Message};
 use retinue_delegate::{
     CancelToken, ChildHandle, ChildRuntime, ChildSpec, RunInput, SinkError, TranscriptSink,
 };
 use retinue_runtime::{ChatRuntime, RuntimeConfig, ToolError, ToolExecutor};
-use retinue_store::{ExitReason, McpServerConfig, Message, TerminalConfig};
 use retinue_testkit::fake_model::{FakeModel, FakeToolCall, Reply, Usage};
 use retinue_tools::terminal::Helper;
 use retinue_tools::{Toolbox, ToolboxConfig};

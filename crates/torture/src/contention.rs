@@ -26,11 +26,12 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use retinue_store::{
+use retinue_core::{
     AttributionDraft, ChildManifest, Claims, Completion, DeliveryFilter, Error, NewSession,
-    RegistryRead, ResumeClaim, Retention, SessionStore as _, Store, TombstoneReason, UnitDraft,
+    RegistryRead, ResumeClaim, Retention, SessionStore as _, TombstoneReason, UnitDraft,
     UnitLifecycle,
 };
+use retinue_store::Store;
 use serde_json::{Value, json};
 
 use crate::rng::Rng;
@@ -359,12 +360,12 @@ fn budget_root(n: u64) -> String {
     format!("B{}", n % 2)
 }
 
-const BUDGET: retinue_store::BudgetLimit =
-    retinue_store::BudgetLimit { max_cost_usd: Some(BUDGET_USD), max_tokens: None };
+const BUDGET: retinue_core::BudgetLimit =
+    retinue_core::BudgetLimit { max_cost_usd: Some(BUDGET_USD), max_tokens: None };
 
 /// Reserves up to $0.20 of a lineage budget, bills at most that, settles.
 fn budget(c: &Ctx<'_>, rng: &mut Rng, t: &mut Tally) {
-    use retinue_store::{Budgets, Reservation, ReservationDraft, Spend};
+    use retinue_core::{Budgets, Reservation, ReservationDraft, Spend};
     let root = budget_root(rng.next_u64());
     let want = f64::from(u32::try_from(rng.range(1, 20)).unwrap_or(1)) / 100.0;
     let draft = ReservationDraft {
@@ -549,7 +550,7 @@ fn seed_db(db: &Path) -> Outcome<()> {
 /// Each contended lineage spent at most its limit and holds nothing; the
 /// worst overspend in dollars (0 when the budget held).
 fn verify_budgets(store: &Store) -> Outcome<f64> {
-    use retinue_store::Budgets;
+    use retinue_core::Budgets;
     let mut worst: f64 = 0.0;
     for n in 0..2 {
         let root = budget_root(n);
@@ -583,7 +584,7 @@ fn verify(db: &Path, tally: &Tally, keys: u64) -> Outcome<(usize, usize, f64)> {
     }
     // Lost updates: every inserted unit is there.
     for id in &tally.inserted {
-        if matches!(store.lookup(id).ctx("lookup")?, retinue_store::Lookup::Unknown) {
+        if matches!(store.lookup(id).ctx("lookup")?, retinue_core::Lookup::Unknown) {
             return Err(format!("inserted unit {id} is missing"));
         }
     }
@@ -594,11 +595,9 @@ fn verify(db: &Path, tally: &Tally, keys: u64) -> Outcome<(usize, usize, f64)> {
             return Err(format!("child {sa} tombstoned twice"));
         }
         match store.lookup(sa).ctx("lookup")? {
-            retinue_store::Lookup::NotAddressable(
+            retinue_core::Lookup::NotAddressable(
                 _,
-                retinue_store::Unaddressable::Tombstoned {
-                    reason: TombstoneReason::Manual, ..
-                },
+                retinue_core::Unaddressable::Tombstoned { reason: TombstoneReason::Manual, .. },
             ) => {}
             other => return Err(format!("tombstoned child {sa} reads as {other:?}")),
         }

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use retinue_store::{Retention, parse_children_json};
+use retinue_core::{Retention, parse_children_json};
 use rusqlite::{Connection, OpenFlags, OptionalExtension};
 use serde_json::{Value, json};
 
@@ -451,14 +451,14 @@ pub fn check(dir: &Path) -> Outcome<(usize, usize)> {
         .collect();
     let store = crate::open_store(&db, MAX_RETAINED)?;
     check_totals(&store, &before)?;
-    let report = store.recover_abandoned_delegations(&retinue_store::ProcProbe);
+    let report = store.recover_abandoned_delegations(&retinue_core::ProcProbe);
     if let Some(e) = report.error {
         return Err(format!("recovery failed: {e}"));
     }
     {
-        use retinue_store::Budgets;
+        use retinue_core::Budgets;
         store
-            .release_abandoned_reservations(&retinue_store::ProcProbe)
+            .release_abandoned_reservations(&retinue_core::ProcProbe)
             .ctx("release reservations")?;
         let root = crate::worker::BUDGET_ROOT.to_owned();
         let status = store

@@ -9,9 +9,8 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use retinue_store::{
-    ErrorKind, LoadedConfig, NewSession, RegistryRead, Retention, SessionStore, Store, StoreOptions,
-};
+use retinue_core::{ErrorKind, NewSession, RegistryRead, Retention, SessionStore};
+use retinue_store::{Store, StoreOptions};
 use serde_json::{Value, json};
 
 use crate::{Context, Outcome};
@@ -80,10 +79,10 @@ fn hermes_file(path: &Path) -> Outcome<()> {
 }
 
 fn options(busy: Duration) -> StoreOptions {
-    StoreOptions { busy_timeout: busy, config: LoadedConfig::default(), ..StoreOptions::default() }
+    StoreOptions { busy_timeout: busy, ..StoreOptions::default() }
 }
 
-fn describe(r: &Result<Store, retinue_store::Error>) -> String {
+fn describe(r: &Result<Store, retinue_core::Error>) -> String {
     match r {
         Ok(_) => "opened".to_owned(),
         Err(e) => format!("{:?}: {e}", e.kind()),

@@ -32,7 +32,9 @@ pub mod worker;
 use std::path::Path;
 use std::sync::Arc;
 
-use retinue_store::{DelegationConfig, Store, StoreOptions, SystemClock};
+use retinue_config::DelegationConfig;
+use retinue_core::SystemClock;
+use retinue_store::{Store, StoreOptions};
 
 /// A harness failure: what was violated, in words.
 pub type Failure = String;
@@ -62,7 +64,7 @@ pub fn open_store(path: &Path, max_retained: u32) -> Outcome<Store> {
     let opts = StoreOptions::default()
         .with_clock(Arc::new(SystemClock))
         .with_profile(PROFILE)
-        .with_delegation(delegation);
+        .with_retention(delegation.retention());
     Store::open(path, opts).ctx(&format!("open {}", path.display()))
 }
 

@@ -11,8 +11,9 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Instant;
 
+use retinue_core::{SessionGraph, SessionRow};
 use retinue_lineage::RootError;
-use retinue_store::{SessionGraph, SessionRow, Store};
+use retinue_store::Store;
 use rusqlite::Connection;
 use serde_json::{Value, json};
 
@@ -108,19 +109,19 @@ pub struct Forest {
     chain_tail: Vec<String>,
 }
 
-fn injected() -> retinue_store::Error {
-    retinue_store::Error::Invalid("injected storage failure".to_owned())
+fn injected() -> retinue_core::Error {
+    retinue_core::Error::Invalid("injected storage failure".to_owned())
 }
 
 impl SessionGraph for Forest {
-    fn session(&self, id: &str) -> retinue_store::Result<Option<SessionRow>> {
+    fn session(&self, id: &str) -> retinue_core::Result<Option<SessionRow>> {
         if self.poisoned_rows.contains(id) {
             return Err(injected());
         }
         Ok(self.rows.get(id).cloned())
     }
 
-    fn child_sessions(&self, parent: &str) -> retinue_store::Result<Vec<SessionRow>> {
+    fn child_sessions(&self, parent: &str) -> retinue_core::Result<Vec<SessionRow>> {
         if self.poisoned_kids.contains(parent) {
             return Err(injected());
         }

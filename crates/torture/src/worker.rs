@@ -12,10 +12,11 @@ use std::fs::{File, OpenOptions};
 use std::io::Write as _;
 use std::path::Path;
 
-use retinue_store::{
+use retinue_core::{
     AttributionDraft, ChildManifest, Claims, Completion, NewSession, RegistryRead, ResumeClaim,
-    Retention, Store, UnitDraft, UnitLifecycle, current_owner,
+    Retention, UnitDraft, UnitLifecycle, current_owner,
 };
+use retinue_store::Store;
 use retinue_usage::record_child_usage_attribution;
 use serde_json::{Value, json};
 
@@ -62,8 +63,8 @@ impl OpLog {
 pub const BUDGET_ROOT: &str = "BUDGET";
 
 /// Its limit: one dollar.
-pub const BUDGET: retinue_store::BudgetLimit =
-    retinue_store::BudgetLimit { max_cost_usd: Some(1.0), max_tokens: None };
+pub const BUDGET: retinue_core::BudgetLimit =
+    retinue_core::BudgetLimit { max_cost_usd: Some(1.0), max_tokens: None };
 
 /// A protocol violation the worker can see by itself (exit status 3).
 pub const VIOLATION_EXIT: i32 = 3;
@@ -155,7 +156,7 @@ impl Worker {
     fn tombstone(&mut self) -> Outcome<()> {
         let live = self.store.list_retained_children().ctx("list")?;
         let Some(entry) = self.rng.pick(&live) else { return Ok(()) };
-        let reason = retinue_store::TombstoneReason::Manual;
+        let reason = retinue_core::TombstoneReason::Manual;
         if self.store.tombstone_retained_child(entry.child_id(), &reason).ctx("tombstone")? {
             self.log.record(&json!({
                 "op": "tombstone", "id": entry.delegation_id, "index": entry.child_index,
@@ -197,7 +198,7 @@ impl Worker {
         }
         let usage = usage_of(n);
         let expected = self.store.unit_usage(&entry.delegation_id).ctx("unit_usage")?;
-        let swap = retinue_store::UsageSwap { expected, new: usage };
+        let swap = retinue_core::UsageSwap { expected, new: usage };
         let released = self
             .store
             .finish_follow_up(&entry.delegation_id, entry.child_index, &token, Some(&swap))
@@ -231,7 +232,7 @@ impl Worker {
     /// Reserves $0.05 of the shared budget, bills at most that, settles: a
     /// kill in between leaves a reservation that recovery must release.
     fn budget(&mut self) -> Outcome<()> {
-        use retinue_store::{Budgets, Reservation, ReservationDraft, Spend};
+        use retinue_core::{Budgets, Reservation, ReservationDraft, Spend};
         let draft = ReservationDraft {
             lineage_root: BUDGET_ROOT.to_owned(),
             sessions: vec![BUDGET_ROOT.to_owned()],
@@ -247,11 +248,11 @@ impl Worker {
         let spent = granted.cost_usd
             * f64::from(u32::try_from(self.rng.range(0, 100)).unwrap_or(0))
             / 100.0;
-        let row = retinue_store::AttributionDraft {
+        let row = retinue_core::AttributionDraft {
             parent_session_id: BUDGET_ROOT.to_owned(),
             usage: json!({"cost_usd": spent, "tokens": {"input": 0, "output": 0}}),
             key: Some(format!("b-{}-{}", self.tag, self.counter)),
-            ..retinue_store::AttributionDraft::default()
+            ..retinue_core::AttributionDraft::default()
         };
         retinue_usage::record_child_usage_attribution(&self.store, &row)
             .map_err(|e| format!("budget bill: {e}"))?;

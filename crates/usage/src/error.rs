@@ -6,7 +6,7 @@
 pub enum Error {
     /// The ledger's storage failed.
     #[error("usage ledger storage failed")]
-    Store(#[from] retinue_store::Error),
+    Store(#[from] retinue_core::Error),
 }
 
 /// The usage crate's result type.

@@ -39,7 +39,7 @@ pub fn fold_usage_text(text: &str) -> UsageTotals {
 /// `{limit: {max_cost_usd, max_tokens}, spent: {cost_usd, tokens},
 /// reserved: {cost_usd, tokens}, remaining: {cost_usd, tokens}}` (`null` for
 /// an unlimited measure).
-pub fn budget_json(status: &retinue_store::BudgetStatus) -> Value {
+pub fn budget_json(status: &retinue_core::BudgetStatus) -> Value {
     let (cost, tokens) = status.remaining();
     serde_json::json!({
         "limit": {"max_cost_usd": status.limit.max_cost_usd, "max_tokens": status.limit.max_tokens},

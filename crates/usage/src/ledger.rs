@@ -3,24 +3,13 @@
 
 use std::collections::HashSet;
 
-use retinue_store::{MAX_HOPS, TotalsCatchUp, TotalsUpdate};
+use retinue_core::{LineageWalk, MAX_HOPS, TotalsCatchUp, TotalsUpdate};
 use serde::Serialize;
 use serde_json::Value;
 
 use crate::error::Result;
 use crate::fold::{fold_usage, fold_usage_text};
 use crate::{AttributionDraft, UsageAttribution, UsageLedger, UsageTotals};
-
-/// A session's compression lineage (spec §5.2, §7.1), as the lineage crate
-/// resolves it. The delegate and CLI layers implement it over the lineage
-/// crate; this crate only sums over what it returns.
-#[cfg_attr(any(test, feature = "mocks"), mockall::automock)]
-pub trait LineageWalk: Send + Sync {
-    /// The sessions from the lineage root forward through unique eligible
-    /// compression continuations (root first, at most 100 hops), or `None`
-    /// when the root cannot be proven (including a storage failure).
-    fn lineage_sessions(&self, session: &str) -> Option<Vec<String>>;
-}
 
 /// Totals over a whole compression lineage.
 #[derive(Debug, Clone, PartialEq, Default, Serialize)]

@@ -33,13 +33,8 @@ pub use cost::{
 pub use error::{Error, Result};
 pub use fold::{ChildSpend, budget_json, child_breakdown, fold_usage, fold_usage_text, number};
 pub use ledger::{
-    LineageTotals, LineageWalk, load_child_usage_attributions, load_child_usage_totals,
+    LineageTotals, load_child_usage_attributions, load_child_usage_totals,
     load_lineage_usage_totals, record_child_usage_attribution,
 };
-pub use retinue_store::{
-    AttributionDraft, SessionCost, UsageAttribution, UsageLedger, UsageTotals,
-};
+pub use retinue_core::{AttributionDraft, SessionCost, UsageAttribution, UsageLedger, UsageTotals};
 pub use unit::{ChildRun, ChildUsage, Tokens, add_usd, merge_unit_usage};
-
-#[cfg(any(test, feature = "mocks"))]
-pub use ledger::MockLineageWalk;

@@ -1,7 +1,9 @@
 //! Unit tests of the pure rules, with the ledger mocked.
 
 use mockall::predicate::eq;
-use retinue_store::{MockUsageLedger, PendingUsage, TotalsCatchUp, TotalsSnapshot, TotalsUpdate};
+use retinue_core::{
+    MockLineageWalk, MockUsageLedger, PendingUsage, TotalsCatchUp, TotalsSnapshot, TotalsUpdate,
+};
 use serde_json::{Value, json};
 
 use crate::*;
@@ -189,7 +191,7 @@ fn finalize_ledger_failure_adds_in_memory_and_warns() {
     ledger.expect_usage_totals_snapshot().returning(|_| Ok(TotalsSnapshot::default()));
     ledger
         .expect_record_usage()
-        .returning(|_, _| Err(retinue_store::Error::Invalid("disk on fire".into())));
+        .returning(|_, _| Err(retinue_core::Error::Invalid("disk on fire".into())));
     ledger.expect_write_session_cost().never();
     let mut cost = ParentCost::new(0.0, Some("unknown".into()), Some("none".into()));
     let ctx = FinalizeContext {

@@ -5,10 +5,12 @@ use std::path::Path;
 use std::sync::Arc;
 
 use proptest::prelude::*;
-use retinue_store::{ManualClock, NewSession, SessionStore, Store, StoreOptions};
+use retinue_core::LineageWalk;
+use retinue_core::{ManualClock, NewSession, SessionStore};
+use retinue_store::{Store, StoreOptions};
 use retinue_usage::{
-    AttributionDraft, ChildUsage, FinalizeContext, FinalizeEntry, FinalizeReport, LineageWalk,
-    ParentCost, SessionCost, Tokens, UsageLedger, UsageTotals, finalize_child_results,
+    AttributionDraft, ChildUsage, FinalizeContext, FinalizeEntry, FinalizeReport, ParentCost,
+    SessionCost, Tokens, UsageLedger, UsageTotals, finalize_child_results,
     load_child_usage_attributions, load_child_usage_totals, load_lineage_usage_totals,
     record_child_usage_attribution,
 };

@@ -14,11 +14,11 @@ mod limits;
 use std::sync::Arc;
 use std::time::Instant;
 
-use retinue_lineage::{Authority, LineageAuthority};
-use retinue_store::{
+use retinue_core::{
     Claims, Clock, Completion, ManualClock, RegistryRead, ResumeClaim, Retention, TERMINAL_KEEP,
     TombstoneReason, UnitLifecycle,
 };
+use retinue_lineage::{Authority, LineageAuthority};
 use retinue_store_pg::{PgOptions, PgStore};
 use retinue_usage::AttributionDraft;
 use serde_json::json;
@@ -106,13 +106,13 @@ fn main() -> Res<()> {
     let clock = Arc::new(ManualClock::new(T0 + n as f64 + 10.0));
     // The default retention: `max_retained` 10, TTL 72 h, one profile ('').
     let opts = PgOptions::default().with_clock(clock.clone());
-    let cap = i64::from(opts.config.delegation.max_retained);
+    let cap = i64::from(opts.retention.max_retained);
     let started = Instant::now();
     let (store, mut lim) = fresh(&url, &opts, &base, n, n.saturating_sub(10), true)?;
     let store = Arc::new(store);
     eprintln!("built N={n} in {:.1}s", started.elapsed().as_secs_f64());
     let newest = n - 1;
-    let cutoff = clock.now() - opts.config.delegation.retained_ttl_hours * 3600.0;
+    let cutoff = clock.now() - opts.retention.ttl_hours * 3600.0;
     let mut t = Table { rows: Vec::new() };
 
     // Opening an existing schema.
@@ -344,11 +344,10 @@ fn main() -> Res<()> {
     // limit alternate which goes first; then the floor).
     let (mut ours, mut limit, mut floor, mut units, mut list) =
         (Vec::new(), Vec::new(), Vec::new(), 0, None);
-    let mut wide = opts.config.delegation.clone();
+    let mut wide = opts.retention;
     wide.max_retained = u32::try_from(n * 2)?;
     for r in 0..repeat.max(1) {
-        let (mine, _) =
-            fresh(&url, &opts.clone().with_delegation(wide.clone()), &schemas[1], n, 0, false)?;
+        let (mine, _) = fresh(&url, &opts.clone().with_retention(wide), &schemas[1], n, 0, false)?;
         let (_, mut copy) = fresh(&url, &opts, &schemas[2], n, 0, false)?;
         let (_, mut bare) = fresh(&url, &opts, &schemas[3], n, 0, false)?;
         if list.is_none() {

@@ -6,14 +6,14 @@ use rusqlite::{Connection, OptionalExtension, params};
 use serde_json::Value;
 
 use crate::error::{Result, SqlResult};
-use crate::model::{Lookup, RetainedChild, TombstoneReason, Unaddressable, parse_json_opt};
 use crate::registry::RegistryRead;
 use crate::rows::{
     CHILD_COLS, CHILD_RETAINED_AT, ChildRow, Limits, json_column, live_profiles, read_child_row,
     read_child_row_at, text_column,
 };
-use crate::rules::child_status;
 use crate::store::Store;
+use retinue_core::child_status;
+use retinue_core::{Lookup, RetainedChild, TombstoneReason, Unaddressable, parse_json_opt};
 
 /// Every child row matching `id` as a subagent id (kind 0), a child session
 /// id (1) or a delegation id (2): one statement, a multi-index OR.

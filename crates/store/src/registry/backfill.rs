@@ -4,8 +4,8 @@
 use rusqlite::{Connection, params};
 
 use crate::error::SqlResult;
-use crate::model::{TombstoneReason, parse_children_json};
 use crate::rows::json_column;
+use retinue_core::{TombstoneReason, parse_children_json};
 
 /// Backfills child rows of `retained=1` units that have none (spec §2.6 step 4).
 /// Writes cover untombstoned units; `tombstoned_since` (used at open and by

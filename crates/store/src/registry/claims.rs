@@ -6,16 +6,12 @@ use rusqlite::{OptionalExtension, Transaction, params};
 use serde_json::Value;
 
 use crate::error::{Error, Result, SqlResult};
-use crate::model::{DeliveryClaim, DeliveryFilter, ResumeClaim, UsageSwap};
 use crate::registry::Claims;
 use crate::rows::json_column;
 use crate::store::Store;
+use retinue_core::{DeliveryClaim, DeliveryFilter, ResumeClaim, UsageSwap};
 
-/// Lease of a resume or delivery claim, in seconds.
-pub const LEASE_SECS: f64 = 300.0;
-
-/// Attempts after which a completion is dropped.
-pub const MAX_DELIVERY_ATTEMPTS: i64 = 8;
+use retinue_core::{LEASE_SECS, MAX_DELIVERY_ATTEMPTS};
 
 pub(crate) fn claim(store: &Store, filter: &DeliveryFilter) -> Result<Option<DeliveryClaim>> {
     let now = store.clock.now();

@@ -12,12 +12,7 @@ use rusqlite::{Connection, Transaction, params};
 use crate::error::{Result, SqlResult};
 use crate::store::Store;
 
-/// Delivered rows older than this are deleted.
-pub const DELIVERED_MAX_AGE_SECS: f64 = 7.0 * 86_400.0;
-/// Terminal rows kept.
-pub const TERMINAL_KEEP: i64 = 50;
-/// Pending rows kept.
-pub const PENDING_KEEP: i64 = 1000;
+use retinue_core::{DELIVERED_MAX_AGE_SECS, PENDING_KEEP, TERMINAL_KEEP};
 
 /// The rows the pruner may delete; must match the V2 partial index's `WHERE`
 /// term for term, so SQLite uses that index.

@@ -5,11 +5,11 @@ use rusqlite::params;
 use serde_json::{Map, Value, json};
 
 use crate::error::{Result, SqlResult};
-use crate::model::{RecoveryReport, parse_json_opt};
-use crate::probe::{OwnerProbe, ProcessState};
 use crate::registry::Retention;
 use crate::rows::json_column;
 use crate::store::Store;
+use retinue_core::{OwnerProbe, ProcessState};
+use retinue_core::{RecoveryReport, parse_json_opt};
 
 const UNKNOWN_ERROR: &str =
     "Delegation owner exited before recording a terminal result; outcome unknown.";

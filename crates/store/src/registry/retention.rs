@@ -4,13 +4,13 @@
 use rusqlite::{Connection, OptionalExtension, Transaction, params};
 
 use crate::error::{Result, SqlResult};
-use crate::model::{PruneCount, RecoveryReport, TombstoneReason};
-use crate::probe::OwnerProbe;
 use crate::registry::Retention;
 use crate::registry::addressability::{list_in, resolve_in};
 use crate::registry::backfill::backfill;
 use crate::rows::{CHILD_RETAINED_AT, Limits, RawValue, live_profiles, live_profiles_cte};
 use crate::store::Store;
+use retinue_core::OwnerProbe;
+use retinue_core::{PruneCount, RecoveryReport, TombstoneReason};
 
 /// Whether a prune of `profile`'s units (every profile's, for the empty
 /// operator profile) at `lim` has anything to write (one read statement).

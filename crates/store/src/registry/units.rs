@@ -5,12 +5,12 @@ use rusqlite::{Transaction, params};
 use serde_json::Value;
 
 use crate::error::{Error, Result, SqlResult};
-use crate::model::{ChildManifest, Completion, UnitDraft, children_json, truncate_chars};
 use crate::registry::UnitLifecycle;
 use crate::registry::backfill::backfill;
 use crate::registry::retention::prune_in;
 use crate::rows::Limits;
 use crate::store::Store;
+use retinue_core::{ChildManifest, Completion, UnitDraft, children_json, truncate_chars};
 
 fn retain_in(
     tx: &Transaction<'_>,

@@ -5,10 +5,11 @@
 use std::sync::{Arc, Barrier};
 
 use proptest::prelude::*;
-use retinue_store::{
+use retinue_core::{
     AttributionDraft, BudgetLimit, Budgets, MockOwnerProbe, ProcessState, Reservation,
-    ReservationDraft, Spend, Store, TotalsUpdate, UsageLedger,
+    ReservationDraft, Spend, TotalsUpdate, UsageLedger,
 };
+use retinue_store::Store;
 use serde_json::json;
 
 use super::fixture::Fx;
@@ -190,7 +191,8 @@ proptest! {
 fn a_clock_that_goes_backwards_or_reads_garbage_changes_nothing_it_should_not() {
     use std::sync::Mutex;
 
-    use retinue_store::{MockClock, RegistryRead, Retention, StoreOptions};
+    use retinue_core::{MockClock, RegistryRead, Retention};
+    use retinue_store::StoreOptions;
 
     const T0: f64 = 1_800_000_000.0;
     let times = Arc::new(Mutex::new(vec![T0, T0]));

@@ -3,9 +3,9 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use retinue_store::{
-    ChildManifest, DelegationConfig, ManualClock, RegistryRead, Store, StoreOptions, UnitLifecycle,
-};
+use retinue_config::DelegationConfig;
+use retinue_core::{ChildManifest, ManualClock, RegistryRead, UnitLifecycle};
+use retinue_store::{Store, StoreOptions};
 use serde_json::json;
 
 pub(crate) const T0: f64 = 1_800_000_000.0;
@@ -33,7 +33,7 @@ impl Fx {
     }
 
     pub(crate) fn reopen(&self) -> Store {
-        open(&self.db(), &self.clock, self.store.config().delegation.clone())
+        open(&self.db(), &self.clock, delegation_of(&self.store))
     }
 
     pub(crate) fn raw(&self) -> rusqlite::Connection {
@@ -55,7 +55,7 @@ impl Fx {
     }
 
     pub(crate) fn clock_now(&self) -> f64 {
-        use retinue_store::Clock;
+        use retinue_core::Clock;
         self.clock.now()
     }
 
@@ -77,7 +77,7 @@ impl Fx {
 }
 
 pub(crate) fn open(path: &std::path::Path, clock: &Arc<ManualClock>, d: DelegationConfig) -> Store {
-    let opts = StoreOptions::default().with_clock(clock.clone()).with_delegation(d);
+    let opts = StoreOptions::default().with_clock(clock.clone()).with_retention(d.retention());
     Store::open(path, opts).expect("open store")
 }
 
@@ -114,4 +114,15 @@ pub(crate) fn migration_count() -> i64 {
         .filter(|e| e.file_name().to_string_lossy().ends_with(".sql"))
         .count();
     i64::try_from(n).expect("count")
+}
+
+/// The delegation settings `store` was opened with (its retention policy;
+/// the rest at their defaults: the store reads nothing else).
+pub(crate) fn delegation_of(store: &Store) -> DelegationConfig {
+    let r = store.retention();
+    DelegationConfig {
+        max_retained: r.max_retained,
+        retained_ttl_hours: r.ttl_hours,
+        ..DelegationConfig::default()
+    }
 }

@@ -2,9 +2,8 @@
 
 use std::sync::Arc;
 
-use retinue_store::{
-    DelegationConfig, Lookup, ManualClock, RegistryRead, TombstoneReason, Unaddressable,
-};
+use retinue_config::DelegationConfig;
+use retinue_core::{Lookup, ManualClock, RegistryRead, TombstoneReason, Unaddressable};
 
 use super::fixture::{T0, open};
 
@@ -205,7 +204,7 @@ fn hermes_sessions_and_messages_gain_missing_columns() {
     drop(raw);
     let clock = Arc::new(ManualClock::new(T0));
     let store = open(&path, &clock, DelegationConfig::default());
-    use retinue_store::{SessionGraph, SessionStore};
+    use retinue_core::{SessionGraph, SessionStore};
     let s = store.session("s1").expect("read").expect("row");
     assert_eq!(s.system_prompt.as_deref(), Some("be terse"));
     let conv = store.conversation("s1").expect("conv");
@@ -257,7 +256,7 @@ INSERT INTO sessions (id, source, started_at) VALUES ('s1', 'cli', 1.0);
 
 #[test]
 fn hermes_fts_triggers_index_our_inserts_and_tool_calls_count_as_hermes_counts() {
-    use retinue_store::{Message, SessionStore};
+    use retinue_core::{Message, SessionStore};
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("state.db");
     rusqlite::Connection::open(&path).expect("open").execute_batch(HERMES_FTS).expect("ddl");

@@ -1,8 +1,9 @@
 //! The retained registry: the seed's tests and the spec's further cases.
 
-use retinue_store::{
-    Completion, DelegationConfig, Lookup, PruneCount, RegistryRead, Retention, TombstoneReason,
-    Unaddressable, UnitLifecycle,
+use retinue_config::DelegationConfig;
+use retinue_core::{
+    Completion, Lookup, PruneCount, RegistryRead, Retention, TombstoneReason, Unaddressable,
+    UnitLifecycle,
 };
 use serde_json::json;
 
@@ -34,7 +35,7 @@ fn manual_tombstone_note_is_reported_by_lookup_read_write_and_read_only() {
         fx.db(),
         retinue_store::StoreOptions::default()
             .with_clock(fx.clock.clone())
-            .with_delegation(fx.store.config().delegation.clone()),
+            .with_retention(fx.store.retention()),
     )
     .expect("open read-only");
     for store in [&fx.store, &ro] {
@@ -363,7 +364,8 @@ fn lookup_query_plans_use_indexes() {
 
 mod invariant {
     use proptest::prelude::*;
-    use retinue_store::{DelegationConfig, RegistryRead, Retention};
+    use retinue_config::DelegationConfig;
+    use retinue_core::{RegistryRead, Retention};
 
     use super::super::fixture::{Fx, child};
 
@@ -392,11 +394,11 @@ mod invariant {
                 fx.raw().execute("UPDATE async_delegations SET retained_at = retained_at - ?1 WHERE delegation_id = ?2",
                     rusqlite::params![f64::from(*age_h) * 3600.0, id]).expect("age");
                 if let Some(k) = tomb.filter(|k| k < n) {
-                    fx.store.tombstone_retained_child(&format!("sa-{i}-{k}"), &retinue_store::TombstoneReason::Manual).expect("t");
+                    fx.store.tombstone_retained_child(&format!("sa-{i}-{k}"), &retinue_core::TombstoneReason::Manual).expect("t");
                 }
             }
             fx.clock.advance(f64::from(advance_h) * 3600.0);
-            let store = fx.store.config().delegation.clone();
+            let store = super::super::fixture::delegation_of(&fx.store);
             let store = super::super::fixture::open(&fx.db(), &fx.clock, DelegationConfig { max_retained: max, ..store });
             let before = store.list_retained_children().expect("list");
             store.prune_retained_children(None, None).expect("prune");
@@ -404,7 +406,7 @@ mod invariant {
             prop_assert_eq!(&before, &after);
             // The live set written down by the prune, read raw (no TTL or cap
             // applied by the reader), is exactly what was addressable before it.
-            use retinue_store::Clock;
+            use retinue_core::Clock;
             let cutoff = fx.clock.now() - 72.0 * 3600.0;
             let mut live: Vec<String> = fx
                 .raw()
@@ -504,14 +506,14 @@ fn unreadable_json_bytes_read_as_malformed() {
         assert_eq!(listed[0].manifest.model, None, "{expr}: the manifest reads as absent");
         let usage = reopened.unit_usage(&id).expect("usage");
         assert!(usage.is_none() || usage == Some(json!([])), "{expr}: {usage:?}");
-        let report = reopened.recover_abandoned_delegations(&retinue_store::ProcProbe);
+        let report = reopened.recover_abandoned_delegations(&retinue_core::ProcProbe);
         assert_eq!(report.error, None, "{expr}");
     }
 }
 
 #[test]
 fn a_failing_unit_write_leaves_nothing_behind() {
-    use retinue_store::{NewSession, SessionStore, UnitDraft};
+    use retinue_core::{NewSession, SessionStore, UnitDraft};
     let fx = Fx::new();
     fx.store
         .create_session(&NewSession {
@@ -536,7 +538,7 @@ fn a_failing_unit_write_leaves_nothing_behind() {
         ..UnitDraft::default()
     };
     let err = fx.store.insert_unit(&draft).expect_err("the second child session exists");
-    assert!(matches!(err, retinue_store::Error::Conflict { .. }), "{err:?}");
+    assert!(matches!(err, retinue_core::Error::Conflict { .. }), "{err:?}");
     let count = |sql: &str| -> i64 { fx.raw().query_row(sql, [], |r| r.get(0)).expect("count") };
     assert_eq!(count("SELECT count(*) FROM async_delegations"), 0);
     assert_eq!(count("SELECT count(*) FROM retinue_children"), 0);
@@ -651,13 +653,9 @@ fn unit_tombstones_cover_children_with_unchanged_answers() {
     assert_eq!(tombstoned(answers(&store)), tombstoned(before.clone()));
     let ro = retinue_store::Store::open_read_only(
         fx.db(),
-        retinue_store::StoreOptions {
-            config: retinue_store::LoadedConfig {
-                delegation: config.clone(),
-                ..retinue_store::LoadedConfig::default()
-            },
-            ..retinue_store::StoreOptions::default().with_clock(fx.clock.clone())
-        },
+        retinue_store::StoreOptions::default()
+            .with_clock(fx.clock.clone())
+            .with_retention(config.retention()),
     )
     .expect("read-only");
     assert_eq!(tombstoned(answers(&ro)), tombstoned(before));
@@ -714,7 +712,7 @@ fn unreadable_profiles_fail_closed_and_rank_apart() {
 /// Retinue's own follow-up refresh stays per child.
 #[test]
 fn a_unit_clock_written_by_another_program_moves_its_children() {
-    use retinue_store::{Claims, Lookup, ResumeClaim};
+    use retinue_core::{Claims, Lookup, ResumeClaim};
     let fx = Fx::with_config(DelegationConfig {
         retained_ttl_hours: 72.0,
         ..DelegationConfig::default()
@@ -727,7 +725,7 @@ fn a_unit_clock_written_by_another_program_moves_its_children() {
     let live = |id: &str| matches!(fx.store.lookup(id).expect("lookup"), Lookup::Addressable(_));
     assert!(live("sa-c0") && live("sa-c1"));
     // hermes backdates the unit by 100 hours: past its 72 h TTL, both children expire.
-    use retinue_store::Clock;
+    use retinue_core::Clock;
     let now = fx.clock.now();
     fx.raw()
         .execute(

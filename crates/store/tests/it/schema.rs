@@ -2,7 +2,8 @@
 
 use std::collections::BTreeSet;
 
-use retinue_store::{Error, Store, StoreOptions};
+use retinue_core::Error;
+use retinue_store::{Store, StoreOptions};
 
 use super::fixture::Fx;
 
@@ -130,11 +131,11 @@ fn read_only_store_serves_reads() {
         StoreOptions { read_only: true, ..StoreOptions::default().with_clock(fx.clock.clone()) },
     )
     .expect("ro open");
-    use retinue_store::{RegistryRead, Retention};
+    use retinue_core::{RegistryRead, Retention};
     assert_eq!(ro.list_retained_children().expect("list").len(), 1);
     assert!(ro.find_retained_child("child-sess-1").expect("find").is_some());
     let err = ro
-        .tombstone_retained_child("sa-0-abc12345", &retinue_store::TombstoneReason::Manual)
+        .tombstone_retained_child("sa-0-abc12345", &retinue_core::TombstoneReason::Manual)
         .expect_err("read-only");
     assert!(matches!(err, Error::ReadOnly { .. }), "{err:?}");
 }

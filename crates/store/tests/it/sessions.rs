@@ -1,6 +1,6 @@
 //! Sessions, transcripts and the compression tip.
 
-use retinue_store::{Message, NewSession, SessionGraph, SessionStore};
+use retinue_core::{Message, NewSession, SessionGraph, SessionStore};
 use serde_json::json;
 
 use super::fixture::Fx;

@@ -1,6 +1,6 @@
 //! Delivery hand-off, resume claims, restart recovery and the history pruner.
 
-use retinue_store::{
+use retinue_core::{
     Claims, Completion, DeliveryFilter, OwnerProbe, ProcProbe, ProcessState, RegistryRead,
     ResumeClaim, Retention, TombstoneReason, UnitLifecycle, UsageSwap, current_owner,
 };
@@ -171,7 +171,7 @@ fn a_stale_usage_swap_changes_nothing_and_keeps_the_claim() {
         UsageSwap { expected: Some(json!({"cost_usd": 0.25})), new: json!({"cost_usd": 9.0}) };
     let err =
         fx.store.finish_follow_up("deleg_test0001", 0, &token, Some(&stale)).expect_err("stale");
-    assert!(matches!(err, retinue_store::Error::Stale { .. }), "{err:?}");
+    assert!(matches!(err, retinue_core::Error::Stale { .. }), "{err:?}");
     assert_eq!(
         fx.store.unit_usage("deleg_test0001").expect("usage"),
         Some(json!({"cost_usd": 0.5}))
@@ -205,7 +205,7 @@ fn recover_abandoned_delegations_rehydrates_retained() {
         ["child-sess-1"]
     );
     // Retained rows keep their state even though they were `running` with no owner.
-    assert_eq!(entries[0].state, retinue_store::UnitState::Running);
+    assert_eq!(entries[0].state, retinue_core::UnitState::Running);
 }
 
 #[test]
@@ -256,7 +256,7 @@ fn dead_owners_become_unknown_and_retained_rows_are_untouched() {
     assert_eq!(state("deleg_reused").0, "unknown");
     // The synthetic completion is deliverable.
     assert!(
-        fx.store.claim_delivery(&retinue_store::DeliveryFilter::default()).expect("c").is_some()
+        fx.store.claim_delivery(&retinue_core::DeliveryFilter::default()).expect("c").is_some()
     );
 }
 
@@ -384,9 +384,9 @@ fn review_fixes_hold() {
     );
     assert_eq!(fx.store.lookup("sa-0-abc12345").expect("lookup"), before);
     match &before {
-        retinue_store::Lookup::NotAddressable(
+        retinue_core::Lookup::NotAddressable(
             _,
-            retinue_store::Unaddressable::Tombstoned { reason, .. },
+            retinue_core::Unaddressable::Tombstoned { reason, .. },
         ) => assert_eq!(*reason, TombstoneReason::Ttl),
         other => panic!("unexpected {other:?}"),
     }

@@ -8,15 +8,16 @@
 use std::sync::Arc;
 
 use proptest::prelude::*;
+use retinue_config::DelegationConfig;
+use retinue_core::{
+    AttributionDraft, Claims, DeliveryFilter, RegistryRead, Retention, SessionGraph, SessionStore,
+    TombstoneReason, UsageLedger, parse_children_json,
+};
 use retinue_delegate::scripted::{RecordingSink, ScriptedRuntime};
 use retinue_delegate::{
     Delegator, DelegatorParts, ParentContext, parse_follow_up, parse_tasks, texts,
 };
 use retinue_lineage::Authority;
-use retinue_store::{
-    AttributionDraft, Claims, DelegationConfig, DeliveryFilter, RegistryRead, Retention,
-    SessionGraph, SessionStore, TombstoneReason, UsageLedger, parse_children_json,
-};
 use retinue_testkit::SessionGraphBuilder;
 use serde_json::{Value, json};
 
@@ -51,7 +52,7 @@ fn exercise_registry(fx: &Fx, store: &retinue_store::Store) {
     refused_means_unchanged(fx, "tombstone", || {
         store.tombstone_retained_child("hermes-child", &TombstoneReason::Manual)
     });
-    let _ = store.recover_abandoned_delegations(&retinue_store::ProcProbe);
+    let _ = store.recover_abandoned_delegations(&retinue_core::ProcProbe);
 }
 
 fn children_json_case(value: &Hostile, child_session: Option<&str>) {
@@ -173,10 +174,10 @@ fn model_config_case(value: &Hostile, on_requester: bool) {
     }
 }
 
-fn store_err(e: retinue_usage::Error) -> retinue_store::Error {
+fn store_err(e: retinue_usage::Error) -> retinue_core::Error {
     match e {
         retinue_usage::Error::Store(e) => e,
-        other => retinue_store::Error::Invalid(other.to_string()),
+        other => retinue_core::Error::Invalid(other.to_string()),
     }
 }
 

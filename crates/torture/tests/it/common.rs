@@ -5,7 +5,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use proptest::prelude::*;
-use retinue_store::{DelegationConfig, ManualClock, Store, StoreOptions};
+use retinue_config::DelegationConfig;
+use retinue_core::ManualClock;
+use retinue_store::{Store, StoreOptions};
 use rusqlite::types::Value as Sql;
 
 pub(crate) const T0: f64 = 1_800_000_000.0;
@@ -195,15 +197,15 @@ impl Fx {
         }
     }
 
-    pub(crate) fn reopen(&self) -> retinue_store::Result<Store> {
+    pub(crate) fn reopen(&self) -> retinue_core::Result<Store> {
         open(&self.db(), &self.clock)
     }
 }
 
-pub(crate) fn open(path: &Path, clock: &Arc<ManualClock>) -> retinue_store::Result<Store> {
+pub(crate) fn open(path: &Path, clock: &Arc<ManualClock>) -> retinue_core::Result<Store> {
     let opts = StoreOptions::default()
         .with_clock(clock.clone())
-        .with_delegation(DelegationConfig::default());
+        .with_retention(DelegationConfig::default().retention());
     Store::open(path, opts)
 }
 
@@ -215,7 +217,7 @@ pub(crate) fn dump(path: &Path) -> String {
 pub(crate) fn refused_means_unchanged<T: std::fmt::Debug>(
     fx: &Fx,
     what: &str,
-    op: impl FnOnce() -> retinue_store::Result<T>,
+    op: impl FnOnce() -> retinue_core::Result<T>,
 ) -> Option<T> {
     let before = fx.dump();
     match op() {

@@ -1,15 +1,16 @@
 //! Hostile files: a non-SQLite file, a truncated database, a database from a
 //! newer schema, a read-only file and a full disk each give a typed
-//! `retinue_store::Error`, and nothing is modified on refusal.
+//! `retinue_core::Error`, and nothing is modified on refusal.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 
-use retinue_store::{
+use retinue_core::{
     AttributionDraft, ChildManifest, Error, ManualClock, NewSession, RegistryRead, Retention,
-    SessionStore, Store, StoreOptions, TombstoneReason, UnitDraft, UnitLifecycle,
+    SessionStore, TombstoneReason, UnitDraft, UnitLifecycle,
 };
+use retinue_store::{Store, StoreOptions};
 use serde_json::json;
 
 use super::common::{Fx, T0, dump, open};
@@ -154,7 +155,7 @@ fn read_only_file_refuses_writes_unchanged() {
     }
     let store = Store::open(&path, read_only()).expect("read-only open");
     assert_eq!(store.list_retained_children().expect("reads work").len(), 3);
-    let writes: Vec<(&str, retinue_store::Result<()>)> = vec![
+    let writes: Vec<(&str, retinue_core::Result<()>)> = vec![
         ("insert_unit", store.insert_unit(&UnitDraft::default()).map(|_| ())),
         ("retain", store.retain_completed_delegation("x", None).map(|_| ())),
         (
@@ -191,7 +192,7 @@ fn read_only_file_refuses_writes_unchanged() {
         let err = res.expect_err(what);
         assert!(matches!(err, Error::ReadOnly { .. }), "{what}: {err:?}");
     }
-    let report = store.recover_abandoned_delegations(&retinue_store::ProcProbe);
+    let report = store.recover_abandoned_delegations(&retinue_core::ProcProbe);
     assert!(report.error.is_some() || report.abandoned == 0);
     drop(store);
     assert_eq!(bytes(&path), original, "a read-only store modified the file");

@@ -5,9 +5,8 @@
 use std::sync::Arc;
 
 use proptest::prelude::*;
-use retinue_store::{
-    AttributionDraft, ManualClock, RegistryRead, Store, StoreOptions, UsageTotals,
-};
+use retinue_core::{AttributionDraft, ManualClock, RegistryRead, UsageTotals};
+use retinue_store::{Store, StoreOptions};
 use retinue_usage::{load_child_usage_totals, record_child_usage_attribution};
 use serde_json::json;
 
@@ -233,7 +232,7 @@ fn a_socket_as_state_db_is_refused_at_once_and_left_alone() {
             Store::open(&path, StoreOptions::default())
         };
         let err = got.expect_err("a socket is not a database");
-        assert_eq!(err.kind(), retinue_store::ErrorKind::NotAFile);
+        assert_eq!(err.kind(), retinue_core::ErrorKind::NotAFile);
         assert_eq!(err.to_string(), format!("{} is a socket, not a database file", path.display()));
         assert!(started.elapsed() < std::time::Duration::from_secs(1));
     }

@@ -1,5 +1,10 @@
-//! Configuration: the `delegation:` and `database:` sections of
-//! `<HERMES_HOME>/config.yaml`, with hermes's defaults and floors.
+//! `retinue-config`: the `delegation:`, `database:` and `mcp_servers:`
+//! sections of `<HERMES_HOME>/config.yaml`, with hermes's defaults and floors.
+//!
+//! Configuration is its own concern, above the backends: a backend is
+//! opened with a [`RetentionPolicy`] and durability options, never with the
+//! whole configuration, and the API key is an [`ApiKey`] (a secret type with
+//! no `Display`, redacted `Debug`, never serialised).
 //!
 //! A missing file or section, bad YAML, or a mistyped key never fails: the
 //! affected keys take their defaults and a warning naming the file and key is
@@ -9,30 +14,10 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+use secrecy::{ExposeSecret, SecretString};
 use serde_yaml_ng::Value;
 
-use crate::spend::BudgetLimit;
-
-/// Journal mode of the database.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum JournalMode {
-    /// Write-ahead log (default).
-    #[default]
-    Wal,
-    /// Rollback journal.
-    Delete,
-}
-
-/// Durability of a commit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Synchronous {
-    /// One fsync per commit: a committed write survives power loss (default, as hermes).
-    #[default]
-    Full,
-    /// WAL's faster mode: durable across process crashes; a power loss may roll back
-    /// the last commits but never corrupts.
-    Normal,
-}
+use retinue_core::{BudgetLimit, JournalMode, RetentionPolicy, Synchronous};
 
 /// The `database:` section.
 ///
@@ -45,7 +30,7 @@ pub struct DatabaseConfig {
     pub synchronous: Synchronous,
     /// `database.busy_timeout_seconds`: how long a write waits for another
     /// writer's lock before failing busy; `None` (not configured) keeps
-    /// [`crate::StoreOptions::busy_timeout`] (10 s). At most one hour.
+    /// the store's default (10 s). At most one hour.
     pub busy_timeout_seconds: Option<f64>,
     /// `database.url`: a PostgreSQL connection string (team mode) used
     /// when no `--db` is given; `None` = the SQLite `state.db`.
@@ -64,6 +49,42 @@ impl std::fmt::Debug for DatabaseConfig {
             .field("url", &self.url.as_ref().map(|_| "<set>"))
             .field("profile", &self.profile)
             .finish()
+    }
+}
+
+/// An API key: a [`secrecy::SecretString`] that has no `Display`, prints
+/// as `[redacted]` in `Debug`, is never serialised, and is zeroed on drop.
+/// Read it only at the moment it is sent ([`ApiKey::expose`]).
+#[derive(Clone, Default)]
+pub struct ApiKey(Option<SecretString>);
+
+impl ApiKey {
+    /// A key; an empty text is no key.
+    pub fn new(key: impl Into<String>) -> ApiKey {
+        let key: String = key.into();
+        if key.is_empty() { ApiKey(None) } else { ApiKey(Some(SecretString::from(key))) }
+    }
+
+    /// Whether no key is set.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_none()
+    }
+
+    /// The key's text, for the one place that sends it; `None` when unset.
+    pub fn expose(&self) -> Option<&str> {
+        self.0.as_ref().map(ExposeSecret::expose_secret)
+    }
+}
+
+impl PartialEq for ApiKey {
+    fn eq(&self, other: &ApiKey) -> bool {
+        self.expose() == other.expose()
+    }
+}
+
+impl fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.is_empty() { "[none]" } else { "[redacted]" })
     }
 }
 
@@ -90,7 +111,7 @@ pub struct DelegationConfig {
     /// Child base URL; empty = inherit.
     pub base_url: String,
     /// Child API key; never logged or stored.
-    pub api_key: String,
+    pub api_key: ApiKey,
     /// The environment variable holding the API key when `api_key` is empty;
     /// empty = `OPENAI_API_KEY`.
     pub api_key_env: String,
@@ -216,12 +237,26 @@ impl fmt::Debug for McpServerConfig {
             .field("args", &self.args)
             .field("env", &self.env.keys().collect::<Vec<_>>())
             .field("cwd", &self.cwd)
-            .field("url", &self.url.as_deref().map(crate::model::redact_endpoint))
+            .field("url", &self.url.as_deref().map(retinue_core::redact_endpoint))
             .field("headers", &self.headers.keys().collect::<Vec<_>>())
             .field("timeout_seconds", &self.timeout_seconds)
             .field("include", &self.include)
             .field("exclude", &self.exclude)
             .finish()
+    }
+}
+
+impl DelegationConfig {
+    /// The retention policy a backend is opened with.
+    pub fn retention(&self) -> RetentionPolicy {
+        RetentionPolicy { max_retained: self.max_retained, ttl_hours: self.retained_ttl_hours }
+    }
+}
+
+impl DatabaseConfig {
+    /// `busy_timeout_seconds` as a duration, when configured and representable.
+    pub fn busy_timeout(&self) -> Option<std::time::Duration> {
+        self.busy_timeout_seconds.and_then(|s| std::time::Duration::try_from_secs_f64(s).ok())
     }
 }
 
@@ -231,7 +266,7 @@ impl Default for DelegationConfig {
             model: String::new(),
             provider: String::new(),
             base_url: String::new(),
-            api_key: String::new(),
+            api_key: ApiKey::default(),
             api_key_env: String::new(),
             stream: false,
             allow_insecure_http: false,
@@ -261,12 +296,11 @@ impl Default for DelegationConfig {
 
 impl fmt::Debug for DelegationConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let key = if self.api_key.is_empty() { "" } else { "[redacted]" };
         f.debug_struct("DelegationConfig")
             .field("model", &self.model)
             .field("provider", &self.provider)
-            .field("base_url", &crate::model::redact_endpoint(&self.base_url))
-            .field("api_key", &key)
+            .field("base_url", &retinue_core::redact_endpoint(&self.base_url))
+            .field("api_key", &self.api_key)
             .field("api_key_env", &self.api_key_env)
             .field("stream", &self.stream)
             .field("allow_insecure_http", &self.allow_insecure_http)
@@ -375,14 +409,6 @@ mod home_tests {
     }
 }
 
-/// The default profile key: the canonical absolute path of the home, as hermes uses.
-pub fn default_profile_key(home: &Path) -> String {
-    std::fs::canonicalize(home)
-        .unwrap_or_else(|_| std::path::absolute(home).unwrap_or_else(|_| home.to_path_buf()))
-        .to_string_lossy()
-        .into_owned()
-}
-
 impl LoadedConfig {
     /// Loads `<home>/config.yaml`; never fails.
     pub fn load(home: &Path) -> LoadedConfig {
@@ -469,7 +495,9 @@ impl LoadedConfig {
         r.string("model", &mut d.model);
         r.string("provider", &mut d.provider);
         r.string("base_url", &mut d.base_url);
-        r.string("api_key", &mut d.api_key);
+        let mut key = String::new();
+        r.string("api_key", &mut key);
+        d.api_key = ApiKey::new(key);
         r.string("api_key_env", &mut d.api_key_env);
         r.boolean("stream", &mut d.stream);
         r.boolean("allow_insecure_http", &mut d.allow_insecure_http);

@@ -4,9 +4,26 @@
 //! functions of plain values, so the SQLite and PostgreSQL backends share
 //! them instead of restating them.
 
-use crate::config::DelegationConfig;
 use crate::error::{Error, Result};
 use crate::model::{TombstoneReason, Unaddressable};
+
+/// The retention policy a backend is opened with (`delegation.max_retained`
+/// and `delegation.retained_ttl_hours` in config.yaml; the backends never
+/// read the configuration themselves).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RetentionPolicy {
+    /// Live units kept per profile.
+    pub max_retained: u32,
+    /// A child's TTL after it was retained, in hours.
+    pub ttl_hours: f64,
+}
+
+impl Default for RetentionPolicy {
+    /// hermes's defaults: 10 units, 72 hours.
+    fn default() -> Self {
+        RetentionPolicy { max_retained: 10, ttl_hours: 72.0 }
+    }
+}
 
 /// The retention limits in force for one evaluation.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -21,11 +38,11 @@ pub struct Limits {
 
 impl Limits {
     /// The configured limits at `now` (`max_retained` floored at 1, the TTL at 0).
-    pub fn new(now: f64, d: &DelegationConfig) -> Limits {
+    pub fn new(now: f64, policy: RetentionPolicy) -> Limits {
         Limits {
             now,
-            max_retained: d.max_retained.max(1),
-            ttl_hours: d.retained_ttl_hours.max(0.0),
+            max_retained: policy.max_retained.max(1),
+            ttl_hours: policy.ttl_hours.max(0.0),
         }
     }
 

@@ -1,0 +1,82 @@
+//! `retinue-core`: the registry's rulebook, with no storage engine in it.
+//!
+//! The records ([`RetainedChild`], [`ChildManifest`], [`SessionRow`], …),
+//! the status enums ([`UnitState`], [`ChildStatus`], [`Role`],
+//! [`ExitReason`]), the seam traits every backend implements
+//! ([`RegistryRead`], [`UnitLifecycle`], [`Retention`], [`Claims`],
+//! [`SessionGraph`], [`SessionStore`], [`UsageLedger`], [`Budgets`]), the one
+//! error type ([`Error`], [`ErrorKind`]), the [`Clock`], and every rule that
+//! needs no SQL as a pure function: addressability ([`child_status`]), the
+//! retention limits ([`Limits`]), spent and remaining ([`BudgetStatus`]).
+//!
+//! `retinue-store` (SQLite) and `retinue-store-pg` (PostgreSQL) implement
+//! the traits side by side; `retinue-lineage` and `retinue-usage` need only
+//! this crate. Nothing here depends on rusqlite, postgres, refinery or YAML.
+//! The rules are described in `docs/semantics.md`, whose section numbers the
+//! code cites as "semantics §N".
+//!
+//! ```
+//! use retinue_core::{ChildFacts, Limits, RetentionPolicy, Unaddressable, child_status};
+//!
+//! // A child retained 73 hours ago under the default 72-hour TTL is expired.
+//! let now = 1_000_000.0;
+//! let limits = Limits::new(now, RetentionPolicy::default());
+//! let facts = ChildFacts {
+//!     retained_at: Some(now - 73.0 * 3600.0),
+//!     unit_retained: true,
+//!     ..ChildFacts::default()
+//! };
+//! assert!(matches!(child_status(&facts, limits), Some(Unaddressable::Tombstoned { .. })));
+//! ```
+
+mod budget;
+mod clock;
+mod dump;
+mod error;
+mod ledger;
+mod model;
+mod options;
+mod probe;
+mod registry;
+mod rules;
+mod sessions;
+mod spend;
+mod status;
+
+pub use budget::Budgets;
+pub use clock::{Clock, ManualClock, SystemClock, iso8601};
+pub use dump::{Cell, CellType, StateDump, StateReader, TableSpec};
+pub use error::{Error, ErrorKind, Result, Source};
+pub use ledger::{
+    AttributionDraft, PendingUsage, TotalsCatchUp, TotalsSnapshot, TotalsUpdate, UsageAttribution,
+    UsageLedger, UsageTotals,
+};
+pub use model::{
+    ChildManifest, Completion, DeliveryClaim, DeliveryFilter, GOAL_MAX_CHARS, Lookup, Message,
+    NewSession, PruneCount, RecoveryReport, ResumeClaim, RetainedChild, SessionCost, SessionRow,
+    TombstoneReason, Unaddressable, UnitDraft, UsageSwap, children_json, parse_children_json,
+    parse_json_opt, redact_endpoint, redact_url, strip_userinfo, truncate_chars, userinfo_at,
+};
+pub use options::{JournalMode, Synchronous, default_profile_key};
+pub use probe::{OwnerProbe, ProcProbe, ProcessState, current_owner};
+pub use registry::{
+    Claims, DELIVERED_MAX_AGE_SECS, LEASE_SECS, MAX_DELIVERY_ATTEMPTS, PENDING_KEEP, Registry,
+    RegistryRead, Retention, TERMINAL_KEEP, UnitLifecycle,
+};
+pub use rules::{ChildFacts, Limits, RetentionPolicy, child_status, covered_status};
+pub use sessions::{LineageWalk, MAX_HOPS, SessionGraph, SessionStore};
+pub use spend::{BudgetLimit, BudgetStatus, Reservation, ReservationDraft, Spend};
+pub use status::{ChildStatus, ExitReason, Role, UnitState};
+
+#[cfg(any(test, feature = "mocks"))]
+pub use budget::MockBudgets;
+#[cfg(any(test, feature = "mocks"))]
+pub use clock::MockClock;
+#[cfg(any(test, feature = "mocks"))]
+pub use ledger::MockUsageLedger;
+#[cfg(any(test, feature = "mocks"))]
+pub use probe::MockOwnerProbe;
+#[cfg(any(test, feature = "mocks"))]
+pub use registry::{MockRegistry, MockRegistryRead};
+#[cfg(any(test, feature = "mocks"))]
+pub use sessions::{MockLineageWalk, MockSessionGraph, MockSessionStore};
