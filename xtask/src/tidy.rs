@@ -214,6 +214,7 @@ fn check_sources(root: &Path, problems: &mut Vec<String>) {
             continue;
         }
         let lib = library_part(&text);
+        string_errors(&rel, lib, problems);
         for (i, line) in lib.lines().enumerate() {
             let code = line.split("//").next().unwrap_or("");
             for banned in ["todo!(", "unimplemented!(", "dbg!(", ".unwrap()"] {
@@ -223,6 +224,70 @@ fn check_sources(root: &Path, problems: &mut Vec<String>) {
             }
         }
     }
+}
+
+/// A public signature (a `pub fn` up to its body, or a `pub` field) whose
+/// error type is a bare `String`: errors are typed (thiserror), so callers
+/// can branch on them and keep their source chain.
+fn string_errors(rel: &str, lib: &str, problems: &mut Vec<String>) {
+    let lines: Vec<&str> = lib.lines().collect();
+    let mut i = 0;
+    while i < lines.len() {
+        let trimmed = lines[i].trim_start();
+        let public = trimmed.starts_with("pub ") && !trimmed.starts_with("pub use");
+        if !public {
+            i += 1;
+            continue;
+        }
+        // The signature runs to its body or its end (a few lines at most).
+        let function = trimmed.contains("fn ");
+        let mut sig = String::new();
+        let start = i;
+        while i < lines.len() && i < start + 12 {
+            let code = lines[i].split("//").next().unwrap_or("");
+            sig.push_str(code);
+            i += 1;
+            if !function || code.contains('{') || code.trim_end().ends_with(';') {
+                break;
+            }
+        }
+        let compact: String = sig.chars().filter(|c| !c.is_whitespace()).collect();
+        if has_string_error(&compact) {
+            problems.push(format!(
+                "{rel}:{}: `Result<_, String>` in a public signature (use a typed error)",
+                start + 1
+            ));
+        }
+    }
+}
+
+/// Whether a whitespace-free signature names `Result<T, String>` (the
+/// second generic argument of a `Result`, at its own nesting level).
+fn has_string_error(compact: &str) -> bool {
+    let mut rest = compact;
+    while let Some(at) = rest.find("Result<") {
+        let args = &rest[at + "Result<".len()..];
+        let (mut depth, mut comma, mut end) = (0usize, None, None);
+        for (i, c) in args.char_indices() {
+            match c {
+                '<' | '(' | '[' => depth += 1,
+                '>' | ')' | ']' if depth == 0 => {
+                    end = Some(i);
+                    break;
+                }
+                '>' | ')' | ']' => depth -= 1,
+                ',' if depth == 0 => comma = Some(i),
+                _ => {}
+            }
+        }
+        if let (Some(c), Some(e)) = (comma, end)
+            && args[c + 1..e] == *"String"
+        {
+            return true;
+        }
+        rest = args;
+    }
+    false
 }
 
 fn check_manifests(root: &Path, problems: &mut Vec<String>) {
@@ -335,6 +400,23 @@ mod tests {
         if let Err(e) = super::run(&root) {
             panic!("{e}");
         }
+    }
+
+    #[test]
+    fn string_errors_are_found_at_their_own_nesting_level() {
+        use super::has_string_error;
+        assert!(has_string_error("pubfnf()->Result<Vec<u8>,String>{"));
+        assert!(has_string_error("pubx:Option<Result<Delegator,String>>,"));
+        assert!(!has_string_error("pubfnf()->Result<BTreeMap<String,String>>{"));
+        assert!(!has_string_error("pubfnf()->Result<String,Error>{"));
+        assert!(!has_string_error("pubfnf()->Result<(String,String),Error>{"));
+        let mut problems = Vec::new();
+        super::string_errors(
+            "x.rs",
+            "pub fn parse(\n    a: &str,\n) -> Result<u8, String> {\n}\n",
+            &mut problems,
+        );
+        assert_eq!(problems.len(), 1, "{problems:?}");
     }
 
     #[test]

@@ -95,7 +95,7 @@ pub(crate) fn run(env: &Env, args: &McpArgs) -> Result<Output> {
         }
         Err(e) => {
             eprintln!("retinue mcp: warning: delegate_task is unavailable: {e}");
-            Err(e.to_string())
+            Err(Arc::new(e) as retinue_mcp::Unavailable)
         }
     };
     let parts = McpParts {

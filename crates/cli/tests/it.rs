@@ -1377,7 +1377,7 @@ fn bad_rows_where_a_read_must_fail_name_the_table_and_rowid() {
     let fx = Fx::new();
     let raw = rusqlite::Connection::open(fx.db()).expect("raw");
     // A ledger row whose usage_json is not UTF-8: the ledger reads on (that
-    // row counts as malformed, spec §2.7) and a warning names table and rowid.
+    // row counts as malformed, semantics §2.7) and a warning names table and rowid.
     raw.execute(
         "INSERT INTO delegation_child_usage (parent_session_id, parent_turn_id, \
          child_session_id, usage_json, created_at) \

@@ -209,7 +209,7 @@ fn an_orchestrator_child_delegates_a_grandchild_on_the_same_registry() {
     // The grandchild is retained under the child's session, in the same
     // registry.
     // Follow-ups of the grandchild follow hermes's authority rules
-    // unchanged (spec §5.2): its owner is a delegate session, which has no
+    // unchanged (semantics §5.2): its owner is a delegate session, which has no
     // lineage root, so neither the orchestrator nor the top-level parent may
     // message it — the grandchild is retained and inspectable, not
     // addressable.

@@ -99,7 +99,7 @@ pub struct ModelPrice {
     pub cached_input_per_mtok: Option<f64>,
 }
 
-/// The `delegation:` section, every key with its default (spec §8).
+/// The `delegation:` section, every key with its default (semantics §8).
 ///
 /// `Debug` never prints the API key (it shows whether one is set).
 #[derive(Clone, PartialEq)]

@@ -1,5 +1,5 @@
 //! Plain record types that cross the store's boundary, and the
-//! corruption-tolerant readers of hermes's JSON columns (spec §2.7).
+//! corruption-tolerant readers of hermes's JSON columns (semantics §2.7).
 
 use serde::ser::SerializeMap;
 use serde::{Serialize, Serializer};
@@ -150,7 +150,7 @@ impl ChildManifest {
     }
 }
 
-/// Parses `children_json` the way spec §2.7 says: NULL, malformed or
+/// Parses `children_json` the way semantics §2.7 says: NULL, malformed or
 /// non-array → empty; non-objects skipped; an empty list with a unit
 /// `child_session_id` synthesizes one child.
 pub fn parse_children_json(
@@ -408,7 +408,7 @@ impl Serialize for RetainedChild {
     }
 }
 
-/// Why a known child cannot be addressed (first match of spec §3.1).
+/// Why a known child cannot be addressed (first match of semantics §3.1).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Unaddressable {
     /// Tombstoned (or due to be: `ttl`/`cap` before the prune writes it).
@@ -489,7 +489,7 @@ pub struct UnitDraft {
     pub child_sessions: Vec<NewSession>,
 }
 
-/// What a completion records (spec §3.2 `persist_completion`).
+/// What a completion records (semantics §3.2 `persist_completion`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Completion {
     /// The unit.
@@ -506,7 +506,7 @@ pub struct Completion {
     pub background: bool,
 }
 
-/// A claimed completion hand-off (spec §3.7).
+/// A claimed completion hand-off (semantics §3.7).
 #[derive(Debug, Clone, PartialEq)]
 pub struct DeliveryClaim {
     /// The unit.
@@ -530,7 +530,7 @@ pub struct DeliveryFilter {
     pub delegation_id: Option<String>,
 }
 
-/// Result of a resume-claim attempt (spec §3.9).
+/// Result of a resume-claim attempt (semantics §3.9).
 #[derive(Debug, Clone, PartialEq)]
 pub enum ResumeClaim {
     /// The claim is ours.
@@ -560,7 +560,7 @@ pub struct UsageSwap {
     pub new: Value,
 }
 
-/// Outcome of restart recovery (spec §3.8).
+/// Outcome of restart recovery (semantics §3.8).
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct RecoveryReport {
     /// Units marked `unknown`.

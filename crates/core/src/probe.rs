@@ -1,5 +1,5 @@
 //! Owner liveness: whether the process that dispatched a unit still runs
-//! (used by restart recovery, spec §3.8).
+//! (used by restart recovery, semantics §3.8).
 
 /// What a liveness probe says about a process id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

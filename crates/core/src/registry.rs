@@ -70,9 +70,9 @@ pub trait Retention: Send + Sync {
     ) -> Result<PruneCount>;
     /// Prunes with the configured limits and counts addressable children.
     fn rehydrate_retained_children(&self) -> Result<usize>;
-    /// Restart recovery (spec §3.8).
+    /// Restart recovery (semantics §3.8).
     fn recover_abandoned_delegations(&self, probe: &dyn OwnerProbe) -> RecoveryReport;
-    /// Deletes old non-retained history (spec §3.6); returns the rows deleted.
+    /// Deletes old non-retained history (semantics §3.6); returns the rows deleted.
     fn prune_history(&self) -> Result<usize>;
 }
 

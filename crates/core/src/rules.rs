@@ -1,4 +1,4 @@
-//! The retention rules every backend applies the same way (spec §3.1, §3.5):
+//! The retention rules every backend applies the same way (semantics §3.1, §3.5):
 //! the limits in force for one evaluation, a prune's argument overrides and
 //! the addressability status of one child from its row's facts. Pure
 //! functions of plain values, so the SQLite and PostgreSQL backends share

@@ -43,7 +43,7 @@ pub trait SessionStore: SessionGraph {
     /// The active transcript in insertion order.
     fn conversation(&self, id: &str) -> Result<Vec<Message>>;
     /// The session a resume should continue: the deepest compression
-    /// continuation of `id` that has messages, else `id` (spec §6.3 step 5).
+    /// continuation of `id` that has messages, else `id` (semantics §6.3 step 5).
     fn compression_tip(&self, id: &str) -> Result<String>;
 }
 
@@ -66,7 +66,7 @@ mockall::mock! {
     }
 }
 
-/// A session's compression lineage (spec §5.2, §7.1), as the lineage crate
+/// A session's compression lineage (semantics §5.2, §7.1), as the lineage crate
 /// resolves it (`retinue_lineage::CompressionWalk`); the usage crate sums a
 /// lineage's ledger over what it returns.
 #[cfg_attr(any(test, feature = "mocks"), mockall::automock)]

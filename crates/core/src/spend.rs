@@ -14,11 +14,11 @@ pub struct BudgetLimit {
 impl BudgetLimit {
     /// Checks the limit can be enforced: a dollar limit must be a finite
     /// number `>= 0`. The error names the key and the value.
-    pub fn check(&self) -> std::result::Result<(), String> {
+    pub fn check(&self) -> crate::Result<()> {
         match self.max_cost_usd {
-            Some(c) if !c.is_finite() || c < 0.0 => {
-                Err(format!("budget.max_cost_usd must be a finite number >= 0, not {c}"))
-            }
+            Some(c) if !c.is_finite() || c < 0.0 => Err(crate::Error::Invalid(format!(
+                "budget.max_cost_usd must be a finite number >= 0, not {c}"
+            ))),
             _ => Ok(()),
         }
     }

@@ -88,7 +88,7 @@ vocabulary! {
 }
 
 vocabulary! {
-    /// A child's status in a result entry (spec §6.5) and the ledger.
+    /// A child's status in a result entry (semantics §6.5) and the ledger.
     ChildStatus {
         /// A non-empty final answer without error.
         Completed => "completed",

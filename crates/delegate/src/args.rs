@@ -2,6 +2,7 @@
 
 use serde_json::Value;
 
+use crate::error::DelegateError;
 use crate::texts;
 
 /// One task of a spawn.
@@ -24,21 +25,26 @@ pub struct FollowUp {
     pub text: String,
 }
 
+/// A malformed argument: [`DelegateError::InvalidArguments`] with hermes's text.
+fn invalid(text: impl Into<String>) -> DelegateError {
+    DelegateError::InvalidArguments(text.into())
+}
+
 fn non_blank(v: Option<&Value>) -> Option<String> {
     v.and_then(Value::as_str).map(str::trim).filter(|s| !s.is_empty()).map(str::to_owned)
 }
 
 /// Reads the `follow_up` part: `None` when absent or null.
-pub fn parse_follow_up(args: &Value) -> Option<Result<FollowUp, String>> {
+pub fn parse_follow_up(args: &Value) -> Option<Result<FollowUp, DelegateError>> {
     let raw = args.get("follow_up").filter(|v| !v.is_null())?;
     let Some(target) = raw.as_str() else {
-        return Some(Err(texts::FOLLOW_UP_NOT_STRING.to_owned()));
+        return Some(Err(invalid(texts::FOLLOW_UP_NOT_STRING)));
     };
     if target.trim().is_empty() {
-        return Some(Err(texts::FOLLOW_UP_BLANK.to_owned()));
+        return Some(Err(invalid(texts::FOLLOW_UP_BLANK)));
     }
     let Some(goal) = non_blank(args.get("goal")) else {
-        return Some(Err(texts::FOLLOW_UP_NO_GOAL.to_owned()));
+        return Some(Err(invalid(texts::FOLLOW_UP_NO_GOAL)));
     };
     let text = match non_blank(args.get("context")) {
         Some(ctx) => format!("{goal}\n\nContext: {ctx}"),
@@ -48,25 +54,25 @@ pub fn parse_follow_up(args: &Value) -> Option<Result<FollowUp, String>> {
 }
 
 /// Reads the tasks of a spawn; `max` is `max_concurrent_children`.
-pub fn parse_tasks(args: &Value, max: usize) -> Result<Vec<TaskSpec>, String> {
+pub fn parse_tasks(args: &Value, max: usize) -> Result<Vec<TaskSpec>, DelegateError> {
     let tasks = match args.get("tasks") {
         None | Some(Value::Null) => None,
         Some(Value::String(s)) => match serde_json::from_str::<Value>(s) {
             Ok(Value::Array(items)) => Some(items),
-            _ => return Err(texts::TASKS_NOT_ARRAY.to_owned()),
+            _ => return Err(invalid(texts::TASKS_NOT_ARRAY)),
         },
         Some(Value::Array(items)) => Some(items.clone()),
-        Some(_) => return Err(texts::TASKS_NOT_ARRAY.to_owned()),
+        Some(_) => return Err(invalid(texts::TASKS_NOT_ARRAY)),
     };
     let specs = match tasks {
         Some(items) if !items.is_empty() => {
             let mut specs = Vec::with_capacity(items.len());
             for (i, item) in items.iter().enumerate() {
                 let Some(obj) = item.as_object() else {
-                    return Err(texts::task_not_object(i));
+                    return Err(invalid(texts::task_not_object(i)));
                 };
                 let Some(goal) = non_blank(obj.get("goal")) else {
-                    return Err(texts::task_missing_goal(i));
+                    return Err(invalid(texts::task_missing_goal(i)));
                 };
                 specs.push(TaskSpec {
                     goal,
@@ -80,11 +86,11 @@ pub fn parse_tasks(args: &Value, max: usize) -> Result<Vec<TaskSpec>, String> {
             Some(goal) => {
                 vec![TaskSpec { goal, context: non_blank(args.get("context")), role: None }]
             }
-            None => return Err(texts::NO_GOAL_OR_TASKS.to_owned()),
+            None => return Err(invalid(texts::NO_GOAL_OR_TASKS)),
         },
     };
     if specs.len() > max {
-        return Err(texts::too_many_tasks(specs.len(), max));
+        return Err(invalid(texts::too_many_tasks(specs.len(), max)));
     }
     Ok(specs)
 }
@@ -95,11 +101,16 @@ mod tests {
 
     use super::*;
 
+    /// `parse_tasks` with its error as the wire text.
+    fn tasks(args: &Value, max: usize) -> Result<Vec<TaskSpec>, String> {
+        parse_tasks(args, max).map_err(|e| e.to_string())
+    }
+
     #[test]
     fn follow_up_validation_order() {
-        assert_eq!(parse_follow_up(&json!({"goal": "x"})), None);
-        assert_eq!(parse_follow_up(&json!({"follow_up": null})), None);
-        let err = |v: Value| parse_follow_up(&v).and_then(Result::err);
+        assert!(parse_follow_up(&json!({"goal": "x"})).is_none());
+        assert!(parse_follow_up(&json!({"follow_up": null})).is_none());
+        let err = |v: Value| parse_follow_up(&v).and_then(Result::err).map(|e| e.to_string());
         assert_eq!(
             err(json!({"follow_up": 3, "goal": "x"})).as_deref(),
             Some(texts::FOLLOW_UP_NOT_STRING)
@@ -120,32 +131,29 @@ mod tests {
             err(json!({"follow_up": "sa", "goal": "  "})).as_deref(),
             Some(texts::FOLLOW_UP_NO_GOAL)
         );
-        let ok = parse_follow_up(&json!({"follow_up": "sa", "goal": " hi ", "context": "c"}));
+        let ok = parse_follow_up(&json!({"follow_up": "sa", "goal": " hi ", "context": "c"}))
+            .map(|r| r.map_err(|e| e.to_string()));
         assert_eq!(ok, Some(Ok(FollowUp { target: "sa".into(), text: "hi\n\nContext: c".into() })));
     }
 
     #[test]
     fn task_validation() {
-        assert_eq!(parse_tasks(&json!({}), 3), Err(texts::NO_GOAL_OR_TASKS.to_owned()));
+        assert_eq!(tasks(&json!({}), 3), Err(texts::NO_GOAL_OR_TASKS.to_owned()));
+        assert_eq!(tasks(&json!({"tasks": "nope"}), 3), Err(texts::TASKS_NOT_ARRAY.to_owned()));
+        assert_eq!(tasks(&json!({"tasks": 5}), 3), Err(texts::TASKS_NOT_ARRAY.to_owned()));
+        assert_eq!(tasks(&json!({"tasks": [1]}), 3), Err(texts::task_not_object(0)));
         assert_eq!(
-            parse_tasks(&json!({"tasks": "nope"}), 3),
-            Err(texts::TASKS_NOT_ARRAY.to_owned())
-        );
-        assert_eq!(parse_tasks(&json!({"tasks": 5}), 3), Err(texts::TASKS_NOT_ARRAY.to_owned()));
-        assert_eq!(parse_tasks(&json!({"tasks": [1]}), 3), Err(texts::task_not_object(0)));
-        assert_eq!(
-            parse_tasks(&json!({"tasks": [{"goal": "a"}, {"context": "c"}]}), 3),
+            tasks(&json!({"tasks": [{"goal": "a"}, {"context": "c"}]}), 3),
             Err(texts::task_missing_goal(1))
         );
         assert_eq!(
-            parse_tasks(&json!({"tasks": [{"goal": "a"}, {"goal": "b"}]}), 1),
+            tasks(&json!({"tasks": [{"goal": "a"}, {"goal": "b"}]}), 1),
             Err("Too many tasks: 2 exceeds delegation.max_concurrent_children (1).".to_owned())
         );
-        let t = parse_tasks(&json!({"tasks": "[{\"goal\": \"a\", \"role\": \"leaf\"}]"}), 3)
-            .expect("ok");
+        let t = tasks(&json!({"tasks": "[{\"goal\": \"a\", \"role\": \"leaf\"}]"}), 3).expect("ok");
         assert_eq!(t[0].goal, "a");
         assert_eq!(t[0].role.as_deref(), Some("leaf"));
-        let single = parse_tasks(&json!({"goal": "g", "context": "c"}), 3).expect("ok");
+        let single = tasks(&json!({"goal": "g", "context": "c"}), 3).expect("ok");
         assert_eq!(
             single,
             vec![TaskSpec { goal: "g".into(), context: Some("c".into()), role: None }]

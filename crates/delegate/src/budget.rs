@@ -96,7 +96,9 @@ pub(crate) fn budget_root(
 /// budget a failure refuses; without one it is only logged.
 pub(crate) fn join(inner: &Inner, root: &str, sessions: &[String]) -> Result<(), DelegateError> {
     let Some(budgets) = &inner.parts.budgets else { return Ok(()) };
-    budgets.join_budget(root, sessions).map_err(DelegateError::Storage)
+    budgets
+        .join_budget(root, sessions)
+        .map_err(|source| DelegateError::BudgetStore { operation: "joining the budget", source })
 }
 
 /// Reserves what runs for `payer` may spend under the lineage budget of
@@ -114,8 +116,13 @@ pub(crate) fn reserve(
     delegation_id: Option<&str>,
 ) -> Result<Option<Held>, DelegateError> {
     let lineage_limit = inner.parts.config.budget;
-    let invalid =
-        |why: String| DelegateError::Budget { message: crate::texts::invalid_budget(&why) };
+    let invalid = |e: retinue_core::Error| {
+        let why = match e {
+            retinue_core::Error::Invalid(why) => why,
+            other => other.to_string(),
+        };
+        DelegateError::Budget { message: crate::texts::invalid_budget(&why) }
+    };
     lineage_limit.check().map_err(invalid)?;
     call.check().map_err(invalid)?;
     if lineage_limit.is_unlimited() && call.is_unlimited() {
@@ -147,7 +154,10 @@ pub(crate) fn reserve(
         maximum: Some(minimum),
         delegation_id: delegation_id.map(str::to_owned),
     };
-    let reservation = budgets.reserve(&draft).map_err(DelegateError::Storage)?;
+    let reservation = budgets.reserve(&draft).map_err(|source| DelegateError::BudgetStore {
+        operation: "reserving the budget",
+        source,
+    })?;
     let (id, granted) = match reservation {
         Reservation::Held { id, granted, .. } => (id, granted),
         Reservation::Refused(status) => {

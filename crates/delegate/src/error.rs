@@ -1,7 +1,7 @@
 //! The delegate crate's one error enum.
 //!
 //! Each variant's `Display` is the contractual wire text the JSON tool puts
-//! under `"error"` (spec §6.2–6.5); callers that need a decision (an exit
+//! under `"error"` (semantics §6.2–6.5); callers that need a decision (an exit
 //! code, an MCP error kind) match on the variant or on [`DelegateError::kind`].
 
 use crate::texts;
@@ -122,6 +122,16 @@ pub enum DelegateError {
     /// The unit could not be recorded; no child was started.
     #[error("{}", texts::PERSIST_FAILED)]
     Storage(#[source] retinue_core::Error),
+    /// The budget store failed while reserving or joining a budget: nothing
+    /// was started or spent.
+    #[error("Budget check failed while {operation}: {source}")]
+    BudgetStore {
+        /// What was being done (`reserving the budget`, …).
+        operation: &'static str,
+        /// The store's error.
+        #[source]
+        source: retinue_core::Error,
+    },
     /// A thread or another runtime resource could not be had.
     #[error("{0}")]
     Runtime(String),
@@ -165,6 +175,7 @@ impl DelegateError {
             | DelegateError::Transcript { .. }
             | DelegateError::EmptyTranscript { .. }
             | DelegateError::Storage(_)
+            | DelegateError::BudgetStore { .. }
             | DelegateError::Runtime(_) => ErrorKind::Failed,
         }
     }

@@ -1,4 +1,4 @@
-//! The follow-up flow (spec §6.3): steer a running child, or resume a
+//! The follow-up flow (semantics §6.3): steer a running child, or resume a
 //! retained one on its own transcript. Budget-exempt.
 
 use std::sync::Arc;

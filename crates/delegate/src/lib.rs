@@ -238,7 +238,7 @@ impl Delegator {
         }
     }
 
-    /// The tool entry point (spec §6.2): JSON arguments in, JSON result out
+    /// The tool entry point (semantics §6.2): JSON arguments in, JSON result out
     /// (`{"error": …}` on failure).
     pub fn delegate_task(&self, args: &Value, parent: Option<&ParentContext>) -> Value {
         let Some(parent) = parent else { return error_json(&DelegateError::NoParent) };

@@ -44,9 +44,9 @@ impl DelegateRequest {
         let empty = json!({});
         let args = if args.is_object() { args } else { &empty };
         if let Some(fu) = parse_follow_up(args) {
-            return fu.map(DelegateRequest::FollowUp).map_err(DelegateError::InvalidArguments);
+            return fu.map(DelegateRequest::FollowUp);
         }
-        let tasks = parse_tasks(args, usize::MAX).map_err(DelegateError::InvalidArguments)?;
+        let tasks = parse_tasks(args, usize::MAX)?;
         let budget = crate::budget::parse_call_budget(args)?;
         let toolsets = match args.get("toolsets") {
             None | Some(Value::Null) => None,

@@ -1,4 +1,4 @@
-//! Result entries (spec §6.5) and the transcript sink over the session store.
+//! Result entries (semantics §6.5) and the transcript sink over the session store.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -14,7 +14,7 @@ use crate::runtime::{ChildOutcome, SinkError, TranscriptSink};
 pub struct ChildReport {
     /// Task index in its unit.
     pub task_index: usize,
-    /// The child's status (spec §6.5).
+    /// The child's status (semantics §6.5).
     pub status: ChildStatus,
     /// The final answer, clipped to `max_summary_chars`.
     pub summary: Option<String>,
@@ -82,7 +82,7 @@ impl ChildReport {
         }
     }
 
-    /// The wire entry (spec §6.5).
+    /// The wire entry (semantics §6.5).
     pub fn to_json(&self) -> Value {
         let mut m = Map::new();
         m.insert("task_index".into(), json!(self.task_index));

@@ -1,4 +1,4 @@
-//! The `delegate_task` tool schema (spec §6.1), with live limits in its texts.
+//! The `delegate_task` tool schema (semantics §6.1), with live limits in its texts.
 
 use retinue_config::DelegationConfig;
 use serde_json::{Value, json};

@@ -1,4 +1,4 @@
-//! The spawn flow (spec §6.4): durable unit first, then the children, then
+//! The spawn flow (semantics §6.4): durable unit first, then the children, then
 //! finalize, completion, delivery and the history pruner.
 
 use std::sync::Arc;
@@ -270,7 +270,7 @@ pub(crate) fn execute(
     result
 }
 
-/// Bills results to the parent (spec §7.2) under the per-process finalize
+/// Bills results to the parent (semantics §7.2) under the per-process finalize
 /// lock; `false` when the ledger rows could not be written.
 pub(crate) fn finalize(
     inner: &Inner,

@@ -1,4 +1,4 @@
-//! The tool's contractual wire texts (spec §6.2–6.5).
+//! The tool's contractual wire texts (semantics §6.2–6.5).
 
 /// No parent context.
 pub const NO_PARENT: &str = "delegate_task requires a parent agent context.";

@@ -29,7 +29,7 @@ use serde_json::{Value, json};
 type ColumnDecl<'a> = (&'a str, &'a str, bool, Option<&'a str>);
 
 /// Columns Retinue needs in hermes' tables, declared as its reconcile step
-/// adds them when missing (spec §2.2–2.4): (name, type, NOT NULL, default).
+/// adds them when missing (semantics §2.2–2.4): (name, type, NOT NULL, default).
 const RETINUE_COLUMNS: &[(&str, &[ColumnDecl<'static>])] = &[
     (
         "async_delegations",

@@ -1,4 +1,4 @@
-//! Follow-up authority (spec §5.1) and its denials (spec §5.3).
+//! Follow-up authority (semantics §5.1) and its denials (semantics §5.3).
 
 use std::collections::HashMap;
 
@@ -20,7 +20,7 @@ pub enum LineageCause {
 }
 
 /// A refused follow-up. [`Denial::message`] (and `Display`) give the
-/// contractual texts of spec §5.3.
+/// contractual texts of semantics §5.3.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Denial {
     /// The entry belongs to another profile.
@@ -47,7 +47,7 @@ pub enum Denial {
 }
 
 impl Denial {
-    /// The fixed text of spec §5.3 (the cause never appears in it).
+    /// The fixed text of semantics §5.3 (the cause never appears in it).
     pub fn message(&self) -> String {
         self.to_string()
     }
@@ -66,7 +66,7 @@ impl RootMemo {
     }
 }
 
-/// The profile check (spec §5.1 step 1): denied iff both profiles are
+/// The profile check (semantics §5.1 step 1): denied iff both profiles are
 /// non-empty and differ.
 pub fn check_profile(entry: &RetainedChild, current_profile: &str) -> Result<(), Denial> {
     let owner = entry.owner_profile.as_str();
@@ -80,7 +80,7 @@ pub fn check_profile(entry: &RetainedChild, current_profile: &str) -> Result<(),
 }
 
 /// Whether `requester` (trimmed, non-empty) is the entry's own non-empty
-/// child session (spec §5.1 step 2).
+/// child session (semantics §5.1 step 2).
 pub fn is_self(entry: &RetainedChild, requester: Option<&str>) -> bool {
     let requester = requester.map(str::trim).unwrap_or_default();
     !requester.is_empty()

@@ -1,6 +1,6 @@
 //! `retinue-lineage`: decides who may address a retained subagent.
 //!
-//! Its one job is Retinue's authority model (spec §5): a requester may message
+//! Its one job is Retinue's authority model (semantics §5): a requester may message
 //! a retained child only if it shares the spawner's *lineage root* — reached
 //! by walking parents back through proven compression continuations only,
 //! failing closed on every doubt — and only within the same profile, and never
@@ -8,11 +8,11 @@
 //! [`SessionGraph`] and [`RegistryRead`] seams: no SQL, no IO of their own, no
 //! caching across calls.
 //!
-//! * [`root`], [`lineage_chain`], [`check_hop`]: spec §5.2.
+//! * [`root`], [`lineage_chain`], [`check_hop`]: semantics §5.2.
 //! * [`lineage_sessions`] / [`CompressionWalk`]: the lineage forward from its
-//!   root, the one walk the usage ledger totals over (spec §7.1).
-//! * [`check_follow_up_authority`] → [`Denial`]: spec §5.1 and §5.3.
-//! * [`list_for`], [`find_for`], [`resolve_for`] → [`Resolution`]: spec §5.5.
+//!   root, the one walk the usage ledger totals over (semantics §7.1).
+//! * [`check_follow_up_authority`] → [`Denial`]: semantics §5.1 and §5.3.
+//! * [`list_for`], [`find_for`], [`resolve_for`] → [`Resolution`]: semantics §5.5.
 //! * [`LineageAuthority`] / [`Authority`]: the same behind one object-safe
 //!   trait (mocked as `MockLineageAuthority` under the `mocks` feature).
 

@@ -1,8 +1,9 @@
-//! The lineage root (spec §5.2): the per-hop check and the walk back
+//! The lineage root (semantics §5.2): the per-hop check and the walk back
 //! through proven compression continuations.
 
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use retinue_core::{MAX_HOPS, SessionGraph, SessionRow};
 use serde_json::Value;
@@ -12,7 +13,7 @@ use serde_json::Value;
 
 /// Why a session has no lineage root. Any error means "no root": the
 /// authority check fails closed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum RootError {
     /// The session id is empty or blank.
     #[error("no session id")]
@@ -50,18 +51,32 @@ pub enum RootError {
     /// 100 sessions were checked without reaching a root.
     #[error("no root within {MAX_HOPS} sessions")]
     HopLimit,
-    /// The session graph could not be read.
+    /// The session graph could not be read (the store's error, kept as the
+    /// source; shared so the answer stays cheap to clone).
     #[error("session graph unreadable: {0}")]
-    Storage(String),
+    Storage(#[source] Arc<retinue_core::Error>),
 }
 
-impl From<retinue_core::Error> for RootError {
-    fn from(e: retinue_core::Error) -> Self {
-        RootError::Storage(e.to_string())
+impl PartialEq for RootError {
+    /// Variant by variant; two storage failures are equal when they read
+    /// the same (the store's error has no equality of its own).
+    fn eq(&self, other: &RootError) -> bool {
+        match (self, other) {
+            (RootError::Storage(a), RootError::Storage(b)) => a.to_string() == b.to_string(),
+            (a, b) => std::mem::discriminant(a) == std::mem::discriminant(b),
+        }
     }
 }
 
-/// The per-hop check of spec §5.2 on raw column values.
+impl Eq for RootError {}
+
+impl From<retinue_core::Error> for RootError {
+    fn from(e: retinue_core::Error) -> Self {
+        RootError::Storage(Arc::new(e))
+    }
+}
+
+/// The per-hop check of semantics §5.2 on raw column values.
 ///
 /// Fails when `lowercase(trim(source))` is `delegate`, `subagent` or `tool`
 /// ([`RootError::ForbiddenSource`]); when `model_config` (NULL or blank =
@@ -96,11 +111,11 @@ pub fn check_row(row: &SessionRow) -> Result<(), RootError> {
     check_hop(&row.source, row.model_config.as_deref())
 }
 
-/// The lineage root of `session_id` (spec §5.2): walks parents back through
+/// The lineage root of `session_id` (semantics §5.2): walks parents back through
 /// proven compression continuations only, failing closed on every doubt.
 /// Computed from the graph on every call, never stale: the graph may answer
 /// a neighbourhood it has already read only while provably nothing changed
-/// since (spec §0; the store validates by `PRAGMA data_version`).
+/// since (semantics §0; the store validates by `PRAGMA data_version`).
 pub fn root(graph: &dyn SessionGraph, session_id: &str) -> Result<String, RootError> {
     let mut chain = lineage_chain(graph, session_id)?;
     chain.pop().ok_or(RootError::NoSession)

@@ -1,4 +1,4 @@
-//! Scoped lookups (spec §5.5): the registry as one requester may see it.
+//! Scoped lookups (semantics §5.5): the registry as one requester may see it.
 //! Unscoped store functions remain for the operator CLI.
 
 use retinue_core::{
@@ -7,7 +7,7 @@ use retinue_core::{
 
 use crate::authority::{Denial, RootMemo, check_with};
 
-/// What a requester may learn about an id (the tool path of spec §6.3).
+/// What a requester may learn about an id (the tool path of semantics §6.3).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Resolution {
     /// Addressable and authorised.
@@ -28,7 +28,7 @@ pub enum Resolution {
     NotAddressable,
 }
 
-/// The addressable entries `requester` may address (spec §5.1), in the
+/// The addressable entries `requester` may address (semantics §5.1), in the
 /// registry's order. Each root is computed once per call. A registry read
 /// error is returned; a session-graph error denies the entries it concerns.
 pub fn list_for(
@@ -60,7 +60,7 @@ pub fn find_for(
         .filter(|e| check_with(graph, e, requester, current_profile, &mut memo).is_ok()))
 }
 
-/// Resolves `id` for `requester` (spec §5.5): the tombstone's time and reason
+/// Resolves `id` for `requester` (semantics §5.5): the tombstone's time and reason
 /// are told only after authority passes; a registry error is
 /// [`Resolution::NotAddressable`] (fail closed).
 pub fn resolve_for(

@@ -176,7 +176,9 @@ fn root_hop_limit() {
 fn root_storage_errors_fail_closed() {
     let mut g = MockSessionGraph::new();
     g.expect_session().returning(|_| Err(Error::Invalid("disk on fire".into())));
-    assert!(matches!(root(&g, "A"), Err(RootError::Storage(m)) if m.contains("disk on fire")));
+    assert!(
+        matches!(root(&g, "A"), Err(RootError::Storage(m)) if m.to_string().contains("disk on fire"))
+    );
 
     let mut g = MockSessionGraph::new();
     g.expect_session().returning(|id| {
@@ -258,7 +260,9 @@ fn denial_texts() {
         LineageCause::NoRequester,
         LineageCause::DifferentRoots,
         LineageCause::OwnerRoot(RootError::Cycle),
-        LineageCause::RequesterRoot(RootError::Storage("secret".into())),
+        LineageCause::RequesterRoot(RootError::Storage(std::sync::Arc::new(
+            retinue_core::Error::Invalid("secret".into()),
+        ))),
     ]
     .into_iter()
     .map(|cause| Denial::Lineage { cause }.message())

@@ -1,5 +1,5 @@
 //! The forward half of the one lineage walk: from a session's proven root
-//! through its unique compression continuations (spec §5.2, §7.1). The usage
+//! through its unique compression continuations (semantics §5.2, §7.1). The usage
 //! crate sums a lineage's ledger over it ([`retinue_core::LineageWalk`]).
 
 use retinue_core::LineageWalk;

@@ -1,5 +1,5 @@
 //! Integration tests of the authority model against a real SQLite `state.db`
-//! (spec §5.4 examples, hermes's four authority tests, scoped lookups §5.5).
+//! (semantics §5.4 examples, hermes's four authority tests, scoped lookups §5.5).
 
 use std::sync::Arc;
 

@@ -46,6 +46,10 @@ pub use tools::{
     TOMBSTONE_SUBAGENT, ToolSpec, tool_specs,
 };
 
+/// Why `delegate_task` cannot be offered (e.g. no model is configured): the
+/// composition root's error, kept with its source chain.
+pub type Unavailable = Arc<dyn std::error::Error + Send + Sync>;
+
 /// The collaborators the server works through (the composition root wires
 /// them: a `Store` serves as registry, sessions and ledger).
 #[derive(Clone)]
@@ -65,7 +69,7 @@ pub struct McpParts {
     /// The `delegate_task` tool, or why it is unavailable (e.g. no model is
     /// configured): that text is `delegate_task`'s tool error, while the
     /// registry tools keep working.
-    pub delegator: Result<Delegator, String>,
+    pub delegator: Result<Delegator, Unavailable>,
     /// The directory the children's tools work in.
     pub workspace: Option<std::path::PathBuf>,
     /// The toolsets this session grants its children (narrowed per call by

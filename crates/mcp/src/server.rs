@@ -187,7 +187,7 @@ impl RetinueServer {
     ) -> CallToolResult {
         let delegator = match &self.shared.parts.delegator {
             Ok(d) => d.clone(),
-            Err(why) => return error_result(why),
+            Err(why) => return error_result(&why.to_string()),
         };
         let request = match DelegateRequest::from_json(&Value::Object(args)) {
             Ok(r) => r,

@@ -1,7 +1,7 @@
 -- Retinue's PostgreSQL schema: the same tables and columns as a hermes state.db
 -- (so `retinue migrate` copies rows one to one), PostgreSQL types, plus the
 -- worker leases that replace /proc liveness across hosts. JSON stays TEXT so
--- malformed values read as absent exactly as in SQLite (spec §2.7). Ids compare
+-- malformed values read as absent exactly as in SQLite (semantics §2.7). Ids compare
 -- bytewise (COLLATE "C"), as in SQLite, whatever the server's default collation;
 -- message content is BYTEA because hermes's structured content starts with NUL.
 

@@ -99,7 +99,7 @@ fn order(a: &Scored, b: &Scored) -> std::cmp::Ordering {
         .then(a.2.entry.child_index.cmp(&b.2.entry.child_index))
 }
 
-/// The one row `id` resolves to (spec §3.3 order): how it matched (0
+/// The one row `id` resolves to (semantics §3.3 order): how it matched (0
 /// subagent id, 1 child session, 2 delegation id), its status (`None`:
 /// addressable) and the row.
 fn resolve_in(tx: &mut Tx<'_>, id: &str, lim: Limits) -> PgResult<Option<Scored>> {

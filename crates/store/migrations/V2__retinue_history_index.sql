@@ -1,4 +1,4 @@
--- The history pruner (spec §3.6) reads only non-retained terminal units, a
+-- The history pruner (semantics §3.6) reads only non-retained terminal units, a
 -- set it keeps bounded (at most TERMINAL_KEEP + PENDING_KEEP rows between
 -- runs). This partial index holds exactly those rows, so the pruner never
 -- scans the retained units or the whole table. Additive only.

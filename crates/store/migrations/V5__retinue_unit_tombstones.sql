@@ -1,4 +1,4 @@
--- A prune's tombstone of a unit covers its children (spec §0, amendment to
+-- A prune's tombstone of a unit covers its children (semantics §0, amendment to
 -- §2.5): TTL and cap pruning write the unit's `tombstoned_at` (as hermes
 -- does) and one row here, instead of one row per child. A child without a
 -- tombstone of its own, whose unit's `tombstoned_at` equals this row's,

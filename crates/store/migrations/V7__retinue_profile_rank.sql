@@ -2,7 +2,7 @@
 -- tenant's delegations never evict another's retained children. The cap
 -- ranks a profile's live units among themselves, so the rank index now
 -- leads with the profile key after the liveness columns. A NULL
--- `owner_profile` is the empty profile (spec §1), the same key the
+-- `owner_profile` is the empty profile (semantics §1), the same key the
 -- readers compare with. For a hermes `state.db`, where every unit has the
 -- same profile, every rank and every prune is exactly what it was.
 -- Scans over all live units (backfill, the TTL) read the same prefix.

@@ -346,7 +346,7 @@ fn check_not_newer(conn: &Connection) -> Result<()> {
 }
 
 /// Columns the reconcile step adds to existing hermes tables, with hermes's
-/// declarations (spec §2.6 step 2).
+/// declarations (semantics §2.6 step 2).
 const RECONCILE: &[(&str, &[(&str, &str)])] = &[
     (
         "async_delegations",

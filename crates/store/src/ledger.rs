@@ -1,4 +1,4 @@
-//! The usage ledger on `delegation_child_usage` (spec §7).
+//! The usage ledger on `delegation_child_usage` (semantics §7).
 //!
 //! This module only persists: it knows no usage rules. The `retinue-usage`
 //! crate folds usage JSON into [`UsageTotals`] and hands the store the delta

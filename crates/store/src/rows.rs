@@ -10,7 +10,7 @@ use retinue_core::{ChildManifest, RetainedChild};
 
 pub(crate) use retinue_core::Limits;
 
-/// Reads a JSON text column the way spec §2.7 reads JSON: corruption-tolerant.
+/// Reads a JSON text column the way semantics §2.7 reads JSON: corruption-tolerant.
 /// NULL, and text or a BLOB that is not UTF-8, read as absent (malformed);
 /// numbers read as their text. Never an error for the value itself, so one
 /// bad row cannot fail a whole read, open or write.
@@ -25,7 +25,7 @@ pub(crate) fn json_column(r: &rusqlite::Row<'_>, idx: usize) -> rusqlite::Result
 }
 
 /// [`json_column`] for a row that is read on when its JSON is unreadable
-/// (it then reads as malformed, spec §2.7), with a warning naming the table,
+/// (it then reads as malformed, semantics §2.7), with a warning naming the table,
 /// the rowid and the column, so the operator can find the row.
 pub(crate) fn json_column_logged(
     r: &rusqlite::Row<'_>,

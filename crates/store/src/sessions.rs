@@ -66,7 +66,7 @@ fn model_config_column(r: &Row<'_>, idx: usize) -> rusqlite::Result<Option<Strin
 }
 
 fn read_session(r: &Row<'_>) -> rusqlite::Result<SessionRow> {
-    // hermes-written values: an unreadable one reads as absent (spec §2.7).
+    // hermes-written values: an unreadable one reads as absent (semantics §2.7).
     Ok(SessionRow {
         id: text_column(r, 0)?.unwrap_or_default(),
         source: text_column(r, 1)?.unwrap_or_default(),
@@ -303,7 +303,7 @@ impl SessionStore for Store {
         self.pool.write("reopening a session", |tx| {
             let n = tx
                 .prepare_cached(
-                    // A session that ended with `compression` keeps that link (spec §6.3).
+                    // A session that ended with `compression` keeps that link (semantics §6.3).
                     "UPDATE sessions SET \
                      ended_at = CASE WHEN end_reason = 'compression' THEN ended_at END, \
                      end_reason = CASE WHEN end_reason = 'compression' THEN end_reason END \

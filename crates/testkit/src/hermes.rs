@@ -91,7 +91,7 @@ CREATE TRIGGER messages_fts_update AFTER UPDATE ON messages BEGIN
 END;
 ";
 
-/// hermes's original 13-column `async_delegations` (spec §2.2, columns 1–13)
+/// hermes's original 13-column `async_delegations` (semantics §2.2, columns 1–13)
 /// and its delivery index.
 pub const HERMES_LEGACY_DELEGATIONS_DDL: &str = "
 CREATE TABLE async_delegations (
@@ -112,7 +112,7 @@ CREATE TABLE async_delegations (
 CREATE INDEX idx_async_delegations_delivery ON async_delegations(delivery_state, completed_at);
 ";
 
-/// The columns hermes adds to `async_delegations` when missing (spec §2.2,
+/// The columns hermes adds to `async_delegations` when missing (semantics §2.2,
 /// columns 14–26): plain `ALTER TABLE ADD COLUMN`, no constraint or default.
 pub const HERMES_ALTER_DELEGATIONS_DDL: &str = "
 ALTER TABLE async_delegations ADD COLUMN owner_pid INTEGER;
@@ -130,7 +130,7 @@ ALTER TABLE async_delegations ADD COLUMN owner_profile TEXT;
 ALTER TABLE async_delegations ADD COLUMN usage_json TEXT;
 ";
 
-/// hermes's usage ledger (spec §2.3) and its index.
+/// hermes's usage ledger (semantics §2.3) and its index.
 pub const HERMES_USAGE_DDL: &str = "
 CREATE TABLE delegation_child_usage (
     id INTEGER PRIMARY KEY AUTOINCREMENT,

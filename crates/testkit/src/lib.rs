@@ -7,7 +7,7 @@
 //!   compression continuations, branches, delegate children, tool sessions,
 //!   strangers, and — through raw SQL — links the store would refuse: missing
 //!   parents, cycles, malformed `model_config` text);
-//! * [`dispatch_and_retain`]: the spec §10.1 fixture unit;
+//! * [`dispatch_and_retain`]: the semantics §10.1 fixture unit;
 //! * [`conformance`]: the backend conformance suite, written once against the
 //!   seam traits and run by every storage backend;
 //! * [`fake_model::FakeModel`]: a scripted OpenAI-compatible model server on

@@ -96,7 +96,7 @@ impl Toolbox {
     }
 
     /// Whether the terminal's sandbox can be set up (probed once).
-    pub fn sandbox_status(&self) -> Result<String, String> {
+    pub fn sandbox_status(&self) -> Result<String, ToolError> {
         self.terminal.sandbox_status()
     }
 

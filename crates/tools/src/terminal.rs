@@ -91,9 +91,14 @@ impl Terminal {
         &self.config
     }
 
-    /// Whether the sandbox can be set up here: `Ok(what it enforces)` or
-    /// `Err(why not)`. Probed once per process.
-    pub fn sandbox_status(&self) -> Result<String, String> {
+    /// Whether the sandbox can be set up here: `Ok(what it enforces)`, or
+    /// [`ToolError::Refused`] saying why not. Probed once per process.
+    pub fn sandbox_status(&self) -> Result<String, ToolError> {
+        self.probed().map_err(ToolError::Refused)
+    }
+
+    /// The cached probe: what the sandbox enforces, or why it cannot be set up.
+    fn probed(&self) -> Result<String, String> {
         let mut cached = self.probe.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some((r, at)) = cached.as_ref()
             && (r.is_ok() || at.elapsed() < PROBE_RETRY)
@@ -172,7 +177,7 @@ impl Terminal {
                 workdir.shown()
             )));
         }
-        let sandboxed = match self.sandbox_status() {
+        let sandboxed = match self.probed() {
             Ok(_) => true,
             Err(why) if self.config.sandbox => {
                 return Err(ToolError::Refused(format!(

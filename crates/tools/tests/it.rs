@@ -298,7 +298,7 @@ fn file_tools_are_refused_under_read_and_bad_arguments_are_named() {
 /// namespaces or Landlock the terminal must refuse, clearly (checked, then
 /// the test ends); any other setup failure is a bug and fails the test.
 fn sandbox_ready() -> bool {
-    match toolbox().sandbox_status() {
+    match toolbox().sandbox_status().map_err(|e| e.to_string()) {
         Ok(_) => true,
         Err(why)
             if why.contains("user namespaces are unavailable")

@@ -20,7 +20,7 @@ use serde_json::{Value, json};
 use crate::rng::Rng;
 use crate::{Context, Outcome};
 
-/// What the per-hop check says about one row (spec §5.2), by construction.
+/// What the per-hop check says about one row (semantics §5.2), by construction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Hop {
     Pass,
@@ -264,7 +264,7 @@ impl Forest {
     }
 }
 
-/// The oracle's verdict: a root, or why there is none (spec §5.2's names).
+/// The oracle's verdict: a root, or why there is none (semantics §5.2's names).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
     /// The lineage root.

@@ -1,4 +1,4 @@
-//! The parent's cost: the re-apply (never add) roll-up of spec §7.2 step 4,
+//! The parent's cost: the re-apply (never add) roll-up of semantics §7.2 step 4,
 //! reapply-on-load (§7.3) and `finalize_child_results` (§7.2).
 
 use serde_json::json;
@@ -126,7 +126,7 @@ pub fn attribution_key(ctx: &FinalizeContext<'_>, task_index: usize) -> Option<S
         .then(|| format!("{}:{task_index}:{}", ctx.delegation_id, ctx.run))
 }
 
-/// Bills children's results to the parent (spec §7.2 steps 2–4): records one
+/// Bills children's results to the parent (semantics §7.2 steps 2–4): records one
 /// keyed attribution per entry (zero cost too), then re-applies the ledger
 /// total onto `cost` and persists the cost labels through the ledger.
 /// Replaying the same finalize records nothing and changes no total.

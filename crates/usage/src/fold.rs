@@ -1,4 +1,4 @@
-//! The fold of usage JSON into [`UsageTotals`] (spec §7.1): numbers and
+//! The fold of usage JSON into [`UsageTotals`] (semantics §7.1): numbers and
 //! numeric strings count, anything else is skipped per field.
 
 use serde_json::Value;

@@ -1,5 +1,5 @@
 //! Recording and reading the ledger through the [`UsageLedger`] seam
-//! (spec §7.1), with totals folded from the store's maintained snapshot.
+//! (semantics §7.1), with totals folded from the store's maintained snapshot.
 
 use std::collections::HashSet;
 
@@ -32,7 +32,7 @@ fn is_empty_aggregate(v: &Value) -> bool {
     }
 }
 
-/// Records one attribution (spec §7.1). An empty parent is a no-op; a known
+/// Records one attribution (semantics §7.1). An empty parent is a no-op; a known
 /// key writes nothing. Returns whether a row was written.
 ///
 /// The row's fold is added to the maintained totals in the same transaction;
@@ -85,7 +85,7 @@ pub fn load_child_usage_totals(ledger: &dyn UsageLedger, parent: &str) -> Result
         .fold(snapshot.maintained, |acc, p| acc.plus(fold_usage_text(&p.usage_json))))
 }
 
-/// Totals over `session`'s whole compression lineage (spec §7.1); a failed
+/// Totals over `session`'s whole compression lineage (semantics §7.1); a failed
 /// root → the session's own totals with `lineage_resolved: false`.
 pub fn load_lineage_usage_totals(
     ledger: &dyn UsageLedger,

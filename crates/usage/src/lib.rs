@@ -1,6 +1,6 @@
 //! `retinue-usage`: bills children's cost to the parent that paid for them.
 //!
-//! Its one job is the usage rules of the ledger (spec §7) as pure functions
+//! Its one job is the usage rules of the ledger (semantics §7) as pure functions
 //! over plain data: folding usage JSON into totals, building a unit's
 //! `usage_json`, and the re-apply (never add) roll-up of children's cost onto
 //! the parent. Persistence goes through the store's [`UsageLedger`] seam, so

@@ -1,4 +1,4 @@
-//! Child usage records and a unit's `usage_json` (spec §7.3), built from
+//! Child usage records and a unit's `usage_json` (semantics §7.3), built from
 //! real results; follow-ups add their run.
 
 use serde::Serialize;
@@ -15,7 +15,7 @@ pub struct Tokens {
     pub output: u64,
 }
 
-/// What one child run used (spec §7.2 step 2).
+/// What one child run used (semantics §7.2 step 2).
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct ChildUsage {
     /// Cost in US dollars (zero counts too).
@@ -91,7 +91,7 @@ fn same_child(entry: &Value, run: &ChildRun) -> bool {
     }
 }
 
-/// A unit's `usage_json` after adding `runs` to `existing` (spec §7.3):
+/// A unit's `usage_json` after adding `runs` to `existing` (semantics §7.3):
 /// `{cost_usd, tokens{input,output}, api_calls, children:[{subagent_id,
 /// child_session_id, status, cost_usd, tokens, api_calls, runs}]}`.
 ///

@@ -1,4 +1,4 @@
-//! Addressability (spec §3.1): lookups and lists evaluated through indexes,
+//! Addressability (semantics §3.1): lookups and lists evaluated through indexes,
 //! with the TTL and cap limits applied at read time (a child a prune at that
 //! instant would tombstone is never returned). Reads only.
 
@@ -87,7 +87,7 @@ pub(crate) fn lookup_in(conn: &Connection, id: &str, lim: Limits) -> SqlResult<L
     })
 }
 
-/// The one row `id` resolves to (spec §3.3 order), or `None`.
+/// The one row `id` resolves to (semantics §3.3 order), or `None`.
 pub(crate) fn resolve_in(conn: &Connection, id: &str, lim: Limits) -> SqlResult<Option<Resolved>> {
     let id = id.trim();
     if id.is_empty() {

@@ -1,4 +1,4 @@
-//! Adoption of hermes-retained units (spec §2.6 step 4): child rows for
+//! Adoption of hermes-retained units (semantics §2.6 step 4): child rows for
 //! `retained=1` units that have none. Run at open and by every write.
 
 use rusqlite::{Connection, params};
@@ -7,7 +7,7 @@ use crate::error::SqlResult;
 use crate::rows::json_column;
 use retinue_core::{TombstoneReason, parse_children_json};
 
-/// Backfills child rows of `retained=1` units that have none (spec §2.6 step 4).
+/// Backfills child rows of `retained=1` units that have none (semantics §2.6 step 4).
 /// Writes cover untombstoned units; `tombstoned_since` (used at open and by
 /// the read view of a read-only connection) also covers units another writer
 /// tombstoned at or after that time, so their tombstone is reported

@@ -1,4 +1,4 @@
-//! Leases (spec §3.7): exactly-once delivery claims of background
+//! Leases (semantics §3.7): exactly-once delivery claims of background
 //! completions, single-use resume claims of retained children, and the
 //! write that finishes a follow-up.
 

@@ -1,4 +1,4 @@
-//! The history pruner (spec §3.6): deletes old non-retained units only.
+//! The history pruner (semantics §3.6): deletes old non-retained units only.
 //!
 //! It runs after every spawn, so it must not cost O(history): every
 //! statement reads the partial index `retinue_idx_async_history`

@@ -1,4 +1,4 @@
-//! The retained-subagent registry (spec §3), split by role into four seam
+//! The retained-subagent registry (semantics §3), split by role into four seam
 //! traits, plus the umbrella [`Registry`] for the composition root.
 //!
 //! The traits are what a storage backend implements: synchronous,
@@ -12,8 +12,8 @@
 //! * `addressability.rs` — [`RegistryRead`]: lookups, lists, the §3.1 predicate;
 //! * `units.rs` — [`UnitLifecycle`]: insert, manifest, completion, retain;
 //! * `retention.rs` — [`Retention`]: tombstones, TTL/cap pruning, rehydration;
-//! * `recovery.rs` — restart recovery (spec §3.8);
-//! * `history.rs` — the history pruner (spec §3.6);
+//! * `recovery.rs` — restart recovery (semantics §3.8);
+//! * `history.rs` — the history pruner (semantics §3.6);
 //! * `claims.rs` — [`Claims`]: resume claims, delivery claims, finishing a follow-up;
 //! * `backfill.rs` — adoption of hermes-retained units, run by every write.
 

@@ -1,4 +1,4 @@
-//! Restart recovery (spec §3.8): abandoned units of dead owners become
+//! Restart recovery (semantics §3.8): abandoned units of dead owners become
 //! `unknown`; retained units are never touched; rehydration always runs.
 
 use rusqlite::params;

@@ -1,4 +1,4 @@
-//! Retention (spec §3.5): per-child tombstones, TTL and cap pruning,
+//! Retention (semantics §3.5): per-child tombstones, TTL and cap pruning,
 //! rehydration; the entry points of restart recovery and history pruning.
 
 use rusqlite::{Connection, OptionalExtension, Transaction, params};
@@ -112,7 +112,7 @@ fn tombstone_units(
 /// own tenant, with its own limits (issue #22); the empty profile is the
 /// operator of a single-user home (hermes's view), who prunes every
 /// profile, each ranked among its own — inside the caller's transaction
-/// (spec §3.5). A
+/// (semantics §3.5). A
 /// unit tombstoned here covers its children (one `retinue_unit_tombstones`
 /// row per unit, none per child; readers report each child's reason and
 /// time exactly as a per-child write stored them); children that expire in

@@ -1,4 +1,4 @@
-//! A unit's lifecycle (spec §3.2–§3.4): insert with its manifest and child
+//! A unit's lifecycle (semantics §3.2–§3.4): insert with its manifest and child
 //! sessions, record dispatched children, persist the completion, retain.
 
 use rusqlite::{Transaction, params};

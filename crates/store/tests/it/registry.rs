@@ -480,7 +480,7 @@ fn reads_and_a_no_op_prune_never_write() {
 
 /// Regression (reliability harness): a JSON column holding a BLOB or TEXT
 /// that is not UTF-8 used to fail the whole open, every registry write (the
-/// backfill read it) and every list; it now reads as malformed (spec §2.7).
+/// backfill read it) and every list; it now reads as malformed (semantics §2.7).
 #[test]
 fn unreadable_json_bytes_read_as_malformed() {
     for (n, expr) in ["CAST(x'5bff' AS TEXT)", "x'5b5d'", "x'ff00'"].into_iter().enumerate() {

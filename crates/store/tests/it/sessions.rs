@@ -29,7 +29,7 @@ fn end_reason_first_wins_and_reopen_keeps_a_compression_link() {
         fx.store.session("A").expect("s").expect("row").end_reason.as_deref(),
         Some("compression")
     );
-    // A follow-up reopening it never erases the compression link (spec §0, §6.3).
+    // A follow-up reopening it never erases the compression link (semantics §0, §6.3).
     assert!(fx.store.reopen_session("A").expect("reopen"));
     assert!(!fx.store.end_session("A", "completed").expect("end"));
     assert_eq!(

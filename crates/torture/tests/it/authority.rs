@@ -149,7 +149,7 @@ fn foreign_requesters_learn_nothing_before_and_after_tombstone_and_prune() {
     assert_eq!(pruned.children, 1);
     assert!(call(&w.tool, Some("A"), "sa-1-0000bbbb").contains("(reason: ttl)"));
     assert_foreign_learns_nothing(&w, &missing, &id, "pruned");
-    // The child itself is told "itself" (spec §5.1), nothing more.
+    // The child itself is told "itself" (semantics §5.1), nothing more.
     assert!(call(&w.tool, Some("K1"), "sa-1-0000bbbb").contains("cannot follow up on itself"));
 }
 

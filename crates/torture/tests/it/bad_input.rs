@@ -2,7 +2,7 @@
 //! bytes, SQL-looking ids and non-UTF-8 bytes in `children_json`,
 //! `manifest_json`, `usage_json`, `aggregate_json`, `model_config`, and in
 //! the `delegate_task` arguments. Each gets a typed error or the documented
-//! fallback (spec §2.7, §6.2), and a refused operation leaves the database
+//! fallback (semantics §2.7, §6.2), and a refused operation leaves the database
 //! unchanged.
 
 use std::sync::Arc;
@@ -214,14 +214,14 @@ fn check_parsers(args: &Value) {
             assert!(!tasks.is_empty() && tasks.len() <= 3);
             assert!(tasks.iter().all(|t| !t.goal.trim().is_empty()));
         }
-        Err(e) => assert!(documented_task_error(&e), "undocumented task error {e:?}"),
+        Err(e) => assert!(documented_task_error(&e.to_string()), "undocumented task error {e:?}"),
     }
     match parse_follow_up(args) {
         None => assert!(args.get("follow_up").is_none_or(Value::is_null)),
         Some(Ok(fu)) => assert!(!fu.target.trim().is_empty() && !fu.text.trim().is_empty()),
         Some(Err(e)) => assert!(
             [texts::FOLLOW_UP_NOT_STRING, texts::FOLLOW_UP_BLANK, texts::FOLLOW_UP_NO_GOAL]
-                .contains(&e.as_str()),
+                .contains(&e.to_string().as_str()),
             "undocumented follow-up error {e:?}"
         ),
     }
