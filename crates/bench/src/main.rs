@@ -370,7 +370,10 @@ fn run_size(b: &mut Bench, n: usize) -> Result<(), Box<dyn std::error::Error>> {
                 let _ = store.persist_completion(&Completion {
                     delegation_id: id.clone(),
                     status: "failed".into(),
-                    event: json!({"type": "async_delegation", "delegation_id": id}),
+                    event: retinue_core::CompletionEvent::from_stored(
+                        &id,
+                        json!({"type": "async_delegation", "delegation_id": id}),
+                    ),
                     result: json!({"status": "failed"}),
                     usage: None,
                     background: false,

@@ -374,7 +374,7 @@ fn run_story(env: &Env, home: Option<&Path>) -> Result<Output> {
     )?;
 
     // 4. The parent is compressed into a continuation.
-    store.end_session(PARENT, "compression")?;
+    store.end_session(PARENT, &retinue_core::EndReason::Compression)?;
     session(&store, CONTINUATION, Some(PARENT), None)?;
     let chain = lineage_chain(&*store, CONTINUATION).map_err(|e| failed("lineage", e))?;
     let lineage_root = chain.last().cloned().unwrap_or_default();
@@ -621,7 +621,7 @@ fn run_story(env: &Env, home: Option<&Path>) -> Result<Output> {
     let event = match store.claim_delivery(&filter)? {
         Some(claim) => {
             store.ack_delivery(&claim.delegation_id, &claim.token)?;
-            claim.event
+            claim.event.raw
         }
         None => Value::Null,
     };

@@ -5,6 +5,7 @@
 use crate::error::Result;
 use crate::probe::OwnerProbe;
 use crate::spend::{BudgetLimit, BudgetStatus, Reservation, ReservationDraft, Spend};
+use crate::status::SettleReason;
 
 /// Budget reservations over the ledger.
 #[cfg_attr(any(test, feature = "mocks"), mockall::automock)]
@@ -13,7 +14,7 @@ pub trait Budgets: Send + Sync {
     /// at least the minimum fits under the limit (atomically).
     fn reserve(&self, draft: &ReservationDraft) -> Result<Reservation>;
     /// Settles (or releases) a reservation; `false` if it was already settled.
-    fn settle(&self, id: &str, reason: &str) -> Result<bool>;
+    fn settle(&self, id: &str, reason: &SettleReason) -> Result<bool>;
     /// The budget of a lineage now.
     fn budget_status(
         &self,
@@ -37,7 +38,7 @@ pub trait Budgets: Send + Sync {
     fn set_hold(&self, id: &str, hold: Spend) -> Result<bool>;
     /// Keeps open reservation `id` as spent (its runs' ledger rows could not
     /// be written): it counts as spent from now on; `false` if not open.
-    fn keep_as_spent(&self, id: &str, reason: &str) -> Result<bool>;
+    fn keep_as_spent(&self, id: &str, reason: &SettleReason) -> Result<bool>;
     /// The budget root `session` was recorded under, if any.
     fn budget_root_of(&self, session: &str) -> Result<Option<String>>;
     /// Records `sessions` as members of the budget rooted at `root` (a

@@ -52,10 +52,11 @@ pub use ledger::{
     UsageLedger, UsageTotals,
 };
 pub use model::{
-    ChildManifest, Completion, DeliveryClaim, DeliveryFilter, GOAL_MAX_CHARS, Lookup, Message,
-    NewSession, PruneCount, RecoveryReport, ResumeClaim, RetainedChild, SessionCost, SessionRow,
-    TombstoneReason, Unaddressable, UnitDraft, UsageSwap, children_json, parse_children_json,
-    parse_json_opt, redact_endpoint, redact_url, strip_userinfo, truncate_chars, userinfo_at,
+    ChildManifest, Completion, CompletionEvent, CompletionPlan, DeliveryClaim, DeliveryFilter,
+    GOAL_MAX_CHARS, Lookup, Message, NewSession, PruneCount, RecoveryReport, ResumeClaim,
+    RetainedChild, SessionCost, SessionRow, TombstoneReason, Unaddressable, UnitDraft, UsageSwap,
+    children_json, parse_children_json, parse_json_opt, redact_endpoint, redact_url,
+    strip_userinfo, truncate_chars, userinfo_at,
 };
 pub use options::{JournalMode, Synchronous, default_profile_key};
 pub use probe::{OwnerProbe, ProcProbe, ProcessState, current_owner};
@@ -66,7 +67,7 @@ pub use registry::{
 pub use rules::{ChildFacts, Limits, RetentionPolicy, child_status, covered_status};
 pub use sessions::{LineageWalk, MAX_HOPS, SessionGraph, SessionStore};
 pub use spend::{BudgetLimit, BudgetStatus, Reservation, ReservationDraft, Spend};
-pub use status::{ChildStatus, ExitReason, Role, UnitState};
+pub use status::{ChildStatus, EndReason, ExitReason, Role, SettleReason, UnitState};
 
 #[cfg(any(test, feature = "mocks"))]
 pub use budget::MockBudgets;

@@ -489,21 +489,112 @@ pub struct UnitDraft {
     pub child_sessions: Vec<NewSession>,
 }
 
+/// A completion event (semantics §3.7): what a parent is told when a unit
+/// ends, stored as the unit's `event_json` in hermes's shape
+/// (`{"type": "async_delegation", "delegation_id", "parent_session_id",
+/// "status", "results": [...]}`) and handed to a completion sink once.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CompletionEvent {
+    /// The unit.
+    pub delegation_id: String,
+    /// The parent that is told (absent in some hermes rows).
+    pub parent_session_id: Option<String>,
+    /// The unit's state.
+    pub status: UnitState,
+    /// The per-child result entries, as stored (hermes's JSON shape).
+    pub results: Vec<Value>,
+    /// The whole event as stored; a hermes row may carry more keys
+    /// (`summary`, …), forwarded unchanged.
+    pub raw: Value,
+}
+
+impl CompletionEvent {
+    /// A new event for `delegation_id`.
+    pub fn new(
+        delegation_id: &str,
+        parent_session_id: Option<&str>,
+        status: UnitState,
+        results: Vec<Value>,
+    ) -> CompletionEvent {
+        let raw = serde_json::json!({
+            "type": "async_delegation",
+            "delegation_id": delegation_id,
+            "parent_session_id": parent_session_id,
+            "status": status,
+            "results": results,
+        });
+        CompletionEvent {
+            delegation_id: delegation_id.to_owned(),
+            parent_session_id: parent_session_id.map(str::to_owned),
+            status,
+            results,
+            raw,
+        }
+    }
+
+    /// Reads a stored event of unit `delegation_id` (untrusted: a missing or
+    /// mistyped key reads as absent, the unit's id wins over the event's).
+    pub fn from_stored(delegation_id: &str, raw: Value) -> CompletionEvent {
+        let text = |k: &str| raw.get(k).and_then(Value::as_str).map(str::to_owned);
+        CompletionEvent {
+            delegation_id: delegation_id.to_owned(),
+            parent_session_id: text("parent_session_id"),
+            status: text("status")
+                .map_or(UnitState::Other(String::new()), |s| UnitState::parse(&s)),
+            results: raw.get("results").and_then(Value::as_array).cloned().unwrap_or_default(),
+            raw,
+        }
+    }
+
+    /// The event as stored and delivered.
+    pub fn to_json(&self) -> &Value {
+        &self.raw
+    }
+}
+
 /// What a completion records (semantics §3.2 `persist_completion`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Completion {
     /// The unit.
     pub delegation_id: String,
     /// Unit status; `completed` retains.
-    pub status: String,
+    pub status: UnitState,
     /// The event delivered to the parent.
-    pub event: Value,
+    pub event: CompletionEvent,
     /// The result object.
     pub result: Value,
     /// Usage built from real results.
     pub usage: Option<Value>,
     /// Background units stay `pending` for delivery; sync ones are `delivered`.
     pub background: bool,
+}
+
+/// What a backend writes for a [`Completion`] (semantics §3.2): the one
+/// completion rule both backends apply.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CompletionPlan {
+    /// The unit's new state (a blank status reads as `completed`).
+    pub state: UnitState,
+    /// `pending` (a background unit, delivered later) or `delivered`.
+    pub delivery_state: &'static str,
+    /// When it was delivered (`now` for a synchronous unit).
+    pub delivered_at: Option<f64>,
+    /// Whether the unit is retained: exactly when its state is `completed`.
+    pub retains: bool,
+}
+
+impl Completion {
+    /// The completion rule at `now`.
+    pub fn plan(&self, now: f64) -> CompletionPlan {
+        let state = match &self.status {
+            UnitState::Other(s) if s.trim().is_empty() => UnitState::Completed,
+            other => other.clone(),
+        };
+        let (delivery_state, delivered_at) =
+            if self.background { ("pending", None) } else { ("delivered", Some(now)) };
+        let retains = state == UnitState::Completed;
+        CompletionPlan { state, delivery_state, delivered_at, retains }
+    }
 }
 
 /// A claimed completion hand-off (semantics §3.7).
@@ -516,7 +607,7 @@ pub struct DeliveryClaim {
     /// 1-based attempt number.
     pub attempt: u32,
     /// The stored event.
-    pub event: Value,
+    pub event: CompletionEvent,
 }
 
 /// Which rows [`crate::Claims::claim_delivery`] may take.

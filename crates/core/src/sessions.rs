@@ -3,6 +3,7 @@
 
 use crate::error::Result;
 use crate::model::{Message, NewSession, SessionRow};
+use crate::status::EndReason;
 
 /// Most sessions any lineage walk visits (the root walk, the forward walk
 /// and the compression-tip walk): a start 99 links below its root resolves,
@@ -37,7 +38,7 @@ pub trait SessionStore: SessionGraph {
     /// Appends a message; returns its row id.
     fn append_message(&self, session_id: &str, message: &Message) -> Result<i64>;
     /// Ends a session; the first reason wins. `false` if already ended or missing.
-    fn end_session(&self, id: &str, reason: &str) -> Result<bool>;
+    fn end_session(&self, id: &str, reason: &EndReason) -> Result<bool>;
     /// Clears a session's end so it can take another turn.
     fn reopen_session(&self, id: &str) -> Result<bool>;
     /// The active transcript in insertion order.
@@ -59,7 +60,7 @@ mockall::mock! {
     impl SessionStore for SessionStore {
         fn create_session(&self, session: &NewSession) -> Result<()>;
         fn append_message(&self, session_id: &str, message: &Message) -> Result<i64>;
-        fn end_session(&self, id: &str, reason: &str) -> Result<bool>;
+        fn end_session(&self, id: &str, reason: &EndReason) -> Result<bool>;
         fn reopen_session(&self, id: &str) -> Result<bool>;
         fn conversation(&self, id: &str) -> Result<Vec<Message>>;
         fn compression_tip(&self, id: &str) -> Result<String>;

@@ -74,6 +74,9 @@ vocabulary! {
         Pending => "pending",
         /// Children running.
         Running => "running",
+        /// Children done, results being written (still live: recovery and
+        /// the retention rules treat it like `running`).
+        Finalizing => "finalizing",
         /// At least one child completed.
         Completed => "completed",
         /// Every child failed.
@@ -124,6 +127,55 @@ vocabulary! {
 }
 
 vocabulary! {
+    /// Why a session ended (`sessions.end_reason`): a child's [`ExitReason`],
+    /// or hermes's own reasons (`compression` ends a session that a
+    /// compression continuation carries on).
+    EndReason {
+        /// The session was compressed into a continuation.
+        Compression => "compression",
+        /// It gave its final answer.
+        #[default]
+        Completed => "completed",
+        /// It was interrupted or cancelled.
+        Interrupted => "interrupted",
+        /// It used its `max_iterations`.
+        MaxIterations => "max_iterations",
+        /// Its deadline passed.
+        Timeout => "timeout",
+        /// An error ended it.
+        Error => "error",
+        /// It would have crossed its budget.
+        Budget => "budget",
+    }
+}
+
+impl From<&ExitReason> for EndReason {
+    fn from(r: &ExitReason) -> EndReason {
+        EndReason::parse(r.as_str())
+    }
+}
+
+vocabulary! {
+    /// How a budget reservation was settled (`retinue_budget_reservations`'s
+    /// reason): released, settled against the ledger, or kept as spent.
+    SettleReason {
+        /// The run ended and its ledger rows were written.
+        #[default]
+        Settled => "settled",
+        /// Released: nothing ran.
+        NothingRan => "released: nothing ran",
+        /// Released: only the call's own limit applied, metered in memory.
+        CallLimitOnly => "released: the call's own limit is metered in memory",
+        /// Kept as spent: model calls were still in flight.
+        CallsInFlight => "kept as spent: calls still in flight",
+        /// Kept as spent: the ledger rows could not be written.
+        LedgerWriteFailed => "kept as spent: the ledger write failed",
+        /// Kept as spent: the owning process is gone.
+        OwnerGone => "kept as spent: owner gone",
+    }
+}
+
+vocabulary! {
     /// A child's role.
     Role {
         /// Cannot delegate further.
@@ -137,7 +189,7 @@ vocabulary! {
 impl UnitState {
     /// Whether the unit is still in flight (pending or running).
     pub fn is_live(&self) -> bool {
-        matches!(self, UnitState::Pending | UnitState::Running)
+        matches!(self, UnitState::Pending | UnitState::Running | UnitState::Finalizing)
     }
 }
 
@@ -177,7 +229,11 @@ mod tests {
             assert_eq!(UnitState::parse(text).as_str(), text);
             assert_eq!(ChildStatus::parse(text).as_str(), text);
             assert_eq!(Role::parse(text).as_str(), text);
+            assert_eq!(EndReason::parse(text).as_str(), text);
+            assert_eq!(SettleReason::parse(text).as_str(), text);
         }
+        assert!(UnitState::parse("finalizing").is_live(), "finalizing is live, as the SQL says");
+        assert_eq!(EndReason::from(&ExitReason::MaxIterations), EndReason::MaxIterations);
         assert_eq!(UnitState::parse("running"), UnitState::Running);
         assert_eq!(UnitState::parse(" running "), UnitState::Other(" running ".into()));
     }

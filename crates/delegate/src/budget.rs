@@ -6,7 +6,9 @@
 
 use std::sync::Arc;
 
-use retinue_core::{BudgetLimit, Budgets, Message, Reservation, ReservationDraft, Spend};
+use retinue_core::{
+    BudgetLimit, BudgetStatus, Budgets, Message, Reservation, ReservationDraft, SettleReason, Spend,
+};
 use serde_json::Value;
 #[cfg(test)]
 use serde_json::json;
@@ -173,7 +175,7 @@ pub(crate) fn reserve(
     };
     let meter = if lineage_limit.is_unlimited() {
         // Only the call's own limit: nothing to hold in the store.
-        if let Err(e) = budgets.settle(&id, "released: the call's own limit is metered in memory") {
+        if let Err(e) = budgets.settle(&id, &SettleReason::CallLimitOnly) {
             log::warn!("could not release budget reservation {id}: {e}");
         }
         BudgetMeter::new(cap)
@@ -194,15 +196,15 @@ impl Held {
     /// (`ledger_ok`), or keeps it as spent when they could not be (never
     /// given back as free), and returns the lineage budget as the result
     /// reports it.
-    pub(crate) fn settle(self, ledger_ok: bool) -> Option<Value> {
+    pub(crate) fn settle(self, ledger_ok: bool) -> Option<BudgetStatus> {
         let inflight = self.meter.close();
         let done = if ledger_ok && inflight == Spend::default() {
-            self.budgets.settle(&self.id, "settled")
+            self.budgets.settle(&self.id, &SettleReason::Settled)
         } else if ledger_ok {
             // Calls of an abandoned child were still in flight: what they
             // may have spent is kept (the ledger rows hold the rest).
             let _ = self.budgets.set_hold(&self.id, inflight);
-            self.budgets.keep_as_spent(&self.id, "kept as spent: calls still in flight")
+            self.budgets.keep_as_spent(&self.id, &SettleReason::CallsInFlight)
         } else {
             // What the runs spent is what it holds now (their permits set it).
             let spent = self.meter.spent();
@@ -210,7 +212,7 @@ impl Held {
             if held.tokens < spent.tokens || held.cost_usd < spent.cost_usd {
                 let _ = self.budgets.set_hold(&self.id, spent);
             }
-            self.budgets.keep_as_spent(&self.id, "kept as spent: the ledger write failed")
+            self.budgets.keep_as_spent(&self.id, &SettleReason::LedgerWriteFailed)
         };
         if let Err(e) = done {
             log::warn!("could not settle budget reservation {}: {e}", self.id);
@@ -219,7 +221,7 @@ impl Held {
             return None;
         }
         match self.budgets.budget_status(&self.root, &self.sessions, self.limit) {
-            Ok(status) => Some(retinue_usage::budget_json(&status)),
+            Ok(status) => Some(status),
             Err(e) => {
                 log::warn!("could not read the budget of {}: {e}", self.root);
                 None
@@ -234,7 +236,7 @@ impl Held {
 
     /// Gives the reservation back without a run (nothing was started).
     pub(crate) fn release(self) {
-        if let Err(e) = self.budgets.settle(&self.id, "released: nothing ran") {
+        if let Err(e) = self.budgets.settle(&self.id, &SettleReason::NothingRan) {
             log::warn!("could not release budget reservation {}: {e}", self.id);
         }
     }

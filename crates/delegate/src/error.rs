@@ -124,7 +124,7 @@ pub enum DelegateError {
     Storage(#[source] retinue_core::Error),
     /// The budget store failed while reserving or joining a budget: nothing
     /// was started or spent.
-    #[error("Budget check failed while {operation}: {source}")]
+    #[error("Budget check failed while {operation} ({source}); no child was started.")]
     BudgetStore {
         /// What was being done (`reserving the budget`, …).
         operation: &'static str,

@@ -4,7 +4,7 @@
 //! [`DelegateOutcome::to_json`] its rendering half; between them sits
 //! [`crate::Delegator::delegate`].
 
-use retinue_core::{BudgetLimit, Role};
+use retinue_core::{BudgetLimit, BudgetStatus, Role};
 use serde_json::{Value, json};
 
 use crate::args::{FollowUp, TaskSpec, parse_follow_up, parse_tasks};
@@ -90,7 +90,7 @@ pub struct UnitReport {
     pub note: Option<String>,
     /// The lineage budget after the run (`limit`, `spent`, `reserved`,
     /// `remaining`), when one is configured.
-    pub budget: Option<Value>,
+    pub budget: Option<BudgetStatus>,
     /// Set when the usage ledger could not be written: the spend is kept
     /// in the budget as spent, and the caller must report a failure.
     pub ledger_error: Option<String>,
@@ -134,7 +134,7 @@ pub struct FollowUpReport {
     /// Wall time.
     pub total_duration_seconds: f64,
     /// The lineage budget after the run, when one is configured.
-    pub budget: Option<Value>,
+    pub budget: Option<BudgetStatus>,
     /// Set when the usage ledger could not be written (see [`UnitReport`]).
     pub ledger_error: Option<String>,
 }
@@ -176,7 +176,7 @@ impl DelegateOutcome {
                     out["note"] = json!(note);
                 }
                 if let Some(budget) = &unit.budget {
-                    out["budget"] = budget.clone();
+                    out["budget"] = retinue_usage::budget_json(budget);
                 }
                 if let Some(e) = &unit.ledger_error {
                     out["ledger_error"] = json!(e);
@@ -218,7 +218,7 @@ impl DelegateOutcome {
                     },
                 });
                 if let Some(budget) = &f.budget {
-                    out["budget"] = budget.clone();
+                    out["budget"] = retinue_usage::budget_json(budget);
                 }
                 if let Some(e) = &f.ledger_error {
                     out["ledger_error"] = json!(e);

@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use retinue_core::CompletionEvent;
 use retinue_core::{ExitReason, Message, Spend};
-use serde_json::Value;
 
 /// Everything a runtime needs to build one child.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -196,7 +196,7 @@ pub trait ChildRuntime: Send + Sync {
 #[cfg_attr(any(test, feature = "mocks"), mockall::automock)]
 pub trait CompletionSink: Send + Sync {
     /// Delivers one completion event; `true` once accepted (also for a repeat).
-    fn deliver(&self, event: &Value) -> bool;
+    fn deliver(&self, event: &CompletionEvent) -> bool;
 }
 
 /// Why a [`CancelToken`] fired.

@@ -1,6 +1,7 @@
 //! A deterministic child runtime and a recording completion sink: test
 //! doubles (the `scripted` feature), never a runtime for a user's real home.
 
+use retinue_core::CompletionEvent;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
@@ -252,11 +253,11 @@ impl RecordingSink {
 }
 
 impl CompletionSink for RecordingSink {
-    fn deliver(&self, event: &Value) -> bool {
-        let id = event.get("delegation_id").and_then(Value::as_str).unwrap_or_default().to_owned();
+    fn deliver(&self, event: &CompletionEvent) -> bool {
+        let id = event.delegation_id.clone();
         let fresh = self.seen.lock().unwrap_or_else(PoisonError::into_inner).insert(id);
         if fresh {
-            self.events.lock().unwrap_or_else(PoisonError::into_inner).push(event.clone());
+            self.events.lock().unwrap_or_else(PoisonError::into_inner).push(event.raw.clone());
         }
         true
     }

@@ -1,6 +1,8 @@
 //! The spawn flow (semantics §6.4): durable unit first, then the children, then
 //! finalize, completion, delivery and the history pruner.
 
+use retinue_core::CompletionEvent;
+use retinue_core::EndReason;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
@@ -231,7 +233,7 @@ pub(crate) fn execute(
             result.status = ChildStatus::Error;
             result.exit_reason = ExitReason::Error;
             result.error = Some(format!("Failed to build subagent: {e}"));
-            let _ = parts.sessions.end_session(&session_id, ExitReason::Error.as_str());
+            let _ = parts.sessions.end_session(&session_id, &EndReason::Error);
             return result;
         }
     };
@@ -246,7 +248,8 @@ pub(crate) fn execute(
     charge_run(&token, &mut outcome);
     inner.live.close_steering(&handle.subagent_id);
     let status = status_of(&outcome);
-    if let Err(e) = parts.sessions.end_session(&session_id, outcome.exit_reason.as_str()) {
+    if let Err(e) = parts.sessions.end_session(&session_id, &EndReason::from(&outcome.exit_reason))
+    {
         log::warn!("could not end child session {session_id}: {e}");
     }
     inner.live.remove(&handle.subagent_id);
@@ -689,16 +692,12 @@ fn complete(
         ledger_error: (!ledger_ok).then(|| texts::LEDGER_FAILED.to_owned()),
     };
     let out = unit.body();
-    let event = json!({
-        "type": "async_delegation",
-        "delegation_id": delegation_id,
-        "parent_session_id": parent.session_id,
-        "status": status,
-        "results": out["results"],
-    });
+    let results = out["results"].as_array().cloned().unwrap_or_default();
+    let event =
+        CompletionEvent::new(delegation_id, parent.session_id.as_deref(), status.clone(), results);
     let completion = Completion {
         delegation_id: delegation_id.to_owned(),
-        status: status.as_str().to_owned(),
+        status: status.clone(),
         event,
         result: out,
         usage: Some(usage),

@@ -507,8 +507,8 @@ fn deliver_hermes_completion(store: &Store) -> String {
         .expect("claim")
         .expect("hermes' pending completion");
     assert_eq!(claim.delegation_id, u2.delegation_id);
-    assert_eq!(claim.event["type"], "async_delegation");
-    assert_eq!(claim.event["summary"], "Summary for rollback: all three call sites updated.");
+    assert_eq!(claim.event.raw["type"], "async_delegation");
+    assert_eq!(claim.event.raw["summary"], "Summary for rollback: all three call sites updated.");
     assert!(store.ack_delivery(&claim.delegation_id, &claim.token).expect("ack"));
     u2.delegation_id.clone()
 }
@@ -610,7 +610,7 @@ fn retinue_created_database_for_hermes() {
     session("retinue-a", None);
     say("retinue-a", "user", "Count the wombats.");
     say("retinue-a", "assistant", "Delegating after compaction.");
-    assert!(store.end_session("retinue-a", "compression").expect("end"));
+    assert!(store.end_session("retinue-a", &retinue_core::EndReason::Compression).expect("end"));
     session("retinue-b", Some("retinue-a"));
     say("retinue-b", "user", "[CONTEXT COMPACTION] wombats");
     let runtime = Arc::new(ScriptedRuntime::new());

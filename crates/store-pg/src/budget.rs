@@ -8,6 +8,7 @@
 //! A reservation's owner is the worker (lease) that made it: recovery, from
 //! any host, releases those of workers whose lease expired.
 
+use retinue_core::SettleReason;
 use retinue_core::{
     BudgetLimit, BudgetStatus, Budgets, OwnerProbe, ProcessState, Reservation, ReservationDraft,
     Result, Spend, current_owner,
@@ -159,7 +160,8 @@ impl Budgets for PgStore {
         })
     }
 
-    fn settle(&self, id: &str, reason: &str) -> Result<bool> {
+    fn settle(&self, id: &str, reason: &SettleReason) -> Result<bool> {
+        let reason = reason.as_str();
         let now = self.clock.now();
         self.pool
             .tx("settling a budget reservation", Mode::Write, |tx| settle_in(tx, id, reason, now))
@@ -256,7 +258,8 @@ impl Budgets for PgStore {
         })
     }
 
-    fn keep_as_spent(&self, id: &str, reason: &str) -> Result<bool> {
+    fn keep_as_spent(&self, id: &str, reason: &SettleReason) -> Result<bool> {
+        let reason = reason.as_str();
         let now = self.clock.now();
         self.pool.tx("keeping a budget reservation as spent", Mode::Write, |tx| {
             keep_in(tx, id, reason, now)

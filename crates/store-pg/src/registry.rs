@@ -791,9 +791,9 @@ impl UnitLifecycle for PgStore {
     fn persist_completion(&self, c: &Completion) -> Result<bool> {
         let lim = self.limits();
         let now = lim.now;
-        let status = if c.status.trim().is_empty() { "completed" } else { c.status.as_str() };
-        let (delivery, delivered_at) =
-            if c.background { ("pending", None) } else { ("delivered", Some(now)) };
+        let plan = c.plan(now);
+        let (status, delivery, delivered_at) =
+            (plan.state.as_str(), plan.delivery_state, plan.delivered_at);
         let usage = c.usage.as_ref().map(Value::to_string);
         self.pool.tx("persisting a completion", Mode::Write, |tx| {
             backfill(tx)?;
@@ -804,7 +804,7 @@ impl UnitLifecycle for PgStore {
                 &[
                     &status,
                     &now,
-                    &c.event.to_string(),
+                    &c.event.to_json().to_string(),
                     &c.result.to_string(),
                     &usage,
                     &delivery,
@@ -815,7 +815,7 @@ impl UnitLifecycle for PgStore {
             if changed == 0 {
                 return Ok(false);
             }
-            if status == "completed" {
+            if plan.retains {
                 retain_in(tx, &c.delegation_id, None, lim, &self.profile)?;
             }
             Ok(true)
@@ -881,6 +881,7 @@ impl Claims for PgStore {
                         &[&token, &now, &id],
                     )?;
                     let attempt = u32_of(attempts + 1);
+                    let event = retinue_core::CompletionEvent::from_stored(&id, event);
                     return Ok(Some(DeliveryClaim { delegation_id: id, token, attempt, event }));
                 }
                 tx.execute(

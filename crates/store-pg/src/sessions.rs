@@ -2,6 +2,7 @@
 //! ([`SessionGraph`]) on PostgreSQL, with the SQLite backend's semantics.
 
 use postgres::Row;
+use retinue_core::EndReason;
 use retinue_core::{MAX_HOPS, Message, NewSession, Result, SessionGraph, SessionRow, SessionStore};
 use serde_json::Value;
 
@@ -175,7 +176,8 @@ impl SessionStore for PgStore {
         })
     }
 
-    fn end_session(&self, id: &str, reason: &str) -> Result<bool> {
+    fn end_session(&self, id: &str, reason: &EndReason) -> Result<bool> {
+        let reason = reason.as_str();
         let now = self.clock.now();
         self.pool.tx("ending a session", Mode::Write, |tx| {
             let n = tx.execute(

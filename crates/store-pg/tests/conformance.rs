@@ -231,7 +231,10 @@ fn history_prune_keeps_the_newest_terminal_units() {
         let failed = Completion {
             delegation_id: id.clone(),
             status: "failed".into(),
-            event: serde_json::json!({"delegation_id": id, "i": i}),
+            event: retinue_core::CompletionEvent::from_stored(
+                &id,
+                serde_json::json!({"delegation_id": id, "i": i}),
+            ),
             result: serde_json::json!({"status": "failed"}),
             usage: None,
             background: false,

@@ -216,7 +216,10 @@ fn four_hosts_contend_without_errors() {
         let done = Completion {
             delegation_id: id.clone(),
             status: "failed".into(),
-            event: serde_json::json!({"delegation_id": id}),
+            event: retinue_core::CompletionEvent::from_stored(
+                &id,
+                serde_json::json!({"delegation_id": id}),
+            ),
             result: serde_json::json!({}),
             usage: None,
             background: true,

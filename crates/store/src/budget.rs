@@ -25,6 +25,7 @@
 //! not be written, or whose owner died, is *kept as spent*
 //! (`kept_spent_at`) and counts as spent from then on.
 
+use retinue_core::SettleReason;
 use rusqlite::{OptionalExtension, params};
 
 use crate::error::{Error, Result, SqlResult};
@@ -145,7 +146,8 @@ impl Budgets for Store {
         })
     }
 
-    fn settle(&self, id: &str, reason: &str) -> Result<bool> {
+    fn settle(&self, id: &str, reason: &SettleReason) -> Result<bool> {
+        let reason = reason.as_str();
         let now = self.clock.now();
         self.pool.write("settling a budget reservation", |tx| {
             Ok(tx
@@ -193,7 +195,7 @@ impl Budgets for Store {
                     None => false,
                 },
             };
-            if dead && self.keep_as_spent(&id, "kept as spent: owner gone")? {
+            if dead && self.keep_as_spent(&id, &SettleReason::OwnerGone)? {
                 released += 1;
             }
         }
@@ -242,7 +244,8 @@ impl Budgets for Store {
         })
     }
 
-    fn keep_as_spent(&self, id: &str, reason: &str) -> Result<bool> {
+    fn keep_as_spent(&self, id: &str, reason: &SettleReason) -> Result<bool> {
+        let reason = reason.as_str();
         let now = self.clock.now();
         self.pool.write("keeping a budget reservation as spent", |tx| {
             Ok(tx

@@ -1,6 +1,7 @@
 //! Sessions and transcripts (hermes's `sessions` and `messages` tables), and
 //! the session-graph seam the lineage rules read.
 
+use retinue_core::EndReason;
 use rusqlite::{Connection, OptionalExtension, Row, Transaction, params};
 use serde_json::Value;
 
@@ -284,7 +285,8 @@ impl SessionStore for Store {
         })
     }
 
-    fn end_session(&self, id: &str, reason: &str) -> Result<bool> {
+    fn end_session(&self, id: &str, reason: &EndReason) -> Result<bool> {
+        let reason = reason.as_str();
         let now = self.clock.now();
         self.pool.write("ending a session", |tx| {
             let n = tx

@@ -11,6 +11,9 @@
 //! run_all("sqlite", &sqlite_backend);
 //! ```
 
+use retinue_core::EndReason;
+use retinue_core::SettleReason;
+use retinue_core::UnitState;
 use std::any::Any;
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -518,8 +521,11 @@ fn complete(b: &Backend, id: &str, status: &str, background: bool) -> bool {
     b.registry
         .persist_completion(&Completion {
             delegation_id: id.to_owned(),
-            status: status.to_owned(),
-            event: json!({"type": "async_delegation", "delegation_id": id}),
+            status: UnitState::parse(status),
+            event: retinue_core::CompletionEvent::from_stored(
+                id,
+                json!({"type": "async_delegation", "delegation_id": id}),
+            ),
             result: json!({"status": status}),
             usage: Some(json!({"cost_usd": 1.0})),
             background,
@@ -545,7 +551,7 @@ pub fn completion_and_delivery(make: Factory<'_>) {
     let first = r.claim_delivery(&DeliveryFilter::default()).expect("claim").expect("one");
     assert_eq!(first.delegation_id, failed, "oldest first");
     assert_eq!(first.attempt, 1);
-    assert_eq!(first.event["delegation_id"], json!(failed));
+    assert_eq!(first.event.raw["delegation_id"], json!(failed));
     let second = r.claim_delivery(&DeliveryFilter::default()).expect("claim").expect("two");
     assert_eq!(second.delegation_id, done);
     assert!(
@@ -779,8 +785,8 @@ pub fn sessions_and_transcripts(make: Factory<'_>) {
     assert_eq!(conv.len(), 3);
     assert_eq!(conv[1].content.as_deref(), Some(structured.as_str()));
     assert_eq!(conv[0].timestamp, T0);
-    assert!(s.end_session("A", "done").expect("end"));
-    assert!(!s.end_session("A", "again").expect("end twice"));
+    assert!(s.end_session("A", &EndReason::parse("done")).expect("end"));
+    assert!(!s.end_session("A", &EndReason::parse("again")).expect("end twice"));
     assert_eq!(b.graph.session("A").expect("row").and_then(|r| r.end_reason), Some("done".into()));
     assert!(s.reopen_session("A").expect("reopen"));
     assert_eq!(b.graph.session("A").expect("row").and_then(|r| r.ended_at), None);
@@ -801,7 +807,7 @@ pub fn compression_tip_and_graph(make: Factory<'_>) {
         ..NewSession::default()
     };
     s.create_session(&new("R", None, T0)).expect("R");
-    s.end_session("R", "compression").expect("end R");
+    s.end_session("R", &EndReason::parse("compression")).expect("end R");
     s.create_session(&new("C1", Some("R"), T0 + 1.0)).expect("C1");
     let branch = NewSession {
         model_config: Some(json!({"_branched_from": "R"})),
@@ -813,7 +819,7 @@ pub fn compression_tip_and_graph(make: Factory<'_>) {
         &Message { role: "user".into(), content: Some("x".into()), ..Message::default() },
     )
     .expect("msg");
-    s.end_session("C1", "compression").expect("end C1");
+    s.end_session("C1", &EndReason::parse("compression")).expect("end C1");
     s.create_session(&new("C2", Some("C1"), T0 + 3.0)).expect("C2");
     // C2 has no messages yet: the tip stays at C1.
     assert_eq!(s.compression_tip("R").expect("tip"), "C1");
@@ -857,7 +863,7 @@ pub fn recovery_marks_dead_owners_unknown(make: Factory<'_>) {
         })
         .expect("claim")
         .expect("the unknown unit is delivered");
-    assert_eq!(c.event["status"], json!("unknown"));
+    assert_eq!(c.event.raw["status"], json!("unknown"));
     assert!(other.find_retained_child(&kept).expect("find").is_some());
     let again = other.recover_abandoned_delegations(b.probe.as_ref());
     assert_eq!(again.abandoned, 0);
@@ -948,9 +954,11 @@ pub fn budget_reserve_refuse_settle(make: Factory<'_>) {
         }
         r @ Reservation::Refused(_) => panic!("expected a reservation, got {r:?}"),
     }
-    assert!(b.budgets.settle(&id, "settled").expect("settle"));
-    assert!(!b.budgets.settle(&id, "settled").expect("settle twice"), "single-use");
-    assert!(!b.budgets.settle("rsv_nonexistent", "x").expect("unknown id"));
+    assert!(b.budgets.settle(&id, &SettleReason::Settled).expect("settle"));
+    assert!(!b.budgets.settle(&id, &SettleReason::Settled).expect("settle twice"), "single-use");
+    assert!(
+        !b.budgets.settle("rsv_nonexistent", &SettleReason::Other("x".into())).expect("unknown id")
+    );
     let after =
         b.budgets.budget_status("ROOT", &lineage.map(str::to_owned), limit).expect("status");
     assert_eq!(after.reserved, Spend::default());
@@ -1053,11 +1061,18 @@ pub fn budget_grow_hold_and_keep(make: Factory<'_>) {
     assert!(b.budgets.set_hold(&id, Spend { cost_usd: 0.2, tokens: 150 }).expect("set"));
     assert_eq!(status().reserved.tokens, 150);
     // The ledger write failed: kept as spent.
-    assert!(b.budgets.keep_as_spent(&id, "kept as spent: test").expect("keep"));
+    assert!(
+        b.budgets
+            .keep_as_spent(&id, &SettleReason::Other("kept as spent: test".into()))
+            .expect("keep")
+    );
     let st = status();
     assert_eq!((st.spent.tokens, st.reserved.tokens), (150, 0), "{st:?}");
     assert!(close(st.spent.cost_usd, 0.2), "{st:?}");
-    assert!(!b.budgets.keep_as_spent(&id, "again").expect("keep"), "single use");
+    assert!(
+        !b.budgets.keep_as_spent(&id, &SettleReason::Other("again".into())).expect("keep"),
+        "single use"
+    );
     assert!(!b.budgets.set_hold(&id, Spend::default()).expect("set"), "no longer open");
     assert!(matches!(b.budgets.grow(&id, &grow).expect("grow"), Reservation::Refused(_)));
     assert_eq!(status().spent.tokens, 150, "a kept reservation never changes");

@@ -316,7 +316,7 @@ impl<'a> SessionGraphBuilder<'a> {
     /// If the store fails.
     #[track_caller]
     pub fn end(&self, id: &str, reason: &str) -> &Self {
-        if let Err(e) = self.store.end_session(id, reason) {
+        if let Err(e) = self.store.end_session(id, &retinue_core::EndReason::parse(reason)) {
             panic!("end_session({id}) failed: {e}");
         }
         self

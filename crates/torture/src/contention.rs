@@ -242,8 +242,11 @@ fn dispatch_and_complete(c: &Ctx<'_>, rng: &mut Rng, t: &mut Tally) {
     t.inserted.push(id.clone());
     let completion = Completion {
         delegation_id: id.clone(),
-        status: "completed".to_owned(),
-        event: json!({"type": "async_delegation", "delegation_id": id, "status": "completed"}),
+        status: retinue_core::UnitState::Completed,
+        event: retinue_core::CompletionEvent::from_stored(
+            &id,
+            json!({"type": "async_delegation", "delegation_id": id, "status": "completed"}),
+        ),
         result: json!({"status": "completed"}),
         usage: None,
         background: true,
@@ -395,7 +398,7 @@ fn budget(c: &Ctx<'_>, rng: &mut Rng, t: &mut Tally) {
     if let Err(e) = retinue_usage::record_child_usage_attribution(c.store, &row) {
         t.errors.push(format!("budget bill: {e}"));
     }
-    match c.store.settle(&id, "settled") {
+    match c.store.settle(&id, &retinue_core::SettleReason::Settled) {
         Ok(true) => {}
         Ok(false) => t.violations.push(format!("reservation {id} settled twice")),
         Err(e) => t.error("settle", &e),

@@ -130,8 +130,11 @@ impl Worker {
         let status = if self.rng.chance(80) { "completed" } else { "failed" };
         let c = Completion {
             delegation_id: id.clone(),
-            status: status.to_owned(),
-            event: json!({"type": "async_delegation", "delegation_id": id, "status": status}),
+            status: retinue_core::UnitState::parse(status),
+            event: retinue_core::CompletionEvent::from_stored(
+                &id,
+                json!({"type": "async_delegation", "delegation_id": id, "status": status}),
+            ),
             result: json!({"status": status}),
             usage: Some(usage_of(self.counter)),
             background: self.rng.chance(50),
@@ -256,7 +259,7 @@ impl Worker {
         };
         retinue_usage::record_child_usage_attribution(&self.store, &row)
             .map_err(|e| format!("budget bill: {e}"))?;
-        self.store.settle(&id, "settled").ctx("settle").map(|_| ())
+        self.store.settle(&id, &retinue_core::SettleReason::Settled).ctx("settle").map(|_| ())
     }
 
     fn step(&mut self) -> Outcome<()> {

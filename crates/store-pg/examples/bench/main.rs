@@ -298,7 +298,10 @@ fn main() -> Res<()> {
         ok(store.persist_completion(&Completion {
             delegation_id: id.clone(),
             status: "failed".into(),
-            event: json!({"type": "async_delegation", "delegation_id": id}),
+            event: retinue_core::CompletionEvent::from_stored(
+                &id,
+                json!({"type": "async_delegation", "delegation_id": id}),
+            ),
             result: json!({"status": "failed"}),
             usage: None,
             background: false,

@@ -53,6 +53,7 @@ pub(crate) fn claim(store: &Store, filter: &DeliveryFilter) -> Result<Option<Del
                     )?
                     .execute(params![token, now, id])?;
                     let attempt = u32::try_from(attempts + 1).unwrap_or(u32::MAX);
+                    let event = retinue_core::CompletionEvent::from_stored(&id, event);
                     return Ok(Some(DeliveryClaim { delegation_id: id, token, attempt, event }));
                 }
                 _ => {

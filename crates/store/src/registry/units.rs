@@ -175,11 +175,9 @@ impl UnitLifecycle for Store {
     fn persist_completion(&self, c: &Completion) -> Result<bool> {
         let lim = self.limits();
         let now = lim.now;
-        let status = if c.status.trim().is_empty() { "completed" } else { c.status.as_str() };
+        let plan = c.plan(now);
         self.pool.write("persisting a completion", |tx| {
             backfill(tx, None)?;
-            let (delivery, delivered_at) =
-                if c.background { ("pending", None) } else { ("delivered", Some(now)) };
             let changed = tx
                 .prepare_cached(
                     "UPDATE async_delegations SET state = ?1, completed_at = ?2, updated_at = ?2, \
@@ -187,19 +185,19 @@ impl UnitLifecycle for Store {
                      delivery_state = ?6, delivered_at = ?7 WHERE delegation_id = ?8",
                 )?
                 .execute(params![
-                    status,
+                    plan.state.as_str(),
                     now,
-                    c.event.to_string(),
+                    c.event.to_json().to_string(),
                     c.result.to_string(),
                     c.usage.as_ref().map(Value::to_string),
-                    delivery,
-                    delivered_at,
+                    plan.delivery_state,
+                    plan.delivered_at,
                     c.delegation_id,
                 ])?;
             if changed == 0 {
                 return Ok(false);
             }
-            if status == "completed" {
+            if plan.retains {
                 retain_in(tx, &c.delegation_id, None, lim, &self.profile)?;
             }
             Ok(true)

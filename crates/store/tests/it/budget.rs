@@ -53,8 +53,8 @@ fn a_reservation_that_does_not_fit_is_refused_with_the_numbers() {
     assert_eq!(status.remaining().0, Some(0.25));
     // Settling returns the allowance; the run's ledger row now counts instead.
     bill(&fx.store, "R", 0.1, 10, 0);
-    assert!(fx.store.settle(&id, "settled").expect("settle"));
-    assert!(!fx.store.settle(&id, "settled").expect("settle twice"));
+    assert!(fx.store.settle(&id, &"settled".into()).expect("settle"));
+    assert!(!fx.store.settle(&id, &"settled".into()).expect("settle twice"));
     let now =
         fx.store.budget_status("R", &["R".into(), "R-cont".into()], ONE_DOLLAR).expect("status");
     assert!((now.spent.cost_usd - 0.35).abs() < 1e-9 && now.reserved == Spend::default());
@@ -176,7 +176,7 @@ proptest! {
                     }
                     let (store, id, allowance) = open.remove(pick % open.len());
                     bill(&stores[store], "P", allowance * f64::from(used_pct) / 100.0, 0, 0);
-                    stores[store].settle(&id, "settled").expect("settle");
+                    stores[store].settle(&id, &"settled".into()).expect("settle");
                 }
             }
             let s = stores[0].budget_status("P", &["P".into()], ONE_DOLLAR).expect("status");

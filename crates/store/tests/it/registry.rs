@@ -187,8 +187,11 @@ fn completion_persist_retains_only_success() {
             .store
             .persist_completion(&Completion {
                 delegation_id: id.to_owned(),
-                status: status.to_owned(),
-                event: json!({"delegation_id": id, "status": status}),
+                status: status.into(),
+                event: retinue_core::CompletionEvent::from_stored(
+                    id,
+                    json!({"delegation_id": id, "status": status}),
+                ),
                 result: json!({"status": status, "summary": null}),
                 usage: Some(json!({"cost_usd": 0.1})),
                 background: false,

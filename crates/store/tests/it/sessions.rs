@@ -23,21 +23,21 @@ fn say(store: &dyn SessionStore, sid: &str, role: &str, text: &str) {
 fn end_reason_first_wins_and_reopen_keeps_a_compression_link() {
     let fx = Fx::new();
     fx.store.create_session(&session("A", "cli", None)).expect("create");
-    assert!(fx.store.end_session("A", "compression").expect("end"));
-    assert!(!fx.store.end_session("A", "user_exit").expect("end"));
+    assert!(fx.store.end_session("A", &"compression".into()).expect("end"));
+    assert!(!fx.store.end_session("A", &"user_exit".into()).expect("end"));
     assert_eq!(
         fx.store.session("A").expect("s").expect("row").end_reason.as_deref(),
         Some("compression")
     );
     // A follow-up reopening it never erases the compression link (semantics §0, §6.3).
     assert!(fx.store.reopen_session("A").expect("reopen"));
-    assert!(!fx.store.end_session("A", "completed").expect("end"));
+    assert!(!fx.store.end_session("A", &"completed".into()).expect("end"));
     assert_eq!(
         fx.store.session("A").expect("s").expect("row").end_reason.as_deref(),
         Some("compression")
     );
     fx.store.create_session(&session("B", "cli", None)).expect("create");
-    assert!(fx.store.end_session("B", "completed").expect("end"));
+    assert!(fx.store.end_session("B", &"completed".into()).expect("end"));
     assert!(fx.store.reopen_session("B").expect("reopen"));
     assert_eq!(fx.store.session("B").expect("s").expect("row").end_reason, None);
     assert!(fx.store.session("nope").expect("s").is_none());
@@ -80,7 +80,7 @@ fn compression_tip_follows_unmarked_continuations() {
     let st = &fx.store;
     st.create_session(&session("k", "delegate", None)).expect("c");
     say(st, "k", "user", "goal");
-    st.end_session("k", "compression").expect("end");
+    st.end_session("k", &"compression".into()).expect("end");
     st.create_session(&session("k2", "delegate", Some("k"))).expect("c");
     let mut branch = session("kb", "cli", Some("k"));
     branch.model_config = Some(json!({"_branched_from": null}));
@@ -90,7 +90,7 @@ fn compression_tip_follows_unmarked_continuations() {
     say(st, "k2", "user", "continued");
     assert_eq!(st.compression_tip("k").expect("tip"), "k2");
     // A continuation without messages is not a resume target.
-    st.end_session("k2", "compression").expect("end");
+    st.end_session("k2", &"compression".into()).expect("end");
     st.create_session(&session("k3", "delegate", Some("k2"))).expect("c");
     assert_eq!(st.compression_tip("k").expect("tip"), "k2");
     assert_eq!(st.compression_tip("unknown").expect("tip"), "unknown");

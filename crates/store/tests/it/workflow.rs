@@ -21,8 +21,11 @@ fn complete(fx: &Fx, id: &str, status: &str, background: bool) {
     fx.store
         .persist_completion(&Completion {
             delegation_id: id.to_owned(),
-            status: status.to_owned(),
-            event: json!({"delegation_id": id, "status": status}),
+            status: status.into(),
+            event: retinue_core::CompletionEvent::from_stored(
+                id,
+                json!({"delegation_id": id, "status": status}),
+            ),
             result: json!({"status": status}),
             usage: None,
             background,
@@ -43,7 +46,7 @@ fn delivery_is_claimed_once_and_re_claimable_after_the_lease() {
     let first = fx.store.claim_delivery(&filter).expect("claim").expect("one");
     assert_eq!(first.attempt, 1);
     assert_eq!(first.token.len(), 32);
-    assert_eq!(first.event["delegation_id"], "deleg_bg1");
+    assert_eq!(first.event.raw["delegation_id"], "deleg_bg1");
     // A competing consumer gets nothing while the lease holds.
     assert!(fx.store.claim_delivery(&filter).expect("claim").is_none());
     fx.clock.advance(300.0);
