@@ -13,7 +13,7 @@ use retinue_core::{
 };
 use retinue_store_pg::{PgOptions, PgStore, WORKER_LEASE_SECS};
 use retinue_testkit::T0;
-use retinue_testkit::conformance::{Backend, DeadPids, run_all};
+use retinue_testkit::conformance::{Backend, DeadPids};
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
 
@@ -77,10 +77,18 @@ fn pg_backend(url: &str, d: DelegationConfig) -> Backend {
     }
 }
 
-#[test]
-fn postgres_backend_conforms() {
-    let Some(url) = retinue_testkit::pg_url("PostgreSQL conformance tests") else { return };
-    run_all("postgres", &|d| pg_backend(&url, d));
+/// The conformance suite's factory: a fresh schema per case on the test
+/// server; `None` (after saying why, or failing under CI) without one.
+fn pg_factory() -> Option<impl Fn(DelegationConfig) -> Backend> {
+    let url = retinue_testkit::pg_url("PostgreSQL conformance tests")?;
+    Some(move |d| pg_backend(&url, d))
+}
+
+/// Each conformance case its own test: `cargo nextest run -p
+/// retinue-store-pg conformance::ttl_prune`.
+mod conformance {
+    use super::pg_factory;
+    retinue_testkit::conformance_suite!(pg_factory());
 }
 
 fn config(max_retained: u32) -> DelegationConfig {

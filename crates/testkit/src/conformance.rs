@@ -3,12 +3,15 @@
 //! `retinue-testkit`'s own tests, PostgreSQL in `retinue-store-pg`'s).
 //!
 //! A backend hands the suite a factory: given the delegation settings
-//! (retention limits), it returns a fresh, empty [`Backend`]. [`run_all`]
-//! runs every case on a fresh backend each and reports every failing case.
+//! (retention limits), it returns a fresh, empty [`Backend`]. A backend's
+//! test file makes each case its own test with
+//! [`conformance_suite!`](crate::conformance_suite) (so `cargo nextest run
+//! ttl_prune` runs one case on every backend); [`run_all`] runs them all in
+//! one call and reports every failing case.
 //!
-//! ```no_run
-//! use retinue_testkit::conformance::{run_all, sqlite_backend};
-//! run_all("sqlite", &sqlite_backend);
+//! ```ignore
+//! // tests/conformance_sqlite.rs
+//! retinue_testkit::conformance_suite!(Some(retinue_testkit::conformance::sqlite_backend));
 //! ```
 
 use retinue_core::EndReason;
@@ -174,6 +177,59 @@ pub const CASES: &[(&str, Case)] = &[
     ("budget_tree_members", budget_tree_members),
     ("budget_absurd_rows_saturate", budget_absurd_rows_saturate),
 ];
+
+/// Makes each conformance case its own `#[test]` (filterable with nextest:
+/// `cargo nextest run ttl_prune`), run against a fresh backend from
+/// `$factory`: an expression giving `Option<impl Fn(DelegationConfig) ->
+/// Backend>`; `None` skips (the factory has already said why, or failed
+/// under CI). It also checks that it lists exactly [`CASES`].
+#[macro_export]
+macro_rules! conformance_suite {
+    ($factory:expr) => {
+        $crate::conformance_suite!(@each $factory;
+            insert_retain_list,
+            lookup_by_each_id_kind,
+            tombstones,
+            tombstone_hits_the_shown_child,
+            ttl_prune,
+            cap_prune,
+            retention_per_profile,
+            completion_and_delivery,
+            delivery_exactly_once_concurrently,
+            resume_claims_single_use,
+            resume_claims_concurrently,
+            finish_follow_up_swaps_usage,
+            ledger_keys_and_totals,
+            sessions_and_transcripts,
+            compression_tip_and_graph,
+            recovery_marks_dead_owners_unknown,
+            budget_reserve_refuse_settle,
+            budget_concurrent_reserves_never_overspend,
+            budget_release_abandoned,
+            budget_grow_hold_and_keep,
+            prune_only_own_tenant,
+            budget_tree_members,
+            budget_absurd_rows_saturate,
+        );
+    };
+    (@each $f:expr; $($name:ident),+ $(,)?) => {
+        $(
+            #[test]
+            fn $name() {
+                if let Some(make) = $f {
+                    $crate::conformance::$name(&make);
+                }
+            }
+        )+
+
+        #[test]
+        fn the_suite_lists_every_case() {
+            let listed: Vec<&str> = vec![$(stringify!($name)),+];
+            let cases: Vec<&str> = $crate::conformance::CASES.iter().map(|(n, _)| *n).collect();
+            assert_eq!(listed, cases, "conformance_suite! and CASES disagree");
+        }
+    };
+}
 
 fn config(max_retained: u32, ttl_hours: f64) -> DelegationConfig {
     DelegationConfig {

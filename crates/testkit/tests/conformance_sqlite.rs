@@ -1,6 +1,4 @@
-//! The backend conformance suite against the SQLite backend.
+//! The backend conformance suite against the SQLite backend: each case its
+//! own test (`cargo nextest run -p retinue-testkit ttl_prune`).
 
-#[test]
-fn sqlite_backend_conforms() {
-    retinue_testkit::conformance::run_all("sqlite", &retinue_testkit::conformance::sqlite_backend);
-}
+retinue_testkit::conformance_suite!(Some(retinue_testkit::conformance::sqlite_backend));
