@@ -322,7 +322,6 @@ async fn a_long_call_does_not_block_and_can_be_cancelled() {
     let client = connect(server).await;
 
     // Three chunks 5 s apart: 10 s or more if nobody cancels.
-    let started = Instant::now();
     let handle = client
         .send_cancellable_request(
             ClientRequest::CallToolRequest(Request::new(
@@ -335,16 +334,17 @@ async fn a_long_call_does_not_block_and_can_be_cancelled() {
         .unwrap();
     tokio::time::sleep(Duration::from_millis(600)).await;
 
-    // Other requests are answered while it runs.
-    let t = Instant::now();
+    // Other requests are answered while it runs: the list comes back while
+    // the child has billed nothing yet (it is still mid-answer).
     let listed = ok(&call(&client, "list_subagents", json!({})).await);
     assert_eq!(listed["subagents"], json!([]));
-    assert!(t.elapsed() < Duration::from_secs(2), "list waited {:?}", t.elapsed());
+    let store = open(&home);
+    let billed = retinue_usage::load_child_usage_attributions(store.as_ref(), &session).unwrap();
+    assert!(billed.is_empty(), "the list waited for the long call to end: {billed:?}");
     assert!(!client.service().progress.lock().unwrap().is_empty());
 
     // Cancel: the child stops and its spent usage is billed as interrupted.
     handle.cancel(Some("user pressed Esc".into())).await.unwrap();
-    let store = open(&home);
     let deadline = Instant::now() + Duration::from_secs(15);
     let status = loop {
         let rows = retinue_usage::load_child_usage_attributions(store.as_ref(), &session).unwrap();
@@ -354,9 +354,9 @@ async fn a_long_call_does_not_block_and_can_be_cancelled() {
         assert!(Instant::now() < deadline, "no ledger row after the cancel");
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
+    // Interrupted, not completed: the child was stopped before its answer's
+    // last chunk (which no uncancelled run reaches in under 10 s).
     assert_eq!(status, "interrupted");
-    assert!(started.elapsed() < Duration::from_secs(15), "cancel took {:?}", started.elapsed());
-    assert!(started.elapsed() < Duration::from_secs(9), "the child was not stopped early");
     // The server is still serving.
     ok(&call(&client, "subagent_usage", json!({})).await);
     client.cancel().await.unwrap();

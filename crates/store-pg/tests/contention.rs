@@ -13,15 +13,14 @@
 //! and deliveries, and a killed host with 30 live units instead of 3.
 
 use std::collections::{BTreeMap, HashSet};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use retinue_core::{
-    AttributionDraft, ChildManifest, Claims, Completion, DeliveryFilter, RegistryRead, ResumeClaim,
-    Retention, TotalsUpdate, UnitDraft, UnitLifecycle, UsageLedger, UsageTotals,
+    AttributionDraft, ChildManifest, Claims, Completion, DeliveryFilter, ManualClock, RegistryRead,
+    ResumeClaim, Retention, TotalsUpdate, UnitDraft, UnitLifecycle, UsageLedger, UsageTotals,
 };
 use retinue_store_pg::{PgOptions, PgStore};
 use retinue_testkit::conformance::DeadPids;
@@ -323,30 +322,72 @@ fn tempfile_dir() -> PathBuf {
     dir
 }
 
+/// The worker rows of `schema`: (newest heartbeat, newest lease expiry).
+fn worker_lease(url: &str, schema: &str) -> (f64, f64) {
+    let mut client = postgres::Client::connect(url, postgres::NoTls).expect("connect");
+    // The schema name is ours (`kill_<pid>`), never input.
+    let row = client
+        .query_one(
+            &format!(
+                "SELECT COALESCE(max(heartbeat_at), 0), COALESCE(max(lease_expires_at), 0) \
+                 FROM {schema}.retinue_workers WHERE pid = $1"
+            ),
+            &[&i64::from(WORKER_PID.load(std::sync::atomic::Ordering::Relaxed))],
+        )
+        .expect("read the worker's lease");
+    (row.get(0), row.get(1))
+}
+
+static WORKER_PID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// A killed host's units are recovered once its lease lapses, never while
+/// it heartbeats. No sleeps around the lease: the recovering host runs on a
+/// manual clock set from the worker's own lease row, and "it heartbeats" is
+/// a barrier on that row (its heartbeat seen to advance twice).
 #[test]
 fn a_killed_host_is_recovered_after_its_lease() {
     let Some(url) = retinue_testkit::pg_url("PostgreSQL contention test") else { return };
     let schema = format!("kill_{}", std::process::id());
     let _ = PgStore::drop_schema(&url, &schema);
     let _scratch = Scratch(url.clone(), schema.clone());
-    let other_host = open(&url, &schema, 30.0);
+    let clock = Arc::new(ManualClock::new(0.0));
+    let other_host = PgStore::open(
+        &url,
+        PgOptions { lease_secs: 30.0, ..PgOptions::default() }
+            .with_schema(&schema)
+            .with_clock(clock.clone()),
+    )
+    .expect("open");
     let ready = tempfile_dir().join("ready");
     let _ = std::fs::remove_file(&ready);
     let mut child = spawn_worker(&schema, "hang", &ready);
+    WORKER_PID.store(child.id(), std::sync::atomic::Ordering::Relaxed);
     let deadline = Instant::now() + Duration::from_secs(60);
-    while !ready.exists() {
-        assert!(Instant::now() < deadline, "the worker never got ready");
-        std::thread::sleep(Duration::from_millis(20));
+    // Barrier: ready, then two renewals of its lease observed.
+    let mut beats = Vec::new();
+    while beats.len() < 3 {
+        assert!(Instant::now() < deadline, "the worker never heartbeated");
+        if ready.exists() {
+            let (beat, _) = worker_lease(&url, &schema);
+            if beat > 0.0 && beats.last() != Some(&beat) {
+                beats.push(beat);
+            }
+        }
+        std::thread::yield_now();
     }
     let probe = DeadPids::default();
-    // Alive and heartbeating: nothing to recover, even past one lease.
-    std::thread::sleep(Duration::from_millis(2000));
+    // Alive and heartbeating, checked after more than one lease of its
+    // life: inside its current lease nothing is recovered.
+    let (beat, expires) = worker_lease(&url, &schema);
+    clock.set(beat + (expires - beat) / 2.0);
     assert_eq!(other_host.recover_abandoned_delegations(&probe).abandoned, 0);
     child.kill().expect("SIGKILL the worker");
     let _ = child.wait();
-    let mut out = std::io::stderr();
-    let _ = writeln!(out, "worker killed; waiting for its lease to lapse");
-    std::thread::sleep(Duration::from_millis(1700));
+    // Dead: at its lease's last instant nothing yet, just past it everything.
+    let (_, expires) = worker_lease(&url, &schema);
+    clock.set(expires);
+    assert_eq!(other_host.recover_abandoned_delegations(&probe).abandoned, 0);
+    clock.set(expires + 0.001);
     let report = other_host.recover_abandoned_delegations(&probe);
     let hung = size().hung_units;
     assert_eq!((report.abandoned, report.error), (hung, None));
