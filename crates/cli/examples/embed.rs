@@ -96,10 +96,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let profile = store.profile().to_owned();
     let authority = Arc::new(Authority::new(store.clone(), store.clone(), profile.clone()));
     let tool = Delegator::new(DelegatorParts {
-        registry: store.clone(),
-        sessions: store.clone(),
-        ledger: store.clone(),
-        budgets: Some(store.clone()),
+        backend: retinue_core::Backend::of(store.clone()),
         authority: authority.clone(),
         runtime: Arc::new(MyRuntime),
         completions: None, // background results: pass your CompletionSink

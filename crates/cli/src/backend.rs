@@ -8,31 +8,33 @@
 use std::sync::Arc;
 
 use retinue_config::LoadedConfig;
-use retinue_core::{Budgets, Clock, Registry, SessionGraph, SessionStore, UsageLedger};
+use retinue_core::Clock;
 use retinue_store::Store;
 use retinue_store_pg::{PgOptions, PgStore};
 
 use crate::env::{Access, Env};
 use crate::error::Result;
 
-/// The open storage of one command.
+/// The open storage of one command: the core's [`retinue_core::Backend`]
+/// (every seam; `backend.registry` and the like read through `Deref`), with
+/// the configuration and profile in force.
 pub(crate) struct Backend {
-    /// The registry (all four roles).
-    pub(crate) registry: Arc<dyn Registry>,
-    /// Sessions and transcripts.
-    pub(crate) sessions: Arc<dyn SessionStore>,
-    /// The session graph.
-    pub(crate) graph: Arc<dyn SessionGraph>,
-    /// The usage ledger.
-    pub(crate) ledger: Arc<dyn UsageLedger>,
-    /// Budget reservations.
-    pub(crate) budgets: Arc<dyn Budgets>,
+    /// Every seam of the open store.
+    pub(crate) seams: retinue_core::Backend,
     /// `config.yaml` as the store read it.
     pub(crate) config: LoadedConfig,
     /// The process profile (in team mode, never empty).
     pub(crate) profile: String,
     /// Team mode: the store, whose worker lease is given up when the command ends.
     pg: Option<Arc<PgStore>>,
+}
+
+impl std::ops::Deref for Backend {
+    type Target = retinue_core::Backend;
+
+    fn deref(&self) -> &retinue_core::Backend {
+        &self.seams
+    }
 }
 
 impl Backend {
@@ -71,11 +73,7 @@ impl Backend {
         Backend {
             config,
             profile: store.profile().to_owned(),
-            registry: store.clone(),
-            sessions: store.clone(),
-            graph: store.clone(),
-            ledger: store.clone(),
-            budgets: store,
+            seams: retinue_core::Backend::of(store),
             pg: None,
         }
     }
@@ -99,11 +97,7 @@ impl Backend {
         Ok(Backend {
             config,
             profile: env.profile.clone(),
-            registry: store.clone(),
-            sessions: store.clone(),
-            graph: store.clone(),
-            ledger: store.clone(),
-            budgets: store.clone(),
+            seams: retinue_core::Backend::of(store.clone()),
             pg: Some(store),
         })
     }

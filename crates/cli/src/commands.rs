@@ -510,10 +510,7 @@ pub(crate) fn delegator(
     profile: &str,
 ) -> Delegator {
     Delegator::new(DelegatorParts {
-        registry: store.registry.clone(),
-        sessions: store.sessions.clone(),
-        ledger: store.ledger.clone(),
-        budgets: Some(store.budgets.clone()),
+        backend: store.seams.clone(),
         authority: Arc::new(Authority::new(store.registry.clone(), store.graph.clone(), profile)),
         runtime,
         completions: None,

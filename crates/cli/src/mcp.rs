@@ -99,10 +99,7 @@ pub(crate) fn run(env: &Env, args: &McpArgs) -> Result<Output> {
         }
     };
     let parts = McpParts {
-        registry: store.registry.clone(),
-        sessions: store.sessions.clone(),
-        ledger: store.ledger.clone(),
-        budgets: Some(store.budgets.clone()),
+        backend: store.seams.clone(),
         budget: store.config.delegation.budget,
         authority: Arc::new(Authority::new(
             store.registry.clone(),

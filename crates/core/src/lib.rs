@@ -61,8 +61,8 @@ pub use model::{
 pub use options::{JournalMode, Synchronous, default_profile_key};
 pub use probe::{OwnerProbe, ProcProbe, ProcessState, current_owner};
 pub use registry::{
-    Claims, DELIVERED_MAX_AGE_SECS, LEASE_SECS, MAX_DELIVERY_ATTEMPTS, PENDING_KEEP, Registry,
-    RegistryRead, Retention, TERMINAL_KEEP, UnitLifecycle,
+    Backend, Claims, DELIVERED_MAX_AGE_SECS, LEASE_SECS, MAX_DELIVERY_ATTEMPTS, PENDING_KEEP,
+    Registry, RegistryRead, Retention, TERMINAL_KEEP, UnitLifecycle,
 };
 pub use rules::{ChildFacts, Limits, RetentionPolicy, child_status, covered_status};
 pub use sessions::{LineageWalk, MAX_HOPS, SessionGraph, SessionStore};

@@ -17,14 +17,19 @@ pub const TERMINAL_KEEP: i64 = 50;
 /// Pending rows the history pruner keeps.
 pub const PENDING_KEEP: i64 = 1000;
 
+use std::sync::Arc;
+
 use serde_json::Value;
 
+use crate::budget::Budgets;
 use crate::error::Result;
+use crate::ledger::UsageLedger;
 use crate::model::{
     ChildManifest, Completion, DeliveryClaim, DeliveryFilter, Lookup, PruneCount, RecoveryReport,
     ResumeClaim, RetainedChild, TombstoneReason, UnitDraft, UsageSwap,
 };
 use crate::probe::OwnerProbe;
+use crate::sessions::{SessionGraph, SessionStore};
 
 /// Reading the registry: what lineage (and the tool's listing) needs.
 #[cfg_attr(any(test, feature = "mocks"), mockall::automock)]
@@ -151,5 +156,45 @@ mockall::mock! {
             token: &str,
             usage: Option<&'a UsageSwap>,
         ) -> Result<bool>;
+    }
+}
+
+/// One storage backend as the layers above see it: every seam, as a trait
+/// object. Defined once; the CLI, the MCP server, the delegate crate and
+/// the test kit all carry this one bundle. Usually every field is the same
+/// store ([`Backend::of`]); a test may mix in fakes.
+#[derive(Clone)]
+pub struct Backend {
+    /// Units, retention, recovery, claims.
+    pub registry: Arc<dyn Registry>,
+    /// Sessions and transcripts.
+    pub sessions: Arc<dyn SessionStore>,
+    /// The session graph lineage reads.
+    pub graph: Arc<dyn SessionGraph>,
+    /// The usage ledger.
+    pub ledger: Arc<dyn UsageLedger>,
+    /// Budget reservations.
+    pub budgets: Arc<dyn Budgets>,
+}
+
+impl Backend {
+    /// Every seam served by one store.
+    pub fn of<T>(store: Arc<T>) -> Backend
+    where
+        T: Registry + SessionStore + UsageLedger + Budgets + 'static,
+    {
+        Backend {
+            registry: store.clone(),
+            sessions: store.clone(),
+            graph: store.clone(),
+            ledger: store.clone(),
+            budgets: store,
+        }
+    }
+}
+
+impl std::fmt::Debug for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Backend").finish_non_exhaustive()
     }
 }

@@ -81,13 +81,12 @@ pub(crate) fn budget_root(
     payer: &str,
     stored: Option<&str>,
 ) -> Result<String, String> {
-    if let Some(budgets) = &inner.parts.budgets {
-        for session in stored.into_iter().chain(std::iter::once(payer)) {
-            match budgets.budget_root_of(session) {
-                Ok(Some(root)) if !root.trim().is_empty() => return Ok(root),
-                Ok(_) => {}
-                Err(e) => return Err(format!("reading its budget root failed: {e}")),
-            }
+    let budgets = &inner.parts.backend.budgets;
+    for session in stored.into_iter().chain(std::iter::once(payer)) {
+        match budgets.budget_root_of(session) {
+            Ok(Some(root)) if !root.trim().is_empty() => return Ok(root),
+            Ok(_) => {}
+            Err(e) => return Err(format!("reading its budget root failed: {e}")),
         }
     }
     inner.parts.authority.root(payer).map_err(|e| e.to_string())
@@ -97,8 +96,10 @@ pub(crate) fn budget_root(
 /// budget, so their own spawns and their follow-ups draw on it. Under a
 /// budget a failure refuses; without one it is only logged.
 pub(crate) fn join(inner: &Inner, root: &str, sessions: &[String]) -> Result<(), DelegateError> {
-    let Some(budgets) = &inner.parts.budgets else { return Ok(()) };
-    budgets
+    inner
+        .parts
+        .backend
+        .budgets
         .join_budget(root, sessions)
         .map_err(|source| DelegateError::BudgetStore { operation: "joining the budget", source })
 }
@@ -131,9 +132,7 @@ pub(crate) fn reserve(
         return Ok(None);
     }
     let refuse = |why: &str| DelegateError::Budget { message: why.to_owned() };
-    let Some(budgets) = inner.parts.budgets.clone() else {
-        return Err(refuse(crate::texts::NO_BUDGET_STORE));
-    };
+    let budgets = inner.parts.backend.budgets.clone();
     let Some(payer) = payer.map(str::trim).filter(|p| !p.is_empty()) else {
         return Err(refuse(crate::texts::NO_BUDGET_PAYER));
     };

@@ -86,7 +86,7 @@ pub(crate) fn run(
     if entry.child_session_id.trim().is_empty() {
         return Err(DelegateError::NoChildSession);
     }
-    let token = match parts.registry.claim_resume(&entry.delegation_id, entry.child_index) {
+    let token = match parts.backend.registry.claim_resume(&entry.delegation_id, entry.child_index) {
         Ok(ResumeClaim::Claimed { token }) => token,
         Ok(ResumeClaim::Busy { claimed_at, expires_at }) => {
             return Err(DelegateError::Busy { target: fu.target.clone(), claimed_at, expires_at });
@@ -100,7 +100,7 @@ pub(crate) fn run(
     let out = resume(inner, fu, parent, &entry, &token, cancel);
     if out.is_err()
         && let Err(e) =
-            parts.registry.release_resume(&entry.delegation_id, entry.child_index, &token)
+            parts.backend.registry.release_resume(&entry.delegation_id, entry.child_index, &token)
     {
         log::warn!("could not release the resume claim of {}: {e}", entry.delegation_id);
     }
@@ -154,10 +154,12 @@ fn resume(
         message: e.to_string(),
     };
     let tip = parts
+        .backend
         .sessions
         .compression_tip(&entry.child_session_id)
         .map_err(|e| transcript_error(&entry.child_session_id, e))?;
-    let transcript = parts.sessions.conversation(&tip).map_err(|e| transcript_error(&tip, e))?;
+    let transcript =
+        parts.backend.sessions.conversation(&tip).map_err(|e| transcript_error(&tip, e))?;
     let mut system_prompt = None;
     let history: Vec<Message> = transcript
         .into_iter()
@@ -176,7 +178,8 @@ fn resume(
         return Err(DelegateError::EmptyTranscript { session_id: tip });
     }
     if system_prompt.is_none() {
-        system_prompt = parts.sessions.session(&tip).ok().flatten().and_then(|s| s.system_prompt);
+        system_prompt =
+            parts.backend.sessions.session(&tip).ok().flatten().and_then(|s| s.system_prompt);
     }
     // The resume-cost guard, then the budget: both before any model call.
     let config = &parts.config;
@@ -192,10 +195,7 @@ fn resume(
     // A follow-up draws on the budget its child was spawned under (stored
     // when the child was created), else on the requester's.
     let root = match requester(parent) {
-        Some(p) if parts.budgets.is_some() => {
-            budget::budget_root(inner, p, Some(&entry.child_session_id))
-        }
-        Some(_) => Err("no budget store".to_owned()),
+        Some(p) => budget::budget_root(inner, p, Some(&entry.child_session_id)),
         None => Err("no parent session".to_owned()),
     };
     let held = budget::reserve(
@@ -260,13 +260,13 @@ fn resume(
         max_iterations: config.max_iterations,
         resume_session_id: Some(tip.clone()),
     };
-    let opened = parts.sessions.reopen_session(&tip).and_then(|_| {
+    let opened = parts.backend.sessions.reopen_session(&tip).and_then(|_| {
         let user = Message {
             role: "user".to_owned(),
             content: Some(fu.text.clone()),
             ..Message::default()
         };
-        parts.sessions.append_message(&tip, &user)
+        parts.backend.sessions.append_message(&tip, &user)
     });
     if let Err(e) = opened {
         if let Some(h) = held {
@@ -277,7 +277,7 @@ fn resume(
     let input = RunInput { user_message: fu.text.clone(), history, system_prompt };
     // Renew the claim while the child runs.
     let (stop_tx, stop_rx) = mpsc::channel::<()>();
-    let registry = Arc::clone(&parts.registry);
+    let registry = Arc::clone(&parts.backend.registry);
     let (id, index, tok) = (entry.delegation_id.clone(), entry.child_index, token.to_owned());
     let renewer = std::thread::spawn(move || {
         while let Err(mpsc::RecvTimeoutError::Timeout) = stop_rx.recv_timeout(RENEW_EVERY) {
@@ -297,7 +297,7 @@ fn resume(
     let runs = runs_of(&results);
     let mut finished = Err(retinue_core::Error::Stale { what: "the unit's usage_json" });
     for _ in 0..8 {
-        let existing = match parts.registry.unit_usage(&entry.delegation_id) {
+        let existing = match parts.backend.registry.unit_usage(&entry.delegation_id) {
             Ok(v) => v,
             Err(e) => {
                 finished = Err(e);
@@ -308,7 +308,7 @@ fn resume(
             new: retinue_usage::merge_unit_usage(existing.as_ref(), &runs),
             expected: existing,
         };
-        finished = parts.registry.finish_follow_up(
+        finished = parts.backend.registry.finish_follow_up(
             &entry.delegation_id,
             entry.child_index,
             token,
@@ -320,7 +320,8 @@ fn resume(
     }
     if let Err(e) = finished {
         log::warn!("could not refresh {} after a follow-up: {e}", entry.delegation_id);
-        let _ = parts.registry.release_resume(&entry.delegation_id, entry.child_index, token);
+        let _ =
+            parts.backend.registry.release_resume(&entry.delegation_id, entry.child_index, token);
     }
     let [result] = results;
     let budget = held.and_then(|h| h.settle(ledger_ok));

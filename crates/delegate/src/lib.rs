@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use retinue_config::DelegationConfig;
-use retinue_core::{Budgets, Registry, SessionStore, UsageLedger};
+use retinue_core::Backend;
 use retinue_lineage::LineageAuthority;
 use serde_json::{Value, json};
 
@@ -75,15 +75,9 @@ pub struct ParentContext {
 /// The collaborators a [`Delegator`] works through.
 #[derive(Clone)]
 pub struct DelegatorParts {
-    /// Units and retention.
-    pub registry: Arc<dyn Registry>,
-    /// Sessions and transcripts.
-    pub sessions: Arc<dyn SessionStore>,
-    /// The usage ledger.
-    pub ledger: Arc<dyn UsageLedger>,
-    /// Budget reservations; required when `config.budget` (or a call's
-    /// `budget`) limits spending — without it such calls are refused.
-    pub budgets: Option<Arc<dyn Budgets>>,
+    /// The storage backend: registry, sessions, ledger and budget
+    /// reservations.
+    pub backend: Backend,
     /// Follow-up authority.
     pub authority: Arc<dyn LineageAuthority>,
     /// The child runtime.

@@ -100,7 +100,7 @@ fn run_child(
     let runtime = Arc::clone(&parts.runtime);
     let closed = Arc::new(AtomicBool::new(false));
     let sink = SessionSink {
-        sessions: Arc::clone(&parts.sessions),
+        sessions: Arc::clone(&parts.backend.sessions),
         session_id: session_id.to_owned(),
         closed: Arc::clone(&closed),
     };
@@ -233,7 +233,7 @@ pub(crate) fn execute(
             result.status = ChildStatus::Error;
             result.exit_reason = ExitReason::Error;
             result.error = Some(format!("Failed to build subagent: {e}"));
-            let _ = parts.sessions.end_session(&session_id, &EndReason::Error);
+            let _ = parts.backend.sessions.end_session(&session_id, &EndReason::Error);
             return result;
         }
     };
@@ -248,7 +248,8 @@ pub(crate) fn execute(
     charge_run(&token, &mut outcome);
     inner.live.close_steering(&handle.subagent_id);
     let status = status_of(&outcome);
-    if let Err(e) = parts.sessions.end_session(&session_id, &EndReason::from(&outcome.exit_reason))
+    if let Err(e) =
+        parts.backend.sessions.end_session(&session_id, &EndReason::from(&outcome.exit_reason))
     {
         log::warn!("could not end child session {session_id}: {e}");
     }
@@ -288,7 +289,7 @@ pub(crate) fn finalize(
     let mut cost = if parent_id.is_empty() {
         ParentCost::default()
     } else {
-        ParentCost::load(&*parts.ledger, parent_id).unwrap_or_default()
+        ParentCost::load(&*parts.backend.ledger, parent_id).unwrap_or_default()
     };
     let entries: Vec<FinalizeEntry> = results
         .iter()
@@ -304,7 +305,8 @@ pub(crate) fn finalize(
         delegation_id,
         run,
     };
-    retinue_usage::finalize_child_results(&*parts.ledger, &ctx, &entries, &mut cost).ledger_ok
+    retinue_usage::finalize_child_results(&*parts.backend.ledger, &ctx, &entries, &mut cost)
+        .ledger_ok
 }
 
 pub(crate) fn runs_of(results: &[ChildReport]) -> Vec<ChildRun> {
@@ -345,13 +347,16 @@ fn fresh_ids(
         if taken_here {
             continue;
         }
-        let sa_free =
-            matches!(parts.registry.lookup(&sa).map_err(DelegateError::Storage)?, Lookup::Unknown);
-        let sess_free = parts.sessions.session(&sess).map_err(DelegateError::Storage)?.is_none()
-            && matches!(
-                parts.registry.lookup(&sess).map_err(DelegateError::Storage)?,
-                Lookup::Unknown
-            );
+        let sa_free = matches!(
+            parts.backend.registry.lookup(&sa).map_err(DelegateError::Storage)?,
+            Lookup::Unknown
+        );
+        let sess_free =
+            parts.backend.sessions.session(&sess).map_err(DelegateError::Storage)?.is_none()
+                && matches!(
+                    parts.backend.registry.lookup(&sess).map_err(DelegateError::Storage)?,
+                    Lookup::Unknown
+                );
         if sa_free && sess_free {
             return Ok((sa, sess));
         }
@@ -453,8 +458,7 @@ pub(crate) fn run(
             .fold(0, u64::saturating_add),
     };
     let root = match parent_id.as_deref() {
-        Some(p) if parts.budgets.is_some() => budget::budget_root(inner, p, None),
-        Some(_) => Err("no budget store".to_owned()),
+        Some(p) => budget::budget_root(inner, p, None),
         None => Err("no parent session".to_owned()),
     };
     let members: Vec<String> = planned.iter().map(|p| p.spec.session_id.clone()).collect();
@@ -538,7 +542,7 @@ pub(crate) fn run(
             .collect(),
         ..UnitDraft::default()
     };
-    let delegation_id = match parts.registry.insert_unit(&draft) {
+    let delegation_id = match parts.backend.registry.insert_unit(&draft) {
         Ok(id) => id,
         Err(e) => {
             log::error!("could not persist a delegation: {e}");
@@ -656,7 +660,7 @@ fn run_one(
     parent: &ParentContext,
     cancel: &CancelToken,
 ) -> ChildReport {
-    let sessions = &inner.parts.sessions;
+    let sessions = &inner.parts.backend.sessions;
     for (role, text) in
         [("system", p.input.system_prompt.clone()), ("user", Some(p.input.user_message.clone()))]
     {
@@ -703,13 +707,13 @@ fn complete(
         usage: Some(usage),
         background,
     };
-    if let Err(e) = parts.registry.persist_completion(&completion) {
+    if let Err(e) = parts.backend.registry.persist_completion(&completion) {
         log::error!("could not persist the completion of {delegation_id}: {e}");
     }
     if background {
         deliver(inner, parent, delegation_id);
     }
-    if let Err(e) = parts.registry.prune_history() {
+    if let Err(e) = parts.backend.registry.prune_history() {
         log::warn!("history pruner failed: {e}");
     }
     unit
@@ -730,10 +734,10 @@ fn deliver(inner: &Inner, parent: &ParentContext, delegation_id: &str) {
         },
     };
     loop {
-        match parts.registry.claim_delivery(&filter) {
+        match parts.backend.registry.claim_delivery(&filter) {
             Ok(Some(claim)) => {
                 if sink.deliver(&claim.event) {
-                    match parts.registry.ack_delivery(&claim.delegation_id, &claim.token) {
+                    match parts.backend.registry.ack_delivery(&claim.delegation_id, &claim.token) {
                         Ok(true) => {}
                         Ok(false) => {
                             log::warn!("delivery lease of {} was lost", claim.delegation_id)

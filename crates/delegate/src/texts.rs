@@ -122,8 +122,6 @@ pub const BUDGET_SPENT: &str = "Subagent stopped: its budget allowance is spent 
 /// A malformed `budget` argument.
 pub const BAD_BUDGET: &str =
     "budget must be an object {\"max_cost_usd\": number >= 0, \"max_tokens\": integer >= 0}.";
-/// A budget is configured but the embedder gave the delegator no budget store.
-pub const NO_BUDGET_STORE: &str = "A delegation budget is configured, but this delegate_task has no budget store to enforce it; refusing rather than spending unmetered.";
 /// The budget's root cannot be proven: refused rather than billed to a
 /// budget of its own.
 pub fn budget_root_unknown(payer: &str, why: &str) -> String {

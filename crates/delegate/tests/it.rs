@@ -32,10 +32,7 @@ fn tool_over(
     config: DelegationConfig,
 ) -> Delegator {
     Delegator::new(DelegatorParts {
-        registry: store.clone(),
-        sessions: store.clone(),
-        ledger: store.clone(),
-        budgets: Some(store.clone()),
+        backend: retinue_core::Backend::of(store.clone()),
         authority: Arc::new(Authority::new(store.clone(), store.clone(), "")),
         runtime: runtime.clone(),
         completions: Some(sink.clone()),
@@ -673,7 +670,9 @@ mod seams {
     use std::sync::Arc;
 
     use retinue_config::DelegationConfig;
-    use retinue_core::{Error, Lookup, MockRegistry, MockSessionStore, MockUsageLedger};
+    use retinue_core::{
+        Error, Lookup, MockBudgets, MockRegistry, MockSessionStore, MockUsageLedger,
+    };
     use retinue_delegate::{Delegator, DelegatorParts, MockChildRuntime, ParentContext};
     use retinue_lineage::{MockLineageAuthority, Resolution};
     use serde_json::json;
@@ -685,11 +684,19 @@ mod seams {
     ) -> Delegator {
         let mut sessions = MockSessionStore::new();
         sessions.expect_session().returning(|_| Ok(None));
+        let sessions = Arc::new(sessions);
+        // No budget is configured: the budget store is only asked for roots.
+        let mut budgets = MockBudgets::new();
+        budgets.expect_budget_root_of().returning(|_| Ok(None));
+        budgets.expect_join_budget().returning(|_, _| Ok(()));
         Delegator::new(DelegatorParts {
-            registry: Arc::new(registry),
-            sessions: Arc::new(sessions),
-            ledger: Arc::new(MockUsageLedger::new()),
-            budgets: None,
+            backend: retinue_core::Backend {
+                registry: Arc::new(registry),
+                sessions: sessions.clone(),
+                graph: sessions,
+                ledger: Arc::new(MockUsageLedger::new()),
+                budgets: Arc::new(budgets),
+            },
             authority: Arc::new(authority),
             runtime: Arc::new(runtime),
             completions: None,
@@ -713,7 +720,10 @@ mod seams {
         let mut runtime = MockChildRuntime::new();
         runtime.expect_build().never();
         runtime.expect_run().never();
-        let out = tool(registry, MockLineageAuthority::new(), runtime)
+        // The spawn proves its budget root (the parent's lineage root) first.
+        let mut authority = MockLineageAuthority::new();
+        authority.expect_root().returning(|s| Ok(s.to_owned()));
+        let out = tool(registry, authority, runtime)
             .delegate_task(&json!({"goal": "anything"}), Some(&parent()));
         assert_eq!(out, json!({"error": "Failed to persist delegation; no child was started."}));
     }
@@ -985,10 +995,7 @@ mod sinks {
         let mut refusing = MockCompletionSink::new();
         refusing.expect_deliver().times(1).returning(|_| false);
         let tool = Delegator::new(DelegatorParts {
-            registry: fx.store.clone(),
-            sessions: fx.store.clone(),
-            ledger: fx.store.clone(),
-            budgets: Some(fx.store.clone()),
+            backend: retinue_core::Backend::of(fx.store.clone()),
             authority: Arc::new(Authority::new(fx.store.clone(), fx.store.clone(), "")),
             runtime: Arc::new(ScriptedRuntime::new()),
             completions: Some(Arc::new(refusing)),
@@ -1019,10 +1026,7 @@ fn parts_over(
     config: DelegationConfig,
 ) -> DelegatorParts {
     DelegatorParts {
-        registry: fx.store.clone(),
-        sessions: fx.store.clone(),
-        ledger: fx.store.clone(),
-        budgets: Some(fx.store.clone()),
+        backend: retinue_core::Backend::of(fx.store.clone()),
         authority: Arc::new(Authority::new(fx.store.clone(), fx.store.clone(), "")),
         runtime,
         completions: None,
@@ -1165,10 +1169,10 @@ mod budget_seam {
 
     fn tool(fx: &Fx, budgets: MockBudgets, runtime: Arc<ScriptedRuntime>) -> Delegator {
         Delegator::new(DelegatorParts {
-            registry: fx.store.clone(),
-            sessions: fx.store.clone(),
-            ledger: fx.store.clone(),
-            budgets: Some(Arc::new(budgets)),
+            backend: retinue_core::Backend {
+                budgets: Arc::new(budgets),
+                ..retinue_core::Backend::of(fx.store.clone())
+            },
             authority: Arc::new(Authority::new(fx.store.clone(), fx.store.clone(), "")),
             runtime,
             completions: None,
@@ -1419,9 +1423,13 @@ mod budget_tree {
         let config = limit(Some(0.015), None);
         let fx = Fx::with(config.clone(), ScriptedRuntime::new());
         fx.session("A", "cli", None, None);
+        let parts = super::parts_over(&fx, Arc::new(ScriptedRuntime::new()), config);
         let tool = Delegator::new(DelegatorParts {
-            ledger: Arc::new(BrokenLedger(fx.store.clone())),
-            ..super::parts_over(&fx, Arc::new(ScriptedRuntime::new()), config)
+            backend: retinue_core::Backend {
+                ledger: Arc::new(BrokenLedger(fx.store.clone())),
+                ..parts.backend.clone()
+            },
+            ..parts
         });
         let out = tool.delegate_task(&json!({"goal": "g"}), Some(&parent("A")));
         assert_eq!(out["results"][0]["status"], "completed", "{out}");

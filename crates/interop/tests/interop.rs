@@ -362,10 +362,7 @@ fn lineage_agrees_with_hermes() {
 
 fn delegator(store: &Arc<Store>, runtime: &Arc<ScriptedRuntime>) -> Delegator {
     Delegator::new(DelegatorParts {
-        registry: store.clone(),
-        sessions: store.clone(),
-        ledger: store.clone(),
-        budgets: Some(store.clone()),
+        backend: retinue_core::Backend::of(store.clone()),
         authority: Arc::new(Authority::new(store.clone(), store.clone(), "")),
         runtime: runtime.clone(),
         completions: Some(Arc::new(RecordingSink::default())),
@@ -666,10 +663,7 @@ fn child_with_tool_turns(store: &Arc<Store>, parent_session: &str) -> Value {
     let toolbox = Arc::new(retinue_tools::Toolbox::new(retinue_tools::ToolboxConfig::default()));
     let runtime = Arc::new(retinue_runtime::ChatRuntime::new(config, toolbox).expect("runtime"));
     let tool = Delegator::new(DelegatorParts {
-        registry: store.clone(),
-        sessions: store.clone(),
-        ledger: store.clone(),
-        budgets: Some(store.clone()),
+        backend: retinue_core::Backend::of(store.clone()),
         authority: Arc::new(Authority::new(store.clone(), store.clone(), "")),
         runtime,
         completions: None,

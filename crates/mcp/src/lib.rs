@@ -28,7 +28,6 @@ use std::sync::Arc;
 
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
-use retinue_core::{Registry, SessionStore, UsageLedger};
 use retinue_delegate::Delegator;
 use retinue_lineage::LineageAuthority;
 use rmcp::ServiceExt;
@@ -51,17 +50,11 @@ pub use tools::{
 pub type Unavailable = Arc<dyn std::error::Error + Send + Sync>;
 
 /// The collaborators the server works through (the composition root wires
-/// them: a `Store` serves as registry, sessions and ledger).
+/// them).
 #[derive(Clone)]
 pub struct McpParts {
-    /// Units and retention.
-    pub registry: Arc<dyn Registry>,
-    /// Sessions and transcripts.
-    pub sessions: Arc<dyn SessionStore>,
-    /// The usage ledger.
-    pub ledger: Arc<dyn UsageLedger>,
-    /// Budget reservations (for `subagent_usage`'s budget report).
-    pub budgets: Option<Arc<dyn retinue_core::Budgets>>,
+    /// The storage backend (registry, sessions, ledger, budgets).
+    pub backend: retinue_core::Backend,
     /// `delegation.budget`: the lineage's spending cap (unlimited = none).
     pub budget: retinue_core::BudgetLimit,
     /// Follow-up authority: the rules `delegate_task` applies.

@@ -207,7 +207,8 @@ impl Scoped<'_> {
 
     /// The ids of this session's compression lineage (root first), and whether it resolved.
     fn lineage(&self) -> (Vec<String>, bool) {
-        match retinue_lineage::lineage_sessions(self.parts.sessions.as_ref(), self.session) {
+        match retinue_lineage::lineage_sessions(self.parts.backend.sessions.as_ref(), self.session)
+        {
             Ok(ids) if !ids.is_empty() => (ids, true),
             _ => (vec![self.session.to_owned()], false),
         }
@@ -220,7 +221,7 @@ impl Scoped<'_> {
     ) -> Result<BTreeMap<String, ChildUsage>, ToolError> {
         let mut out: BTreeMap<String, ChildUsage> = BTreeMap::new();
         for s in sessions {
-            for row in load_child_usage_attributions(self.parts.ledger.as_ref(), s)? {
+            for row in load_child_usage_attributions(self.parts.backend.ledger.as_ref(), s)? {
                 let u = out.entry(row.child_session_id.clone()).or_default();
                 u.runs += 1;
                 u.totals = u.totals.plus(fold_usage(&row.usage));
@@ -246,7 +247,7 @@ impl Scoped<'_> {
         if child_session_id.is_empty() {
             return None;
         }
-        let messages = match self.parts.sessions.conversation(child_session_id) {
+        let messages = match self.parts.backend.sessions.conversation(child_session_id) {
             Ok(m) => m,
             Err(e) => {
                 log::warn!("reading the transcript of {child_session_id}: {e}");
@@ -312,7 +313,7 @@ impl Scoped<'_> {
             Some(r) if !r.is_empty() && r != "manual" => TombstoneReason::Other(r.to_owned()),
             _ => TombstoneReason::Manual,
         };
-        if !self.parts.registry.tombstone_retained_child(&id, &reason)? {
+        if !self.parts.backend.registry.tombstone_retained_child(&id, &reason)? {
             // Pruned or tombstoned by someone else in between.
             return Err(ToolError(texts::not_addressable(&id)));
         }
@@ -337,8 +338,9 @@ impl Scoped<'_> {
 
     /// `subagent_usage`.
     pub(crate) fn usage(&self) -> Result<Value, ToolError> {
-        let walk = CompressionWalk::new(self.parts.sessions.as_ref());
-        let lineage = load_lineage_usage_totals(self.parts.ledger.as_ref(), &walk, self.session)?;
+        let walk = CompressionWalk::new(self.parts.backend.sessions.as_ref());
+        let lineage =
+            load_lineage_usage_totals(self.parts.backend.ledger.as_ref(), &walk, self.session)?;
         let by_child = self.usage_by_child(&lineage.sessions)?;
         let mut children = Vec::new();
         for (child_session_id, u) in &by_child {
@@ -366,9 +368,8 @@ impl Scoped<'_> {
             "children": children,
         });
         // The lineage budget (delegation.budget): limit, spent, reserved, remaining.
-        if let Some(budgets) = &self.parts.budgets
-            && !self.parts.budget.is_unlimited()
-        {
+        if !self.parts.budget.is_unlimited() {
+            let budgets = &self.parts.backend.budgets;
             let root = lineage.sessions.first().cloned().unwrap_or_else(|| self.session.to_owned());
             match budgets.budget_status(&root, &lineage.sessions, self.parts.budget) {
                 Ok(status) => out["budget"] = retinue_usage::budget_json(&status),

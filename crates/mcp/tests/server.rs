@@ -90,10 +90,7 @@ fn server(
             .unwrap();
     let authority = Arc::new(Authority::new(store.clone(), store.clone(), ""));
     let delegator = Delegator::new(DelegatorParts {
-        registry: store.clone(),
-        sessions: store.clone(),
-        ledger: store.clone(),
-        budgets: Some(store.clone()),
+        backend: retinue_core::Backend::of(store.clone()),
         authority: authority.clone(),
         runtime: Arc::new(runtime),
         completions: None,
@@ -102,10 +99,7 @@ fn server(
     });
     let parent = retinue_mcp::resolve_session(store.as_ref(), choice, "").unwrap();
     let parts = McpParts {
-        registry: store.clone(),
-        sessions: store.clone(),
-        ledger: store.clone(),
-        budgets: Some(store.clone()),
+        backend: retinue_core::Backend::of(store.clone()),
         budget: config_budget,
         authority,
         delegator: Ok(delegator),

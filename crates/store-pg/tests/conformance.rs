@@ -54,11 +54,7 @@ fn pg_backend(url: &str, d: DelegationConfig) -> Backend {
     let (url3, schema3, clock3) = (url.to_owned(), schema.clone(), clock.clone());
     let died = clock.clone();
     Backend {
-        registry: store.clone(),
-        sessions: store.clone(),
-        graph: store.clone(),
-        ledger: store.clone(),
-        budgets: store,
+        seams: retinue_core::Backend::of(store),
         clock,
         probe: Arc::new(DeadPids::default()),
         owner_pid: Some(3_999_999),

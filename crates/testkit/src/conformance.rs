@@ -24,10 +24,10 @@ use std::sync::{Arc, Mutex};
 
 use retinue_config::{DelegationConfig, LoadedConfig};
 use retinue_core::{
-    AttributionDraft, BudgetLimit, Budgets, ChildManifest, Completion, DeliveryFilter, LEASE_SECS,
-    Lookup, ManualClock, Message, NewSession, OwnerProbe, ProcessState, Registry, Reservation,
-    ReservationDraft, ResumeClaim, SessionGraph, SessionStore, Spend, TombstoneReason,
-    TotalsUpdate, Unaddressable, UnitDraft, UsageLedger, UsageSwap, UsageTotals,
+    AttributionDraft, BudgetLimit, ChildManifest, Completion, DeliveryFilter, LEASE_SECS, Lookup,
+    ManualClock, Message, NewSession, OwnerProbe, ProcessState, Registry, Reservation,
+    ReservationDraft, ResumeClaim, Spend, TombstoneReason, TotalsUpdate, Unaddressable, UnitDraft,
+    UsageSwap, UsageTotals,
 };
 use retinue_store::StoreOptions;
 use serde_json::json;
@@ -37,16 +37,9 @@ use crate::{T0, TempHome};
 /// One storage backend under test: every seam on the same storage, plus the
 /// controls the suite needs (time, owner death, a second process).
 pub struct Backend {
-    /// The registry (all four roles).
-    pub registry: Arc<dyn Registry>,
-    /// Sessions and transcripts.
-    pub sessions: Arc<dyn SessionStore>,
-    /// The session graph.
-    pub graph: Arc<dyn SessionGraph>,
-    /// The usage ledger.
-    pub ledger: Arc<dyn UsageLedger>,
-    /// Budget reservations over the ledger.
-    pub budgets: Arc<dyn Budgets>,
+    /// Every seam of the backend under test (`b.registry` and the like
+    /// read through `Deref`).
+    pub seams: retinue_core::Backend,
     /// The clock every handle of this backend reads.
     pub clock: Arc<ManualClock>,
     /// The liveness probe to pass to recovery.
@@ -64,6 +57,14 @@ pub struct Backend {
     pub open_as: TenantOpener,
     /// Keeps the storage alive (temp dir, scratch schema) until the backend drops.
     pub guard: Box<dyn Any + Send + Sync>,
+}
+
+impl std::ops::Deref for Backend {
+    type Target = retinue_core::Backend;
+
+    fn deref(&self) -> &retinue_core::Backend {
+        &self.seams
+    }
 }
 
 /// Opens a handle on a backend's storage as another tenant: its profile
@@ -109,11 +110,7 @@ pub fn sqlite_backend(d: DelegationConfig) -> Backend {
     let tenant_clock = clock.clone();
     let dead = probe.clone();
     Backend {
-        registry: store.clone(),
-        sessions: store.clone(),
-        graph: store.clone(),
-        ledger: store.clone(),
-        budgets: store,
+        seams: retinue_core::Backend::of(store),
         clock: clock.clone(),
         probe,
         owner_pid: Some(OWNER),

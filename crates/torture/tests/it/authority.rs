@@ -75,10 +75,7 @@ fn world(with_unit: bool) -> World {
 
 fn tool_over(store: &Arc<Store>, runtime: &Arc<ScriptedRuntime>) -> Delegator {
     Delegator::new(DelegatorParts {
-        registry: store.clone(),
-        sessions: store.clone(),
-        ledger: store.clone(),
-        budgets: Some(store.clone()),
+        backend: retinue_core::Backend::of(store.clone()),
         authority: Arc::new(Authority::new(store.clone(), store.clone(), "")),
         runtime: runtime.clone(),
         completions: Some(Arc::new(RecordingSink::default())),
@@ -183,10 +180,7 @@ fn a_foreign_profile_learns_nothing() {
 
 fn parts(w: &World) -> DelegatorParts {
     DelegatorParts {
-        registry: w.fx.store.clone(),
-        sessions: w.fx.store.clone(),
-        ledger: w.fx.store.clone(),
-        budgets: Some(w.fx.store.clone()),
+        backend: retinue_core::Backend::of(w.fx.store.clone()),
         authority: Arc::new(Authority::new(w.fx.store.clone(), w.fx.store.clone(), "")),
         runtime: w.runtime.clone(),
         completions: None,

@@ -183,10 +183,7 @@ fn store_err(e: retinue_usage::Error) -> retinue_core::Error {
 
 pub(crate) fn delegator(fx: &Fx) -> Delegator {
     Delegator::new(DelegatorParts {
-        registry: fx.store.clone(),
-        sessions: fx.store.clone(),
-        ledger: fx.store.clone(),
-        budgets: Some(fx.store.clone()),
+        backend: retinue_core::Backend::of(fx.store.clone()),
         authority: Arc::new(Authority::new(fx.store.clone(), fx.store.clone(), "")),
         runtime: Arc::new(ScriptedRuntime::new()),
         completions: Some(Arc::new(RecordingSink::default())),
