@@ -17,7 +17,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("retinue-config", &["retinue-core"]),
     ("retinue-store", &["retinue-core"]),
     ("retinue-store-pg", &["retinue-core"]),
-    ("retinue-testkit", &["retinue-core", "retinue-config", "retinue-store"]),
+    ("retinue-fake-model", &[]),
+    ("retinue-testkit", &["retinue-core", "retinue-config", "retinue-store", "retinue-fake-model"]),
     ("retinue-lineage", &["retinue-core"]),
     ("retinue-usage", &["retinue-core"]),
     ("retinue-delegate", &["retinue-core", "retinue-config", "retinue-lineage", "retinue-usage"]),
@@ -46,7 +47,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "retinue-mcp",
             "retinue-tools",
             "retinue-store-pg",
-            "retinue-testkit",
+            "retinue-fake-model",
         ],
     ),
     // The bench is a harness: it shares testkit's workload with the PostgreSQL bench.
@@ -363,12 +364,10 @@ fn check_graph(root: &Path, problems: &mut Vec<String>) {
             if dep_name.starts_with("retinue-") && normal && !allowed.contains(&dep_name) {
                 problems.push(format!("{name} may not depend on {dep_name}"));
             }
-            // The CLI's demo runs against testkit's fake model server; the
-            // bench (a harness, never shipped) shares testkit's workload.
-            if dep_name == "retinue-testkit"
-                && normal
-                && !["retinue-cli", "retinue-bench"].contains(&name)
-            {
+            // The release binary never carries the test kit (its demo takes
+            // the fake model server's own crate); the bench (a harness,
+            // never shipped) shares testkit's workload.
+            if dep_name == "retinue-testkit" && normal && name != "retinue-bench" {
                 problems.push(format!("{name}: retinue-testkit may only be a dev-dependency"));
             }
             if dep_name == "rusqlite" && normal && !SQLITE_CRATES.contains(&name) {

@@ -15,10 +15,10 @@ use retinue_core::{
     TombstoneReason, Unaddressable, UnitDraft, UnitLifecycle, current_owner, iso8601,
 };
 use retinue_delegate::ParentContext;
+use retinue_fake_model::{FakeModel, Reply, Usage};
 use retinue_lineage::{check_follow_up_authority, lineage_chain, root};
 use retinue_runtime::{ChatRuntime, RuntimeConfig};
 use retinue_store::{Store, StoreOptions};
-use retinue_testkit::fake_model::{FakeModel, Reply, Usage};
 use retinue_usage::{load_child_usage_attributions, load_lineage_usage_totals};
 use serde_json::{Value, json};
 

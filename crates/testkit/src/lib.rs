@@ -37,7 +37,7 @@ use retinue_store::{Store, StoreOptions};
 use serde_json::Value;
 
 pub mod conformance;
-pub mod fake_model;
+pub use retinue_fake_model as fake_model;
 pub mod hermes;
 pub mod workload;
 pub use fake_model::{FakeModel, FakeToolCall, RecordedRequest, Reply, Usage};

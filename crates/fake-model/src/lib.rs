@@ -1,8 +1,11 @@
-//! A fake OpenAI-compatible model server: `POST …/chat/completions` on
-//! `127.0.0.1` at an ephemeral port, answering from a script.
+//! `retinue-fake-model`: a fake OpenAI-compatible model server — `POST
+//! …/chat/completions` on `127.0.0.1` at an ephemeral port, answering from a
+//! script. Its own small crate (std and serde_json only), so the release
+//! binary's `retinue demo` carries it without the rest of the test kit
+//! (`retinue-testkit` re-exports it as `fake_model` for the tests).
 //!
 //! ```
-//! use retinue_testkit::fake_model::{FakeModel, Reply, Usage};
+//! use retinue_fake_model::{FakeModel, Reply, Usage};
 //! let server = FakeModel::start();
 //! server.push(Reply::tool_call("call_1", "read_file", serde_json::json!({"path": "a.txt"})));
 //! server.push(Reply::text("done").with_usage(Usage::new(120, 8).cost(0.0004)));
