@@ -11,8 +11,8 @@ use retinue_core::{
     TombstoneReason, Unaddressable, UsageAttribution, UsageTotals, iso8601,
 };
 use retinue_delegate::{
-    CancelToken, ChildRuntime, DelegateError, DelegateRequest, Delegator, DelegatorParts,
-    ErrorKind, ParentContext,
+    CancelToken, ChildRuntime, DelegateError, DelegateOutcome, DelegateRequest, Delegator,
+    DelegatorParts, ErrorKind, FollowUp, ParentContext, SpawnRequest, TaskSpec,
 };
 use retinue_lineage::{Authority, Denial, check_follow_up_authority, lineage_chain, list_for};
 use retinue_runtime::{ChatRuntime, RuntimeConfig};
@@ -459,44 +459,35 @@ fn delegate_error_kind(e: &DelegateError) -> &'static str {
 }
 
 /// The human rendering of a `delegate_task` result.
-pub(crate) fn delegate_human(out: &Value) -> String {
-    let s = |v: &Value, k: &str| v.get(k).and_then(Value::as_str).unwrap_or("-").to_owned();
-    let mut text = String::new();
-    if out.get("mode").and_then(Value::as_str) == Some("follow_up") {
-        text.push_str(&format!(
+pub(crate) fn delegate_human(outcome: Option<&DelegateOutcome>) -> String {
+    let mut text = match outcome {
+        Some(DelegateOutcome::FollowedUp(f)) => format!(
             "follow-up on {} (session {}, delegation {})\n",
-            s(out, "child_id"),
-            s(out, "child_session_id"),
-            s(out, "delegation_id")
-        ));
-    } else {
-        text.push_str(&format!("delegation {}\n", s(out, "delegation_id")));
-    }
+            f.child_id, f.child_session_id, f.delegation_id
+        ),
+        Some(DelegateOutcome::Steered { child_id }) => {
+            format!("follow-up on {child_id} (session -, delegation -)\n")
+        }
+        Some(DelegateOutcome::Completed(u)) => format!("delegation {}\n", u.delegation_id),
+        Some(DelegateOutcome::Dispatched(d)) => format!("delegation {}\n", d.delegation_id),
+        None => "delegation -\n".to_owned(),
+    };
     let mut t = Table::new(&["TASK", "STATUS", "SUBAGENT", "CHILD SESSION", "TOKENS", "SUMMARY"]);
-    for r in out.get("results").and_then(Value::as_array).into_iter().flatten() {
-        let tokens = r.get("tokens").cloned().unwrap_or(Value::Null);
-        let summary = r
-            .get("summary")
-            .and_then(Value::as_str)
-            .or_else(|| r.get("error").and_then(Value::as_str))
-            .unwrap_or("-");
+    for r in outcome.map(DelegateOutcome::results).unwrap_or_default() {
+        let summary = r.summary.as_deref().or(r.error.as_deref()).unwrap_or("-");
         t.row(vec![
-            r.get("task_index").map_or_else(|| "-".to_owned(), Value::to_string),
-            s(r, "status"),
-            s(r, "subagent_id"),
-            s(r, "child_session_id"),
-            format!(
-                "{}/{}",
-                tokens.get("input").unwrap_or(&Value::Null),
-                tokens.get("output").unwrap_or(&Value::Null)
-            ),
+            r.task_index.to_string(),
+            r.status.to_string(),
+            r.subagent_id.clone(),
+            r.child_session_id.clone(),
+            format!("{}/{}", r.tokens.input, r.tokens.output),
             clip(summary, 60),
         ]);
     }
     if !t.is_empty() {
         text.push_str(&t.render());
     }
-    if let Some(note) = out.get("note").and_then(Value::as_str) {
+    if let Some(note) = outcome.and_then(DelegateOutcome::note) {
         text.push_str(&format!("note: {note}\n"));
     }
     text
@@ -618,26 +609,42 @@ fn new_parent(store: &dyn SessionStore) -> Result<String> {
     Ok(id)
 }
 
+/// The typed request of `retinue delegate`'s flags (hermes's checks and
+/// texts: a follow-up needs a target and a goal; a spawn takes `--tasks`
+/// when it lists any, else `--goal`).
+fn delegate_request(args: &DelegateArgs) -> std::result::Result<DelegateRequest, DelegateError> {
+    if let Some(target) = &args.follow_up {
+        return FollowUp::new(target, args.goal.as_deref(), None).map(DelegateRequest::FollowUp);
+    }
+    let items = match &args.tasks {
+        None | Some(Value::Null) => None,
+        Some(Value::Array(items)) => Some(items.as_slice()),
+        Some(_) => {
+            return Err(DelegateError::InvalidArguments(
+                retinue_delegate::texts::TASKS_NOT_ARRAY.to_owned(),
+            ));
+        }
+    };
+    let tasks = TaskSpec::list(items, args.goal.as_deref(), None, usize::MAX)?;
+    Ok(DelegateRequest::Spawn(SpawnRequest {
+        tasks,
+        role: retinue_core::Role::Leaf,
+        background: false,
+        budget: retinue_core::BudgetLimit::default(),
+        toolsets: args
+            .toolsets
+            .as_ref()
+            .map(|t| t.iter().map(|name| name.trim().to_owned()).collect()),
+    }))
+}
+
 /// `retinue delegate [--parent SESSION] (--goal TEXT | --tasks JSON) [--follow-up ID]
 /// [--model M] [--base-url URL]`.
 pub(crate) fn delegate(env: &Env, args: &DelegateArgs) -> Result<Output> {
     let (runtime, config, toolbox) = configured_runtime(env, args)?;
     let workspace = workspace_of(args)?;
     // The arguments are checked before anything is written.
-    let mut call = serde_json::Map::new();
-    if let Some(goal) = &args.goal {
-        call.insert("goal".into(), json!(goal));
-    }
-    if let Some(tasks) = &args.tasks {
-        call.insert("tasks".into(), tasks.clone());
-    }
-    if let Some(target) = &args.follow_up {
-        call.insert("follow_up".into(), json!(target));
-    }
-    if let Some(t) = &args.toolsets {
-        call.insert("toolsets".into(), json!(t));
-    }
-    let request = match DelegateRequest::from_json(&Value::Object(call)) {
+    let request = match delegate_request(args) {
         Ok(r) => r,
         Err(e) => {
             return Ok(Output {
@@ -695,7 +702,7 @@ pub(crate) fn delegate(env: &Env, args: &DelegateArgs) -> Result<Output> {
             Err(e) => json!({ "error": e.to_string() }),
         };
         out["interrupted"] = json!(true);
-        let human = delegate_human(&out);
+        let human = delegate_human(outcome.as_ref().ok());
         return Ok(Output {
             human,
             json: Some(out),
@@ -706,7 +713,7 @@ pub(crate) fn delegate(env: &Env, args: &DelegateArgs) -> Result<Output> {
     Ok(match outcome {
         Ok(outcome) => {
             let mut out = outcome.to_json();
-            let mut human = delegate_human(&out);
+            let mut human = delegate_human(Some(&outcome));
             if created {
                 out["parent_session_id"] = json!(parent_id);
                 human = format!(

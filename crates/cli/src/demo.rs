@@ -14,7 +14,7 @@ use retinue_core::{
     ProcProbe, ProcessState, RegistryRead, RetainedChild, Retention, SessionStore, SystemClock,
     TombstoneReason, Unaddressable, UnitDraft, UnitLifecycle, current_owner, iso8601,
 };
-use retinue_delegate::ParentContext;
+use retinue_delegate::{CancelToken, DelegateOutcome, DelegateRequest, Delegator, ParentContext};
 use retinue_fake_model::{FakeModel, Reply, Usage};
 use retinue_lineage::{check_follow_up_authority, lineage_chain, root};
 use retinue_runtime::{ChatRuntime, RuntimeConfig};
@@ -188,11 +188,19 @@ fn failed(what: &str, detail: impl std::fmt::Display) -> CliError {
     CliError::Failed(format!("demo: {what}: {detail}"))
 }
 
-fn tool_ok(what: &str, out: Value) -> Result<Value> {
-    match out.get("error").and_then(Value::as_str) {
-        Some(e) => Err(failed(what, e)),
-        None => Ok(out),
-    }
+/// One `delegate_task` call as a model makes it (`args` is the tool call's
+/// JSON), through the typed core: the outcome and the tool's JSON result.
+fn call_tool(
+    what: &str,
+    tool: &Delegator,
+    args: &Value,
+    parent: &ParentContext,
+) -> Result<(DelegateOutcome, Value)> {
+    let request = DelegateRequest::from_json(args).map_err(|e| failed(what, e))?;
+    let outcome =
+        tool.delegate(&request, parent, &CancelToken::new()).map_err(|e| failed(what, e))?;
+    let out = outcome.to_json();
+    Ok((outcome, out))
 }
 
 fn parent_ctx(session: &str) -> ParentContext {
@@ -325,8 +333,7 @@ fn run_story(env: &Env, home: Option<&Path>) -> Result<Output> {
         .and_then(|()| std::fs::write(workspace.join(NOTES_FILE), NOTES))
         .map_err(|e| failed("cannot write the demo's workspace", e))?;
     let parent = ParentContext { workspace: Some(workspace.clone()), ..parent_ctx(PARENT) };
-    let out =
-        tool_ok("delegate_task", tool.delegate_task(&json!({ "tasks": tasks }), Some(&parent)))?;
+    let (outcome, out) = call_tool("delegate_task", &tool, &json!({ "tasks": tasks }), &parent)?;
     let delegation_id = str_at(&out, &["delegation_id"]).to_owned();
     let results = out.get("results").and_then(Value::as_array).cloned().unwrap_or_default();
     let ids: Vec<(String, String)> = results
@@ -350,7 +357,7 @@ fn run_story(env: &Env, home: Option<&Path>) -> Result<Output> {
                  transcript keeps the tool call and its result). The results:",
                 workspace.display()
             )),
-            delegate_human(&out)
+            delegate_human(Some(&outcome))
         ),
         json!({ "delegation_id": delegation_id, "result": out }),
     )?;
@@ -397,12 +404,11 @@ fn run_story(env: &Env, home: Option<&Path>) -> Result<Output> {
 
     // 5. Two days later, the continuation follows up one child.
     clock.advance(48.0 * HOUR);
-    let out = tool_ok(
+    let (outcome, out) = call_tool(
         "follow-up",
-        tool.delegate_task(
-            &json!({ "follow_up": sa0, "goal": FOLLOW_UP }),
-            Some(&ParentContext { workspace: Some(workspace.clone()), ..parent_ctx(CONTINUATION) }),
-        ),
+        &tool,
+        &json!({ "follow_up": sa0, "goal": FOLLOW_UP }),
+        &ParentContext { workspace: Some(workspace.clone()), ..parent_ctx(CONTINUATION) },
     )?;
     let transcript = store.conversation(&sid0)?;
     let mut t = Table::new(&["#", "ROLE", "CONTENT"]);
@@ -442,7 +448,7 @@ fn run_story(env: &Env, home: Option<&Path>) -> Result<Output> {
                 "{CONTINUATION} calls delegate_task(follow_up={sa0}, goal=…). No new child: \
                  {sa0} resumes on its own persisted session {sid0}, budget-exempt."
             )),
-            delegate_human(&out),
+            delegate_human(Some(&outcome)),
             para(&format!("Transcript of {sid0} (the follow-up is its next user turn):")),
             t.render(),
             para(&format!("Its retention clock restarted: retained_at = {refreshed}.")),

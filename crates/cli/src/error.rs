@@ -51,19 +51,18 @@ impl CliError {
 
     /// The kind of failure, as `--json` reports it under `"code"`.
     pub(crate) fn kind(&self) -> &'static str {
-        use retinue_core::Error as S;
+        use retinue_core::ErrorKind as K;
         match self {
             CliError::Usage(_) => "usage",
             CliError::NotFound(_) => "not_found",
             CliError::Failed(_) => "internal",
             CliError::Io(_) => "io",
-            CliError::Store(e) | CliError::Ledger(retinue_usage::Error::Store(e)) => match e {
-                S::Missing { .. } => "not_found",
-                S::Busy { .. } => "busy",
-                S::Corrupt { .. } | S::NotADatabase { .. } | S::MalformedRow { .. } => "corrupt",
-                S::ReadOnly { .. } => "read_only",
-                S::Io { .. } | S::DiskFull { .. } | S::NotAFile { .. } => "io",
-                S::Foreign { .. } => "corrupt",
+            CliError::Store(e) | CliError::Ledger(retinue_usage::Error::Store(e)) => match e.kind() {
+                K::Missing => "not_found",
+                K::Busy => "busy",
+                K::Corrupt | K::NotADatabase | K::MalformedRow => "corrupt",
+                K::ReadOnly => "read_only",
+                K::Io | K::DiskFull | K::NotAFile => "io",
                 _ => "internal",
             },
             CliError::Ledger(_) => "internal",

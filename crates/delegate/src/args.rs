@@ -40,17 +40,73 @@ pub fn parse_follow_up(args: &Value) -> Option<Result<FollowUp, DelegateError>> 
     let Some(target) = raw.as_str() else {
         return Some(Err(invalid(texts::FOLLOW_UP_NOT_STRING)));
     };
-    if target.trim().is_empty() {
-        return Some(Err(invalid(texts::FOLLOW_UP_BLANK)));
+    let text = |k: &str| args.get(k).and_then(Value::as_str);
+    Some(FollowUp::new(target, text("goal"), text("context")))
+}
+
+impl FollowUp {
+    /// A follow-up to `target` (non-blank) with `goal` (non-blank) and an
+    /// optional `context`, checked in hermes's order with hermes's texts.
+    pub fn new(
+        target: &str,
+        goal: Option<&str>,
+        context: Option<&str>,
+    ) -> Result<FollowUp, DelegateError> {
+        if target.trim().is_empty() {
+            return Err(invalid(texts::FOLLOW_UP_BLANK));
+        }
+        let clean = |s: Option<&str>| s.map(str::trim).filter(|s| !s.is_empty()).map(str::to_owned);
+        let Some(goal) = clean(goal) else {
+            return Err(invalid(texts::FOLLOW_UP_NO_GOAL));
+        };
+        let text = match clean(context) {
+            Some(ctx) => format!("{goal}\n\nContext: {ctx}"),
+            None => goal,
+        };
+        Ok(FollowUp { target: target.to_owned(), text })
     }
-    let Some(goal) = non_blank(args.get("goal")) else {
-        return Some(Err(invalid(texts::FOLLOW_UP_NO_GOAL)));
-    };
-    let text = match non_blank(args.get("context")) {
-        Some(ctx) => format!("{goal}\n\nContext: {ctx}"),
-        None => goal,
-    };
-    Some(Ok(FollowUp { target: target.to_owned(), text }))
+}
+
+impl TaskSpec {
+    /// The tasks of a spawn: the items of `tasks` (each an object with a
+    /// non-blank `goal`, optional `context` and `role`) when there are any,
+    /// else one task of `goal` and `context`; at most `max`. Checked in
+    /// hermes's order with hermes's texts.
+    pub fn list(
+        tasks: Option<&[Value]>,
+        goal: Option<&str>,
+        context: Option<&str>,
+        max: usize,
+    ) -> Result<Vec<TaskSpec>, DelegateError> {
+        let clean = |s: Option<&str>| s.map(str::trim).filter(|s| !s.is_empty()).map(str::to_owned);
+        let specs = match tasks {
+            Some(items) if !items.is_empty() => {
+                let mut specs = Vec::with_capacity(items.len());
+                for (i, item) in items.iter().enumerate() {
+                    let Some(obj) = item.as_object() else {
+                        return Err(invalid(texts::task_not_object(i)));
+                    };
+                    let Some(goal) = non_blank(obj.get("goal")) else {
+                        return Err(invalid(texts::task_missing_goal(i)));
+                    };
+                    specs.push(TaskSpec {
+                        goal,
+                        context: non_blank(obj.get("context")),
+                        role: non_blank(obj.get("role")),
+                    });
+                }
+                specs
+            }
+            _ => match clean(goal) {
+                Some(goal) => vec![TaskSpec { goal, context: clean(context), role: None }],
+                None => return Err(invalid(texts::NO_GOAL_OR_TASKS)),
+            },
+        };
+        if specs.len() > max {
+            return Err(invalid(texts::too_many_tasks(specs.len(), max)));
+        }
+        Ok(specs)
+    }
 }
 
 /// Reads the tasks of a spawn; `max` is `max_concurrent_children`.
@@ -64,35 +120,8 @@ pub fn parse_tasks(args: &Value, max: usize) -> Result<Vec<TaskSpec>, DelegateEr
         Some(Value::Array(items)) => Some(items.clone()),
         Some(_) => return Err(invalid(texts::TASKS_NOT_ARRAY)),
     };
-    let specs = match tasks {
-        Some(items) if !items.is_empty() => {
-            let mut specs = Vec::with_capacity(items.len());
-            for (i, item) in items.iter().enumerate() {
-                let Some(obj) = item.as_object() else {
-                    return Err(invalid(texts::task_not_object(i)));
-                };
-                let Some(goal) = non_blank(obj.get("goal")) else {
-                    return Err(invalid(texts::task_missing_goal(i)));
-                };
-                specs.push(TaskSpec {
-                    goal,
-                    context: non_blank(obj.get("context")),
-                    role: non_blank(obj.get("role")),
-                });
-            }
-            specs
-        }
-        _ => match non_blank(args.get("goal")) {
-            Some(goal) => {
-                vec![TaskSpec { goal, context: non_blank(args.get("context")), role: None }]
-            }
-            None => return Err(invalid(texts::NO_GOAL_OR_TASKS)),
-        },
-    };
-    if specs.len() > max {
-        return Err(invalid(texts::too_many_tasks(specs.len(), max)));
-    }
-    Ok(specs)
+    let text = |k: &str| args.get(k).and_then(Value::as_str);
+    TaskSpec::list(tasks.as_deref(), text("goal"), text("context"), max)
 }
 
 #[cfg(test)]

@@ -155,6 +155,21 @@ pub enum ErrorKind {
     Failed,
 }
 
+impl ErrorKind {
+    /// The kind as a stable machine-readable code (`usage`, `denied`,
+    /// `limit`, `not_found`, `busy`, `failed`), as the MCP server reports it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::Usage => "usage",
+            ErrorKind::Denied => "denied",
+            ErrorKind::Limit => "limit",
+            ErrorKind::NotFound => "not_found",
+            ErrorKind::Busy => "busy",
+            ErrorKind::Failed => "failed",
+        }
+    }
+}
+
 impl DelegateError {
     /// The class of this error.
     pub fn kind(&self) -> ErrorKind {

@@ -238,6 +238,20 @@ impl DelegateOutcome {
         }
     }
 
+    /// The note the tool's result carries (`note`), if any.
+    pub fn note(&self) -> Option<&str> {
+        match self {
+            DelegateOutcome::Completed(u) => u.note.as_deref(),
+            DelegateOutcome::Dispatched(_) => Some(texts::BACKGROUND_NOTE),
+            DelegateOutcome::FollowedUp(f) => Some(if f.budget.is_some() {
+                texts::RESUME_NOTE_CHARGED
+            } else {
+                texts::RESUME_NOTE
+            }),
+            DelegateOutcome::Steered { .. } => None,
+        }
+    }
+
     /// The child reports this outcome carries.
     pub fn results(&self) -> &[ChildReport] {
         match self {

@@ -85,6 +85,15 @@ fn error_result(message: &str) -> CallToolResult {
     CallToolResult::error(vec![ContentBlock::text(message.to_owned())])
 }
 
+/// A `delegate_task` error: its text (hermes's wire text) for the model,
+/// and `{"error", "code"}` with the error's kind for the host to branch on.
+fn delegate_error_result(e: &retinue_delegate::DelegateError) -> CallToolResult {
+    let mut result = error_result(&e.to_string());
+    result.structured_content =
+        Some(serde_json::json!({ "error": e.to_string(), "code": e.kind().as_str() }));
+    result
+}
+
 impl RetinueServer {
     /// A server acting as parent session `session` (see
     /// [`crate::resolve_session`]); `project` is the directory it belongs to,
@@ -191,7 +200,7 @@ impl RetinueServer {
         };
         let request = match DelegateRequest::from_json(&Value::Object(args)) {
             Ok(r) => r,
-            Err(e) => return error_result(&e.to_string()),
+            Err(e) => return delegate_error_result(&e),
         };
         let children = match &request {
             DelegateRequest::Spawn(s) => s.tasks.len(),
@@ -259,7 +268,7 @@ impl RetinueServer {
                 }
                 result
             }
-            Ok(Err(e)) => error_result(&e.to_string()),
+            Ok(Err(e)) => delegate_error_result(&e),
             Err(e) => {
                 log::error!("delegate_task failed: {e}");
                 error_result("internal error: the delegation did not finish")

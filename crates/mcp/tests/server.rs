@@ -297,8 +297,11 @@ async fn the_story_over_mcp() {
     );
 
     // Bad arguments are tool errors with the tool's own texts.
-    let bad = err_text(&call(&client, "delegate_task", json!({"tasks": "nope"})).await);
+    let bad_call = call(&client, "delegate_task", json!({"tasks": "nope"})).await;
+    let bad = err_text(&bad_call);
     assert!(!bad.is_empty());
+    // The host gets the error's kind to branch on, beside hermes's text.
+    assert_eq!(bad_call.structured_content, Some(json!({"error": bad, "code": "usage"})));
     assert!(
         err_text(&call(&client, "show_subagent", json!({})).await)
             .contains("missing argument `id`")
