@@ -57,7 +57,8 @@ impl CliError {
             CliError::NotFound(_) => "not_found",
             CliError::Failed(_) => "internal",
             CliError::Io(_) => "io",
-            CliError::Store(e) | CliError::Ledger(retinue_usage::Error::Store(e)) => match e.kind() {
+            CliError::Store(e) | CliError::Ledger(retinue_usage::Error::Store(e)) => match e.kind()
+            {
                 K::Missing => "not_found",
                 K::Busy => "busy",
                 K::Corrupt | K::NotADatabase | K::MalformedRow => "corrupt",

@@ -172,6 +172,9 @@ vocabulary! {
         LedgerWriteFailed => "kept as spent: the ledger write failed",
         /// Kept as spent: the owning process is gone.
         OwnerGone => "kept as spent: owner gone",
+        /// Kept as spent: its run ended on an unexpected path (a panic, a
+        /// thread that could not start) after spending.
+        Abandoned => "kept as spent: the run was abandoned",
     }
 }
 

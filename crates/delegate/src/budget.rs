@@ -18,6 +18,11 @@ use crate::error::DelegateError;
 use crate::runtime::{BudgetMeter, CancelToken, MeterStore};
 
 /// A held reservation and the meter its runs charge.
+///
+/// A guard: settled ([`Held::settle`]) or released ([`Held::release`]) on
+/// the paths that finish, and on any other (an early return, a panic, a
+/// thread that could not start) closed when dropped — kept as spent when
+/// its runs spent anything, else released. Never left open.
 pub(crate) struct Held {
     id: String,
     meter: Arc<BudgetMeter>,
@@ -25,6 +30,33 @@ pub(crate) struct Held {
     sessions: Vec<String>,
     limit: BudgetLimit,
     budgets: Arc<dyn Budgets>,
+    /// Still open (neither settled nor released).
+    open: bool,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if !self.open {
+            return;
+        }
+        self.open = false;
+        let spent = self.meter.spent();
+        let inflight = self.meter.close();
+        let done = if spent == Spend::default() && inflight == Spend::default() {
+            self.budgets.settle(&self.id, &SettleReason::NothingRan)
+        } else {
+            // What ran (or may still be in flight) is never given back.
+            let hold = Spend {
+                cost_usd: spent.cost_usd + inflight.cost_usd,
+                tokens: spent.tokens.saturating_add(inflight.tokens),
+            };
+            let _ = self.budgets.set_hold(&self.id, hold);
+            self.budgets.keep_as_spent(&self.id, &SettleReason::Abandoned)
+        };
+        if let Err(e) = done {
+            log::warn!("could not close abandoned budget reservation {}: {e}", self.id);
+        }
+    }
 }
 
 /// The least a run needs of a dollar budget: a lineage with nothing left
@@ -182,7 +214,7 @@ pub(crate) fn reserve(
         let store = MeterStore { budgets: Arc::clone(&budgets), reservation: id.clone(), draft };
         BudgetMeter::with_store(cap, store, granted)
     };
-    Ok(Some(Held { id, meter, root, sessions, limit: lineage_limit, budgets }))
+    Ok(Some(Held { id, meter, root, sessions, limit: lineage_limit, budgets, open: true }))
 }
 
 impl Held {
@@ -195,7 +227,8 @@ impl Held {
     /// (`ledger_ok`), or keeps it as spent when they could not be (never
     /// given back as free), and returns the lineage budget as the result
     /// reports it.
-    pub(crate) fn settle(self, ledger_ok: bool) -> Option<BudgetStatus> {
+    pub(crate) fn settle(mut self, ledger_ok: bool) -> Option<BudgetStatus> {
+        self.open = false;
         let inflight = self.meter.close();
         let done = if ledger_ok && inflight == Spend::default() {
             self.budgets.settle(&self.id, &SettleReason::Settled)
@@ -234,7 +267,8 @@ impl Held {
     }
 
     /// Gives the reservation back without a run (nothing was started).
-    pub(crate) fn release(self) {
+    pub(crate) fn release(mut self) {
+        self.open = false;
         if let Err(e) = self.budgets.settle(&self.id, &SettleReason::NothingRan) {
             log::warn!("could not release budget reservation {}: {e}", self.id);
         }

@@ -97,14 +97,44 @@ pub(crate) fn run(
             return Err(not_addressable());
         }
     };
-    let out = resume(inner, fu, parent, &entry, &token, cancel);
-    if out.is_err()
-        && let Err(e) =
-            parts.backend.registry.release_resume(&entry.delegation_id, entry.child_index, &token)
-    {
-        log::warn!("could not release the resume claim of {}: {e}", entry.delegation_id);
+    let claim = ClaimGuard {
+        registry: Arc::clone(&parts.backend.registry),
+        delegation_id: entry.delegation_id.clone(),
+        child_index: entry.child_index,
+        token,
+        held: true,
+    };
+    resume(inner, fu, parent, &entry, claim, cancel)
+}
+
+/// A held resume claim, released when dropped unless the follow-up's
+/// finish released it: on every path (an error, a panic) exactly once.
+struct ClaimGuard {
+    registry: Arc<dyn retinue_core::Registry>,
+    delegation_id: String,
+    child_index: u32,
+    token: String,
+    held: bool,
+}
+
+impl ClaimGuard {
+    /// The finish released the claim (with the unit's refresh).
+    fn finished(mut self) {
+        self.held = false;
     }
-    out
+}
+
+impl Drop for ClaimGuard {
+    fn drop(&mut self) {
+        if !self.held {
+            return;
+        }
+        if let Err(e) =
+            self.registry.release_resume(&self.delegation_id, self.child_index, &self.token)
+        {
+            log::warn!("could not release the resume claim of {}: {e}", self.delegation_id);
+        }
+    }
 }
 
 /// The workspace a resumed child works in: the one it was spawned in
@@ -144,10 +174,12 @@ fn resume(
     fu: &FollowUp,
     parent: &ParentContext,
     entry: &RetainedChild,
-    token: &str,
+    claim: ClaimGuard,
     cancel: &CancelToken,
 ) -> Result<DelegateOutcome, DelegateError> {
     let parts = &inner.parts;
+    let token = claim.token.clone();
+    let token = token.as_str();
     let started = Instant::now();
     let transcript_error = |session: &str, e: retinue_core::Error| DelegateError::Transcript {
         session_id: session.to_owned(),
@@ -318,10 +350,10 @@ fn resume(
             break;
         }
     }
-    if let Err(e) = finished {
-        log::warn!("could not refresh {} after a follow-up: {e}", entry.delegation_id);
-        let _ =
-            parts.backend.registry.release_resume(&entry.delegation_id, entry.child_index, token);
+    match finished {
+        Ok(_) => claim.finished(),
+        // The claim's guard releases it.
+        Err(e) => log::warn!("could not refresh {} after a follow-up: {e}", entry.delegation_id),
     }
     let [result] = results;
     let budget = held.and_then(|h| h.settle(ledger_ok));

@@ -100,10 +100,33 @@ pub(crate) struct Inner {
     /// Draws `n` random bytes as hex for new ids (the OS source, or an
     /// embedder's own).
     pub(crate) ids: IdSource,
+    /// Starts a background unit's thread.
+    pub(crate) threads: ThreadStarter,
 }
 
 /// Draws the hex of `n` random bytes for a new subagent or session id.
 pub type IdSource = Arc<dyn Fn(usize) -> String + Send + Sync>;
+
+/// A background unit's body, run once on its own thread.
+pub type UnitBody = Box<dyn FnOnce() + Send>;
+
+/// Starts a named thread running a background unit ([`std::thread::Builder`]
+/// by default; an embedder's own policy, or a test's failure, otherwise).
+pub type ThreadStarter =
+    Arc<dyn Fn(String, UnitBody) -> std::io::Result<std::thread::JoinHandle<()>> + Send + Sync>;
+
+/// Starts `body` on a thread named `name` through the delegator's starter.
+pub(crate) fn spawn_thread(
+    inner: &Inner,
+    name: String,
+    body: UnitBody,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    (inner.threads)(name, body)
+}
+
+fn std_threads() -> ThreadStarter {
+    Arc::new(|name, body| std::thread::Builder::new().name(name).spawn(body))
+}
 
 /// The `delegate_task` tool. Cheap to clone; background units run on threads.
 #[derive(Clone)]
@@ -139,6 +162,10 @@ impl Delegator {
     /// embedder's own source; tests force collisions with it). A drawn id
     /// that is already in use is drawn again, never reused.
     pub fn new_with_ids(parts: DelegatorParts, ids: IdSource) -> Delegator {
+        Delegator::build(parts, ids, std_threads())
+    }
+
+    fn build(parts: DelegatorParts, ids: IdSource, threads: ThreadStarter) -> Delegator {
         Delegator {
             inner: Arc::new(Inner {
                 parts,
@@ -148,8 +175,17 @@ impl Delegator {
                 finalize_lock: Mutex::new(()),
                 background_threads: Mutex::new(Vec::new()),
                 ids,
+                threads,
             }),
         }
+    }
+
+    /// A tool whose background units start their threads through
+    /// `threads` (an embedder's own thread policy; tests make it fail). A
+    /// unit whose thread cannot start is finalised as failed at once, its
+    /// slot and budget reservation given back.
+    pub fn new_with_threads(parts: DelegatorParts, threads: ThreadStarter) -> Delegator {
+        Delegator::build(parts, Arc::new(spawn::random_hex), threads)
     }
 
     /// The tool schema with this delegator's limits.

@@ -1,8 +1,8 @@
 //! The spawn flow (semantics §6.4): durable unit first, then the children, then
 //! finalize, completion, delivery and the history pruner.
 
-use retinue_core::CompletionEvent;
 use retinue_core::EndReason;
+use retinue_core::{CompletionEvent, UnitState};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
@@ -367,32 +367,87 @@ fn fresh_ids(
     )))
 }
 
+/// One of the `max_concurrent_children` background slots, given back when
+/// dropped: on every path (an early return, a failed thread spawn, a panic
+/// in the unit's thread) exactly once.
+struct BackgroundSlot(Arc<Inner>);
+
+impl BackgroundSlot {
+    /// Takes a free slot, if any.
+    fn take(inner: &Arc<Inner>) -> Option<BackgroundSlot> {
+        let max = inner.parts.config.max_concurrent_children;
+        inner
+            .background_slots
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n < max).then_some(n + 1))
+            .ok()
+            .map(|_| BackgroundSlot(Arc::clone(inner)))
+    }
+}
+
+impl Drop for BackgroundSlot {
+    fn drop(&mut self) {
+        self.0.background_slots.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// What a spawn will do, decided before anything is written.
+struct Plan {
+    /// The children, ids drawn, specs and opening turns built.
+    planned: Vec<Planned>,
+    /// The parent's session, if it has one.
+    parent_id: Option<String>,
+    /// The unit's model.
+    model: Option<String>,
+    /// Runs in the background, holding this slot.
+    slot: Option<BackgroundSlot>,
+    /// Notes for the result (ran synchronously because …).
+    notes: Vec<&'static str>,
+}
+
+/// A spawn: plan → reserve → persist → run (here, or on a background
+/// thread) → finalize. Each step returns early on failure; the guards
+/// (the background slot, the budget reservation) give back what was taken
+/// on every path.
 pub(crate) fn run(
     inner: &Arc<Inner>,
     request: &SpawnRequest,
     parent: &ParentContext,
     cancel: &CancelToken,
 ) -> Result<DelegateOutcome, DelegateError> {
-    let parts = &inner.parts;
-    let config = &parts.config;
-    let tasks = &request.tasks;
-    let top_role = &request.role;
-    let mut notes: Vec<&str> = Vec::new();
-    let mut background = request.background;
-    if background && !parent.can_receive_detached {
-        background = false;
-        notes.push(texts::NO_DETACHED);
+    let plan = plan(inner, request, parent)?;
+    let held = reserve(inner, request, &plan)?;
+    let cancel = held.as_ref().map_or_else(|| cancel.clone(), |h| h.token(cancel));
+    let delegation_id = persist(inner, request, &plan)?;
+    let Plan { planned, slot, notes, .. } = plan;
+    if let Some(slot) = slot {
+        return dispatch(inner, request, parent, delegation_id, planned, slot, held, cancel);
     }
-    let mut took_slot = false;
-    if background {
-        let max = config.max_concurrent_children;
-        let slot = inner
-            .background_slots
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n < max).then_some(n + 1));
-        if slot.is_ok() {
-            took_slot = true;
-        } else {
-            background = false;
+    let started = Instant::now();
+    let results = run_children(inner, planned, parent, &cancel);
+    let mut unit = complete(inner, parent, &delegation_id, results, started, false);
+    let ledger_ok = unit.ledger_error.is_none();
+    unit.budget = held.and_then(|h| h.settle(ledger_ok));
+    if !notes.is_empty() {
+        unit.note = Some(notes.join(" "));
+    }
+    Ok(DelegateOutcome::Completed(unit))
+}
+
+/// Step 1: where it runs, the children's roles, toolsets, ids and opening
+/// turns. Writes nothing.
+fn plan(
+    inner: &Arc<Inner>,
+    request: &SpawnRequest,
+    parent: &ParentContext,
+) -> Result<Plan, DelegateError> {
+    let config = &inner.parts.config;
+    let mut notes: Vec<&'static str> = Vec::new();
+    let mut slot = None;
+    if request.background && !parent.can_receive_detached {
+        notes.push(texts::NO_DETACHED);
+    } else if request.background {
+        slot = BackgroundSlot::take(inner);
+        if slot.is_none() {
             notes.push(texts::CAPACITY_FULL);
         }
     }
@@ -402,9 +457,9 @@ pub(crate) fn run(
     let provider =
         Some(config.provider.clone()).filter(|p| !p.is_empty()).or_else(|| parent.provider.clone());
     let non_empty = |s: &str| Some(s.to_owned()).filter(|s| !s.is_empty());
-    let mut planned = Vec::with_capacity(tasks.len());
-    for (i, task) in tasks.iter().enumerate() {
-        let wanted = task.role.as_deref().map_or_else(|| top_role.clone(), Role::parse);
+    let mut planned = Vec::with_capacity(request.tasks.len());
+    for (i, task) in request.tasks.iter().enumerate() {
+        let wanted = task.role.as_deref().map_or_else(|| request.role.clone(), Role::parse);
         let role = effective_role(wanted, config, parent);
         let grant = crate::toolsets::grant(
             &config.toolsets,
@@ -413,15 +468,7 @@ pub(crate) fn run(
             &role,
             config.inherit_mcp_toolsets,
         );
-        let (subagent_id, session_id) = match fresh_ids(inner, i, &planned) {
-            Ok(ids) => ids,
-            Err(e) => {
-                if took_slot {
-                    inner.background_slots.fetch_sub(1, Ordering::SeqCst);
-                }
-                return Err(e);
-            }
-        };
+        let (subagent_id, session_id) = fresh_ids(inner, i, &planned)?;
         let spec = ChildSpec {
             subagent_id,
             session_id,
@@ -446,10 +493,21 @@ pub(crate) fn run(
         };
         planned.push(Planned { spec, input, dropped: grant.dropped });
     }
-    // Under a budget: reserve before anything is written or started.
+    Ok(Plan { planned, parent_id, model, slot, notes })
+}
+
+/// Step 2: under a budget, reserve before anything is written or started;
+/// the children join the budget's tree before they exist, so their own
+/// spawns and follow-ups draw on it.
+fn reserve(
+    inner: &Arc<Inner>,
+    request: &SpawnRequest,
+    plan: &Plan,
+) -> Result<Option<budget::Held>, DelegateError> {
     let minimum = Spend {
         cost_usd: budget::MIN_COST_USD,
-        tokens: planned
+        tokens: plan
+            .planned
             .iter()
             .map(|p| {
                 budget::tokens_of(p.input.system_prompt.as_deref().unwrap_or_default())
@@ -457,43 +515,35 @@ pub(crate) fn run(
             })
             .fold(0, u64::saturating_add),
     };
-    let root = match parent_id.as_deref() {
+    let payer = plan.parent_id.as_deref();
+    let root = match payer {
         Some(p) => budget::budget_root(inner, p, None),
         None => Err("no parent session".to_owned()),
     };
-    let members: Vec<String> = planned.iter().map(|p| p.spec.session_id.clone()).collect();
-    let held = budget::reserve(inner, parent_id.as_deref(), &root, request.budget, minimum, None)
-        .and_then(|held| {
-            // The children join the budget's tree before they exist, so
-            // their own spawns and follow-ups draw on it.
-            match (&held, &root) {
-                (Some(h), _) => {
-                    if let Err(e) = budget::join(inner, h.root(), &members) {
-                        if let Some(h) = held {
-                            h.release();
-                        }
-                        return Err(e);
-                    }
-                }
-                (None, Ok(root)) => {
-                    if let Err(e) = budget::join(inner, root, &members) {
-                        log::warn!("could not record the budget root of new children: {e}");
-                    }
-                }
-                (None, Err(_)) => {}
+    let members: Vec<String> = plan.planned.iter().map(|p| p.spec.session_id.clone()).collect();
+    let held = budget::reserve(inner, payer, &root, request.budget, minimum, None)?;
+    match (&held, &root) {
+        // Under a budget a failure to join refuses (the guard releases).
+        (Some(h), _) => budget::join(inner, h.root(), &members)?,
+        (None, Ok(root)) => {
+            if let Err(e) = budget::join(inner, root, &members) {
+                log::warn!("could not record the budget root of new children: {e}");
             }
-            Ok(held)
-        });
-    let held = match held {
-        Ok(h) => h,
-        Err(e) => {
-            if took_slot {
-                inner.background_slots.fetch_sub(1, Ordering::SeqCst);
-            }
-            return Err(e);
         }
-    };
-    let cancel = held.as_ref().map_or_else(|| cancel.clone(), |h| h.token(cancel));
+        (None, Err(_)) => {}
+    }
+    Ok(held)
+}
+
+/// Step 3: the unit, its manifest and its child sessions, in one write.
+fn persist(
+    inner: &Arc<Inner>,
+    request: &SpawnRequest,
+    plan: &Plan,
+) -> Result<String, DelegateError> {
+    let parts = &inner.parts;
+    let tasks = &request.tasks;
+    let (parent_id, model, planned) = (&plan.parent_id, &plan.model, &plan.planned);
     let (pid, fingerprint) = current_owner();
     let draft = UnitDraft {
         origin_session: parent_id.clone().unwrap_or_default(),
@@ -505,10 +555,10 @@ pub(crate) fn run(
             "goals": tasks.iter().map(|t| t.goal.clone()).collect::<Vec<_>>(),
             "goal": tasks.first().map(|t| t.goal.clone()),
             "context": tasks.first().and_then(|t| t.context.clone()),
-            "role": top_role,
+            "role": request.role,
             "model": model,
             "is_batch": tasks.len() > 1,
-            "mode": if background { "background" } else { "sync" },
+            "mode": if plan.slot.is_some() { "background" } else { "sync" },
         }),
         owner_profile: parts.profile.clone(),
         children: planned
@@ -542,70 +592,124 @@ pub(crate) fn run(
             .collect(),
         ..UnitDraft::default()
     };
-    let delegation_id = match parts.backend.registry.insert_unit(&draft) {
-        Ok(id) => id,
-        Err(e) => {
-            log::error!("could not persist a delegation: {e}");
-            if took_slot {
-                inner.background_slots.fetch_sub(1, Ordering::SeqCst);
+    parts.backend.registry.insert_unit(&draft).map_err(|e| {
+        log::error!("could not persist a delegation: {e}");
+        DelegateError::Storage(e)
+    })
+}
+
+/// Steps 4 and 5 on a background thread that owns the slot and the
+/// reservation. When the thread cannot start, the unit is finalised as
+/// failed here (never left `running`) and both guards give back what they
+/// hold.
+#[allow(clippy::too_many_arguments)] // the unit's parts, moved into its thread
+fn dispatch(
+    inner: &Arc<Inner>,
+    request: &SpawnRequest,
+    parent: &ParentContext,
+    delegation_id: String,
+    planned: Vec<Planned>,
+    slot: BackgroundSlot,
+    held: Option<budget::Held>,
+    cancel: CancelToken,
+) -> Result<DelegateOutcome, DelegateError> {
+    let dispatch = Dispatch {
+        delegation_id: delegation_id.clone(),
+        goals: request.tasks.iter().map(|t| t.goal.clone()).collect(),
+        children: planned
+            .iter()
+            .map(|p| DispatchedChild {
+                subagent_id: p.spec.subagent_id.clone(),
+                session_id: p.spec.session_id.clone(),
+                model: p.spec.model.clone(),
+                goal: truncate_chars(&p.spec.goal, texts::GOAL_PREVIEW_CHARS),
+            })
+            .collect(),
+    };
+    let not_started: Vec<ChildReport> = planned
+        .iter()
+        .map(|p| ChildReport {
+            task_index: p.spec.task_index,
+            status: ChildStatus::Error,
+            exit_reason: ExitReason::Error,
+            model: p.spec.model.clone(),
+            child_session_id: p.spec.session_id.clone(),
+            subagent_id: p.spec.subagent_id.clone(),
+            ..ChildReport::default()
+        })
+        .collect();
+    let worker = Arc::clone(inner);
+    let parent_owned = parent.clone();
+    let id = delegation_id.clone();
+    let if_it_panics = not_started.clone();
+    let body = move || {
+        let _slot = slot;
+        let started = Instant::now();
+        let finished = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let results = run_children(&worker, planned, &parent_owned, &cancel);
+            complete(&worker, &parent_owned, &id, results, started, true).ledger_error.is_none()
+        }));
+        match finished {
+            Ok(ledger_ok) => {
+                if let Some(h) = held {
+                    h.settle(ledger_ok);
+                }
             }
-            if let Some(h) = held {
-                h.release();
+            Err(payload) => {
+                // The reservation's guard keeps what ran as spent.
+                let why = format!("the unit's thread panicked: {}", panic_text(payload.as_ref()));
+                log::error!("background unit {id}: {why}");
+                abandon(&worker, &parent_owned, &id, if_it_panics, &why);
             }
-            return Err(DelegateError::Storage(e));
         }
     };
-    if background {
-        let dispatch = Dispatch {
-            delegation_id: delegation_id.clone(),
-            goals: tasks.iter().map(|t| t.goal.clone()).collect(),
-            children: planned
-                .iter()
-                .map(|p| DispatchedChild {
-                    subagent_id: p.spec.subagent_id.clone(),
-                    session_id: p.spec.session_id.clone(),
-                    model: p.spec.model.clone(),
-                    goal: truncate_chars(&p.spec.goal, texts::GOAL_PREVIEW_CHARS),
-                })
-                .collect(),
-        };
-        let worker = Arc::clone(inner);
-        let parent_owned = parent.clone();
-        let id = delegation_id.clone();
-        let token = cancel.clone();
-        let handle = std::thread::Builder::new().name(format!("unit-{id}")).spawn(move || {
-            let started = Instant::now();
-            let results = run_children(&worker, planned, &parent_owned, &token);
-            let unit = complete(&worker, &parent_owned, &id, results, started, true);
-            if let Some(h) = held {
-                h.settle(unit.ledger_error.is_none());
-            }
-            worker.background_slots.fetch_sub(1, Ordering::SeqCst);
-        });
-        match handle {
-            Ok(h) => inner
+    match crate::spawn_thread(inner, format!("unit-{delegation_id}"), Box::new(body)) {
+        Ok(h) => {
+            inner
                 .background_threads
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .push(h),
-            Err(e) => {
-                inner.background_slots.fetch_sub(1, Ordering::SeqCst);
-                return Err(DelegateError::Runtime(format!(
-                    "could not start the background unit: {e}"
-                )));
-            }
+                .push(h);
+            Ok(DelegateOutcome::Dispatched(dispatch))
         }
-        return Ok(DelegateOutcome::Dispatched(dispatch));
+        Err(e) => {
+            let why = format!("could not start the background unit: {e}");
+            abandon(inner, parent, &delegation_id, not_started, &why);
+            Err(DelegateError::Runtime(why))
+        }
     }
-    let started = Instant::now();
-    let results = run_children(inner, planned, parent, &cancel);
-    let mut unit = complete(inner, parent, &delegation_id, results, started, false);
-    let ledger_ok = unit.ledger_error.is_none();
-    unit.budget = held.and_then(|h| h.settle(ledger_ok));
-    if !notes.is_empty() {
-        unit.note = Some(notes.join(" "));
+}
+
+/// Finalises a unit whose run was abandoned (its thread could not start, or
+/// panicked): every child reported as an error with `why`, the unit `error`,
+/// its completion recorded — never left `running`. No ledger row is
+/// written (the budget's guard keeps whatever ran as spent).
+fn abandon(
+    inner: &Arc<Inner>,
+    parent: &ParentContext,
+    delegation_id: &str,
+    reports: Vec<ChildReport>,
+    why: &str,
+) {
+    let results: Vec<ChildReport> =
+        reports.into_iter().map(|r| ChildReport { error: Some(why.to_owned()), ..r }).collect();
+    let entries: Vec<serde_json::Value> = results.iter().map(ChildReport::to_json).collect();
+    let completion = Completion {
+        delegation_id: delegation_id.to_owned(),
+        status: UnitState::Error,
+        event: CompletionEvent::new(
+            delegation_id,
+            parent.session_id.as_deref(),
+            UnitState::Error,
+            entries.clone(),
+        ),
+        result: json!({ "delegation_id": delegation_id, "results": entries, "error": why }),
+        usage: None,
+        background: false,
+    };
+    if let Err(e) = inner.parts.backend.registry.persist_completion(&completion) {
+        log::error!("could not record the abandoned unit {delegation_id}: {e}");
     }
-    Ok(DelegateOutcome::Completed(unit))
 }
 
 fn run_children(
