@@ -265,14 +265,6 @@ impl Held {
     pub(crate) fn root(&self) -> &str {
         &self.root
     }
-
-    /// Gives the reservation back without a run (nothing was started).
-    pub(crate) fn release(mut self) {
-        self.open = false;
-        if let Err(e) = self.budgets.settle(&self.id, &SettleReason::NothingRan) {
-            log::warn!("could not release budget reservation {}: {e}", self.id);
-        }
-    }
 }
 
 #[cfg(test)]

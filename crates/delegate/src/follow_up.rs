@@ -14,6 +14,7 @@ use crate::args::FollowUp;
 use crate::budget;
 use crate::error::DelegateError;
 use crate::request::{DelegateOutcome, FollowUpReport};
+use crate::results::ChildReport;
 use crate::runtime::{CancelToken, ChildSpec, RunInput};
 use crate::spawn::{execute, finalize, runs_of};
 use crate::texts;
@@ -169,6 +170,22 @@ fn restored_workspace(
     }
 }
 
+/// The transcript a resume continues: the compression tip of the child's
+/// session, its turns (system prompts aside) and its system prompt.
+struct Transcript {
+    tip: String,
+    history: Vec<Message>,
+    system_prompt: Option<String>,
+}
+
+fn transcript_error(session: &str, e: retinue_core::Error) -> DelegateError {
+    DelegateError::Transcript { session_id: session.to_owned(), message: e.to_string() }
+}
+
+/// A resume: load the transcript → check its size → reserve → plan the
+/// child → open its next turn → run (the claim renewed meanwhile) →
+/// finalize. The claim and the reservation are guards: an early return
+/// or a panic gives them back.
 fn resume(
     inner: &Arc<Inner>,
     fu: &FollowUp,
@@ -177,23 +194,56 @@ fn resume(
     claim: ClaimGuard,
     cancel: &CancelToken,
 ) -> Result<DelegateOutcome, DelegateError> {
-    let parts = &inner.parts;
-    let token = claim.token.clone();
-    let token = token.as_str();
     let started = Instant::now();
-    let transcript_error = |session: &str, e: retinue_core::Error| DelegateError::Transcript {
-        session_id: session.to_owned(),
-        message: e.to_string(),
+    let transcript = load_transcript(inner, entry)?;
+    let estimate = resume_size(inner, fu, &transcript)?;
+    // A follow-up draws on the budget its child was spawned under (stored
+    // when the child was created), else on the requester's.
+    let root = match requester(parent) {
+        Some(p) => budget::budget_root(inner, p, Some(&entry.child_session_id)),
+        None => Err("no parent session".to_owned()),
     };
-    let tip = parts
-        .backend
-        .sessions
+    let held = budget::reserve(
+        inner,
+        requester(parent),
+        &root,
+        BudgetLimit::default(),
+        Spend { cost_usd: budget::MIN_COST_USD, tokens: estimate },
+        Some(&entry.delegation_id),
+    )?;
+    let metered = held.as_ref().map_or_else(|| cancel.clone(), |h| h.token(cancel));
+    let (spec, dropped) = resumed_spec(inner, fu, parent, entry, &transcript.tip)?;
+    open_turn(inner, fu, &transcript.tip)?;
+    let Transcript { tip, history, system_prompt } = transcript;
+    let input = RunInput { user_message: fu.text.clone(), history, system_prompt };
+    let mut result = run_renewing(inner, &claim, &spec, input, parent, &metered);
+    result.toolsets_dropped = dropped;
+    let results = [result];
+    let ledger_ok = finalize(inner, parent, &entry.delegation_id, &claim.token, &results);
+    finish(inner, entry, claim, &results);
+    let [result] = results;
+    let budget = held.and_then(|h| h.settle(ledger_ok));
+    Ok(DelegateOutcome::FollowedUp(Box::new(FollowUpReport {
+        budget,
+        ledger_error: (!ledger_ok).then(|| texts::LEDGER_FAILED.to_owned()),
+        child_id: entry.child_id().to_owned(),
+        child_session_id: tip,
+        delegation_id: entry.delegation_id.clone(),
+        result,
+        total_duration_seconds: started.elapsed().as_secs_f64(),
+    })))
+}
+
+/// The child's transcript at its compression tip; an empty one cannot be
+/// resumed.
+fn load_transcript(inner: &Inner, entry: &RetainedChild) -> Result<Transcript, DelegateError> {
+    let sessions = &inner.parts.backend.sessions;
+    let tip = sessions
         .compression_tip(&entry.child_session_id)
         .map_err(|e| transcript_error(&entry.child_session_id, e))?;
-    let transcript =
-        parts.backend.sessions.conversation(&tip).map_err(|e| transcript_error(&tip, e))?;
+    let turns = sessions.conversation(&tip).map_err(|e| transcript_error(&tip, e))?;
     let mut system_prompt = None;
-    let history: Vec<Message> = transcript
+    let history: Vec<Message> = turns
         .into_iter()
         .filter(|m| {
             if m.role == "system" {
@@ -210,62 +260,48 @@ fn resume(
         return Err(DelegateError::EmptyTranscript { session_id: tip });
     }
     if system_prompt.is_none() {
-        system_prompt =
-            parts.backend.sessions.session(&tip).ok().flatten().and_then(|s| s.system_prompt);
+        system_prompt = sessions.session(&tip).ok().flatten().and_then(|s| s.system_prompt);
     }
-    // The resume-cost guard, then the budget: both before any model call.
-    let config = &parts.config;
-    let estimate = budget::resume_estimate(&history, &fu.text)
-        .saturating_add(budget::tokens_of(system_prompt.as_deref().unwrap_or_default()));
-    if config.max_resume_tokens > 0 && estimate > config.max_resume_tokens {
-        return Err(DelegateError::ResumeTooLarge {
-            target: fu.target.clone(),
-            estimate,
-            max: config.max_resume_tokens,
-        });
+    Ok(Transcript { tip, history, system_prompt })
+}
+
+/// The resume-cost guard (`max_resume_tokens`), before any model call:
+/// the estimate of what resuming sends.
+fn resume_size(inner: &Inner, fu: &FollowUp, t: &Transcript) -> Result<u64, DelegateError> {
+    let max = inner.parts.config.max_resume_tokens;
+    let estimate = budget::resume_estimate(&t.history, &fu.text)
+        .saturating_add(budget::tokens_of(t.system_prompt.as_deref().unwrap_or_default()));
+    if max > 0 && estimate > max {
+        return Err(DelegateError::ResumeTooLarge { target: fu.target.clone(), estimate, max });
     }
-    // A follow-up draws on the budget its child was spawned under (stored
-    // when the child was created), else on the requester's.
-    let root = match requester(parent) {
-        Some(p) => budget::budget_root(inner, p, Some(&entry.child_session_id)),
-        None => Err("no parent session".to_owned()),
-    };
-    let held = budget::reserve(
-        inner,
-        requester(parent),
-        &root,
-        BudgetLimit::default(),
-        Spend { cost_usd: budget::MIN_COST_USD, tokens: estimate },
-        Some(&entry.delegation_id),
-    )?;
-    let metered = held.as_ref().map_or_else(|| cancel.clone(), |h| h.token(cancel));
+    Ok(estimate)
+}
+
+/// The resumed child's spec. Its tools come back as they were: its
+/// toolsets (still within today's grant: a stored manifest is untrusted,
+/// and never widens it; a child hermes recorded without any gets the
+/// parent's grant) and its workspace. The stored role is untrusted too: an
+/// orchestrator only where a spawn here could make one.
+fn resumed_spec(
+    inner: &Inner,
+    fu: &FollowUp,
+    parent: &ParentContext,
+    entry: &RetainedChild,
+    tip: &str,
+) -> Result<(ChildSpec, Vec<crate::toolsets::DroppedToolset>), DelegateError> {
+    let config = &inner.parts.config;
     let m = &entry.manifest;
     let pick = |v: &Option<String>, fallback: &str| {
         v.clone()
             .filter(|s| !s.is_empty())
             .or_else(|| Some(fallback.to_owned()).filter(|s| !s.is_empty()))
     };
-    // The child's tools come back as they were: its toolsets (still within
-    // today's grant: a stored manifest is untrusted) and its workspace.
-    // The stored role is untrusted: an orchestrator only where a spawn here
-    // could make one.
     let role = crate::spawn::effective_role(
         m.role.as_deref().map_or(Role::Leaf, Role::parse),
         config,
         parent,
     );
-    let workspace = match restored_workspace(fu, m.workspace.as_deref(), parent) {
-        Ok(w) => w,
-        Err(e) => {
-            if let Some(h) = held {
-                h.release();
-            }
-            return Err(e);
-        }
-    };
-    // The recorded toolsets narrow what this parent may grant (a stored
-    // manifest never widens it); a child hermes recorded without any gets
-    // the parent's grant.
+    let workspace = restored_workspace(fu, m.workspace.as_deref(), parent)?;
     let grant = crate::toolsets::grant(
         &config.toolsets,
         parent,
@@ -273,8 +309,6 @@ fn resume(
         &role,
         config.inherit_mcp_toolsets,
     );
-    let depth = parent.depth.saturating_add(1);
-    let dropped = grant.dropped;
     let spec = ChildSpec {
         subagent_id: entry.subagent_id.clone(),
         session_id: entry.child_session_id.clone(),
@@ -288,29 +322,42 @@ fn resume(
         api_mode: pick(&m.api_mode, &config.api_mode),
         toolsets: grant.granted,
         workspace,
-        depth,
+        depth: parent.depth.saturating_add(1),
         max_iterations: config.max_iterations,
-        resume_session_id: Some(tip.clone()),
+        resume_session_id: Some(tip.to_owned()),
     };
-    let opened = parts.backend.sessions.reopen_session(&tip).and_then(|_| {
-        let user = Message {
-            role: "user".to_owned(),
-            content: Some(fu.text.clone()),
-            ..Message::default()
-        };
-        parts.backend.sessions.append_message(&tip, &user)
-    });
-    if let Err(e) = opened {
-        if let Some(h) = held {
-            h.release();
-        }
-        return Err(transcript_error(&tip, e));
-    }
-    let input = RunInput { user_message: fu.text.clone(), history, system_prompt };
-    // Renew the claim while the child runs.
+    Ok((spec, grant.dropped))
+}
+
+/// Reopens the tip session and writes the follow-up as its next user turn.
+fn open_turn(inner: &Inner, fu: &FollowUp, tip: &str) -> Result<(), DelegateError> {
+    let sessions = &inner.parts.backend.sessions;
+    sessions
+        .reopen_session(tip)
+        .and_then(|_| {
+            let user = Message {
+                role: "user".to_owned(),
+                content: Some(fu.text.clone()),
+                ..Message::default()
+            };
+            sessions.append_message(tip, &user)
+        })
+        .map(|_| ())
+        .map_err(|e| transcript_error(tip, e))
+}
+
+/// Runs the resumed child, renewing its claim on a side thread meanwhile.
+fn run_renewing(
+    inner: &Arc<Inner>,
+    claim: &ClaimGuard,
+    spec: &ChildSpec,
+    input: RunInput,
+    parent: &ParentContext,
+    metered: &CancelToken,
+) -> ChildReport {
     let (stop_tx, stop_rx) = mpsc::channel::<()>();
-    let registry = Arc::clone(&parts.backend.registry);
-    let (id, index, tok) = (entry.delegation_id.clone(), entry.child_index, token.to_owned());
+    let registry = Arc::clone(&claim.registry);
+    let (id, index, tok) = (claim.delegation_id.clone(), claim.child_index, claim.token.clone());
     let renewer = std::thread::spawn(move || {
         while let Err(mpsc::RecvTimeoutError::Timeout) = stop_rx.recv_timeout(RENEW_EVERY) {
             if !matches!(registry.renew_resume(&id, index, &tok), Ok(true)) {
@@ -318,18 +365,22 @@ fn resume(
             }
         }
     });
-    let mut result = execute(inner, &spec, input, false, parent.session_id.clone(), &metered);
-    result.toolsets_dropped = dropped;
+    let result = execute(inner, spec, input, false, parent.session_id.clone(), metered);
     drop(stop_tx);
     let _ = renewer.join();
-    let results = [result];
-    let ledger_ok = finalize(inner, parent, &entry.delegation_id, token, &results);
-    // Add the run to the unit's usage by compare-and-swap, so a concurrent
-    // follow-up on a sibling never loses its run.
-    let runs = runs_of(&results);
+    result
+}
+
+/// Adds the run to the unit's usage by compare-and-swap (so a concurrent
+/// follow-up on a sibling never loses its run), refreshes the unit's
+/// retention and releases the claim, in one write; on failure the claim's
+/// guard releases it.
+fn finish(inner: &Inner, entry: &RetainedChild, claim: ClaimGuard, results: &[ChildReport]) {
+    let registry = &inner.parts.backend.registry;
+    let runs = runs_of(results);
     let mut finished = Err(retinue_core::Error::Stale { what: "the unit's usage_json" });
     for _ in 0..8 {
-        let existing = match parts.backend.registry.unit_usage(&entry.delegation_id) {
+        let existing = match registry.unit_usage(&entry.delegation_id) {
             Ok(v) => v,
             Err(e) => {
                 finished = Err(e);
@@ -340,10 +391,10 @@ fn resume(
             new: retinue_usage::merge_unit_usage(existing.as_ref(), &runs),
             expected: existing,
         };
-        finished = parts.backend.registry.finish_follow_up(
+        finished = registry.finish_follow_up(
             &entry.delegation_id,
             entry.child_index,
-            token,
+            &claim.token,
             Some(&swap),
         );
         if !matches!(finished, Err(retinue_core::Error::Stale { .. })) {
@@ -352,18 +403,6 @@ fn resume(
     }
     match finished {
         Ok(_) => claim.finished(),
-        // The claim's guard releases it.
         Err(e) => log::warn!("could not refresh {} after a follow-up: {e}", entry.delegation_id),
     }
-    let [result] = results;
-    let budget = held.and_then(|h| h.settle(ledger_ok));
-    Ok(DelegateOutcome::FollowedUp(Box::new(FollowUpReport {
-        budget,
-        ledger_error: (!ledger_ok).then(|| texts::LEDGER_FAILED.to_owned()),
-        child_id: entry.child_id().to_owned(),
-        child_session_id: tip,
-        delegation_id: entry.delegation_id.clone(),
-        result,
-        total_duration_seconds: started.elapsed().as_secs_f64(),
-    })))
 }
