@@ -298,17 +298,87 @@ pub(crate) fn run(env: &Env, home: Option<&Path>) -> Result<Output> {
     out
 }
 
+/// The story's state, carried from step to step.
+struct Demo {
+    story: Story,
+    /// The temporary home, deleted at the end (`None`: `--home DIR`, kept).
+    tmp: Option<tempfile::TempDir>,
+    home: PathBuf,
+    db: PathBuf,
+    profile: String,
+    /// The story's start (100 h ago).
+    t0: f64,
+    clock: Arc<ManualClock>,
+    /// The open store (`None` while the simulated restart has it closed).
+    store: Option<Arc<Store>>,
+    /// The fake model the children call (alive as long as the tool).
+    model: Option<FakeModel>,
+    /// The `delegate_task` tool, once the model is up.
+    tool: Option<Delegator>,
+    /// The children's workspace.
+    workspace: PathBuf,
+    /// The unit and children of step 2.
+    children: Children,
+}
+
+/// Three children of the unit the parent delegates.
+#[derive(Debug, Clone, Default)]
+struct Children {
+    sa0: String,
+    sid0: String,
+    sa1: String,
+    sa2: String,
+}
+
+impl Demo {
+    fn store(&self) -> Result<Arc<Store>> {
+        self.store.clone().ok_or_else(|| failed("store", "closed"))
+    }
+
+    fn tool(&self) -> Result<Delegator> {
+        self.tool.clone().ok_or_else(|| failed("delegate_task", "no tool yet"))
+    }
+}
+
+/// One step of the story.
+type Step = fn(&mut Demo) -> Result<()>;
+
+/// The story, in order.
+const STORY: &[Step] =
+    &[setup, delegate, retained, compress, follow_up, refused, tombstone, prune, restart, usage];
+
 fn run_story(env: &Env, home: Option<&Path>) -> Result<Output> {
     let (tmp, home) = demo_home(home)?;
     let db = home.join("state.db");
-    let profile = env.profile.clone();
     let t0 = (SystemClock.now() - STORY_HOURS * HOUR).floor();
     let clock = Arc::new(ManualClock::new(t0));
-    let mut story = Story { json: env.json, n: 0 };
+    let store = demo_store(&db, &env.profile, clock.clone())?;
+    let mut d = Demo {
+        story: Story { json: env.json, n: 0 },
+        tmp,
+        workspace: home.join("demo-workspace"),
+        home,
+        db,
+        profile: env.profile.clone(),
+        t0,
+        clock,
+        store: Some(store),
+        model: None,
+        tool: None,
+        children: Children::default(),
+    };
+    for step in STORY {
+        step(&mut d)?;
+    }
+    done(&mut d)?;
+    Ok(Output { json: None, human: String::new(), code: 0, stderr: None })
+}
 
-    // 1. A fresh home.
-    let store = demo_store(&db, &profile, clock.clone())?;
+/// 1. A fresh home.
+fn setup(d: &mut Demo) -> Result<()> {
+    let (home, db, t0, store) = (d.home.clone(), d.db.clone(), d.t0, d.store()?);
     session(&store, PARENT, None, None)?;
+    let story = &mut d.story;
     story.step(
         "setup",
         "A fresh hermes home",
@@ -321,14 +391,19 @@ fn run_story(env: &Env, home: Option<&Path>) -> Result<Output> {
         ])),
         json!({ "home": home.display().to_string(), "parent_session_id": PARENT }),
     )?;
+    Ok(())
+}
 
-    // 2. The parent delegates a batch of three tasks.
+/// 2. The parent delegates a batch of three tasks.
+fn delegate(d: &mut Demo) -> Result<()> {
+    let (store, profile) = (d.store()?, d.profile.clone());
     let model = fake_model();
     let (runtime, config) = demo_runtime(&model)?;
     let backend = crate::backend::Backend::from_sqlite(store.clone(), LoadedConfig::default());
     let tool = delegator(&backend, Arc::new(runtime), config, &profile);
+    d.model = Some(model);
     let tasks: Vec<Value> = TASKS.iter().map(|t| json!({ "goal": t.0 })).collect();
-    let workspace = home.join("demo-workspace");
+    let workspace = d.workspace.clone();
     std::fs::create_dir_all(&workspace)
         .and_then(|()| std::fs::write(workspace.join(NOTES_FILE), NOTES))
         .map_err(|e| failed("cannot write the demo's workspace", e))?;
@@ -344,7 +419,7 @@ fn run_story(env: &Env, home: Option<&Path>) -> Result<Output> {
         .collect();
     let [(sa0, sid0), (sa1, _), (sa2, _)] = <[(String, String); 3]>::try_from(ids)
         .map_err(|ids| failed("expected three children", ids.len()))?;
-    story.step(
+    d.story.step(
         "delegate",
         "The parent delegates a batch of three tasks",
         &format!(
@@ -361,8 +436,15 @@ fn run_story(env: &Env, home: Option<&Path>) -> Result<Output> {
         ),
         json!({ "delegation_id": delegation_id, "result": out }),
     )?;
+    d.children = Children { sa0, sid0, sa1, sa2 };
+    d.tool = Some(tool);
+    Ok(())
+}
 
-    // 3. The children are retained.
+/// 3. The children are retained.
+fn retained(d: &mut Demo) -> Result<()> {
+    let store = d.store()?;
+    let story = &mut d.story;
     let listed = store.list_retained_children()?;
     story.step(
         "retained",
@@ -379,8 +461,13 @@ fn run_story(env: &Env, home: Option<&Path>) -> Result<Output> {
         ),
         json!({ "children": entries_json(&listed) }),
     )?;
+    Ok(())
+}
 
-    // 4. The parent is compressed into a continuation.
+/// 4. The parent is compressed into a continuation.
+fn compress(d: &mut Demo) -> Result<()> {
+    let store = d.store()?;
+    let story = &mut d.story;
     store.end_session(PARENT, &retinue_core::EndReason::Compression)?;
     session(&store, CONTINUATION, Some(PARENT), None)?;
     let chain = lineage_chain(&*store, CONTINUATION).map_err(|e| failed("lineage", e))?;
@@ -401,8 +488,15 @@ fn run_story(env: &Env, home: Option<&Path>) -> Result<Output> {
             "chain": chain,
         }),
     )?;
+    Ok(())
+}
 
-    // 5. Two days later, the continuation follows up one child.
+/// 5. Two days later, the continuation follows up one child.
+fn follow_up(d: &mut Demo) -> Result<()> {
+    let (store, clock, tool, workspace) =
+        (d.store()?, d.clock.clone(), d.tool()?, d.workspace.clone());
+    let Children { sa0, sid0, .. } = d.children.clone();
+    let story = &mut d.story;
     clock.advance(48.0 * HOUR);
     let (outcome, out) = call_tool(
         "follow-up",
@@ -462,8 +556,14 @@ fn run_story(env: &Env, home: Option<&Path>) -> Result<Output> {
                 .collect::<Vec<_>>(),
         }),
     )?;
+    Ok(())
+}
 
-    // 6. A branch and a stranger are refused.
+/// 6. A branch and a stranger are refused.
+fn refused(d: &mut Demo) -> Result<()> {
+    let (store, tool, profile) = (d.store()?, d.tool()?, d.profile.clone());
+    let Children { sa0, .. } = d.children.clone();
+    let story = &mut d.story;
     session(&store, BRANCH, Some(CONTINUATION), Some(json!({ "_branched_from": CONTINUATION })))?;
     session(&store, STRANGER, None, None)?;
     let entry0 = store.find_retained_child(&sa0)?.ok_or_else(|| failed("lookup", &sa0))?;
@@ -513,8 +613,14 @@ fn run_story(env: &Env, home: Option<&Path>) -> Result<Output> {
         ),
         json!({ "child_id": sa0, "attempts": attempts }),
     )?;
+    Ok(())
+}
 
-    // 7. One child is tombstoned.
+/// 7. One child is tombstoned.
+fn tombstone(d: &mut Demo) -> Result<()> {
+    let (store, tool) = (d.store()?, d.tool()?);
+    let Children { sa2, .. } = d.children.clone();
+    let story = &mut d.story;
     let changed = store.tombstone_retained_child(&sa2, &TombstoneReason::Manual)?;
     let out = tool.delegate_task(
         &json!({ "follow_up": sa2, "goal": "Are you still there?" }),
@@ -542,8 +648,14 @@ fn run_story(env: &Env, home: Option<&Path>) -> Result<Output> {
             "children": entries_json(&listed),
         }),
     )?;
+    Ok(())
+}
 
-    // 8. A TTL prune.
+/// 8. A TTL prune.
+fn prune(d: &mut Demo) -> Result<()> {
+    let (store, clock, t0) = (d.store()?, d.clock.clone(), d.t0);
+    let Children { sa0, sa1, .. } = d.children.clone();
+    let story = &mut d.story;
     clock.advance((STORY_HOURS - 48.0) * HOUR);
     let count = store.prune_retained_children(None, None)?;
     let listed = store.list_retained_children()?;
@@ -581,8 +693,12 @@ fn run_story(env: &Env, home: Option<&Path>) -> Result<Output> {
             "children": entries_json(&listed),
         }),
     )?;
+    Ok(())
+}
 
-    // 9. A simulated restart recovers.
+/// 9. A simulated restart recovers.
+fn restart(d: &mut Demo) -> Result<()> {
+    let (store, clock, profile) = (d.store()?, d.clock.clone(), d.profile.clone());
     let (pid, fingerprint) = current_owner();
     let inflight = store.insert_unit(&UnitDraft {
         origin_session: CONTINUATION.to_owned(),
@@ -609,9 +725,14 @@ fn run_story(env: &Env, home: Option<&Path>) -> Result<Output> {
         }],
         ..UnitDraft::default()
     })?;
-    drop(tool);
+    // The process dies: its tool and store close before the store reopens.
+    d.tool = None;
+    d.model = None;
+    d.store = None;
     drop(store);
-    let store = demo_store(&db, &profile, clock.clone())?;
+    let store = demo_store(&d.db, &profile, clock.clone())?;
+    d.store = Some(store.clone());
+    let story = &mut d.story;
     let report = store.recover_abandoned_delegations(&SimulatedRestart { old_pid: pid });
     if let Some(e) = &report.error {
         return Err(failed("recovery", e));
@@ -661,8 +782,13 @@ fn run_story(env: &Env, home: Option<&Path>) -> Result<Output> {
             "event": event,
         }),
     )?;
+    Ok(())
+}
 
-    // 10. Usage totals for the lineage.
+/// 10. Usage totals for the lineage.
+fn usage(d: &mut Demo) -> Result<()> {
+    let store = d.store()?;
+    let story = &mut d.story;
     let walk = retinue_lineage::CompressionWalk::new(&*store);
     let totals = load_lineage_usage_totals(&*store, &walk, CONTINUATION)?;
     let mut records = Vec::new();
@@ -692,11 +818,14 @@ fn run_story(env: &Env, home: Option<&Path>) -> Result<Output> {
             "records": records.len(),
         }),
     )?;
+    Ok(())
+}
 
-    // 11. Done.
-    drop(store);
-    let kept = tmp.is_none();
-    let home_text = home.display().to_string();
+/// 11. Done: the home is kept or deleted.
+fn done(d: &mut Demo) -> Result<()> {
+    d.store = None;
+    let kept = d.tmp.is_none();
+    let home_text = d.home.display().to_string();
     let body = if kept {
         format!(
             "The database is kept. Try:\n  retinue --home {home_text} children list\n  \
@@ -707,9 +836,9 @@ fn run_story(env: &Env, home: Option<&Path>) -> Result<Output> {
         "The temporary home is deleted; run `retinue demo --home DIR` to keep the database.\n"
             .to_owned()
     };
-    story.step("done", "Done", &body, json!({ "home": home_text, "kept": kept }))?;
-    if let Some(tmp) = tmp {
+    d.story.step("done", "Done", &body, json!({ "home": home_text, "kept": kept }))?;
+    if let Some(tmp) = d.tmp.take() {
         tmp.close()?;
     }
-    Ok(Output { json: None, human: String::new(), code: 0, stderr: None })
+    Ok(())
 }
