@@ -66,7 +66,7 @@ pub use registry::{
 };
 pub use rules::{ChildFacts, Limits, RetentionPolicy, child_status, covered_status};
 pub use sessions::{LineageWalk, MAX_HOPS, SessionGraph, SessionStore};
-pub use spend::{BudgetLimit, BudgetStatus, Reservation, ReservationDraft, Spend};
+pub use spend::{BudgetLimit, BudgetStatus, Reservation, ReservationDraft, Spend, UsageColumns};
 pub use status::{ChildStatus, EndReason, ExitReason, Role, SettleReason, UnitState};
 
 #[cfg(any(test, feature = "mocks"))]

@@ -152,3 +152,100 @@ pub enum Reservation {
     /// It does not fit; nothing was written.
     Refused(BudgetStatus),
 }
+
+/// What one ledger row counts toward a budget (semantics §8), typed from
+/// its `usage_json` once, when it is written: `cost_usd`, and the tokens
+/// under `tokens` (`input`, `output`, `cache_read`, `cache_write`,
+/// `reasoning`). Each value reads as SQLite's `CAST(json_extract(…) AS
+/// REAL)` reads it (a number, a numeric string, `true` = 1; other text 0),
+/// negative or non-finite as 0, so a hostile row never lowers what a
+/// lineage spent. Malformed JSON counts nothing. Spent is then the sum of
+/// `cost_usd` and of `input_tokens + output_tokens`.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct UsageColumns {
+    /// US dollars.
+    pub cost_usd: f64,
+    /// Prompt tokens.
+    pub input_tokens: f64,
+    /// Completion tokens.
+    pub output_tokens: f64,
+    /// Prompt tokens served from the provider's cache.
+    pub cache_read_tokens: f64,
+    /// Prompt tokens written to the provider's cache.
+    pub cache_write_tokens: f64,
+    /// Reasoning tokens (part of the completion).
+    pub reasoning_tokens: f64,
+}
+
+impl UsageColumns {
+    /// The columns of a stored `usage_json` text (absent or malformed: zeros).
+    pub fn of_json_text(text: Option<&str>) -> UsageColumns {
+        text.and_then(|t| serde_json::from_str::<serde_json::Value>(t).ok())
+            .map_or_else(UsageColumns::default, |v| UsageColumns::of(&v))
+    }
+
+    /// The columns of a usage object.
+    pub fn of(usage: &serde_json::Value) -> UsageColumns {
+        let tokens = usage.get("tokens");
+        let part = |k: &str| counted(tokens.and_then(|t| t.get(k)));
+        UsageColumns {
+            cost_usd: counted(usage.get("cost_usd")),
+            input_tokens: part("input"),
+            output_tokens: part("output"),
+            cache_read_tokens: part("cache_read"),
+            cache_write_tokens: part("cache_write"),
+            reasoning_tokens: part("reasoning"),
+        }
+    }
+}
+
+/// A JSON value as SQLite's `max(0, ifnull(CAST(json_extract(…) AS REAL), 0))`
+/// reads it, non-finite as 0.
+fn counted(v: Option<&serde_json::Value>) -> f64 {
+    use serde_json::Value;
+    let f = match v {
+        None | Some(Value::Null) => 0.0,
+        Some(Value::Number(n)) => n.as_f64().unwrap_or(0.0),
+        Some(Value::String(s)) => leading_real(s),
+        Some(Value::Bool(b)) => f64::from(u8::from(*b)),
+        Some(_) => 0.0,
+    };
+    if f.is_finite() && f > 0.0 { f } else { 0.0 }
+}
+
+/// SQLite's `CAST(text AS REAL)`: the longest numeric prefix (after leading
+/// spaces), else 0.
+fn leading_real(s: &str) -> f64 {
+    let t = s.trim_start();
+    let mut best = 0.0;
+    for (i, c) in t.char_indices() {
+        if !(c.is_ascii_digit() || matches!(c, '+' | '-' | '.' | 'e' | 'E')) {
+            break;
+        }
+        if let Ok(f) = t[..i + c.len_utf8()].parse::<f64>() {
+            best = f;
+        }
+    }
+    best
+}
+
+#[cfg(test)]
+mod usage_columns_tests {
+    use super::UsageColumns;
+    use serde_json::json;
+
+    #[test]
+    fn values_read_as_sqlite_casts_them() {
+        let c = UsageColumns::of(&json!({
+            "cost_usd": "0.5",
+            "tokens": {"input": 100.9, "output": "20", "cache_read": true, "reasoning": -5}
+        }));
+        assert_eq!(c.cost_usd, 0.5);
+        assert_eq!((c.input_tokens, c.output_tokens), (100.9, 20.0));
+        assert_eq!((c.cache_read_tokens, c.reasoning_tokens), (1.0, 0.0));
+        assert_eq!(UsageColumns::of_json_text(Some("{not json")), UsageColumns::default());
+        assert_eq!(UsageColumns::of_json_text(None), UsageColumns::default());
+        let odd = UsageColumns::of(&json!({"cost_usd": " 12abc", "tokens": {"input": {"x": 1}}}));
+        assert_eq!((odd.cost_usd, odd.input_tokens), (12.0, 0.0));
+    }
+}

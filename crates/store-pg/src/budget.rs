@@ -1,7 +1,7 @@
 //! Budget reservations ([`Budgets`]) on PostgreSQL, with the SQLite
 //! backend's semantics: `reserve` is one `SERIALIZABLE` transaction that sums
-//! the ledger rows billed to the lineage's sessions (`cost_usd` and
-//! `tokens.input` plus `tokens.output` of `usage_json`) and the open reservations of the lineage
+//! the ledger rows billed to the lineage's sessions (their typed `cost_usd`
+//! and `input_tokens + output_tokens` columns) and the open reservations of the lineage
 //! root, and inserts the reservation only if its minimum still fits. Two
 //! workers reserving at once conflict (SQLSTATE 40001) and one is retried, so
 //! no interleaving — on any number of hosts — reserves past the limit.
@@ -13,28 +13,9 @@ use retinue_core::{
     BudgetLimit, BudgetStatus, Budgets, OwnerProbe, ProcessState, Reservation, ReservationDraft,
     Result, Spend, current_owner,
 };
-use serde_json::Value;
 
 use crate::pool::{Mode, PgResult, Tx, random_hex};
 use crate::store::PgStore;
-
-/// A JSON value as SQLite's `CAST(json_extract(…) AS REAL)` reads it: a
-/// number, or a numeric string; other text is 0; absent or null is `None`.
-fn as_real(v: Option<&Value>) -> Option<f64> {
-    match v? {
-        Value::Null => None,
-        Value::Number(n) => n.as_f64(),
-        Value::String(s) => Some(s.trim().parse::<f64>().unwrap_or(0.0)),
-        Value::Bool(b) => Some(if *b { 1.0 } else { 0.0 }),
-        _ => Some(0.0),
-    }
-}
-
-/// As `CAST(… AS INTEGER)`: the real value truncated.
-fn as_integer(v: Option<&Value>) -> Option<i64> {
-    #[allow(clippy::cast_possible_truncation)]
-    as_real(v).map(|f| if f.is_finite() { f.trunc() as i64 } else { 0 })
-}
 
 /// What the ledger rows of `sessions` add up to, and what the open
 /// reservations of `root` hold.
@@ -45,42 +26,23 @@ fn status_in(
     limit: BudgetLimit,
 ) -> PgResult<BudgetStatus> {
     let mut spent = Spend::default();
-    // The lineage's sessions, then the budget's member sessions, once each.
-    let mut all: Vec<String> = sessions.to_vec();
-    for r in
-        tx.query("SELECT session_id FROM retinue_budget_members WHERE budget_root = $1", &[&root])?
-    {
-        let m: String = r.try_get(0)?;
-        if !all.contains(&m) {
-            all.push(m);
-        }
+    // One aggregate over the typed columns: the ledger rows billed to the
+    // lineage's sessions or to the budget's member sessions, each row once.
+    let row = tx.query_one(
+        "SELECT COALESCE(SUM(cost_usd), 0)::DOUBLE PRECISION, \
+         COALESCE(SUM(input_tokens + output_tokens), 0)::DOUBLE PRECISION \
+         FROM delegation_child_usage WHERE parent_session_id = ANY($1::text[]) \
+         OR parent_session_id IN \
+           (SELECT session_id FROM retinue_budget_members WHERE budget_root = $2)",
+        &[&sessions, &root],
+    )?;
+    let (cost, tokens): (f64, f64) = (row.try_get(0)?, row.try_get(1)?);
+    if cost.is_finite() && cost > 0.0 {
+        spent.cost_usd += cost;
     }
-    for s in &all {
-        let rows = tx.query(
-            "SELECT usage_json FROM delegation_child_usage WHERE parent_session_id = $1",
-            &[s],
-        )?;
-        let (mut cost, mut tokens) = (0.0_f64, 0_u64);
-        for r in rows {
-            let text: Option<String> = r.try_get(0)?;
-            // Malformed JSON is absent, as `json_valid` filters it in SQLite.
-            let Some(usage) = text.and_then(|t| serde_json::from_str::<Value>(&t).ok()) else {
-                continue;
-            };
-            if let Some(c) = as_real(usage.get("cost_usd")).filter(|c| c.is_finite() && *c > 0.0) {
-                cost += c;
-            }
-            let t = usage.get("tokens");
-            for part in ["input", "output"] {
-                let n = as_integer(t.and_then(|t| t.get(part))).unwrap_or(0);
-                tokens = tokens.saturating_add(u64::try_from(n).unwrap_or(0));
-            }
-        }
-        if cost.is_finite() && cost > 0.0 {
-            spent.cost_usd += cost;
-        }
-        spent.tokens = spent.tokens.saturating_add(tokens);
-    }
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // saturating
+    let tokens = if tokens.is_finite() && tokens > 0.0 { tokens as u64 } else { 0 };
+    spent.tokens = spent.tokens.saturating_add(tokens);
     let sum = |tx: &mut Tx<'_>, sql: &str| -> PgResult<Spend> {
         let row = tx.query_one(sql, &[&root])?;
         let (cost, tokens): (f64, f64) = (row.try_get(0)?, row.try_get(1)?);
@@ -292,21 +254,5 @@ impl Budgets for PgStore {
             }
             Ok(())
         })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn json_values_read_like_sqlite_casts() {
-        assert_eq!(as_real(Some(&json!(0.25))), Some(0.25));
-        assert_eq!(as_real(Some(&json!("1.5"))), Some(1.5));
-        assert_eq!(as_real(Some(&json!("x"))), Some(0.0));
-        assert_eq!(as_real(Some(&Value::Null)), None);
-        assert_eq!(as_real(None), None);
-        assert_eq!(as_integer(Some(&json!(7.9))), Some(7));
     }
 }

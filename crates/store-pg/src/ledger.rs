@@ -80,11 +80,13 @@ fn record_in(
         covered = c.to_id;
     }
     let aggregate = draft.aggregate.as_ref().map(Value::to_string);
+    let typed = retinue_core::UsageColumns::of(&draft.usage);
     let id: i64 = tx
         .query_one(
             "WITH ins AS (INSERT INTO delegation_child_usage (parent_session_id, parent_turn_id, \
-               child_session_id, usage_json, aggregate_json, created_at) \
-               VALUES ($1, $2, $3, $4, $5, $6) RETURNING id), \
+               child_session_id, usage_json, aggregate_json, created_at, cost_usd, input_tokens, \
+               output_tokens, cache_read_tokens, cache_write_tokens, reasoning_tokens) \
+               VALUES ($1, $2, $3, $4, $5, $6, $8, $9, $10, $11, $12, $13) RETURNING id), \
              k AS (UPDATE retinue_usage_keys SET usage_id = (SELECT id FROM ins) \
                WHERE attribution_key = $7::text) \
              SELECT id FROM ins",
@@ -96,6 +98,12 @@ fn record_in(
                 &aggregate,
                 &now,
                 &draft.key,
+                &typed.cost_usd,
+                &typed.input_tokens,
+                &typed.output_tokens,
+                &typed.cache_read_tokens,
+                &typed.cache_write_tokens,
+                &typed.reasoning_tokens,
             ],
         )?
         .try_get(0)?;
@@ -199,5 +207,47 @@ impl UsageLedger for PgStore {
             )?;
             Ok(n > 0)
         })
+    }
+}
+
+impl PgStore {
+    /// Types the ledger rows that have no typed columns yet (written before
+    /// the columns existed, or copied by an import) with the core rule, in
+    /// batches; returns how many. A no-op once every row is typed.
+    pub(crate) fn type_usage_rows(&self) -> Result<usize> {
+        let mut typed = 0;
+        loop {
+            let n = self.pool.tx("typing ledger rows", Mode::Write, |tx| {
+                let rows = tx.query(
+                    "SELECT id, usage_json FROM delegation_child_usage WHERE cost_usd IS NULL \
+                     ORDER BY id LIMIT 1000 FOR UPDATE SKIP LOCKED",
+                    &[],
+                )?;
+                for r in &rows {
+                    let id: i64 = r.try_get(0)?;
+                    let text: Option<String> = r.try_get(1)?;
+                    let c = retinue_core::UsageColumns::of_json_text(text.as_deref());
+                    tx.execute(
+                        "UPDATE delegation_child_usage SET cost_usd = $2, input_tokens = $3, \
+                         output_tokens = $4, cache_read_tokens = $5, cache_write_tokens = $6, \
+                         reasoning_tokens = $7 WHERE id = $1",
+                        &[
+                            &id,
+                            &c.cost_usd,
+                            &c.input_tokens,
+                            &c.output_tokens,
+                            &c.cache_read_tokens,
+                            &c.cache_write_tokens,
+                            &c.reasoning_tokens,
+                        ],
+                    )?;
+                }
+                Ok(rows.len())
+            })?;
+            typed += n;
+            if n == 0 {
+                return Ok(typed);
+            }
+        }
     }
 }

@@ -777,6 +777,8 @@ impl PgStore {
                  {target_ledger})"
             )));
         }
+        // The copied ledger rows get their typed columns (the core rule).
+        self.type_usage_rows()?;
         Ok(MigrationReport {
             tables,
             updated,

@@ -42,6 +42,10 @@ const MIGRATIONS: &[(&str, &str)] = &[
         include_str!("../migrations/V5__retinue_pg_budget_members.sql"),
     ),
     ("V6__retinue_pg_migrated_ids", include_str!("../migrations/V6__retinue_pg_migrated_ids.sql")),
+    (
+        "V7__retinue_pg_usage_columns",
+        include_str!("../migrations/V7__retinue_pg_usage_columns.sql"),
+    ),
 ];
 
 #[allow(clippy::cast_possible_truncation, clippy::cast_possible_wrap)] // a handful of files
@@ -337,6 +341,7 @@ impl PgStore {
         }
         let store = PgStore::over(pool, opts)?;
         store.heartbeat()?;
+        store.type_usage_rows()?;
         Ok(store)
     }
 

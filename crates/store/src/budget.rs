@@ -59,34 +59,21 @@ fn status_in(
     limit: BudgetLimit,
 ) -> SqlResult<BudgetStatus> {
     let mut spent = Spend::default();
-    // The lineage's sessions, then the budget's member sessions (children
-    // and nested children), each counted once.
-    let mut all: Vec<String> = sessions.to_vec();
-    {
-        let mut stmt = conn.prepare_cached(
-            "SELECT session_id FROM retinue_budget_members WHERE budget_root = ?1",
-        )?;
-        let members = stmt.query_map([root], |r| r.get::<_, String>(0))?;
-        for m in members {
-            let m = m?;
-            if !all.contains(&m) {
-                all.push(m);
-            }
-        }
-    }
-    // `total()` never overflows (a hostile or absurd row saturates instead
-    // of breaking every later reservation); negative values count as 0.
-    let mut stmt = conn.prepare_cached(
-        "SELECT total(max(0, ifnull(CAST(json_extract(usage_json, '$.cost_usd') AS REAL), 0))), \
-         total(max(0, ifnull(CAST(json_extract(usage_json, '$.tokens.input') AS REAL), 0)) \
-             + max(0, ifnull(CAST(json_extract(usage_json, '$.tokens.output') AS REAL), 0))) \
-         FROM delegation_child_usage WHERE parent_session_id = ?1 AND json_valid(usage_json)",
-    )?;
-    for s in &all {
-        let (cost, tokens): (f64, f64) = stmt.query_row([s], |r| Ok((r.get(0)?, r.get(1)?)))?;
-        spent.cost_usd += dollars(cost);
-        spent.tokens = spent.tokens.saturating_add(tokens_of(tokens));
-    }
+    // One indexed aggregate over the typed columns: the ledger rows billed
+    // to the lineage's sessions or to the budget's member sessions (children
+    // and nested children), each row once. `total()` never overflows (an
+    // absurd row saturates instead of breaking every later reservation).
+    let listed = serde_json::Value::from(sessions.to_vec()).to_string();
+    let (cost, tokens): (f64, f64) = conn
+        .prepare_cached(
+            "SELECT total(cost_usd), total(input_tokens + output_tokens) \
+             FROM retinue_usage_columns WHERE parent_session_id IN ( \
+                 SELECT value FROM json_each(?1) \
+                 UNION SELECT session_id FROM retinue_budget_members WHERE budget_root = ?2)",
+        )?
+        .query_row(params![listed, root], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    spent.cost_usd += dollars(cost);
+    spent.tokens = spent.tokens.saturating_add(tokens_of(tokens));
     let (cost, tokens): (f64, f64) = conn
         .prepare_cached(
             "SELECT total(cost_usd), total(tokens) FROM retinue_budget_reservations \

@@ -220,3 +220,73 @@ fn a_clock_that_goes_backwards_or_reads_garbage_changes_nothing_it_should_not() 
     *times.lock().expect("times") = vec![T0];
     assert_eq!(store.list_retained_children().expect("list").len(), 1);
 }
+
+/// The typed usage columns (issue #25) agree with the core rule
+/// (`UsageColumns`) for every row, whoever writes it: the triggers type a
+/// row another writer inserts raw, hostile values included.
+#[test]
+fn typed_usage_columns_follow_the_core_rule_for_raw_rows() {
+    let fx = Fx::new();
+    let raw = fx.raw();
+    let rows = [
+        r#"{"cost_usd": 0.25, "tokens": {"input": 100, "output": 20}}"#,
+        r#"{"cost_usd": "0.5", "tokens": {"input": "7", "output": true, "cache_read": 3, "cache_write": 2, "reasoning": 9}}"#,
+        r#"{"cost_usd": -4, "tokens": {"input": -1, "output": {"x": 1}}}"#,
+        r#"{"cost_usd": " 12abc", "tokens": {"input": "NaN"}}"#,
+        r#"{not json"#,
+        r#"[]"#,
+    ];
+    for (i, text) in rows.iter().enumerate() {
+        raw.execute(
+            "INSERT INTO delegation_child_usage (parent_session_id, parent_turn_id, \
+             child_session_id, usage_json, created_at) VALUES ('HERMES', '', ?1, ?2, 1.0)",
+            rusqlite::params![format!("c{i}"), text],
+        )
+        .expect("raw insert");
+    }
+    let mut stmt = raw
+        .prepare(
+            "SELECT u.usage_json, c.cost_usd, c.input_tokens, c.output_tokens, \
+             c.cache_read_tokens, c.cache_write_tokens, c.reasoning_tokens \
+             FROM delegation_child_usage u JOIN retinue_usage_columns c ON c.usage_id = u.id \
+             ORDER BY u.id",
+        )
+        .expect("prepare");
+    let typed: Vec<(String, [f64; 6])> = stmt
+        .query_map([], |r| {
+            Ok((r.get(0)?, [r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?]))
+        })
+        .expect("query")
+        .collect::<rusqlite::Result<_>>()
+        .expect("rows");
+    assert_eq!(typed.len(), rows.len(), "every raw row is typed");
+    for (text, got) in typed {
+        let c = retinue_core::UsageColumns::of_json_text(Some(&text));
+        let want = [
+            c.cost_usd,
+            c.input_tokens,
+            c.output_tokens,
+            c.cache_read_tokens,
+            c.cache_write_tokens,
+            c.reasoning_tokens,
+        ];
+        assert_eq!(got, want, "{text}");
+    }
+    // Spent is their sum: $0.75 + $12, 100 + 20 + 7 + 1 tokens.
+    let limit = BudgetLimit { max_cost_usd: Some(100.0), max_tokens: None };
+    let st = fx.store.budget_status("HERMES", &["HERMES".to_owned()], limit).expect("status");
+    assert!((st.spent.cost_usd - 12.75).abs() < 1e-9, "{st:?}");
+    assert_eq!(st.spent.tokens, 128, "{st:?}");
+    // An update retypes the row; a delete drops it.
+    raw.execute(
+        "UPDATE delegation_child_usage SET usage_json = '{\"cost_usd\": 1}' \
+         WHERE child_session_id = 'c0'",
+        [],
+    )
+    .expect("update");
+    raw.execute("DELETE FROM delegation_child_usage WHERE child_session_id = 'c3'", [])
+        .expect("delete");
+    let st = fx.store.budget_status("HERMES", &["HERMES".to_owned()], limit).expect("status");
+    assert!((st.spent.cost_usd - 1.5).abs() < 1e-9, "{st:?}");
+    assert_eq!(st.spent.tokens, 8, "{st:?}");
+}
