@@ -1,6 +1,6 @@
 //! `retinue-store-pg`: Retinue's PostgreSQL backend ("team mode").
 //!
-//! [`PgStore`] implements every seam trait of `retinue-store` — the four
+//! [`PgStore`] implements every seam trait of `retinue-core` — the four
 //! registry roles ([`retinue_core::RegistryRead`], [`retinue_core::UnitLifecycle`],
 //! [`retinue_core::Retention`], [`retinue_core::Claims`]), sessions and
 //! transcripts ([`retinue_core::SessionStore`], [`retinue_core::SessionGraph`]) and the

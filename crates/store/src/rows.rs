@@ -1,7 +1,6 @@
 //! Shared row-reading helpers of the registry: the child-row projection
 //! joined with its unit, lenient JSON columns, and the retention limits in
-//! force. The bottom layer of the registry: it imports nothing above
-//! `model`/`config`.
+//! force. The bottom layer of the registry: it imports only core's records.
 
 use rusqlite::Row;
 

@@ -1,6 +1,6 @@
 //! `retinue-testkit`: test support shared by every Retinue crate's tests.
 //!
-//! It depends on the store only and offers:
+//! It depends on core, config and the SQLite store (never on a layer above) and offers:
 //! * [`TempHome`]: a throw-away `HERMES_HOME` with its `state.db` path and a
 //!   [`Store`] opened on it with a [`ManualClock`];
 //! * [`SessionGraphBuilder`]: session graphs for the authority rules (roots,
