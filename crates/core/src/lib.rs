@@ -52,11 +52,11 @@ pub use ledger::{
     UsageLedger, UsageTotals,
 };
 pub use model::{
-    ChildManifest, Completion, CompletionEvent, CompletionPlan, DeliveryClaim, DeliveryFilter,
-    GOAL_MAX_CHARS, Lookup, Message, NewSession, PruneCount, RecoveryReport, ResumeClaim,
-    RetainedChild, SessionCost, SessionRow, TombstoneReason, Unaddressable, UnitDraft, UsageSwap,
-    children_json, parse_children_json, parse_json_opt, redact_endpoint, redact_url,
-    strip_userinfo, truncate_chars, userinfo_at,
+    ABANDONED_ERROR, ChildManifest, Completion, CompletionEvent, CompletionPlan, DeliveryClaim,
+    DeliveryFilter, GOAL_MAX_CHARS, Lookup, Message, NewSession, PruneCount, RecoveryReport,
+    ResumeClaim, RetainedChild, SessionCost, SessionRow, TombstoneReason, Unaddressable, UnitDraft,
+    UsageSwap, abandoned_event, children_json, parse_children_json, parse_json_opt,
+    redact_endpoint, redact_url, strip_userinfo, truncate_chars, userinfo_at,
 };
 pub use options::{JournalMode, Synchronous, default_profile_key};
 pub use probe::{OwnerProbe, ProcProbe, ProcessState, current_owner};
@@ -65,7 +65,10 @@ pub use registry::{
     Registry, RegistryRead, Retention, TERMINAL_KEEP, UnitLifecycle,
 };
 pub use rules::{ChildFacts, Limits, RetentionPolicy, child_status, covered_status};
-pub use sessions::{LineageWalk, MAX_HOPS, SessionGraph, SessionStore};
+pub use sessions::{
+    LineageWalk, MAX_HOPS, SessionGraph, SessionStore, compression_tip_walk, has_lineage_marker,
+    tool_call_delta,
+};
 pub use spend::{BudgetLimit, BudgetStatus, Reservation, ReservationDraft, Spend, UsageColumns};
 pub use status::{ChildStatus, EndReason, ExitReason, Role, SettleReason, UnitState};
 

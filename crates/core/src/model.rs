@@ -552,6 +552,39 @@ impl CompletionEvent {
     }
 }
 
+/// The error text of a unit recovery found abandoned (semantics §3.8).
+pub const ABANDONED_ERROR: &str =
+    "Delegation owner exited before recording a terminal result; outcome unknown.";
+
+/// What recovery records for an abandoned unit (semantics §3.8): its
+/// `unknown` completion event — the unit's origin and parent, the stored
+/// task's keys (untrusted: they never override these) — and its result.
+pub fn abandoned_event(
+    delegation_id: &str,
+    origins: [Option<String>; 3],
+    parent_session_id: Option<String>,
+    task_json: Option<&str>,
+) -> (Value, Value) {
+    let mut ev = Map::new();
+    ev.insert("type".into(), serde_json::json!("async_delegation"));
+    ev.insert("delegation_id".into(), serde_json::json!(delegation_id));
+    for (key, value) in
+        ["origin_session", "origin_ui_session_id", "origin_session_id"].into_iter().zip(origins)
+    {
+        ev.insert(key.into(), serde_json::json!(value.unwrap_or_default()));
+    }
+    ev.insert("parent_session_id".into(), serde_json::json!(parent_session_id));
+    if let Some(Value::Object(task)) = parse_json_opt(task_json) {
+        for (k, v) in task {
+            ev.entry(k).or_insert(v);
+        }
+    }
+    ev.insert("status".into(), serde_json::json!("unknown"));
+    ev.insert("error".into(), serde_json::json!(ABANDONED_ERROR));
+    let result = serde_json::json!({"status": "unknown", "error": ABANDONED_ERROR});
+    (Value::Object(ev), result)
+}
+
 /// What a completion records (semantics §3.2 `persist_completion`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Completion {

@@ -12,10 +12,10 @@ use retinue_core::{
     ChildManifest, Claims, Completion, DeliveryClaim, DeliveryFilter, Error, LEASE_SECS, Lookup,
     MAX_DELIVERY_ATTEMPTS, OwnerProbe, ProcessState, PruneCount, RecoveryReport, RegistryRead,
     Result, ResumeClaim, RetainedChild, Retention, TombstoneReason, Unaddressable, UnitDraft,
-    UnitLifecycle, UsageSwap, child_status, children_json, parse_children_json, parse_json_opt,
-    truncate_chars,
+    UnitLifecycle, UsageSwap, abandoned_event, child_status, children_json, parse_children_json,
+    parse_json_opt, truncate_chars,
 };
-use serde_json::{Map, Value, json};
+use serde_json::Value;
 
 use crate::pool::{Fail, Mode, Params, PgResult, Tx, count, int, random_hex, u32_of};
 use crate::rows::{CHILD_COLS, CHILD_RETAINED_AT, ChildRow, PROFILE, PROFILE_U, read_child_row_at};
@@ -485,9 +485,6 @@ impl Retention for PgStore {
 
 // ---------------------------------------------------------------- recovery
 
-const UNKNOWN_ERROR: &str =
-    "Delegation owner exited before recording a terminal result; outcome unknown.";
-
 impl PgStore {
     /// Marks `unknown` the live, non-retained units whose owner is gone: a
     /// worker whose lease expired (or vanished), or — for units without a
@@ -507,7 +504,7 @@ impl PgStore {
                 &[&self.profile],
             )?;
             let can_probe = probe.probe(i64::from(std::process::id())).is_some();
-            let mut dead: Vec<(String, Value)> = Vec::new();
+            let mut dead: Vec<(String, Value, Value)> = Vec::new();
             for r in rows {
                 let id: String = r.try_get(0)?;
                 let pid: Option<i64> = r.try_get(1)?;
@@ -529,32 +526,21 @@ impl PgStore {
                 if alive {
                     continue;
                 }
-                let mut ev = Map::new();
-                ev.insert("type".into(), json!("async_delegation"));
-                ev.insert("delegation_id".into(), json!(id));
-                for (i, key) in
-                    [(3, "origin_session"), (4, "origin_ui_session_id"), (5, "origin_session_id")]
-                {
-                    ev.insert(key.into(), json!(r.try_get::<_, Option<String>>(i)?.unwrap_or_default()));
-                }
-                ev.insert("parent_session_id".into(), json!(r.try_get::<_, Option<String>>(6)?));
                 let task: Option<String> = r.try_get(7)?;
-                if let Some(Value::Object(task)) = parse_json_opt(task.as_deref()) {
-                    for (k, v) in task {
-                        ev.entry(k).or_insert(v);
-                    }
-                }
-                ev.insert("status".into(), json!("unknown"));
-                ev.insert("error".into(), json!(UNKNOWN_ERROR));
-                dead.push((id, Value::Object(ev)));
+                let (event, result) = abandoned_event(
+                    &id,
+                    [r.try_get(3)?, r.try_get(4)?, r.try_get(5)?],
+                    r.try_get(6)?,
+                    task.as_deref(),
+                );
+                dead.push((id, event, result));
             }
-            let result = json!({"status": "unknown", "error": UNKNOWN_ERROR}).to_string();
-            for (id, event) in &dead {
+            for (id, event, result) in &dead {
                 tx.execute(
                     "UPDATE async_delegations SET state = 'unknown', completed_at = $1, \
                      updated_at = $1, delivery_state = 'pending', event_json = $2, \
                      result_json = $3 WHERE delegation_id = $4 AND retained IS NULL",
-                    &[&now, &event.to_string(), &result, id],
+                    &[&now, &event.to_string(), &result.to_string(), id],
                 )?;
             }
             Ok(dead.len())

@@ -3,7 +3,10 @@
 
 use postgres::Row;
 use retinue_core::EndReason;
-use retinue_core::{MAX_HOPS, Message, NewSession, Result, SessionGraph, SessionRow, SessionStore};
+use retinue_core::{
+    MAX_HOPS, Message, NewSession, Result, SessionGraph, SessionRow, SessionStore,
+    compression_tip_walk, tool_call_delta,
+};
 use serde_json::Value;
 
 use crate::pool::{Fail, Mode, PgResult, Tx};
@@ -68,31 +71,6 @@ fn children_in(tx: &mut Tx<'_>, parent: &str) -> PgResult<Vec<SessionRow>> {
         "SELECT {SESSION_COLS} FROM sessions WHERE parent_session_id = $1 ORDER BY started_at, id"
     );
     tx.query(&sql, &[&parent])?.iter().map(read_session).collect()
-}
-
-/// What a message adds to `sessions.tool_call_count` (as hermes counts it).
-fn tool_call_delta(tool_calls: Option<&str>) -> i64 {
-    match tool_calls.map(str::trim).filter(|t| !t.is_empty()) {
-        None => 0,
-        Some(text) => match serde_json::from_str::<Value>(text) {
-            Ok(Value::Array(calls)) => i64::try_from(calls.len()).unwrap_or(i64::MAX),
-            Ok(Value::Null) => 0,
-            _ => 1,
-        },
-    }
-}
-
-/// Whether a `model_config` text carries a lineage marker key (or is unreadable).
-fn has_marker(model_config: Option<&str>) -> bool {
-    match model_config.map(str::trim).filter(|s| !s.is_empty()) {
-        None => false,
-        Some(text) => match serde_json::from_str::<Value>(text) {
-            Ok(Value::Object(m)) => {
-                m.contains_key("_branched_from") || m.contains_key("_delegate_from")
-            }
-            _ => true,
-        },
-    }
 }
 
 impl SessionGraph for PgStore {
@@ -228,46 +206,23 @@ impl SessionStore for PgStore {
 
     fn compression_tip(&self, id: &str) -> Result<String> {
         self.pool.tx("following the compression tip", Mode::Read, |tx| {
-            let mut best = id.to_owned();
-            let Some(mut current) = session_in(tx, id)? else { return Ok(best) };
-            let mut visited = vec![current.id.clone()];
-            for _ in 0..MAX_HOPS {
-                if current.end_reason.as_deref() != Some("compression") {
-                    break;
-                }
-                let next = children_in(tx, &current.id)?
-                    .into_iter()
-                    .filter(|c| {
-                        !has_marker(c.model_config.as_deref())
-                            && !c.source.trim().eq_ignore_ascii_case("tool")
-                            && !visited.contains(&c.id)
-                    })
-                    .max_by(|a, b| {
-                        let rank = |s: &SessionRow| match (s.ended_at, s.end_reason.as_deref()) {
-                            (Some(_), Some("compression")) => 2,
-                            (None, _) => 1,
-                            _ => 0,
-                        };
-                        rank(a)
-                            .cmp(&rank(b))
-                            .then(a.started_at.total_cmp(&b.started_at))
-                            .then(a.id.cmp(&b.id))
-                    });
-                let Some(next) = next else { break };
-                visited.push(next.id.clone());
-                let has_messages = tx
-                    .query_opt(
-                        "SELECT 1 FROM messages WHERE session_id = $1 \
-                         AND COALESCE(active, 1) = 1 LIMIT 1",
-                        &[&next.id],
-                    )?
-                    .is_some();
-                if has_messages {
-                    best.clone_from(&next.id);
-                }
-                current = next;
-            }
-            Ok(best)
+            let start = session_in(tx, id)?;
+            let tx = std::cell::RefCell::new(tx);
+            compression_tip_walk(
+                id,
+                start,
+                |parent| children_in(&mut tx.borrow_mut(), parent),
+                |session| {
+                    Ok(tx
+                        .borrow_mut()
+                        .query_opt(
+                            "SELECT 1 FROM messages WHERE session_id = $1 \
+                             AND COALESCE(active, 1) = 1 LIMIT 1",
+                            &[&session],
+                        )?
+                        .is_some())
+                },
+            )
         })
     }
 }

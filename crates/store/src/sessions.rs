@@ -10,7 +10,8 @@ use crate::rows::{json_column, real_column, text_column};
 use crate::store::Store;
 use retinue_core::{Message, NewSession, SessionRow};
 
-pub(crate) use retinue_core::{MAX_HOPS, SessionGraph, SessionStore};
+pub(crate) use retinue_core::{SessionGraph, SessionStore};
+use retinue_core::{compression_tip_walk, tool_call_delta};
 
 pub(crate) fn insert_session(tx: &Transaction<'_>, s: &NewSession, now: f64) -> SqlResult<()> {
     if s.id.trim().is_empty() {
@@ -128,33 +129,6 @@ pub(crate) fn children_in(
         out.push(row?.map_err(unreadable_session)?);
     }
     Ok(out)
-}
-
-/// What a message adds to `sessions.tool_call_count`, counted as hermes
-/// counts it: the length of a `tool_calls` array, 1 for any other value, 0
-/// for none (hermes's insights and prune filters read this column).
-fn tool_call_delta(tool_calls: Option<&str>) -> i64 {
-    match tool_calls.map(str::trim).filter(|t| !t.is_empty()) {
-        None => 0,
-        Some(text) => match serde_json::from_str::<Value>(text) {
-            Ok(Value::Array(calls)) => i64::try_from(calls.len()).unwrap_or(i64::MAX),
-            Ok(Value::Null) => 0,
-            _ => 1,
-        },
-    }
-}
-
-/// Whether a `model_config` text carries a lineage marker key (or is unreadable).
-fn has_marker(model_config: Option<&str>) -> bool {
-    match model_config.map(str::trim).filter(|s| !s.is_empty()) {
-        None => false,
-        Some(text) => match serde_json::from_str::<Value>(text) {
-            Ok(Value::Object(m)) => {
-                m.contains_key("_branched_from") || m.contains_key("_delegate_from")
-            }
-            _ => true,
-        },
-    }
 }
 
 impl SessionGraph for Store {
@@ -346,42 +320,13 @@ impl SessionStore for Store {
             let mut has_messages = tx.prepare_cached(
                 "SELECT 1 FROM messages WHERE session_id = ?1 AND COALESCE(active, 1) = 1",
             )?;
-            let mut best = id.to_owned();
-            let mut current = match session_in(tx, sp, id)? {
-                Some(row) => row,
-                None => return Ok(best),
-            };
-            let mut visited = vec![current.id.clone()];
-            for _ in 0..MAX_HOPS {
-                if current.end_reason.as_deref() != Some("compression") {
-                    break;
-                }
-                let next = children_in(tx, sp, &current.id)?
-                    .into_iter()
-                    .filter(|c| {
-                        !has_marker(c.model_config.as_deref())
-                            && !c.source.trim().eq_ignore_ascii_case("tool")
-                            && !visited.contains(&c.id)
-                    })
-                    .max_by(|a, b| {
-                        let rank = |s: &SessionRow| match (s.ended_at, s.end_reason.as_deref()) {
-                            (Some(_), Some("compression")) => 2,
-                            (None, _) => 1,
-                            _ => 0,
-                        };
-                        rank(a)
-                            .cmp(&rank(b))
-                            .then(a.started_at.total_cmp(&b.started_at))
-                            .then(a.id.cmp(&b.id))
-                    });
-                let Some(next) = next else { break };
-                visited.push(next.id.clone());
-                if has_messages.exists([&next.id])? {
-                    best.clone_from(&next.id);
-                }
-                current = next;
-            }
-            Ok(best)
+            let start = session_in(tx, sp, id)?;
+            compression_tip_walk(
+                id,
+                start,
+                |parent| children_in(tx, sp, parent),
+                |session| Ok(has_messages.exists([session])?),
+            )
         })
     }
 }

@@ -2,22 +2,19 @@
 //! `unknown`; retained units are never touched; rehydration always runs.
 
 use rusqlite::params;
-use serde_json::{Map, Value, json};
+use serde_json::Value;
 
 use crate::error::{Result, SqlResult};
 use crate::registry::Retention;
 use crate::rows::json_column;
 use crate::store::Store;
 use retinue_core::{OwnerProbe, ProcessState};
-use retinue_core::{RecoveryReport, parse_json_opt};
-
-const UNKNOWN_ERROR: &str =
-    "Delegation owner exited before recording a terminal result; outcome unknown.";
+use retinue_core::{RecoveryReport, abandoned_event};
 
 fn classify(store: &Store, probe: &dyn OwnerProbe) -> Result<usize> {
     let now = store.clock.now();
     store.pool.write("classifying abandoned units", |tx| -> SqlResult<usize> {
-        type Row = (String, Option<i64>, Option<i64>, Value);
+        type Row = (String, Option<i64>, Option<i64>, (Value, Value));
         let rows: Vec<Row> = {
             let mut stmt = tx.prepare_cached(
                 "SELECT delegation_id, owner_pid, owner_started_at, origin_session, \
@@ -27,27 +24,13 @@ fn classify(store: &Store, probe: &dyn OwnerProbe) -> Result<usize> {
             )?;
             let mapped = stmt.query_map([], |r| {
                 let id: String = r.get(0)?;
-                let mut ev = Map::new();
-                ev.insert("type".into(), json!("async_delegation"));
-                ev.insert("delegation_id".into(), json!(id));
-                for (i, key) in
-                    [(3, "origin_session"), (4, "origin_ui_session_id"), (5, "origin_session_id")]
-                {
-                    ev.insert(
-                        key.into(),
-                        json!(r.get::<_, Option<String>>(i)?.unwrap_or_default()),
-                    );
-                }
-                ev.insert("parent_session_id".into(), json!(r.get::<_, Option<String>>(6)?));
-                let task = parse_json_opt(json_column(r, 7)?.as_deref());
-                if let Some(Value::Object(task)) = task {
-                    for (k, v) in task {
-                        ev.entry(k).or_insert(v);
-                    }
-                }
-                ev.insert("status".into(), json!("unknown"));
-                ev.insert("error".into(), json!(UNKNOWN_ERROR));
-                Ok((id, r.get(1)?, r.get(2)?, Value::Object(ev)))
+                let (event, result) = abandoned_event(
+                    &id,
+                    [r.get(3)?, r.get(4)?, r.get(5)?],
+                    r.get(6)?,
+                    json_column(r, 7)?.as_deref(),
+                );
+                Ok((id, r.get(1)?, r.get(2)?, (event, result)))
             })?;
             mapped.collect::<rusqlite::Result<_>>()?
         };
@@ -78,8 +61,7 @@ fn classify(store: &Store, probe: &dyn OwnerProbe) -> Result<usize> {
              delivery_state = 'pending', event_json = ?2, result_json = ?3 \
              WHERE delegation_id = ?4 AND retained IS NULL",
         )?;
-        for (id, event) in &dead {
-            let result = json!({"status": "unknown", "error": UNKNOWN_ERROR});
+        for (id, (event, result)) in &dead {
             stmt.execute(params![now, event.to_string(), result.to_string(), id])?;
         }
         Ok(dead.len())
