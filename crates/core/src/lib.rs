@@ -64,7 +64,9 @@ pub use registry::{
     Backend, Claims, DELIVERED_MAX_AGE_SECS, LEASE_SECS, MAX_DELIVERY_ATTEMPTS, PENDING_KEEP,
     Registry, RegistryRead, Retention, TERMINAL_KEEP, UnitLifecycle,
 };
-pub use rules::{ChildFacts, Limits, RetentionPolicy, child_status, covered_status};
+pub use rules::{
+    ChildFacts, Limits, LookupKey, RetentionPolicy, child_status, covered_status, lookup_order,
+};
 pub use sessions::{
     LineageWalk, MAX_HOPS, SessionGraph, SessionStore, compression_tip_walk, has_lineage_marker,
     tool_call_delta,

@@ -147,8 +147,60 @@ pub fn covered_status(retained_at: Option<f64>, pruned_at: f64, ttl_seconds: f64
     }
 }
 
+/// One candidate of a lookup, as the resolution order compares it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LookupKey<'a> {
+    /// Whether the candidate is addressable (its status is `None`).
+    pub addressable: bool,
+    /// How it matched the id: 0 subagent id, 1 child session id, 2 delegation id.
+    pub kind: u8,
+    /// Its unit's `retained_at`.
+    pub unit_retained_at: Option<f64>,
+    /// Its unit.
+    pub delegation_id: &'a str,
+    /// Its index in the unit.
+    pub child_index: u32,
+}
+
+/// The order in which an id's candidates resolve (semantics §3.3); the
+/// first wins: addressable before not, then a subagent-id match before a
+/// child-session match before a delegation-id match, then the newest unit
+/// (`retained_at`), then the greater delegation id, then the lower child
+/// index. Both backends sort with it.
+pub fn lookup_order(a: &LookupKey<'_>, b: &LookupKey<'_>) -> std::cmp::Ordering {
+    let newest = |k: &LookupKey<'_>| k.unit_retained_at.unwrap_or(f64::NEG_INFINITY);
+    b.addressable
+        .cmp(&a.addressable)
+        .then(a.kind.cmp(&b.kind))
+        .then(newest(b).total_cmp(&newest(a)))
+        .then(b.delegation_id.cmp(a.delegation_id))
+        .then(a.child_index.cmp(&b.child_index))
+}
+
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn lookup_order_prefers_addressable_then_kind_then_newest() {
+        use super::{LookupKey, lookup_order};
+        let k = |addressable, kind, at: f64, id: &'static str| LookupKey {
+            addressable,
+            kind,
+            unit_retained_at: Some(at),
+            delegation_id: id,
+            child_index: 0,
+        };
+        let mut keys = vec![
+            k(false, 0, 9.0, "d9"),
+            k(true, 2, 9.0, "d8"),
+            k(true, 0, 1.0, "d1"),
+            k(true, 0, 5.0, "d5"),
+        ];
+        keys.sort_by(lookup_order);
+        let ids: Vec<&str> = keys.iter().map(|k| k.delegation_id).collect();
+        assert_eq!(ids, ["d5", "d1", "d8", "d9"]);
+    }
+
     use super::*;
 
     const LIM: Limits = Limits { now: 10_000.0, max_retained: 2, ttl_hours: 1.0 };

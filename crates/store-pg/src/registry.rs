@@ -86,17 +86,18 @@ fn live_status(row: &ChildRow, lim: Limits) -> Option<Unaddressable> {
 
 type Scored = (Option<Unaddressable>, u8, ChildRow);
 
+/// The core's resolution order (semantics §3.3) over scored candidates.
 fn order(a: &Scored, b: &Scored) -> std::cmp::Ordering {
-    a.0.is_some()
-        .cmp(&b.0.is_some())
-        .then(a.1.cmp(&b.1))
-        .then(
-            b.2.unit_retained_at
-                .unwrap_or(f64::NEG_INFINITY)
-                .total_cmp(&a.2.unit_retained_at.unwrap_or(f64::NEG_INFINITY)),
-        )
-        .then(b.2.entry.delegation_id.cmp(&a.2.entry.delegation_id))
-        .then(a.2.entry.child_index.cmp(&b.2.entry.child_index))
+    fn key(s: &Scored) -> retinue_core::LookupKey<'_> {
+        retinue_core::LookupKey {
+            addressable: s.0.is_none(),
+            kind: s.1,
+            unit_retained_at: s.2.unit_retained_at,
+            delegation_id: &s.2.entry.delegation_id,
+            child_index: s.2.entry.child_index,
+        }
+    }
+    retinue_core::lookup_order(&key(a), &key(b))
 }
 
 /// The one row `id` resolves to (semantics §3.3 order): how it matched (0

@@ -97,18 +97,19 @@ pub(crate) fn resolve_in(conn: &Connection, id: &str, lim: Limits) -> SqlResult<
         .into_iter()
         .map(|(kind, row)| (live_status(&row, lim), kind, row))
         .collect();
+    // The core's resolution order (semantics §3.3).
+    fn key(s: &(Option<Unaddressable>, u8, ChildRow)) -> retinue_core::LookupKey<'_> {
+        retinue_core::LookupKey {
+            addressable: s.0.is_none(),
+            kind: s.1,
+            unit_retained_at: s.2.unit_retained_at,
+            delegation_id: &s.2.entry.delegation_id,
+            child_index: s.2.entry.child_index,
+        }
+    }
     let order = |a: &(Option<Unaddressable>, u8, ChildRow),
                  b: &(Option<Unaddressable>, u8, ChildRow)| {
-        a.0.is_some()
-            .cmp(&b.0.is_some())
-            .then(a.1.cmp(&b.1))
-            .then(
-                b.2.unit_retained_at
-                    .unwrap_or(f64::NEG_INFINITY)
-                    .total_cmp(&a.2.unit_retained_at.unwrap_or(f64::NEG_INFINITY)),
-            )
-            .then(b.2.entry.delegation_id.cmp(&a.2.entry.delegation_id))
-            .then(a.2.entry.child_index.cmp(&b.2.entry.child_index))
+        retinue_core::lookup_order(&key(a), &key(b))
     };
     scored.sort_by(order);
     // The cap rank is read only for live candidates, best first, until one is within the cap.
