@@ -190,7 +190,7 @@ mod tests {
             delegation_id: id,
             child_index: 0,
         };
-        let mut keys = vec![
+        let mut keys = [
             k(false, 0, 9.0, "d9"),
             k(true, 2, 9.0, "d8"),
             k(true, 0, 1.0, "d1"),
