@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::ops::ControlFlow;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use retinue_core::{ExitReason, Message};
@@ -11,7 +12,7 @@ use retinue_delegate::{
 };
 use serde_json::{Value, json};
 
-use crate::client::{Call, CallOutcome, Completion};
+use crate::client::{Call, CallOutcome, Completion, ToolCall};
 use crate::config::check_api_mode;
 use crate::error::scrub;
 use crate::tools::tool_names;
@@ -333,29 +334,19 @@ impl Run<'_> {
         }
     }
 
+    /// The run loop: steer → model call → the answer recorded → its tool
+    /// calls run and recorded, until a final answer, a stop, the iteration
+    /// limit, the budget or a failure ends it. Each step is a method that
+    /// either goes on or has already recorded why the run ended.
     fn go(&mut self, input: &RunInput) {
-        let rt = self.rt;
-        let definitions = rt.tools.definitions(self.child);
+        let definitions = self.rt.tools.definitions(self.child);
         let names = tool_names(&definitions);
-        let mut messages: Vec<Value> = Vec::new();
-        if let Some(system) = input.system_prompt.as_deref().filter(|s| !s.is_empty()) {
-            messages.push(json!({"role": "system", "content": system}));
-        }
-        messages.extend(wire_history(&input.history));
-        messages.push(json!({"role": "user", "content": input.user_message}));
+        let mut messages = opening_messages(input);
         let max = self.settings.max_iterations.max(1);
         let mut calls: u32 = 0;
         loop {
-            for steer in rt.take_steers(self.child) {
-                let m = Message {
-                    role: "user".into(),
-                    content: Some(steer.clone()),
-                    ..Message::default()
-                };
-                if let Err(reason) = self.append(&m) {
-                    return self.sink_failed(reason);
-                }
-                messages.push(json!({"role": "user", "content": steer}));
+            if self.fold_steers(&mut messages).is_break() {
+                return;
             }
             if self.cancel.is_cancelled() {
                 return self.stop();
@@ -367,128 +358,12 @@ impl Run<'_> {
                 );
             }
             calls += 1;
-            let mut body = json!({
-                "model": self.settings.model,
-                "messages": messages,
-            });
-            if !definitions.is_empty() {
-                body["tools"] = Value::Array(definitions.clone());
-            }
-            if rt.config.stream {
-                body["stream"] = Value::Bool(true);
-                body["stream_options"] = json!({"include_usage": true});
-            }
-            // Leave from the core for this call: under a budget its prompt
-            // and bounded completion are reserved first, and the bound is
-            // sent so the provider cannot overrun it.
-            let prompt = estimated_tokens(&body.to_string());
-            let plan = CallPlan {
-                prompt_tokens: prompt,
-                prompt_cost_usd: rt.prompt_cost(&self.settings.model, prompt),
-                // The ceiling of one call's completion under a budget: the
-                // reservation holds no more than this per call, so
-                // concurrent runs share what is left.
-                max_completion_tokens: (rt.config.completion_ceiling > 0)
-                    .then_some(rt.config.completion_ceiling),
-                usd_per_completion_token: rt
-                    .config
-                    .pricing
-                    .get(&self.settings.model)
-                    .map(|p| p.output_per_mtok / 1e6),
+            let ControlFlow::Continue(completion) = self.call_model(&messages, &definitions) else {
+                return;
             };
-            let permit = match self.cancel.begin_call(plan) {
-                Ok(p) => p,
-                Err(why) => {
-                    return self.fail(
-                        ExitReason::Budget,
-                        Some(format!("the next model call would cross the budget: {why}")),
-                    );
-                }
-            };
-            if let Some(bound) = permit.max_completion_tokens() {
-                body[rt.config.completion_limit_field.as_str()] = json!(bound);
+            if self.record_answer(&completion, &mut messages).is_break() {
+                return;
             }
-            let text = body.to_string();
-            let call = Call {
-                agent: rt.agent.clone(),
-                config: Arc::clone(&rt.shared_config),
-                base_url: self.settings.base_url.clone(),
-                model: self.settings.model.clone(),
-                body: Arc::from(text.as_str()),
-                stream: rt.config.stream,
-                cancel: self.cancel.clone(),
-            };
-            let completion = match call.run() {
-                CallOutcome::Done(c) => c,
-                CallOutcome::Stopped => {
-                    // Cut off mid-call: the provider may have spent it all.
-                    self.bill_hold(permit);
-                    return self.stop();
-                }
-                CallOutcome::Failed(
-                    e @ (Error::Usage(_) | Error::Malformed(_) | Error::Exhausted { .. }),
-                ) => {
-                    // Usage nobody can believe, an answer that cannot be
-                    // read, or retries that never got one (each attempt
-                    // may have been billed): what the call held is billed.
-                    self.outcome.api_calls += 1;
-                    self.bill_hold(permit);
-                    return self.fail(ExitReason::Error, Some(e.to_string()));
-                }
-                CallOutcome::Failed(e) => {
-                    // The provider refused the call: nothing generated.
-                    permit.finish(CallUsage::default());
-                    return self.fail(ExitReason::Error, Some(e.to_string()));
-                }
-            };
-            self.outcome.api_calls += 1;
-            let mut completion = completion;
-            if !completion.usage_reported {
-                // No usage at all: billed by estimate (never 0).
-                completion.tokens.input = prompt;
-                completion.tokens.output = estimated_tokens(
-                    &(completion.content.clone().unwrap_or_default()
-                        + &completion
-                            .tool_calls
-                            .iter()
-                            .map(|c| c.name.clone() + &c.arguments)
-                            .collect::<String>()),
-                );
-                log::warn!(
-                    "the provider reported no usage for a call to model `{}`; billing an estimate \
-                     of {} tokens",
-                    self.settings.model,
-                    completion.tokens.input.saturating_add(completion.tokens.output)
-                );
-            }
-            add(&mut self.outcome.tokens, &completion.tokens);
-            let cost = rt.cost_of(&self.settings.model, &completion);
-            self.outcome.cost_usd += cost;
-            permit.finish(CallUsage {
-                tokens: completion.tokens.input.saturating_add(completion.tokens.output),
-                cost_usd: cost,
-            });
-            let wire_calls: Vec<Value> = completion
-                .tool_calls
-                .iter()
-                .map(|c| json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}))
-                .collect();
-            let assistant = Message {
-                role: "assistant".into(),
-                content: completion.content.clone().map(as_text),
-                tool_calls: (!wire_calls.is_empty())
-                    .then(|| Value::Array(wire_calls.clone()).to_string()),
-                finish_reason: completion.finish_reason.clone(),
-                ..Message::default()
-            };
-            if let Err(reason) = self.append(&assistant) {
-                return self.sink_failed(reason);
-            }
-            let mut wire = json!({"role": "assistant", "content": completion.content});
-            if !wire_calls.is_empty() {
-                wire["tool_calls"] = Value::Array(wire_calls);
-            }
-            messages.push(wire);
             if completion.tool_calls.is_empty() {
                 self.outcome.final_response = completion.content.filter(|c| !c.trim().is_empty());
                 self.outcome.exit_reason = ExitReason::Completed;
@@ -497,24 +372,199 @@ impl Run<'_> {
                 }
                 return;
             }
-            // Stopped or not, every call gets a result (a stopped child's
-            // are "not run"), so the transcript stays valid.
-            let outputs = self.run_tools(&completion.tool_calls, &names);
-            for (call, output) in completion.tool_calls.iter().zip(outputs) {
-                let output = self.within_output_cap(as_text(output));
-                let result = Message {
-                    role: "tool".into(),
-                    content: Some(output.clone()),
-                    tool_call_id: Some(call.id.clone()),
-                    tool_name: Some(call.name.clone()),
-                    ..Message::default()
-                };
-                if let Err(reason) = self.append(&result) {
-                    return self.sink_failed(reason);
-                }
-                messages.push(json!({"role": "tool", "tool_call_id": call.id, "content": output}));
+            if self.answer_tools(&completion.tool_calls, &names, &mut messages).is_break() {
+                return;
             }
         }
+    }
+
+    /// Steering messages that arrived since the last call become user
+    /// turns (recorded, then sent).
+    fn fold_steers(&mut self, messages: &mut Vec<Value>) -> ControlFlow<()> {
+        for steer in self.rt.take_steers(self.child) {
+            let m =
+                Message { role: "user".into(), content: Some(steer.clone()), ..Message::default() };
+            if let Err(reason) = self.append(&m) {
+                self.sink_failed(reason);
+                return ControlFlow::Break(());
+            }
+            messages.push(json!({"role": "user", "content": steer}));
+        }
+        ControlFlow::Continue(())
+    }
+
+    /// One model call: the request built, leave taken from the core (under
+    /// a budget its prompt and bounded completion are reserved first, and
+    /// the bound is sent so the provider cannot overrun it), the call made
+    /// and billed. `Break` when the run ended (stopped, refused, failed).
+    fn call_model(
+        &mut self,
+        messages: &[Value],
+        definitions: &[Value],
+    ) -> ControlFlow<(), Completion> {
+        let rt = self.rt;
+        let mut body = json!({
+            "model": self.settings.model,
+            "messages": messages,
+        });
+        if !definitions.is_empty() {
+            body["tools"] = Value::Array(definitions.to_vec());
+        }
+        if rt.config.stream {
+            body["stream"] = Value::Bool(true);
+            body["stream_options"] = json!({"include_usage": true});
+        }
+        let prompt = estimated_tokens(&body.to_string());
+        let plan = CallPlan {
+            prompt_tokens: prompt,
+            prompt_cost_usd: rt.prompt_cost(&self.settings.model, prompt),
+            // The ceiling of one call's completion under a budget: the
+            // reservation holds no more than this per call, so concurrent
+            // runs share what is left.
+            max_completion_tokens: (rt.config.completion_ceiling > 0)
+                .then_some(rt.config.completion_ceiling),
+            usd_per_completion_token: rt
+                .config
+                .pricing
+                .get(&self.settings.model)
+                .map(|p| p.output_per_mtok / 1e6),
+        };
+        let permit = match self.cancel.begin_call(plan) {
+            Ok(p) => p,
+            Err(why) => {
+                self.fail(
+                    ExitReason::Budget,
+                    Some(format!("the next model call would cross the budget: {why}")),
+                );
+                return ControlFlow::Break(());
+            }
+        };
+        if let Some(bound) = permit.max_completion_tokens() {
+            body[rt.config.completion_limit_field.as_str()] = json!(bound);
+        }
+        let text = body.to_string();
+        let call = Call {
+            agent: rt.agent.clone(),
+            config: Arc::clone(&rt.shared_config),
+            base_url: self.settings.base_url.clone(),
+            model: self.settings.model.clone(),
+            body: Arc::from(text.as_str()),
+            stream: rt.config.stream,
+            cancel: self.cancel.clone(),
+        };
+        let mut completion = match call.run() {
+            CallOutcome::Done(c) => c,
+            CallOutcome::Stopped => {
+                // Cut off mid-call: the provider may have spent it all.
+                self.bill_hold(permit);
+                self.stop();
+                return ControlFlow::Break(());
+            }
+            CallOutcome::Failed(
+                e @ (Error::Usage(_) | Error::Malformed(_) | Error::Exhausted { .. }),
+            ) => {
+                // Usage nobody can believe, an answer that cannot be read,
+                // or retries that never got one (each attempt may have been
+                // billed): what the call held is billed.
+                self.outcome.api_calls += 1;
+                self.bill_hold(permit);
+                self.fail(ExitReason::Error, Some(e.to_string()));
+                return ControlFlow::Break(());
+            }
+            CallOutcome::Failed(e) => {
+                // The provider refused the call: nothing generated.
+                permit.finish(CallUsage::default());
+                self.fail(ExitReason::Error, Some(e.to_string()));
+                return ControlFlow::Break(());
+            }
+        };
+        self.outcome.api_calls += 1;
+        if !completion.usage_reported {
+            // No usage at all: billed by estimate (never 0).
+            completion.tokens.input = prompt;
+            completion.tokens.output = estimated_tokens(
+                &(completion.content.clone().unwrap_or_default()
+                    + &completion
+                        .tool_calls
+                        .iter()
+                        .map(|c| c.name.clone() + &c.arguments)
+                        .collect::<String>()),
+            );
+            log::warn!(
+                "the provider reported no usage for a call to model `{}`; billing an estimate \
+                 of {} tokens",
+                self.settings.model,
+                completion.tokens.input.saturating_add(completion.tokens.output)
+            );
+        }
+        add(&mut self.outcome.tokens, &completion.tokens);
+        let cost = rt.cost_of(&self.settings.model, &completion);
+        self.outcome.cost_usd += cost;
+        permit.finish(CallUsage {
+            tokens: completion.tokens.input.saturating_add(completion.tokens.output),
+            cost_usd: cost,
+        });
+        ControlFlow::Continue(completion)
+    }
+
+    /// The answer as the child's next assistant turn (recorded, then sent
+    /// back with the next call).
+    fn record_answer(
+        &mut self,
+        completion: &Completion,
+        messages: &mut Vec<Value>,
+    ) -> ControlFlow<()> {
+        let wire_calls: Vec<Value> = completion
+            .tool_calls
+            .iter()
+            .map(|c| json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}))
+            .collect();
+        let assistant = Message {
+            role: "assistant".into(),
+            content: completion.content.clone().map(as_text),
+            tool_calls: (!wire_calls.is_empty())
+                .then(|| Value::Array(wire_calls.clone()).to_string()),
+            finish_reason: completion.finish_reason.clone(),
+            ..Message::default()
+        };
+        if let Err(reason) = self.append(&assistant) {
+            self.sink_failed(reason);
+            return ControlFlow::Break(());
+        }
+        let mut wire = json!({"role": "assistant", "content": completion.content});
+        if !wire_calls.is_empty() {
+            wire["tool_calls"] = Value::Array(wire_calls);
+        }
+        messages.push(wire);
+        ControlFlow::Continue(())
+    }
+
+    /// Runs an answer's tool calls and records their results. Stopped or
+    /// not, every call gets a result (a stopped child's are "not run"), so
+    /// the transcript stays valid.
+    fn answer_tools(
+        &mut self,
+        calls: &[ToolCall],
+        names: &[String],
+        messages: &mut Vec<Value>,
+    ) -> ControlFlow<()> {
+        let outputs = self.run_tools(calls, names);
+        for (call, output) in calls.iter().zip(outputs) {
+            let output = self.within_output_cap(as_text(output));
+            let result = Message {
+                role: "tool".into(),
+                content: Some(output.clone()),
+                tool_call_id: Some(call.id.clone()),
+                tool_name: Some(call.name.clone()),
+                ..Message::default()
+            };
+            if let Err(reason) = self.append(&result) {
+                self.sink_failed(reason);
+                return ControlFlow::Break(());
+            }
+            messages.push(json!({"role": "tool", "tool_call_id": call.id, "content": output}));
+        }
+        ControlFlow::Continue(())
     }
 
     /// Runs the tool calls of one answer, a few at a time (bounded by
@@ -707,6 +757,18 @@ impl ChildRuntime for ChatRuntime {
             _ => false,
         }
     }
+}
+
+/// A run's opening turns: the system prompt, the history (a resume's), the
+/// user message.
+fn opening_messages(input: &RunInput) -> Vec<Value> {
+    let mut messages: Vec<Value> = Vec::new();
+    if let Some(system) = input.system_prompt.as_deref().filter(|s| !s.is_empty()) {
+        messages.push(json!({"role": "system", "content": system}));
+    }
+    messages.extend(wire_history(&input.history));
+    messages.push(json!({"role": "user", "content": input.user_message}));
+    messages
 }
 
 #[cfg(test)]
