@@ -224,3 +224,20 @@ fn a_panic_while_resuming_releases_the_resume_claim() {
     let again = tool.delegate_task(&args, Some(&parent));
     assert_eq!(again["results"][0]["status"], "completed", "{again}");
 }
+
+#[test]
+fn a_panic_in_the_persist_step_gives_the_reservation_back() {
+    let fx = fx();
+    let mut registry = retinue_core::MockRegistry::new();
+    registry.expect_lookup().returning(|_| Ok(retinue_core::Lookup::Unknown));
+    registry.expect_insert_unit().returning(|_| panic!("injected: the unit write panicked"));
+    let backend = Backend { registry: Arc::new(registry), ..Backend::of(fx.store.clone()) };
+    let tool = Delegator::new(parts(&fx, backend, ScriptedRuntime::new()));
+    let parent = ParentContext { session_id: Some("P".into()), ..ParentContext::default() };
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        tool.delegate_task(&json!({"goal": "never written"}), Some(&parent))
+    }));
+    assert!(panicked.is_err(), "the injected panic reaches the caller");
+    // The reservation taken before the write was given back on the way out.
+    reserved_nothing(&fx);
+}

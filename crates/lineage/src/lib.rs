@@ -15,6 +15,37 @@
 //! * [`list_for`], [`find_for`], [`resolve_for`] → [`Resolution`]: semantics §5.5.
 //! * [`LineageAuthority`] / [`Authority`]: the same behind one object-safe
 //!   trait (mocked as `MockLineageAuthority` under the `mocks` feature).
+//!
+//! It needs `retinue-core` only — no SQL engine: an embedder with its own
+//! session storage implements [`SessionGraph`] and asks for a root.
+//!
+//! ```
+//! use retinue_core::{Result, SessionGraph, SessionRow};
+//!
+//! /// Sessions kept in memory by the embedder.
+//! struct Sessions(Vec<SessionRow>);
+//!
+//! impl SessionGraph for Sessions {
+//!     fn session(&self, id: &str) -> Result<Option<SessionRow>> {
+//!         Ok(self.0.iter().find(|s| s.id == id).cloned())
+//!     }
+//!     fn child_sessions(&self, parent: &str) -> Result<Vec<SessionRow>> {
+//!         Ok(self.0.iter().filter(|s| s.parent_session_id.as_deref() == Some(parent)).cloned().collect())
+//!     }
+//! }
+//!
+//! let row = |id: &str, parent: Option<&str>, end: Option<&str>| SessionRow {
+//!     id: id.into(),
+//!     source: "cli".into(),
+//!     parent_session_id: parent.map(str::to_owned),
+//!     ended_at: end.map(|_| 2.0),
+//!     end_reason: end.map(str::to_owned),
+//!     ..SessionRow::default()
+//! };
+//! // A parent compressed into a continuation: the continuation's root is the parent.
+//! let graph = Sessions(vec![row("P", None, Some("compression")), row("C", Some("P"), None)]);
+//! assert_eq!(retinue_lineage::root(&graph, "C").ok().as_deref(), Some("P"));
+//! ```
 
 mod authority;
 mod root;
