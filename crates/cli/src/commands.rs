@@ -470,7 +470,8 @@ pub(crate) fn delegate_human(outcome: Option<&DelegateOutcome>) -> String {
         }
         Some(DelegateOutcome::Completed(u)) => format!("delegation {}\n", u.delegation_id),
         Some(DelegateOutcome::Dispatched(d)) => format!("delegation {}\n", d.delegation_id),
-        None => "delegation -\n".to_owned(),
+        // An outcome this binary does not know yet, or none.
+        Some(_) | None => "delegation -\n".to_owned(),
     };
     let mut t = Table::new(&["TASK", "STATUS", "SUBAGENT", "CHILD SESSION", "TOKENS", "SUMMARY"]);
     for r in outcome.map(DelegateOutcome::results).unwrap_or_default() {

@@ -605,6 +605,7 @@ pub struct Completion {
 /// What a backend writes for a [`Completion`] (semantics §3.2): the one
 /// completion rule both backends apply.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct CompletionPlan {
     /// The unit's new state (a blank status reads as `completed`).
     pub state: UnitState,

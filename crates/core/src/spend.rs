@@ -162,6 +162,7 @@ pub enum Reservation {
 /// lineage spent. Malformed JSON counts nothing. Spent is then the sum of
 /// `cost_usd` and of `input_tokens + output_tokens`.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
+#[non_exhaustive]
 pub struct UsageColumns {
     /// US dollars.
     pub cost_usd: f64,

@@ -79,6 +79,7 @@ impl DelegateRequest {
 
 /// A finished synchronous spawn.
 #[derive(Debug, Clone, PartialEq, Default)]
+#[non_exhaustive]
 pub struct UnitReport {
     /// The unit's id.
     pub delegation_id: String,
@@ -98,6 +99,7 @@ pub struct UnitReport {
 
 /// A child started in the background.
 #[derive(Debug, Clone, PartialEq, Default)]
+#[non_exhaustive]
 pub struct DispatchedChild {
     /// The subagent id.
     pub subagent_id: String,
@@ -111,6 +113,7 @@ pub struct DispatchedChild {
 
 /// A unit started in the background.
 #[derive(Debug, Clone, PartialEq, Default)]
+#[non_exhaustive]
 pub struct Dispatch {
     /// The unit's id.
     pub delegation_id: String,
@@ -122,6 +125,7 @@ pub struct Dispatch {
 
 /// A finished follow-up on a retained child.
 #[derive(Debug, Clone, PartialEq, Default)]
+#[non_exhaustive]
 pub struct FollowUpReport {
     /// The child's id (subagent id, or its session id when it has none).
     pub child_id: String,
@@ -141,6 +145,7 @@ pub struct FollowUpReport {
 
 /// What a successful call did.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum DelegateOutcome {
     /// A synchronous spawn ran to completion.
     Completed(UnitReport),

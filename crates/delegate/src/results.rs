@@ -11,6 +11,7 @@ use crate::runtime::{ChildOutcome, SinkError, TranscriptSink};
 
 /// One child's result: an entry of the tool's `results` array.
 #[derive(Debug, Clone, PartialEq, Default)]
+#[non_exhaustive]
 pub struct ChildReport {
     /// Task index in its unit.
     pub task_index: usize,
