@@ -315,7 +315,7 @@ fn resumed_spec(
         task_index: usize::try_from(entry.child_index).unwrap_or(0),
         goal: fu.text.clone(),
         context: None,
-        role: role.as_str().to_owned(),
+        role,
         model: pick(&m.model, &config.model),
         provider: pick(&m.provider, &config.provider),
         base_url: pick(&m.base_url, &config.base_url),

@@ -7,7 +7,7 @@ use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use retinue_core::CompletionEvent;
-use retinue_core::{ExitReason, Message, Spend};
+use retinue_core::{ExitReason, Message, Role, Spend};
 
 /// Everything a runtime needs to build one child.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -22,8 +22,8 @@ pub struct ChildSpec {
     pub goal: String,
     /// Extra context.
     pub context: Option<String>,
-    /// `leaf` or `orchestrator`.
-    pub role: String,
+    /// `leaf` or `orchestrator` (as a spawn here may grant it).
+    pub role: Role,
     /// Model.
     pub model: Option<String>,
     /// Provider.

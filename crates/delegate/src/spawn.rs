@@ -475,7 +475,7 @@ fn plan(
             task_index: i,
             goal: task.goal.clone(),
             context: task.context.clone(),
-            role: role.as_str().to_owned(),
+            role,
             model: model.clone(),
             provider: provider.clone(),
             base_url: non_empty(&config.base_url),
@@ -573,7 +573,7 @@ fn persist(
                 base_url: p.spec.base_url.as_deref().map(retinue_core::redact_endpoint),
                 api_mode: p.spec.api_mode.clone(),
                 toolsets: Some(p.spec.toolsets.clone()),
-                role: Some(p.spec.role.clone()),
+                role: Some(p.spec.role.as_str().to_owned()),
                 goal: Some(p.spec.goal.clone()),
                 workspace: p.spec.workspace.as_ref().map(|w| w.to_string_lossy().into_owned()),
             })

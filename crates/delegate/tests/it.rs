@@ -272,7 +272,7 @@ fn follow_up_resumes_completed_child() {
     assert_eq!(runs.len(), 1);
     assert_eq!(runs[0].spec.resume_session_id.as_deref(), Some("child-sess-1"));
     assert_eq!(runs[0].spec.model.as_deref(), Some("test/model"));
-    assert_eq!(runs[0].spec.role, "leaf");
+    assert_eq!(runs[0].spec.role, retinue_core::Role::Leaf);
     assert_eq!(
         runs[0].input.history.iter().map(|m| m.role.as_str()).collect::<Vec<_>>(),
         ["user", "assistant"]

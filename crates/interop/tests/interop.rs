@@ -108,6 +108,7 @@ const RETINUE_TABLES: &[&str] = &[
     "retinue_children",
     "retinue_clock_guard",
     "retinue_unit_tombstones",
+    "retinue_usage_columns",
     "retinue_usage_keys",
     "retinue_usage_totals",
 ];
@@ -208,15 +209,21 @@ fn upgrade_keeps_every_row_and_object() {
 
     drop(open(&path));
 
-    // Every hermes row is still there; Retinue's own tables start empty.
+    // Every hermes row is still there; Retinue's own tables start empty,
+    // but for the typed usage columns: one row per hermes ledger row.
     let after = table_counts(&path).expect("counts");
     for (table, n) in &counts {
         assert_eq!(after.get(table), Some(n), "rows of {table}");
     }
     let added: BTreeMap<_, _> = after.iter().filter(|(t, _)| !counts.contains_key(*t)).collect();
+    let ledger_rows = counts.get("delegation_child_usage").copied().unwrap_or(0);
     for (table, n) in &added {
         assert!(RETINUE_TABLES.contains(&table.as_str()), "Retinue created table {table}");
-        let want = if table.as_str() == "refinery_schema_history" { migration_count() } else { 0 };
+        let want = match table.as_str() {
+            "refinery_schema_history" => migration_count(),
+            "retinue_usage_columns" => ledger_rows,
+            _ => 0,
+        };
         assert_eq!(**n, want, "rows of {table}");
     }
     for table in RETINUE_TABLES.iter().filter(|t| t.starts_with("retinue_")) {
