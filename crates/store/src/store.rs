@@ -68,7 +68,7 @@ impl Store {
 
     /// Opens `path` read-only (`SQLITE_OPEN_READ_ONLY`): nothing is created,
     /// upgraded, adopted or locked for writing; a missing file is
-    /// [`crate::Error::Missing`]. Reads answer as they would after a write
+    /// [`retinue_core::Error::Missing`]. Reads answer as they would after a write
     /// adopted the file: units another writer retained are read from their
     /// `children_json` on the fly (a per-connection snapshot taken at
     /// connect, in memory). Writes through this store fail `ReadOnly`.
