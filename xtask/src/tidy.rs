@@ -24,16 +24,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("retinue-delegate", &["retinue-core", "retinue-config", "retinue-lineage", "retinue-usage"]),
     ("retinue-runtime", &["retinue-core", "retinue-config", "retinue-delegate"]),
     ("retinue-tools", &["retinue-config", "retinue-delegate", "retinue-runtime"]),
-    (
-        "retinue-mcp",
-        &[
-            "retinue-core",
-            "retinue-lineage",
-            "retinue-usage",
-            "retinue-delegate",
-            "retinue-runtime",
-        ],
-    ),
+    ("retinue-mcp", &["retinue-core", "retinue-lineage", "retinue-usage", "retinue-delegate"]),
     (
         "retinue-cli",
         &[
@@ -97,8 +88,8 @@ const MIGRATION_CRATES: &[&str] = &[
 /// Crates allowed to read YAML: only `config`.
 const YAML_CRATES: &[&str] = &["retinue-config"];
 
-/// Crates allowed to depend on the PostgreSQL client: only `store-pg`, plus harnesses.
-const PG_CRATES: &[&str] = &["retinue-store-pg", "retinue-bench", "retinue-torture"];
+/// Crates allowed to depend on the PostgreSQL client: only `store-pg`.
+const PG_CRATES: &[&str] = &["retinue-store-pg"];
 
 /// Runs every check; the error lists every violation.
 pub(crate) fn run(root: &Path) -> Result<(), String> {
