@@ -31,6 +31,7 @@
 
 mod budget;
 mod clock;
+mod control;
 mod dump;
 mod error;
 mod ledger;
@@ -45,6 +46,9 @@ mod status;
 
 pub use budget::Budgets;
 pub use clock::{Clock, ManualClock, SystemClock, iso8601};
+pub use control::{
+    CONTROL_POLL_MS, Control, ControlKind, ControlOutcome, Controls, UnitChild, UnitView,
+};
 pub use dump::{Cell, CellType, StateDump, StateReader, TableSpec};
 pub use error::{Error, ErrorKind, Result, Source};
 pub use ledger::{
@@ -78,6 +82,8 @@ pub use status::{ChildStatus, EndReason, ExitReason, Role, SettleReason, UnitSta
 pub use budget::MockBudgets;
 #[cfg(any(test, feature = "mocks"))]
 pub use clock::MockClock;
+#[cfg(any(test, feature = "mocks"))]
+pub use control::MockControls;
 #[cfg(any(test, feature = "mocks"))]
 pub use ledger::MockUsageLedger;
 #[cfg(any(test, feature = "mocks"))]

@@ -22,6 +22,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use crate::budget::Budgets;
+use crate::control::Controls;
 use crate::error::Result;
 use crate::ledger::UsageLedger;
 use crate::model::{
@@ -175,20 +176,23 @@ pub struct Backend {
     pub ledger: Arc<dyn UsageLedger>,
     /// Budget reservations.
     pub budgets: Arc<dyn Budgets>,
+    /// Background units from outside their worker: views and controls.
+    pub controls: Arc<dyn Controls>,
 }
 
 impl Backend {
     /// Every seam served by one store.
     pub fn of<T>(store: Arc<T>) -> Backend
     where
-        T: Registry + SessionStore + UsageLedger + Budgets + 'static,
+        T: Registry + SessionStore + UsageLedger + Budgets + Controls + 'static,
     {
         Backend {
             registry: store.clone(),
             sessions: store.clone(),
             graph: store.clone(),
             ledger: store.clone(),
-            budgets: store,
+            budgets: store.clone(),
+            controls: store,
         }
     }
 }

@@ -123,6 +123,9 @@ vocabulary! {
         Error => "error",
         /// It would have crossed its budget.
         Budget => "budget",
+        /// Its parent cancelled it (`retinue cancel`, `cancel_subagent`,
+        /// `tasks/cancel`).
+        Cancelled => "cancelled",
     }
 }
 
@@ -146,6 +149,8 @@ vocabulary! {
         Error => "error",
         /// It would have crossed its budget.
         Budget => "budget",
+        /// Its parent cancelled it.
+        Cancelled => "cancelled",
     }
 }
 

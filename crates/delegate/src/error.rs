@@ -135,6 +135,27 @@ pub enum DelegateError {
     /// A thread or another runtime resource could not be had.
     #[error("{0}")]
     Runtime(String),
+    /// The unit has finished: there is nothing to cancel (or steer).
+    #[error("Delegation '{target}' has already finished ({state}); there is nothing to {action}.")]
+    Finished {
+        /// The id as given.
+        target: String,
+        /// The unit's state.
+        state: String,
+        /// `cancel` or `steer`.
+        action: &'static str,
+    },
+    /// A steer names a unit of several children, not one child.
+    #[error("Delegation '{target}' has {children} children; steer one of them by its subagent id.")]
+    WhichChild {
+        /// The id as given.
+        target: String,
+        /// How many children the unit has.
+        children: usize,
+    },
+    /// The registry could not be read.
+    #[error("Could not read the registry: {0}")]
+    Registry(#[source] retinue_core::Error),
 }
 
 /// The class of a [`DelegateError`], for exit codes and protocol errors.
@@ -191,7 +212,10 @@ impl DelegateError {
             | DelegateError::EmptyTranscript { .. }
             | DelegateError::Storage(_)
             | DelegateError::BudgetStore { .. }
+            | DelegateError::Registry(_)
             | DelegateError::Runtime(_) => ErrorKind::Failed,
+            DelegateError::Finished { .. } => ErrorKind::Limit,
+            DelegateError::WhichChild { .. } => ErrorKind::Usage,
         }
     }
 }

@@ -12,6 +12,7 @@
 //! [`ChildRuntime`] trait.
 
 mod args;
+mod background;
 mod budget;
 mod error;
 mod follow_up;
@@ -35,6 +36,7 @@ use retinue_lineage::LineageAuthority;
 use serde_json::{Value, json};
 
 pub use args::{FollowUp, TaskSpec, parse_follow_up, parse_tasks};
+pub use background::{CancelReport, SteerReport, WaitEntry, WaitReport, WaitState};
 pub use error::{DelegateError, ErrorKind};
 pub use request::{
     DelegateOutcome, DelegateRequest, Dispatch, DispatchedChild, FollowUpReport, SpawnRequest,
@@ -95,6 +97,8 @@ pub(crate) struct Inner {
     pub(crate) live: live::LiveRegistry,
     pub(crate) paused: AtomicBool,
     pub(crate) background_slots: AtomicUsize,
+    /// Signalled when a background slot frees (queued units wait on it).
+    pub(crate) slot_freed: (Mutex<()>, std::sync::Condvar),
     pub(crate) finalize_lock: Mutex<()>,
     pub(crate) background_threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
     /// Draws `n` random bytes as hex for new ids (the OS source, or an
@@ -172,6 +176,7 @@ impl Delegator {
                 live: live::LiveRegistry::default(),
                 paused: AtomicBool::new(false),
                 background_slots: AtomicUsize::new(0),
+                slot_freed: (Mutex::new(()), std::sync::Condvar::new()),
                 finalize_lock: Mutex::new(()),
                 background_threads: Mutex::new(Vec::new()),
                 ids,

@@ -121,6 +121,8 @@ pub struct Dispatch {
     pub goals: Vec<String>,
     /// The children.
     pub children: Vec<DispatchedChild>,
+    /// Background capacity was full: the unit waits for a slot.
+    pub queued: bool,
 }
 
 /// A finished follow-up on a retained child.
@@ -200,7 +202,12 @@ impl DelegateOutcome {
                     "model": c.model,
                     "goal": c.goal,
                 })).collect::<Vec<_>>(),
-                "note": texts::BACKGROUND_NOTE,
+                "note": if d.queued {
+                    texts::BACKGROUND_QUEUED_NOTE
+                } else {
+                    texts::BACKGROUND_NOTE
+                },
+                "queued": d.queued,
             }),
             DelegateOutcome::Steered { child_id } => json!({
                 "status": "queued",

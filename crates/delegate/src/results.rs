@@ -58,7 +58,7 @@ pub(crate) fn seconds(s: f64) -> Value {
 pub(crate) fn status_of(outcome: &ChildOutcome) -> ChildStatus {
     let response = outcome.final_response.as_deref().map(str::trim).unwrap_or_default();
     match &outcome.exit_reason {
-        ExitReason::Interrupted => ChildStatus::Interrupted,
+        ExitReason::Interrupted | ExitReason::Cancelled => ChildStatus::Interrupted,
         ExitReason::Timeout => ChildStatus::Timeout,
         reason => {
             if !response.is_empty() && response != "(empty)" && outcome.error.is_none() {

@@ -208,6 +208,9 @@ pub enum CancelReason {
     Cancelled,
     /// The run's budget allowance is spent.
     Budget,
+    /// Its parent asked for the unit to stop (`retinue cancel`,
+    /// `cancel_subagent`, `tasks/cancel`): exit reason `cancelled`.
+    Requested,
 }
 
 /// The store side of a [`BudgetMeter`]: the lineage reservation its runs
@@ -699,6 +702,12 @@ impl CancelToken {
     /// Stops the run (idempotent; the first reason wins).
     pub fn cancel(&self) {
         self.fire(CancelReason::Cancelled);
+    }
+
+    /// Stops the run because its parent cancelled the unit
+    /// ([`CancelReason::Requested`]; the first reason wins).
+    pub fn cancel_requested(&self) {
+        self.fire(CancelReason::Requested);
     }
 
     fn fire(&self, reason: CancelReason) {

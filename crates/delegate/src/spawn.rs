@@ -170,6 +170,10 @@ fn run_child(
             outcome.exit_reason = ExitReason::Interrupted;
             outcome.error.get_or_insert_with(|| texts::CANCELLED.to_owned());
         }
+        Some(CancelReason::Requested) => {
+            outcome.exit_reason = ExitReason::Cancelled;
+            outcome.error = Some(texts::CANCEL_REQUESTED.to_owned());
+        }
         Some(CancelReason::Budget) => {
             outcome.exit_reason = ExitReason::Budget;
             outcome.error = Some(texts::BUDGET_SPENT.to_owned());
@@ -320,8 +324,8 @@ pub(crate) fn runs_of(results: &[ChildReport]) -> Vec<ChildRun> {
         .collect()
 }
 
-struct Planned {
-    spec: ChildSpec,
+pub(crate) struct Planned {
+    pub(crate) spec: ChildSpec,
     input: RunInput,
     dropped: Vec<crate::toolsets::DroppedToolset>,
 }
@@ -375,18 +379,41 @@ struct BackgroundSlot(Arc<Inner>);
 impl BackgroundSlot {
     /// Takes a free slot, if any.
     fn take(inner: &Arc<Inner>) -> Option<BackgroundSlot> {
-        let max = inner.parts.config.max_concurrent_children;
+        let max = inner.parts.config.max_concurrent_children.max(1);
         inner
             .background_slots
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n < max).then_some(n + 1))
             .ok()
             .map(|_| BackgroundSlot(Arc::clone(inner)))
     }
+
+    /// Waits for a free slot (a queued unit), or until `cancel` fires
+    /// (`None`: the unit is cancelled while queued).
+    fn wait(inner: &Arc<Inner>, cancel: &CancelToken) -> Option<BackgroundSlot> {
+        let mut freed =
+            inner.slot_freed.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        loop {
+            if let Some(slot) = BackgroundSlot::take(inner) {
+                return Some(slot);
+            }
+            if cancel.is_cancelled() {
+                return None;
+            }
+            freed = inner
+                .slot_freed
+                .1
+                .wait_timeout(freed, std::time::Duration::from_millis(100))
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .0;
+        }
+    }
 }
 
 impl Drop for BackgroundSlot {
     fn drop(&mut self) {
         self.0.background_slots.fetch_sub(1, Ordering::SeqCst);
+        let _held = self.0.slot_freed.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        self.0.slot_freed.1.notify_all();
     }
 }
 
@@ -398,7 +425,10 @@ struct Plan {
     parent_id: Option<String>,
     /// The unit's model.
     model: Option<String>,
-    /// Runs in the background, holding this slot.
+    /// Runs in the background.
+    background: bool,
+    /// The background slot it holds (`None` in the background: queued
+    /// until one frees).
     slot: Option<BackgroundSlot>,
     /// Notes for the result (ran synchronously because …).
     notes: Vec<&'static str>,
@@ -418,12 +448,13 @@ pub(crate) fn run(
     let held = reserve(inner, request, &plan)?;
     let cancel = held.as_ref().map_or_else(|| cancel.clone(), |h| h.token(cancel));
     let delegation_id = persist(inner, request, &plan)?;
-    let Plan { planned, slot, notes, .. } = plan;
-    if let Some(slot) = slot {
+    let Plan { planned, background, slot, notes, .. } = plan;
+    if background {
         return dispatch(inner, request, parent, delegation_id, planned, slot, held, cancel);
     }
     let started = Instant::now();
-    let results = run_children(inner, planned, parent, &cancel);
+    let watch = crate::background::Watch::start(inner, &delegation_id, &planned, &cancel);
+    let results = watch.finish(run_children(inner, planned, parent, &cancel));
     let mut unit = complete(inner, parent, &delegation_id, results, started, false);
     let ledger_ok = unit.ledger_error.is_none();
     unit.budget = held.and_then(|h| h.settle(ledger_ok));
@@ -443,13 +474,12 @@ fn plan(
     let config = &inner.parts.config;
     let mut notes: Vec<&'static str> = Vec::new();
     let mut slot = None;
+    let background = request.background && parent.can_receive_detached;
     if request.background && !parent.can_receive_detached {
         notes.push(texts::NO_DETACHED);
-    } else if request.background {
+    } else if background {
+        // Full capacity queues the unit (its thread waits for a slot).
         slot = BackgroundSlot::take(inner);
-        if slot.is_none() {
-            notes.push(texts::CAPACITY_FULL);
-        }
     }
     let parent_id = parent.session_id.clone().filter(|s| !s.trim().is_empty());
     let model =
@@ -493,7 +523,7 @@ fn plan(
         };
         planned.push(Planned { spec, input, dropped: grant.dropped });
     }
-    Ok(Plan { planned, parent_id, model, slot, notes })
+    Ok(Plan { planned, parent_id, model, background, slot, notes })
 }
 
 /// Step 2: under a budget, reserve before anything is written or started;
@@ -558,7 +588,7 @@ fn persist(
             "role": request.role,
             "model": model,
             "is_batch": tasks.len() > 1,
-            "mode": if plan.slot.is_some() { "background" } else { "sync" },
+            "mode": if plan.background { "background" } else { "sync" },
         }),
         owner_profile: parts.profile.clone(),
         children: planned
@@ -609,11 +639,12 @@ fn dispatch(
     parent: &ParentContext,
     delegation_id: String,
     planned: Vec<Planned>,
-    slot: BackgroundSlot,
+    slot: Option<BackgroundSlot>,
     held: Option<budget::Held>,
     cancel: CancelToken,
 ) -> Result<DelegateOutcome, DelegateError> {
     let dispatch = Dispatch {
+        queued: slot.is_none(),
         delegation_id: delegation_id.clone(),
         goals: request.tasks.iter().map(|t| t.goal.clone()).collect(),
         children: planned
@@ -643,11 +674,21 @@ fn dispatch(
     let id = delegation_id.clone();
     let if_it_panics = not_started.clone();
     let body = move || {
-        let _slot = slot;
         let started = Instant::now();
         let finished = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            let results = run_children(&worker, planned, &parent_owned, &cancel);
-            complete(&worker, &parent_owned, &id, results, started, true).ledger_error.is_none()
+            let watch = crate::background::Watch::start(&worker, &id, &planned, &cancel);
+            let slot = slot.or_else(|| BackgroundSlot::wait(&worker, &cancel));
+            let results = if slot.is_some() {
+                run_children(&worker, planned, &parent_owned, &cancel)
+            } else {
+                cancelled_while_queued(&planned, &cancel)
+            };
+            let results = watch.finish(results);
+            let ledger_ok = complete(&worker, &parent_owned, &id, results, started, true)
+                .ledger_error
+                .is_none();
+            drop(slot);
+            ledger_ok
         }));
         match finished {
             Ok(ledger_ok) => {
@@ -710,6 +751,32 @@ fn abandon(
     if let Err(e) = inner.parts.backend.registry.persist_completion(&completion) {
         log::error!("could not record the abandoned unit {delegation_id}: {e}");
     }
+}
+
+/// The reports of a unit cancelled before a slot freed: nothing ran.
+fn cancelled_while_queued(planned: &[Planned], cancel: &CancelToken) -> Vec<ChildReport> {
+    let (exit_reason, error) = match cancel.reason() {
+        Some(CancelReason::Requested) => (ExitReason::Cancelled, texts::CANCEL_REQUESTED),
+        Some(CancelReason::Timeout) => (ExitReason::Timeout, texts::QUEUED_TIMEOUT),
+        _ => (ExitReason::Interrupted, texts::CANCELLED),
+    };
+    planned
+        .iter()
+        .map(|p| ChildReport {
+            task_index: p.spec.task_index,
+            status: if exit_reason == ExitReason::Timeout {
+                ChildStatus::Timeout
+            } else {
+                ChildStatus::Interrupted
+            },
+            exit_reason: exit_reason.clone(),
+            model: p.spec.model.clone(),
+            child_session_id: p.spec.session_id.clone(),
+            subagent_id: p.spec.subagent_id.clone(),
+            error: Some(error.to_owned()),
+            ..ChildReport::default()
+        })
+        .collect()
 }
 
 fn run_children(

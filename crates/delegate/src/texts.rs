@@ -18,8 +18,6 @@ pub const TASKS_NOT_ARRAY: &str = "tasks must be a JSON array of task objects.";
 pub const NO_GOAL_OR_TASKS: &str = "Provide either 'goal' (single task) or 'tasks' (batch).";
 /// Unit could not be written.
 pub const PERSIST_FAILED: &str = "Failed to persist delegation; no child was started.";
-/// Background slots full.
-pub const CAPACITY_FULL: &str = "Background capacity is full; ran synchronously.";
 /// Parent cannot receive detached results.
 pub const NO_DETACHED: &str = "This parent cannot receive detached results; ran synchronously.";
 /// Retained record without a child session.
@@ -192,3 +190,16 @@ pub fn resume_too_large(id: &str, estimate: u64, max: u64) -> String {
         shown_id(id)
     )
 }
+
+/// A background unit dispatched while every background slot was taken.
+pub const BACKGROUND_QUEUED_NOTE: &str = "Background capacity (delegation.max_concurrent_children) \
+    is full: the unit is queued and starts when a running unit finishes. Collect its result \
+    with wait_subagents (or `retinue wait`); it is also delivered with a later tool result.";
+
+/// The parent cancelled the unit (`retinue cancel`, `cancel_subagent`,
+/// `tasks/cancel`).
+pub const CANCEL_REQUESTED: &str =
+    "Subagent was cancelled by its parent; its partial work is kept.";
+
+/// A queued unit's deadline passed before a slot freed.
+pub const QUEUED_TIMEOUT: &str = "Subagent timed out while queued for a background slot.";

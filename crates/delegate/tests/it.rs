@@ -696,6 +696,11 @@ mod seams {
                 graph: sessions,
                 ledger: Arc::new(MockUsageLedger::new()),
                 budgets: Arc::new(budgets),
+                controls: Arc::new({
+                    let mut c = retinue_core::MockControls::new();
+                    c.expect_take_controls().returning(|_| Ok(Vec::new()));
+                    c
+                }),
             },
             authority: Arc::new(authority),
             runtime: Arc::new(runtime),

@@ -35,6 +35,7 @@
 //! ```
 
 mod budget;
+mod control;
 mod ledger;
 mod migrate;
 mod pool;

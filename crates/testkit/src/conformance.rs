@@ -173,6 +173,8 @@ pub const CASES: &[(&str, Case)] = &[
     ("prune_only_own_tenant", prune_only_own_tenant),
     ("budget_tree_members", budget_tree_members),
     ("budget_absurd_rows_saturate", budget_absurd_rows_saturate),
+    ("unit_views_and_controls", unit_views_and_controls),
+    ("controls_taken_exactly_once_concurrently", controls_taken_exactly_once_concurrently),
 ];
 
 /// Makes each conformance case its own `#[test]` (filterable with nextest:
@@ -207,6 +209,8 @@ macro_rules! conformance_suite {
             prune_only_own_tenant,
             budget_tree_members,
             budget_absurd_rows_saturate,
+            unit_views_and_controls,
+            controls_taken_exactly_once_concurrently,
         );
     };
     (@each $f:expr; $($name:ident),+ $(,)?) => {
@@ -1168,4 +1172,108 @@ pub fn budget_absurd_rows_saturate(make: Factory<'_>) {
         .reserve(&reservation("ROOT", &["ROOT"], limit, Spend { cost_usd: 0.0, tokens: 1 }))
         .expect("a reservation is answered, not an error");
     assert!(matches!(refused, Reservation::Refused(_)));
+}
+
+/// A unit's view by each of its ids; running units per profile; the
+/// mailbox: post, take once, settle forward only, rows go with the unit.
+pub fn unit_views_and_controls(make: Factory<'_>) {
+    use retinue_core::{ControlKind, ControlOutcome};
+    let b = make(default_config());
+    let (id, children) = insert(&b, "P", "", 2);
+    let (other, _) = insert(&b, "Q", "tenant-b", 1);
+    for key in [id.as_str(), &children[1].subagent_id, &children[0].session_id] {
+        let v = b.controls.unit_view(key).expect("view").expect("found");
+        assert_eq!(v.delegation_id, id, "by {key}");
+        assert_eq!(v.parent_session_id.as_deref(), Some("P"));
+        assert_eq!(v.state, UnitState::Running);
+        assert!(!v.is_finished());
+        assert_eq!(v.children.len(), 2);
+        assert_eq!(v.children[1].subagent_id, children[1].subagent_id);
+        assert_eq!(v.children[0].goal.as_deref(), Some("goal 0"));
+    }
+    assert!(b.controls.unit_view("deleg_missing").expect("view").is_none());
+    assert!(b.controls.unit_view("").expect("view").is_none(), "an empty id names nothing");
+    let mine: Vec<String> = b
+        .controls
+        .running_units(Some(""))
+        .expect("running")
+        .into_iter()
+        .map(|u| u.delegation_id)
+        .collect();
+    assert_eq!(mine, vec![id.clone()]);
+    let all = b.controls.running_units(None).expect("running");
+    assert_eq!(all.len(), 2);
+    assert!(all.iter().any(|u| u.delegation_id == other));
+
+    let c = &b.controls;
+    let steer = c
+        .post_control(&id, Some(&children[0].subagent_id), ControlKind::Steer, Some("look left"))
+        .expect("post");
+    let cancel = c.post_control(&id, None, ControlKind::Cancel, None).expect("post");
+    assert_eq!(c.control_outcome(steer).expect("read"), Some(ControlOutcome::Pending));
+    assert!(c.take_controls(&other).expect("take").is_empty(), "another unit's mailbox is empty");
+    let taken = c.take_controls(&id).expect("take");
+    assert_eq!(taken.iter().map(|t| t.id).collect::<Vec<_>>(), vec![steer, cancel], "oldest first");
+    assert_eq!(taken[0].kind, ControlKind::Steer);
+    assert_eq!(taken[0].message.as_deref(), Some("look left"));
+    assert_eq!(taken[0].subagent_id.as_deref(), Some(children[0].subagent_id.as_str()));
+    assert_eq!(taken[1].kind, ControlKind::Cancel);
+    assert!(c.take_controls(&id).expect("take").is_empty(), "taken once");
+    assert_eq!(c.control_outcome(steer).expect("read"), Some(ControlOutcome::Taken));
+    assert!(c.settle_control(steer, ControlOutcome::Delivered).expect("settle"));
+    assert!(!c.settle_control(steer, ControlOutcome::Missed).expect("settle"), "forward only");
+    assert_eq!(c.control_outcome(steer).expect("read"), Some(ControlOutcome::Delivered));
+    // A pending control is settled missed by whoever finds its unit done.
+    let late = c.post_control(&id, None, ControlKind::Steer, Some("too late")).expect("post");
+    assert!(c.settle_control(late, ControlOutcome::Missed).expect("settle"));
+    assert!(c.take_controls(&id).expect("take").is_empty(), "a settled control is never taken");
+    assert_eq!(c.control_outcome(late).expect("read"), Some(ControlOutcome::Missed));
+    assert_eq!(c.control_outcome(999_999).expect("read"), None);
+
+    // Finished: the view carries the result and the delivery state.
+    assert!(complete(&b, &id, "completed", true));
+    let v = c.unit_view(&id).expect("view").expect("found");
+    assert!(v.is_finished() && !v.is_delivered());
+    assert_eq!(v.result, Some(json!({"status": "completed"})));
+    assert_eq!(v.state, UnitState::Completed);
+    let claim = b
+        .registry
+        .claim_delivery(&DeliveryFilter {
+            delegation_id: Some(id.clone()),
+            ..DeliveryFilter::default()
+        })
+        .expect("claim")
+        .expect("pending");
+    assert!(b.registry.ack_delivery(&id, &claim.token).expect("ack"));
+    assert!(c.unit_view(&id).expect("view").expect("found").is_delivered());
+    assert_eq!(c.running_units(None).expect("running").len(), 1, "a finished unit is not running");
+}
+
+/// Eight takers on one mailbox: every control is taken by exactly one.
+pub fn controls_taken_exactly_once_concurrently(make: Factory<'_>) {
+    use retinue_core::ControlKind;
+    let b = make(default_config());
+    let (id, _) = insert(&b, "P", "", 1);
+    let mut posted = HashSet::new();
+    for i in 0..40 {
+        let message = format!("m{i}");
+        posted.insert(
+            b.controls.post_control(&id, None, ControlKind::Steer, Some(&message)).expect("post"),
+        );
+    }
+    let taken = Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..8 {
+            let (controls, taken, id) = (b.controls.clone(), &taken, &id);
+            s.spawn(move || {
+                for _ in 0..10 {
+                    let got = controls.take_controls(id).expect("take");
+                    taken.lock().expect("lock").extend(got.into_iter().map(|c| c.id));
+                }
+            });
+        }
+    });
+    let taken = taken.into_inner().expect("lock");
+    assert_eq!(taken.len(), posted.len(), "each exactly once: {taken:?}");
+    assert_eq!(taken.into_iter().collect::<HashSet<_>>(), posted);
 }

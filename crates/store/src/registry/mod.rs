@@ -15,11 +15,13 @@
 //! * `recovery.rs` — restart recovery (semantics §3.8);
 //! * `history.rs` — the history pruner (semantics §3.6);
 //! * `claims.rs` — [`Claims`]: resume claims, delivery claims, finishing a follow-up;
+//! * `control.rs` — [`retinue_core::Controls`]: unit views, the control mailbox;
 //! * `backfill.rs` — adoption of hermes-retained units, run by every write.
 
 pub(crate) mod addressability;
 pub(crate) mod backfill;
 pub(crate) mod claims;
+pub(crate) mod control;
 pub(crate) mod history;
 pub(crate) mod recovery;
 pub(crate) mod retention;

@@ -1,0 +1,186 @@
+//! Background units seen from outside the process that runs them
+//! (semantics §9): a unit's state and result by id, the running units, and
+//! the control mailbox through which another process (`retinue steer`,
+//! `retinue cancel`, an MCP `tasks/cancel`) reaches the worker that runs a
+//! unit. The worker takes its controls in one statement, so each is taken
+//! exactly once; a steer nobody took before the unit finished is settled
+//! `missed`, never dropped silently.
+
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::error::Result;
+use crate::status::UnitState;
+
+/// How often a worker polls its mailbox, and a waiter the registry, in
+/// milliseconds.
+pub const CONTROL_POLL_MS: u64 = 200;
+
+/// One child of a [`UnitView`].
+#[derive(Debug, Clone, PartialEq, Default, Serialize)]
+pub struct UnitChild {
+    /// Position in the batch.
+    pub child_index: u32,
+    /// The subagent id.
+    pub subagent_id: String,
+    /// The child's session.
+    pub child_session_id: String,
+    /// Its goal, as stored.
+    pub goal: Option<String>,
+    /// Its model, as stored.
+    pub model: Option<String>,
+}
+
+/// A unit (`async_delegations` row) with its children, as a waiter,
+/// a task poller or a listing sees it.
+#[derive(Debug, Clone, PartialEq, Default, Serialize)]
+pub struct UnitView {
+    /// The delegation id (also the MCP task id).
+    pub delegation_id: String,
+    /// The spawner's session.
+    pub parent_session_id: Option<String>,
+    /// The owning profile (`None` on hermes rows that have none).
+    pub owner_profile: Option<String>,
+    /// Lifecycle state.
+    pub state: UnitState,
+    /// `sync` or `background`, from the stored task.
+    pub mode: Option<String>,
+    /// When it was dispatched (epoch seconds).
+    pub dispatched_at: f64,
+    /// When it finished, if it has.
+    pub completed_at: Option<f64>,
+    /// `pending`, `delivering`, `delivered` or `failed` (hermes's
+    /// vocabulary).
+    pub delivery_state: String,
+    /// The stored result (`{"delegation_id", "results": […]}`), once
+    /// finished.
+    pub result: Option<Value>,
+    /// The process that runs it.
+    pub owner_pid: Option<i64>,
+    /// Its children, by index.
+    pub children: Vec<UnitChild>,
+}
+
+impl UnitView {
+    /// Whether the unit has finished (any state but pending, running and
+    /// finalizing).
+    pub fn is_finished(&self) -> bool {
+        !matches!(self.state, UnitState::Pending | UnitState::Running | UnitState::Finalizing)
+    }
+
+    /// Whether its completion was already handed to the parent.
+    pub fn is_delivered(&self) -> bool {
+        self.delivery_state == "delivered"
+    }
+}
+
+/// What a control asks of the worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ControlKind {
+    /// A message for one running child.
+    Steer,
+    /// Stop the unit's children.
+    Cancel,
+}
+
+impl ControlKind {
+    /// The stored word.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ControlKind::Steer => "steer",
+            ControlKind::Cancel => "cancel",
+        }
+    }
+
+    /// The kind of a stored word (`None`: not one of ours).
+    pub fn parse(s: &str) -> Option<ControlKind> {
+        match s {
+            "steer" => Some(ControlKind::Steer),
+            "cancel" => Some(ControlKind::Cancel),
+            _ => None,
+        }
+    }
+}
+
+/// Where a control stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ControlOutcome {
+    /// Posted, not taken yet.
+    Pending,
+    /// Taken by the worker, not settled yet.
+    Taken,
+    /// Handed to the running child (a steer) or acted on (a cancel).
+    Delivered,
+    /// The child had finished: reported as `missed_steer`.
+    Missed,
+}
+
+impl ControlOutcome {
+    /// The stored word.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ControlOutcome::Pending => "pending",
+            ControlOutcome::Taken => "taken",
+            ControlOutcome::Delivered => "delivered",
+            ControlOutcome::Missed => "missed",
+        }
+    }
+
+    /// The outcome of a stored word (anything unknown reads as pending).
+    pub fn parse(s: Option<&str>) -> ControlOutcome {
+        match s {
+            Some("taken") => ControlOutcome::Taken,
+            Some("delivered") => ControlOutcome::Delivered,
+            Some("missed") => ControlOutcome::Missed,
+            _ => ControlOutcome::Pending,
+        }
+    }
+}
+
+/// One control taken from the mailbox.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Control {
+    /// Its id (for [`Controls::settle_control`]).
+    pub id: i64,
+    /// The unit.
+    pub delegation_id: String,
+    /// The child it is for (`None`: the whole unit).
+    pub subagent_id: Option<String>,
+    /// What it asks.
+    pub kind: ControlKind,
+    /// A steer's message.
+    pub message: Option<String>,
+}
+
+/// The background-unit surface of a backend. Every method is one statement
+/// or one transaction.
+#[cfg_attr(any(test, feature = "mocks"), mockall::automock)]
+pub trait Controls: Send + Sync {
+    /// The unit `delegation_id`, or the unit of the child whose subagent id
+    /// or child session id is `id`.
+    fn unit_view(&self, id: &str) -> Result<Option<UnitView>>;
+    /// Units not finished yet (pending, running, finalizing), newest first;
+    /// only `profile`'s when given.
+    #[allow(clippy::needless_lifetimes)] // mockall needs the named lifetime
+    fn running_units<'a>(&self, profile: Option<&'a str>) -> Result<Vec<UnitView>>;
+    /// Posts a control for the unit's worker; returns its id.
+    #[allow(clippy::needless_lifetimes)] // mockall needs the named lifetime
+    fn post_control<'a>(
+        &self,
+        delegation_id: &str,
+        subagent_id: Option<&'a str>,
+        kind: ControlKind,
+        message: Option<&'a str>,
+    ) -> Result<i64>;
+    /// Takes every pending control of the unit (each exactly once, across
+    /// processes), oldest first.
+    fn take_controls(&self, delegation_id: &str) -> Result<Vec<Control>>;
+    /// Settles a control as delivered or missed. A pending control may be
+    /// settled `missed` by whoever finds its unit finished; returns whether
+    /// it changed.
+    fn settle_control(&self, id: i64, outcome: ControlOutcome) -> Result<bool>;
+    /// Where a control stands (`None`: no such control).
+    fn control_outcome(&self, id: i64) -> Result<Option<ControlOutcome>>;
+}

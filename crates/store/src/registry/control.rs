@@ -1,0 +1,179 @@
+//! [`Controls`] on SQLite: unit views for waiters and listings, and the
+//! control mailbox (`retinue_unit_controls`, migration V11).
+
+use rusqlite::{Connection, OptionalExtension, params};
+use serde_json::Value;
+
+use crate::error::{Result, SqlResult};
+use crate::rows::json_column;
+use crate::store::Store;
+use retinue_core::{
+    Control, ControlKind, ControlOutcome, Controls, UnitChild, UnitState, UnitView, parse_json_opt,
+};
+
+const UNIT_COLUMNS: &str = "u.delegation_id, u.parent_session_id, u.owner_profile, u.state, \
+     u.dispatched_at, u.completed_at, u.delivery_state, u.result_json, u.owner_pid, u.task_json";
+
+fn unit_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<UnitView> {
+    let result: Option<String> = json_column(r, 7)?;
+    let task: Option<String> = json_column(r, 9)?;
+    let mode = match parse_json_opt(task.as_deref()) {
+        Some(Value::Object(t)) => t.get("mode").and_then(Value::as_str).map(str::to_owned),
+        _ => None,
+    };
+    Ok(UnitView {
+        delegation_id: r.get(0)?,
+        parent_session_id: r.get(1)?,
+        owner_profile: r.get(2)?,
+        state: UnitState::parse(&r.get::<_, String>(3)?),
+        dispatched_at: r.get::<_, Option<f64>>(4)?.unwrap_or(0.0),
+        completed_at: r.get(5)?,
+        delivery_state: r.get::<_, Option<String>>(6)?.unwrap_or_default(),
+        result: parse_json_opt(result.as_deref()),
+        owner_pid: r.get(8)?,
+        mode,
+        children: Vec::new(),
+    })
+}
+
+fn children_of(conn: &Connection, unit: &mut UnitView) -> SqlResult<()> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT child_index, subagent_id, child_session_id, goal, model FROM retinue_children \
+         WHERE delegation_id = ?1 ORDER BY child_index",
+    )?;
+    unit.children = stmt
+        .query_map(params![unit.delegation_id], |r| {
+            Ok(UnitChild {
+                child_index: r.get(0)?,
+                subagent_id: r.get(1)?,
+                child_session_id: r.get(2)?,
+                goal: r.get(3)?,
+                model: r.get(4)?,
+            })
+        })?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    Ok(())
+}
+
+fn view(conn: &Connection, id: &str) -> SqlResult<Option<UnitView>> {
+    let sql = format!(
+        "SELECT {UNIT_COLUMNS} FROM async_delegations u WHERE u.delegation_id = ?1 \
+         UNION ALL SELECT {UNIT_COLUMNS} FROM async_delegations u \
+           JOIN retinue_children c ON c.delegation_id = u.delegation_id \
+         WHERE (c.subagent_id = ?1 OR c.child_session_id = ?1) AND c.subagent_id <> '' \
+         LIMIT 1"
+    );
+    let unit = conn.prepare_cached(&sql)?.query_row(params![id], unit_row).optional()?;
+    match unit {
+        Some(mut u) => {
+            children_of(conn, &mut u)?;
+            Ok(Some(u))
+        }
+        None => Ok(None),
+    }
+}
+
+impl Controls for Store {
+    fn unit_view(&self, id: &str) -> Result<Option<UnitView>> {
+        self.pool.read("reading a unit", |conn| view(conn, id))
+    }
+
+    fn running_units<'a>(&self, profile: Option<&'a str>) -> Result<Vec<UnitView>> {
+        self.pool.read("listing running units", |conn| {
+            let sql = format!(
+                "SELECT {UNIT_COLUMNS} FROM async_delegations u \
+                 WHERE u.state IN ('pending', 'running', 'finalizing') \
+                   AND (?1 IS NULL OR COALESCE(u.owner_profile, '') = ?1) \
+                 ORDER BY u.dispatched_at DESC, u.delegation_id"
+            );
+            let mut units = conn
+                .prepare_cached(&sql)?
+                .query_map(params![profile], unit_row)?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            for u in &mut units {
+                children_of(conn, u)?;
+            }
+            Ok(units)
+        })
+    }
+
+    fn post_control<'a>(
+        &self,
+        delegation_id: &str,
+        subagent_id: Option<&'a str>,
+        kind: ControlKind,
+        message: Option<&'a str>,
+    ) -> Result<i64> {
+        let now = self.clock.now();
+        self.pool.write("posting a control", |tx| {
+            tx.prepare_cached(
+                "INSERT INTO retinue_unit_controls \
+                 (delegation_id, subagent_id, kind, message, created_at) \
+                 VALUES (?1, ?2, ?3, ?4, ?5)",
+            )?
+            .execute(params![
+                delegation_id,
+                subagent_id,
+                kind.as_str(),
+                message,
+                now
+            ])?;
+            Ok(tx.last_insert_rowid())
+        })
+    }
+
+    fn take_controls(&self, delegation_id: &str) -> Result<Vec<Control>> {
+        let now = self.clock.now();
+        self.pool.write("taking controls", |tx| {
+            let mut taken = tx
+                .prepare_cached(
+                    "UPDATE retinue_unit_controls SET outcome = 'taken', taken_at = ?1 \
+                     WHERE delegation_id = ?2 AND outcome = 'pending' \
+                     RETURNING control_id, delegation_id, subagent_id, kind, message",
+                )?
+                .query_map(params![now, delegation_id], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get::<_, String>(3)?, r.get(4)?))
+                })?
+                .collect::<rusqlite::Result<Vec<(i64, String, Option<String>, String, Option<String>)>>>(
+                )?;
+            taken.sort_by_key(|t| t.0);
+            Ok(taken
+                .into_iter()
+                .filter_map(|(id, delegation_id, subagent_id, kind, message)| {
+                    Some(Control {
+                        id,
+                        delegation_id,
+                        subagent_id,
+                        kind: ControlKind::parse(&kind)?,
+                        message,
+                    })
+                })
+                .collect())
+        })
+    }
+
+    fn settle_control(&self, id: i64, outcome: ControlOutcome) -> Result<bool> {
+        let now = self.clock.now();
+        self.pool.write("settling a control", |tx| {
+            // Only forward: pending → any, taken → delivered/missed.
+            let n = tx
+                .prepare_cached(
+                    "UPDATE retinue_unit_controls SET outcome = ?1, \
+                     taken_at = COALESCE(taken_at, ?2) \
+                     WHERE control_id = ?3 AND outcome IN ('pending', 'taken') AND outcome <> ?1",
+                )?
+                .execute(params![outcome.as_str(), now, id])?;
+            Ok(n > 0)
+        })
+    }
+
+    fn control_outcome(&self, id: i64) -> Result<Option<ControlOutcome>> {
+        self.pool.query("reading a control", |conn| {
+            let row: Option<Option<String>> = conn
+                .prepare_cached("SELECT outcome FROM retinue_unit_controls WHERE control_id = ?1")?
+                .query_row(params![id], |r| r.get(0))
+                .optional()?;
+            Ok(row.map(|o| ControlOutcome::parse(o.as_deref())))
+        })
+    }
+}
