@@ -28,6 +28,8 @@ use crate::results::ChildReport;
 use crate::runtime::{CancelToken, ChildHandle};
 use crate::spawn::Planned;
 use crate::{DelegateError, Delegator, Inner, ParentContext};
+use retinue_core::Backend;
+use retinue_lineage::LineageAuthority;
 
 /// How long `steer` and `cancel` wait for the worker to take their control.
 const TAKE_WAIT: Duration = Duration::from_secs(10);
@@ -325,7 +327,36 @@ fn now_secs() -> f64 {
         .unwrap_or(0.0)
 }
 
+/// The parent's side of background units — look up, wait for, steer and
+/// cancel units, take the inbox — over the registry alone: no runtime, so
+/// any process may hold one (`retinue wait` runs no model).
+#[derive(Clone)]
+pub struct Collector {
+    backend: Backend,
+    authority: Arc<dyn LineageAuthority>,
+    profile: String,
+}
+
+impl std::fmt::Debug for Collector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Collector").field("profile", &self.profile).finish_non_exhaustive()
+    }
+}
+
 impl Delegator {
+    /// The collector over this delegator's registry and authority.
+    pub fn collector(&self) -> Collector {
+        let parts = &self.inner.parts;
+        Collector::new(parts.backend.clone(), parts.authority.clone(), &parts.profile)
+    }
+}
+
+impl Collector {
+    /// A collector acting for profile `profile`.
+    pub fn new(backend: Backend, authority: Arc<dyn LineageAuthority>, profile: &str) -> Collector {
+        Collector { backend, authority, profile: profile.to_owned() }
+    }
+
     /// The unit `id` (a delegation id, subagent id or child session id) if
     /// `parent` may address it: same profile, and the unit's spawner in the
     /// caller's compression lineage. Anything else — missing, foreign,
@@ -336,8 +367,7 @@ impl Delegator {
         if target.is_empty() {
             return Err(denied());
         }
-        let parts = &self.inner.parts;
-        let view = match parts.backend.controls.unit_view(target) {
+        let view = match self.backend.controls.unit_view(target) {
             Ok(Some(v)) => v,
             Ok(None) => return Err(denied()),
             Err(e) => {
@@ -345,7 +375,7 @@ impl Delegator {
                 return Err(denied());
             }
         };
-        if view.owner_profile.as_deref().unwrap_or_default() != parts.profile {
+        if view.owner_profile.as_deref().unwrap_or_default() != self.profile {
             return Err(denied());
         }
         let Some(owner) = view.parent_session_id.clone().filter(|p| !p.trim().is_empty()) else {
@@ -359,7 +389,7 @@ impl Delegator {
         let entry = RetainedChild {
             delegation_id: view.delegation_id.clone(),
             parent_session_id: owner,
-            owner_profile: parts.profile.clone(),
+            owner_profile: self.profile.clone(),
             state: view.state.clone(),
             retained_at: None,
             completed_at: view.completed_at,
@@ -369,7 +399,7 @@ impl Delegator {
             manifest: ChildManifest::default(),
         };
         let requester = parent.session_id.as_deref().map(str::trim).filter(|s| !s.is_empty());
-        match parts.authority.check_follow_up_authority(&entry, requester) {
+        match self.authority.check_follow_up_authority(&entry, requester) {
             Ok(()) => Ok(view),
             Err(_) => Err(denied()),
         }
@@ -378,7 +408,7 @@ impl Delegator {
     /// Marks the units of dead workers `unknown` and releases their budget
     /// reservations (the liveness check `wait` runs as it polls).
     pub fn recover_dead_workers(&self) {
-        let backend = &self.inner.parts.backend;
+        let backend = &self.backend;
         let report = backend.registry.recover_abandoned_delegations(&retinue_core::ProcProbe);
         if report.abandoned > 0 {
             log::info!("{} unit(s) of dead workers marked unknown", report.abandoned);
@@ -446,7 +476,7 @@ impl Delegator {
     /// Claims and acknowledges a finished unit's delivery: `Delivered` to
     /// the one caller that wins the claim, `AlreadyDelivered` to any other.
     fn consume(&self, delegation_id: &str) -> WaitState {
-        let registry = &self.inner.parts.backend.registry;
+        let registry = &self.backend.registry;
         let filter = DeliveryFilter {
             delegation_id: Some(delegation_id.to_owned()),
             ..DeliveryFilter::default()
@@ -482,7 +512,7 @@ impl Delegator {
         else {
             return Vec::new();
         };
-        let registry = &self.inner.parts.backend.registry;
+        let registry = &self.backend.registry;
         let filter = DeliveryFilter {
             parent_session_id: Some(session.to_owned()),
             ..DeliveryFilter::default()
@@ -541,7 +571,7 @@ impl Delegator {
                 });
             }
         };
-        let controls = &self.inner.parts.backend.controls;
+        let controls = &self.backend.controls;
         let report = |outcome| SteerReport {
             subagent_id: child.subagent_id.clone(),
             delegation_id: view.delegation_id.clone(),
@@ -579,8 +609,6 @@ impl Delegator {
             });
         }
         let control = self
-            .inner
-            .parts
             .backend
             .controls
             .post_control(&view.delegation_id, None, ControlKind::Cancel, None)
@@ -612,7 +640,7 @@ impl Delegator {
         delegation_id: &str,
         parent: &ParentContext,
     ) -> Result<ControlOutcome, DelegateError> {
-        let controls = &self.inner.parts.backend.controls;
+        let controls = &self.backend.controls;
         let deadline = Instant::now() + TAKE_WAIT;
         loop {
             let outcome = controls

@@ -36,7 +36,7 @@ use retinue_lineage::LineageAuthority;
 use serde_json::{Value, json};
 
 pub use args::{FollowUp, TaskSpec, parse_follow_up, parse_tasks};
-pub use background::{CancelReport, SteerReport, WaitEntry, WaitReport, WaitState};
+pub use background::{CancelReport, Collector, SteerReport, WaitEntry, WaitReport, WaitState};
 pub use error::{DelegateError, ErrorKind};
 pub use request::{
     DelegateOutcome, DelegateRequest, Dispatch, DispatchedChild, FollowUpReport, SpawnRequest,

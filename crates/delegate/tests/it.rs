@@ -1728,3 +1728,245 @@ mod unknown_price {
         assert!(err(&again).starts_with("Budget exceeded"), "{again}");
     }
 }
+
+/// Background units from the parent's side (issue #26): wait (exactly
+/// once, peek, foreign ≡ missing), steer and cancel through the registry's
+/// mailbox, the inbox, and queueing beyond the background capacity.
+mod background_units {
+    use std::sync::{Arc, Barrier};
+    use std::time::Duration;
+
+    use retinue_config::DelegationConfig;
+    use retinue_core::{ControlOutcome, UnitState};
+    use retinue_delegate::scripted::{Script, ScriptedRuntime};
+    use retinue_delegate::{CancelToken, Delegator, ErrorKind, ParentContext, WaitState};
+    use serde_json::{Value, json};
+
+    use super::{Fx, parent, parts_over, wait_for_runs};
+
+    fn bg(id: &str) -> ParentContext {
+        ParentContext { can_receive_detached: true, ..parent(id) }
+    }
+
+    /// A fixture whose delegator has no completion sink: results wait in
+    /// the registry for a waiter (as under `retinue mcp` and the CLI).
+    fn fixture(script: Script, config: DelegationConfig) -> (Fx, Delegator) {
+        let runtime = ScriptedRuntime::new().with_script("", script);
+        let fx = Fx::with(config.clone(), runtime);
+        let tool = Delegator::new(parts_over(&fx, fx.runtime.clone(), config));
+        fx.session("P", "cli", None, None);
+        fx.session("Q", "cli", None, None);
+        (fx, tool)
+    }
+
+    fn slow() -> Script {
+        Script {
+            reply: Some("slow answer".into()),
+            delay: Duration::from_secs(30),
+            accept_steer: true,
+            ..Script::default()
+        }
+    }
+
+    fn dispatch(tool: &Delegator, goal: &str, who: &str) -> Value {
+        let out = tool.delegate_task(&json!({"goal": goal, "background": true}), Some(&bg(who)));
+        assert_eq!(out["status"], "dispatched", "{out}");
+        out
+    }
+
+    fn ids(v: &Value) -> Vec<String> {
+        vec![v["delegation_id"].as_str().expect("id").to_owned()]
+    }
+
+    #[test]
+    fn wait_delivers_once_peek_reads_and_foreign_ids_look_missing() {
+        let (_fx, tool) = fixture(Script::default(), DelegationConfig::default());
+        let out = dispatch(&tool, "quick", "P");
+        let c = tool.collector();
+        let long = Duration::from_secs(20);
+        let peek = c.wait(&ids(&out), &bg("P"), long, true, &CancelToken::new()).expect("peek");
+        assert_eq!(peek.entries[0].state, WaitState::Peeked);
+        let first = c.wait(&ids(&out), &bg("P"), long, false, &CancelToken::new()).expect("wait");
+        assert!(!first.timed_out);
+        assert_eq!(first.entries[0].state, WaitState::Delivered);
+        let json = first.to_json();
+        assert_eq!(json["results"][0]["status"], "delivered");
+        assert_eq!(json["results"][0]["result"]["results"][0]["summary"], "Done: quick", "{json}");
+        let again = c.wait(&ids(&out), &bg("P"), long, false, &CancelToken::new()).expect("wait");
+        assert_eq!(again.entries[0].state, WaitState::AlreadyDelivered);
+        assert!(again.to_json()["results"][0].get("result").is_none(), "never again");
+        // Another session (even of the same profile) and a made-up id: the same answer.
+        let foreign = c.wait(&ids(&out), &bg("Q"), long, false, &CancelToken::new()).expect("w");
+        let missing = c
+            .wait(&["deleg_nope".to_owned()], &bg("P"), long, false, &CancelToken::new())
+            .expect("w");
+        assert_eq!(foreign.entries[0].state, WaitState::NotFound);
+        assert_eq!(missing.entries[0].state, WaitState::NotFound);
+        assert_eq!(foreign.entries[0].unit, None);
+        // And the inbox has nothing left either.
+        assert!(c.take_inbox(&bg("P")).is_empty());
+    }
+
+    #[test]
+    fn a_wait_that_times_out_names_what_still_runs() {
+        let (_fx, tool) = fixture(slow(), DelegationConfig::default());
+        let out = dispatch(&tool, "slow", "P");
+        let c = tool.collector();
+        let r = c
+            .wait(&ids(&out), &bg("P"), Duration::from_millis(300), false, &CancelToken::new())
+            .expect("wait");
+        assert!(r.timed_out);
+        assert_eq!(r.entries[0].state, WaitState::Running);
+        assert_eq!(r.to_json()["still_running"], json!(ids(&out)));
+        c.cancel_unit(&ids(&out)[0], &bg("P")).expect("cancel");
+        tool.wait_background();
+    }
+
+    #[test]
+    fn eight_racing_waiters_get_one_result_between_them() {
+        let (_fx, tool) = fixture(
+            Script { delay: Duration::from_millis(300), ..Script::default() },
+            DelegationConfig::default(),
+        );
+        let out = dispatch(&tool, "contended", "P");
+        let barrier = Barrier::new(8);
+        let states: Vec<WaitState> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..8)
+                .map(|_| {
+                    let (c, barrier, ids) = (tool.collector(), &barrier, ids(&out));
+                    s.spawn(move || {
+                        barrier.wait();
+                        let r = c
+                            .wait(
+                                &ids,
+                                &bg("P"),
+                                Duration::from_secs(20),
+                                false,
+                                &CancelToken::new(),
+                            )
+                            .expect("wait");
+                        r.entries[0].state
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().expect("waiter")).collect()
+        });
+        let delivered = states.iter().filter(|s| **s == WaitState::Delivered).count();
+        assert_eq!(delivered, 1, "{states:?}");
+        assert!(
+            states.iter().all(|s| matches!(s, WaitState::Delivered | WaitState::AlreadyDelivered))
+        );
+    }
+
+    #[test]
+    fn cancel_stops_the_children_and_a_finished_unit_refuses() {
+        let (fx, tool) = fixture(slow(), DelegationConfig::default());
+        let out = dispatch(&tool, "slow", "P");
+        wait_for_runs(&fx, 1);
+        let c = tool.collector();
+        let sa = out["children"][0]["subagent_id"].as_str().expect("sa").to_owned();
+        // Another session may not cancel it (foreign ≡ missing).
+        let denied = c.cancel_unit(&sa, &bg("Q")).expect_err("foreign");
+        assert_eq!(denied.kind(), ErrorKind::Denied);
+        let r = c.cancel_unit(&sa, &bg("P")).expect("cancel");
+        assert_eq!(r.outcome, ControlOutcome::Delivered);
+        assert_eq!(r.state, UnitState::Interrupted, "{r:?}");
+        let got = c
+            .wait(&ids(&out), &bg("P"), Duration::from_secs(20), false, &CancelToken::new())
+            .expect("wait")
+            .to_json();
+        let child = &got["results"][0]["result"]["results"][0];
+        assert_eq!(child["exit_reason"], "cancelled", "{got}");
+        assert_eq!(child["status"], "interrupted");
+        let again = c.cancel_unit(&sa, &bg("P")).expect_err("finished");
+        assert!(again.to_string().contains("already finished (interrupted)"), "{again}");
+        tool.wait_background();
+    }
+
+    #[test]
+    fn steer_reaches_the_running_child_and_a_late_one_is_missed() {
+        let (fx, tool) = fixture(
+            Script { delay: Duration::from_millis(1500), accept_steer: true, ..Script::default() },
+            DelegationConfig::default(),
+        );
+        let out = dispatch(&tool, "steerable", "P");
+        wait_for_runs(&fx, 1);
+        let c = tool.collector();
+        let sa = out["children"][0]["subagent_id"].as_str().expect("sa").to_owned();
+        let r = c.steer(&sa, "look left", &bg("P")).expect("steer");
+        assert_eq!(r.outcome, ControlOutcome::Delivered);
+        assert_eq!(r.to_json()["status"], "delivered");
+        assert!(fx.runtime.steers().iter().any(|(s, m)| *s == sa && m == "look left"));
+        assert!(c.steer(&sa, "", &bg("P")).is_err(), "an empty message is refused");
+        assert_eq!(
+            c.steer(&sa, "from a stranger", &bg("Q")).expect_err("foreign").kind(),
+            ErrorKind::Denied
+        );
+        tool.wait_background();
+        let late = c.steer(&sa, "too late", &bg("P")).expect("steer");
+        assert_eq!(late.outcome, ControlOutcome::Missed);
+        assert_eq!(late.to_json()["status"], "missed_steer");
+    }
+
+    #[test]
+    fn a_steer_taken_after_the_children_ended_is_reported_in_the_result() {
+        let (fx, tool) = fixture(
+            Script { delay: Duration::from_millis(600), ..Script::default() },
+            DelegationConfig::default(),
+        );
+        let out = dispatch(&tool, "steer refused", "P");
+        wait_for_runs(&fx, 1);
+        let c = tool.collector();
+        let sa = out["children"][0]["subagent_id"].as_str().expect("sa").to_owned();
+        // The scripted child refuses steering (accept_steer false): missed, and the
+        // unit's result says so.
+        let r = c.steer(&sa, "ignored", &bg("P")).expect("steer");
+        assert_eq!(r.outcome, ControlOutcome::Missed);
+        let got = c
+            .wait(&ids(&out), &bg("P"), Duration::from_secs(20), false, &CancelToken::new())
+            .expect("wait")
+            .to_json();
+        assert_eq!(got["results"][0]["result"]["results"][0]["missed_steer"], json!(["ignored"]));
+    }
+
+    #[test]
+    fn units_beyond_the_capacity_queue_and_all_finish() {
+        let config = DelegationConfig { max_concurrent_children: 2, ..DelegationConfig::default() };
+        let (_fx, tool) =
+            fixture(Script { delay: Duration::from_millis(200), ..Script::default() }, config);
+        let outs: Vec<Value> = (0..6).map(|i| dispatch(&tool, &format!("unit {i}"), "P")).collect();
+        assert_eq!(outs.iter().filter(|o| o["queued"] == true).count(), 4, "{outs:?}");
+        assert!(outs[5]["note"].as_str().expect("note").contains("queued"));
+        let all: Vec<String> = outs.iter().flat_map(ids).collect();
+        let r = tool
+            .collector()
+            .wait(&all, &bg("P"), Duration::from_secs(30), false, &CancelToken::new())
+            .expect("wait");
+        assert!(!r.timed_out);
+        assert!(r.entries.iter().all(|e| e.state == WaitState::Delivered), "{r:?}");
+    }
+
+    #[test]
+    fn the_inbox_hands_each_completion_over_once() {
+        let (_fx, tool) = fixture(Script::default(), DelegationConfig::default());
+        let a = dispatch(&tool, "a", "P");
+        let b = dispatch(&tool, "b", "P");
+        let other = dispatch(&tool, "q's", "Q");
+        tool.wait_background();
+        let c = tool.collector();
+        let mut got: Vec<String> = c.take_inbox(&bg("P")).into_iter().map(|e| e.id).collect();
+        got.sort();
+        let mut want = [ids(&a), ids(&b)].concat();
+        want.sort();
+        assert_eq!(got, want);
+        assert!(c.take_inbox(&bg("P")).is_empty(), "exactly once");
+        assert_eq!(c.take_inbox(&bg("Q")).len(), 1);
+        assert_eq!(
+            c.wait(&ids(&other), &bg("Q"), Duration::ZERO, false, &CancelToken::new())
+                .expect("wait")
+                .entries[0]
+                .state,
+            WaitState::AlreadyDelivered
+        );
+    }
+}

@@ -46,6 +46,10 @@ const MIGRATIONS: &[(&str, &str)] = &[
         "V7__retinue_pg_usage_columns",
         include_str!("../migrations/V7__retinue_pg_usage_columns.sql"),
     ),
+    (
+        "V8__retinue_pg_unit_controls",
+        include_str!("../migrations/V8__retinue_pg_unit_controls.sql"),
+    ),
 ];
 
 #[allow(clippy::cast_possible_truncation, clippy::cast_possible_wrap)] // a handful of files
