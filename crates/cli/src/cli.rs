@@ -19,8 +19,8 @@ const GLOBAL: &str = "Global options";
                   resolve compression lineages, read the usage ledger, recover after a \
                   restart, run delegate_task with children on a real model, or watch the \
                   whole lifecycle in a demo.",
-    after_help = "Exit codes: 0 ok, 2 bad usage, 3 denied, 4 not found, 1 any other error \
-                  (message on stderr)."
+    after_help = "Exit codes: 0 ok, 2 bad usage, 3 denied, 4 not found, 5 wait timed out, \
+                  1 any other error (message on stderr)."
 )]
 pub(crate) struct Cli {
     /// hermes home; the database is DIR/state.db [default: $HERMES_HOME, else ~/.hermes]
@@ -86,6 +86,45 @@ pub(crate) enum Command {
 
     /// Run delegate_task: children talk to the configured OpenAI-compatible model
     Delegate(DelegateArgs),
+
+    /// Wait for background units and print their results, each delivered once (exit 5 on timeout)
+    Wait {
+        /// Delegation ids or subagent ids
+        #[arg(value_name = "ID", required = true, value_parser = non_blank)]
+        ids: Vec<String>,
+        /// The parent session the units belong to (authority as for a follow-up)
+        #[arg(long, value_name = "SESSION", value_parser = non_blank)]
+        parent: String,
+        /// Seconds to wait at most
+        #[arg(long, value_name = "S", default_value_t = 600.0, value_parser = finite_seconds)]
+        timeout: f64,
+        /// Read the results without consuming them (they stay deliverable)
+        #[arg(long)]
+        peek: bool,
+    },
+
+    /// Send a message to a running child (exit 1 with missed_steer when it had finished)
+    Steer {
+        /// The subagent id (or the delegation id of a one-child unit)
+        #[arg(value_name = "ID", value_parser = non_blank)]
+        id: String,
+        /// The message
+        #[arg(long, value_name = "TEXT", value_parser = non_blank)]
+        message: String,
+        /// The parent session the child belongs to
+        #[arg(long, value_name = "SESSION", value_parser = non_blank)]
+        parent: String,
+    },
+
+    /// Cancel a running unit: its children stop (exit reason cancelled) and bill what they spent
+    Cancel {
+        /// A delegation id or subagent id
+        #[arg(value_name = "ID", value_parser = non_blank)]
+        id: String,
+        /// The parent session the unit belongs to
+        #[arg(long, value_name = "SESSION", value_parser = non_blank)]
+        parent: String,
+    },
 
     /// Serve MCP (stdio, or --http on loopback): delegate_task and the registry tools for an agent host
     #[command(long_about = "Serve the Model Context Protocol for an agent host (Claude Code, \
@@ -189,6 +228,14 @@ pub(crate) struct DelegateArgs {
     /// Narrow the children's toolsets (comma-separated: read, file, terminal, mcp-SERVER); only narrows delegation.toolsets
     #[arg(long, value_name = "LIST", value_delimiter = ',', conflicts_with = "follow_up")]
     pub(crate) toolsets: Option<Vec<String>>,
+
+    /// Run the children in a detached worker process: print the delegation and subagent ids and exit at once (collect with `retinue wait`)
+    #[arg(long, conflicts_with = "follow_up")]
+    pub(crate) background: bool,
+
+    /// Internal: this process is the detached worker of `--background`
+    #[arg(long, hide = true, requires = "background")]
+    pub(crate) detached_worker: bool,
 }
 
 /// `retinue mcp …`.
@@ -213,6 +260,13 @@ pub(crate) struct McpArgs {
     /// The OpenAI-compatible endpoint (overrides delegation.base_url)
     #[arg(long, value_name = "URL", value_parser = non_blank)]
     pub(crate) base_url: Option<String>,
+}
+
+fn finite_seconds(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 && v <= 31_536_000.0 => Ok(v),
+        _ => Err("must be a number of seconds from 0 to 31536000".to_owned()),
+    }
 }
 
 fn non_blank(s: &str) -> Result<String, String> {

@@ -435,7 +435,7 @@ pub(crate) fn recover(env: &Env) -> Result<Output> {
 }
 
 /// The exit code for a `delegate_task` error: by variant class, never by text.
-fn delegate_error_code(e: &DelegateError) -> u8 {
+pub(crate) fn delegate_error_code(e: &DelegateError) -> u8 {
     match e.kind() {
         ErrorKind::Usage => EXIT_USAGE,
         ErrorKind::Denied => EXIT_DENIED,
@@ -630,7 +630,7 @@ fn delegate_request(args: &DelegateArgs) -> std::result::Result<DelegateRequest,
     Ok(DelegateRequest::Spawn(SpawnRequest {
         tasks,
         role: retinue_core::Role::Leaf,
-        background: false,
+        background: args.background,
         budget: retinue_core::BudgetLimit::default(),
         toolsets: args
             .toolsets
@@ -642,6 +642,9 @@ fn delegate_request(args: &DelegateArgs) -> std::result::Result<DelegateRequest,
 /// `retinue delegate [--parent SESSION] (--goal TEXT | --tasks JSON) [--follow-up ID]
 /// [--model M] [--base-url URL]`.
 pub(crate) fn delegate(env: &Env, args: &DelegateArgs) -> Result<Output> {
+    if args.detached_worker {
+        crate::background::become_detached();
+    }
     let (runtime, config, toolbox) = configured_runtime(env, args)?;
     let workspace = workspace_of(args)?;
     // The arguments are checked before anything is written.
@@ -680,6 +683,11 @@ pub(crate) fn delegate(env: &Env, args: &DelegateArgs) -> Result<Output> {
         Some(p) => (p.trim().to_owned(), false),
         None => (new_parent(&*store.sessions)?, true),
     };
+    if args.background && !args.detached_worker {
+        // The children run in a detached worker; this process only starts it.
+        drop(store);
+        return crate::background::launch(env, &parent_id, created);
+    }
     let toolsets = parent_toolsets(&config, &toolbox);
     let tool = delegator(&store, Arc::new(runtime), config, &env.profile);
     toolbox.set_delegator(tool.clone());
@@ -689,8 +697,12 @@ pub(crate) fn delegate(env: &Env, args: &DelegateArgs) -> Result<Output> {
         model: parent_row.as_ref().and_then(|r| r.model.clone()),
         toolsets,
         workspace: Some(workspace),
+        can_receive_detached: args.detached_worker,
         ..ParentContext::default()
     };
+    if args.detached_worker {
+        return Ok(crate::background::work(&tool, &request, &parent));
+    }
     // SIGINT/SIGTERM cancel the children: each bills what it spent, the unit
     // is finalised (`interrupted`), and the command exits 130/143.
     let cancel = CancelToken::new();

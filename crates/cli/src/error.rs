@@ -12,6 +12,8 @@ pub(crate) const EXIT_USAGE: u8 = 2;
 pub(crate) const EXIT_DENIED: u8 = 3;
 /// Exit code: the id or session is not found (or not addressable).
 pub(crate) const EXIT_NOT_FOUND: u8 = 4;
+/// Exit code: `retinue wait` timed out with units still running.
+pub(crate) const EXIT_TIMEOUT: u8 = 5;
 
 /// Everything a command can fail with.
 #[derive(Debug, thiserror::Error)]

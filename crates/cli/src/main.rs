@@ -10,6 +10,7 @@
 //! the delegate tool together.
 
 mod backend;
+mod background;
 mod cli;
 mod commands;
 mod demo;
@@ -68,6 +69,11 @@ fn run(cli: &Cli) -> error::Result<Output> {
         Command::Usage { session, lineage } => commands::usage(&env, session, *lineage),
         Command::Recover => commands::recover(&env),
         Command::Delegate(args) => commands::delegate(&env, args),
+        Command::Wait { ids, parent, timeout, peek } => {
+            background::wait(&env, ids, parent, *timeout, *peek)
+        }
+        Command::Steer { id, message, parent } => background::steer(&env, id, message, parent),
+        Command::Cancel { id, parent } => background::cancel(&env, id, parent),
         Command::Mcp(args) => mcp::run(&env, args),
         Command::Migrate { to } => migrate::migrate(&env, to),
         Command::Demo => {

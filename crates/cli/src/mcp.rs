@@ -45,6 +45,8 @@ pub(crate) fn run(env: &Env, args: &McpArgs) -> Result<Output> {
         follow_up: None,
         workspace: None,
         toolsets: None,
+        background: false,
+        detached_worker: false,
     };
     // No model configured: the registry tools still work, and delegate_task
     // answers with the message naming the keys to set.

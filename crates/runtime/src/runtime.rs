@@ -525,6 +525,9 @@ impl Run<'_> {
             tool_calls: (!wire_calls.is_empty())
                 .then(|| Value::Array(wire_calls.clone()).to_string()),
             finish_reason: completion.finish_reason.clone(),
+            // The turn's own size (its completion tokens), as hermes records
+            // it: a running child's usage so far is read from these.
+            token_count: i64::try_from(completion.tokens.output).ok(),
             ..Message::default()
         };
         if let Err(reason) = self.append(&assistant) {

@@ -1,0 +1,230 @@
+//! Background delegation on the command line (issue #26): `delegate
+//! --background` returns at once and a detached worker runs the children;
+//! `wait` delivers each result once (exit 5 on timeout, 4 when nothing is
+//! left to deliver); `steer` reaches the running child from another
+//! process; `cancel` stops it; a worker killed with SIGKILL is found dead,
+//! its unit marked `unknown` and its budget reservation released.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use retinue_testkit::fake_model::{FakeModel, Reply, Usage};
+use retinue_testkit::{HermesDb, HermesFixture, TempHome};
+use serde_json::{Value, json};
+
+const BIN: &str = env!("CARGO_BIN_EXE_retinue");
+
+fn now() -> f64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).expect("clock").as_secs_f64()
+}
+
+struct Fx {
+    home: TempHome,
+    fx: HermesFixture,
+}
+
+impl Fx {
+    fn new(model: &FakeModel, extra: &str) -> Fx {
+        let home = TempHome::new();
+        let fx = HermesDb::standard(&home.db_path(), now());
+        let yaml = format!(
+            "delegation:\n  model: test/fake-model\n  base_url: {}\n  api_key: sk-test\n{extra}",
+            model.base_url()
+        );
+        std::fs::write(home.path().join("config.yaml"), yaml).expect("config.yaml");
+        Fx { home, fx }
+    }
+
+    fn root(&self) -> &str {
+        self.fx.root
+    }
+
+    fn run(&self, args: &[&str]) -> (i32, Value, String) {
+        let out = Command::new(BIN)
+            .arg("--home")
+            .arg(self.home.path())
+            .arg("--json")
+            .args(args)
+            .env_remove("HERMES_HOME")
+            .env_remove("HERMES_PROFILE")
+            .output()
+            .expect("run retinue");
+        let stdout = String::from_utf8(out.stdout).expect("utf8");
+        let v = if stdout.trim().is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("bad JSON ({e}): {stdout}"))
+        };
+        (out.status.code().unwrap_or(-1), v, String::from_utf8(out.stderr).expect("utf8"))
+    }
+
+    #[track_caller]
+    fn ok(&self, code: i32, args: &[&str]) -> Value {
+        let (got, v, err) = self.run(args);
+        assert_eq!(got, code, "retinue {args:?}: stdout {v}, stderr {err}");
+        v
+    }
+
+    /// Starts a background delegation and returns its dispatch.
+    fn background(&self, goal: &str) -> Value {
+        let started = Instant::now();
+        let v = self.ok(0, &["delegate", "--background", "--parent", self.root(), "--goal", goal]);
+        assert!(started.elapsed() < Duration::from_secs(30), "--background returns at once");
+        assert_eq!(v["status"], "dispatched", "{v}");
+        assert!(v["worker"]["pid"].as_u64().is_some(), "{v}");
+        v
+    }
+}
+
+fn id(v: &Value) -> String {
+    v["delegation_id"].as_str().expect("delegation id").to_owned()
+}
+
+fn subagent(v: &Value) -> String {
+    v["children"][0]["subagent_id"].as_str().expect("subagent id").to_owned()
+}
+
+fn wait_for_requests(model: &FakeModel, n: usize) {
+    let started = Instant::now();
+    while model.request_count() < n {
+        assert!(started.elapsed() < Duration::from_secs(30), "the model got no request {n}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn worker_alive(pid: u64) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+        && std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|s| !s.contains(") Z "))
+            .unwrap_or(false)
+}
+
+#[test]
+fn background_wait_steer_and_cancel_from_other_processes() {
+    let model = FakeModel::start();
+    // The first call asks for a tool (none is granted: the error goes back)
+    // slowly, so a steer arrives while the child runs; the second answers.
+    model.push(
+        Reply::tool_call("call_1", "lookup", json!({"q": "x"})).delayed(Duration::from_secs(2)),
+    );
+    model.set_default(Reply::text("Done, steered").with_usage(Usage::new(10, 5)));
+    let fx = Fx::new(&model, "");
+    let d = fx.background("A slow job");
+    let (unit, sa) = (id(&d), subagent(&d));
+    let root = fx.root().to_owned();
+    assert!(d["worker"]["log"].as_str().is_some_and(|l| l.contains("retinue/workers/")));
+
+    // The worker is its own session: not this test's process group.
+    let pid = d["worker"]["pid"].as_u64().expect("pid");
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<&str> = stat.rsplit(") ").next().unwrap_or_default().split(' ').collect();
+    assert_eq!(fields.get(3).copied(), Some(pid.to_string().as_str()), "own session: {stat}");
+
+    let timed_out = fx.ok(5, &["wait", &unit, "--parent", &root, "--timeout", "0.2"]);
+    assert_eq!(timed_out["timed_out"], true);
+    assert_eq!(timed_out["still_running"], json!([unit]));
+    assert_eq!(timed_out["results"][0]["status"], "running");
+
+    // Only the parent's lineage may steer or cancel; others get "denied".
+    wait_for_requests(&model, 1);
+    let (code, v, _) = fx.run(&["steer", &sa, "--message", "x", "--parent", "stranger"]);
+    assert_eq!((code, v["code"].as_str()), (3, Some("denied")), "{v}");
+    let steered = fx.ok(0, &["steer", &sa, "--message", "Mind the edge case", "--parent", &root]);
+    assert_eq!(steered["status"], "delivered", "{steered}");
+
+    let got = fx.ok(0, &["wait", &unit, "--parent", &root, "--timeout", "60"]);
+    assert_eq!(got["results"][0]["status"], "delivered", "{got}");
+    let child = &got["results"][0]["result"]["results"][0];
+    assert_eq!(child["summary"], "Done, steered", "{got}");
+    let second = &model.requests()[1];
+    assert!(
+        second
+            .messages()
+            .iter()
+            .any(|m| m["role"] == "user" && m["content"] == "Mind the edge case"),
+        "the steer reached the child's next model call"
+    );
+
+    // Once only: a second wait has nothing left; a peek still reads it.
+    let again = fx.ok(4, &["wait", &unit, "--parent", &root, "--timeout", "1"]);
+    assert_eq!(again["results"][0]["status"], "already_delivered");
+    assert!(again["results"][0].get("result").is_none());
+    let peek = fx.ok(0, &["wait", &unit, "--parent", &root, "--peek"]);
+    assert_eq!(peek["results"][0]["result"]["results"][0]["summary"], "Done, steered");
+    // Foreign, missing: the same answer.
+    let foreign = fx.ok(4, &["wait", &unit, "--parent", "stranger", "--timeout", "0"]);
+    assert_eq!(foreign["results"][0]["status"], "not_found");
+    let missing = fx.ok(4, &["wait", "deleg_nope", "--parent", &root, "--timeout", "0"]);
+    assert_eq!(missing["results"][0], json!({"id": "deleg_nope", "status": "not_found"}));
+
+    // Finished: cancel refuses, a late steer is reported missed.
+    let (code, v, err) = fx.run(&["cancel", &unit, "--parent", &root]);
+    assert_eq!(code, 1, "{v} {err}");
+    assert!(err.contains("already finished (completed)"), "{err}");
+    let (code, v, err) = fx.run(&["steer", &sa, "--message", "late", "--parent", &root]);
+    assert_eq!((code, v["status"].as_str()), (1, Some("missed_steer")), "{err}");
+    // The worker exits once its unit is done.
+    let started = Instant::now();
+    while worker_alive(pid) && started.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(!worker_alive(pid), "the worker exits after its unit");
+}
+
+#[test]
+fn cancel_stops_a_running_background_child_which_bills_what_it_spent() {
+    let model = FakeModel::start();
+    model.set_default(
+        Reply::text("never").with_usage(Usage::new(1, 1)).delayed(Duration::from_secs(60)),
+    );
+    let fx = Fx::new(&model, "");
+    let d = fx.background("Never finishes");
+    let (unit, root) = (id(&d), fx.root().to_owned());
+    wait_for_requests(&model, 1);
+    let c = fx.ok(0, &["cancel", &subagent(&d), "--parent", &root]);
+    assert_eq!(c["status"], "cancelled", "{c}");
+    assert_eq!(c["state"], "interrupted", "{c}");
+    let got = fx.ok(0, &["wait", &unit, "--parent", &root, "--timeout", "30"]);
+    let child = &got["results"][0]["result"]["results"][0];
+    assert_eq!(child["exit_reason"], "cancelled", "{got}");
+    assert_eq!(child["status"], "interrupted");
+    // The child's transcript is closed with the reason.
+    let sessions = HermesDb::table_rows_of(&fx.home.db_path(), "sessions", &["id", "end_reason"]);
+    let session =
+        sessions.iter().find(|s| s["id"] == d["children"][0]["session_id"]).expect("child session");
+    assert_eq!(session["end_reason"], "cancelled", "{session}");
+}
+
+#[test]
+fn a_worker_killed_mid_run_is_found_dead_and_its_reservation_released() {
+    let model = FakeModel::start();
+    model.set_default(
+        Reply::text("never").with_usage(Usage::new(1, 1)).delayed(Duration::from_secs(60)),
+    );
+    let fx = Fx::new(&model, "  budget:\n    max_cost_usd: 5.0\n");
+    let d = fx.background("Killed mid-run");
+    let (unit, root) = (id(&d), fx.root().to_owned());
+    wait_for_requests(&model, 1);
+    let pid = d["worker"]["pid"].as_u64().expect("pid");
+    let open = |db: &Path| {
+        HermesDb::table_rows_of(db, "retinue_budget_reservations", &["delegation_id", "settled_at"])
+    };
+    assert!(
+        open(&fx.home.db_path()).iter().any(|r| r["settled_at"].is_null()),
+        "a reservation is held"
+    );
+    let killed = Command::new("kill").args(["-9", &pid.to_string()]).status().expect("kill");
+    assert!(killed.success());
+    let started = Instant::now();
+    while worker_alive(pid) && started.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The next command that looks (wait) finds the worker dead.
+    let got = fx.ok(0, &["wait", &unit, "--parent", &root, "--timeout", "30"]);
+    assert_eq!(got["results"][0]["state"], "unknown", "{got}");
+    assert!(
+        open(&fx.home.db_path()).iter().all(|r| !r["settled_at"].is_null()),
+        "the dead worker's reservation is released"
+    );
+}
