@@ -340,3 +340,95 @@ pub(crate) fn cancel(env: &Env, id: &str, parent: &str) -> Result<Output> {
         },
     })
 }
+
+/// A running unit as `children list`/`show` print it: elapsed time, and per
+/// child the usage so far read from its transcript (model calls, completion
+/// tokens, tool calls).
+pub(crate) fn running_json(store: &Backend, unit: &retinue_core::UnitView, now: f64) -> Value {
+    let children: Vec<Value> = unit
+        .children
+        .iter()
+        .map(|c| {
+            let turns = store.sessions.conversation(&c.child_session_id).unwrap_or_default();
+            let calls = turns.iter().filter(|m| m.role == "assistant").count();
+            let tokens: i64 = turns
+                .iter()
+                .filter(|m| m.role == "assistant")
+                .filter_map(|m| m.token_count)
+                .filter(|n| *n > 0)
+                .sum();
+            let tools = turns.iter().filter(|m| m.role == "tool").count();
+            let last_tool = turns.iter().rev().find_map(|m| m.tool_name.clone());
+            json!({
+                "subagent_id": c.subagent_id,
+                "child_session_id": c.child_session_id,
+                "goal": c.goal,
+                "model": c.model,
+                "usage_so_far": {
+                    "api_calls": calls,
+                    "output_tokens": tokens,
+                    "tool_calls": tools,
+                },
+                "last_tool": last_tool,
+            })
+        })
+        .collect();
+    json!({
+        "delegation_id": unit.delegation_id,
+        "state": unit.state.as_str(),
+        "mode": unit.mode,
+        "parent_session_id": unit.parent_session_id,
+        "owner_pid": unit.owner_pid,
+        "dispatched_at": unit.dispatched_at,
+        "elapsed_seconds": ((now - unit.dispatched_at).max(0.0) * 10.0).round() / 10.0,
+        "children": children,
+    })
+}
+
+/// The running units `owner` may address (every one of this profile's
+/// without an owner, or all tenants' with `--all-profiles`).
+pub(crate) fn running_units(
+    store: &Backend,
+    env: &Env,
+    owner: Option<&str>,
+) -> Result<Vec<retinue_core::UnitView>> {
+    let profile = (!env.all_profiles).then_some(env.profile.as_str());
+    let units = store.controls.running_units(profile)?;
+    Ok(match owner {
+        None => units,
+        Some(owner) => {
+            let c = collector(store, env);
+            let parent = parent_of(owner);
+            units.into_iter().filter(|u| c.unit(&u.delegation_id, &parent).is_ok()).collect()
+        }
+    })
+}
+
+/// The running section of `children list`.
+pub(crate) fn running_table(rows: &[Value]) -> String {
+    let mut t = Table::new(&[
+        "DELEGATION",
+        "STATE",
+        "ELAPSED",
+        "SUBAGENT",
+        "MODEL",
+        "CALLS",
+        "OUT TOKENS",
+        "TOOLS",
+    ]);
+    for u in rows {
+        for c in u["children"].as_array().into_iter().flatten() {
+            t.row(vec![
+                u["delegation_id"].as_str().unwrap_or("-").to_owned(),
+                u["state"].as_str().unwrap_or("-").to_owned(),
+                format!("{:.1}s", u["elapsed_seconds"].as_f64().unwrap_or(0.0)),
+                c["subagent_id"].as_str().unwrap_or("-").to_owned(),
+                c["model"].as_str().unwrap_or("-").to_owned(),
+                c["usage_so_far"]["api_calls"].to_string(),
+                c["usage_so_far"]["output_tokens"].to_string(),
+                c["usage_so_far"]["tool_calls"].to_string(),
+            ]);
+        }
+    }
+    format!("running\n{}", t.render())
+}

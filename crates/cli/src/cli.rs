@@ -163,6 +163,9 @@ pub(crate) enum ChildrenCommand {
         /// Only the children this session's lineage may address
         #[arg(long, value_name = "SESSION", value_parser = non_blank)]
         owner: Option<String>,
+        /// Only the delegations still running, with elapsed time and usage so far
+        #[arg(long)]
+        running: bool,
     },
 
     /// One addressable child by subagent id, child session id or delegation id (exit 4 if none)

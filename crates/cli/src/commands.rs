@@ -143,9 +143,24 @@ fn not_addressable_in(store: &Backend, env: &Env, id: &str) -> Result<CliError> 
     }
 }
 
-/// `retinue children list [--owner SESSION]`.
-pub(crate) fn children_list(env: &Env, owner: Option<&str>) -> Result<Output> {
+/// `retinue children list [--owner SESSION] [--running]`: the retained
+/// children, then (on a terminal) the units still running; `--running`
+/// lists only those (JSON: the running units).
+pub(crate) fn children_list(env: &Env, owner: Option<&str>, running: bool) -> Result<Output> {
     let store = open_read(env)?;
+    let now = SystemClock.now();
+    let live: Vec<Value> = crate::background::running_units(&store, env, owner)?
+        .iter()
+        .map(|u| crate::background::running_json(&store, u, now))
+        .collect();
+    if running {
+        let human = if live.is_empty() {
+            "no running delegations\n".to_owned()
+        } else {
+            crate::background::running_table(&live)
+        };
+        return Ok(Output::ok(Value::Array(live), human));
+    }
     let entries = match owner {
         Some(owner) => list_for(&*store.registry, &*store.graph, Some(owner), &env.profile)?,
         None => store.registry.list_retained_children()?,
@@ -153,10 +168,15 @@ pub(crate) fn children_list(env: &Env, owner: Option<&str>) -> Result<Output> {
     let entries: Vec<RetainedChild> =
         entries.into_iter().filter(|e| in_tenant(&store, env, e)).collect();
     let json = Value::Array(entries.iter().map(RetainedChild::to_json).collect());
-    Ok(Output::ok(json, children_table(&entries)))
+    let mut human = children_table(&entries);
+    if !live.is_empty() {
+        human.push_str(&crate::background::running_table(&live));
+    }
+    Ok(Output::ok(json, human))
 }
 
-/// `retinue children show ID`.
+/// `retinue children show ID`: a retained child, or a unit still running
+/// (with its elapsed time and usage so far).
 pub(crate) fn children_show(env: &Env, id: &str) -> Result<Output> {
     let store = open_read(env)?;
     match store.registry.find_retained_child(id)? {
@@ -164,7 +184,21 @@ pub(crate) fn children_show(env: &Env, id: &str) -> Result<Output> {
             Ok(Output::ok(entry.to_json(), entry_block(&entry)))
         }
         Some(_) => Err(missing(id)),
-        None => Err(not_addressable_in(&store, env, id)?),
+        None => {
+            let running = store.controls.unit_view(id)?.filter(|u| {
+                !u.is_finished()
+                    && (env.all_profiles
+                        || u.owner_profile.as_deref().unwrap_or_default() == env.profile)
+            });
+            match running {
+                Some(u) => {
+                    let v = crate::background::running_json(&store, &u, SystemClock.now());
+                    let human = crate::background::running_table(std::slice::from_ref(&v));
+                    Ok(Output::ok(v, human))
+                }
+                None => Err(not_addressable_in(&store, env, id)?),
+            }
+        }
     }
 }
 

@@ -55,7 +55,9 @@ fn run(cli: &Cli) -> error::Result<Output> {
     let env = Env::from_cli(cli)?;
     match &cli.command {
         Command::Children(sub) => match sub {
-            ChildrenCommand::List { owner } => commands::children_list(&env, owner.as_deref()),
+            ChildrenCommand::List { owner, running } => {
+                commands::children_list(&env, owner.as_deref(), *running)
+            }
             ChildrenCommand::Show { id } => commands::children_show(&env, id),
             ChildrenCommand::Tombstone { id, reason } => {
                 commands::children_tombstone(&env, id, reason.as_deref())

@@ -182,6 +182,24 @@ fn cancel_stops_a_running_background_child_which_bills_what_it_spent() {
     let d = fx.background("Never finishes");
     let (unit, root) = (id(&d), fx.root().to_owned());
     wait_for_requests(&model, 1);
+    // Listed as running, with its elapsed time and usage so far.
+    let running = fx.ok(0, &["children", "list", "--running"]);
+    let listed =
+        running.as_array().expect("array").iter().find(|u| u["delegation_id"] == unit.as_str());
+    let listed = listed.unwrap_or_else(|| panic!("not listed: {running}"));
+    assert_eq!(listed["state"], "running");
+    assert_eq!(listed["mode"], "background");
+    assert!(listed["elapsed_seconds"].as_f64().is_some());
+    assert_eq!(
+        listed["children"][0]["usage_so_far"]["api_calls"], 0,
+        "the first call is in flight"
+    );
+    let shown = fx.ok(0, &["children", "show", &subagent(&d)]);
+    assert_eq!(shown["delegation_id"], unit.as_str());
+    let mine = fx.ok(0, &["children", "list", "--running", "--owner", &root]);
+    assert!(mine.as_array().expect("array").iter().any(|u| u["delegation_id"] == unit.as_str()));
+    let theirs = fx.ok(0, &["children", "list", "--running", "--owner", "stranger"]);
+    assert_eq!(theirs, json!([]));
     let c = fx.ok(0, &["cancel", &subagent(&d), "--parent", &root]);
     assert_eq!(c["status"], "cancelled", "{c}");
     assert_eq!(c["state"], "interrupted", "{c}");
@@ -194,6 +212,8 @@ fn cancel_stops_a_running_background_child_which_bills_what_it_spent() {
     let session =
         sessions.iter().find(|s| s["id"] == d["children"][0]["session_id"]).expect("child session");
     assert_eq!(session["end_reason"], "cancelled", "{session}");
+    let after = fx.ok(0, &["children", "list", "--running"]);
+    assert!(after.as_array().expect("array").iter().all(|u| u["delegation_id"] != unit.as_str()));
 }
 
 #[test]
