@@ -101,6 +101,7 @@ pub(crate) fn run(env: &Env, args: &McpArgs) -> Result<Output> {
         }
     };
     let parts = McpParts {
+        profile: env.profile.clone(),
         backend: store.seams.clone(),
         budget: store.config.delegation.budget,
         authority: Arc::new(Authority::new(

@@ -21,6 +21,7 @@ mod error;
 mod framing;
 mod server;
 mod session;
+mod tasks;
 mod tools;
 
 use std::net::SocketAddr;
@@ -41,8 +42,9 @@ pub use session::{
     ParentSession, SESSION_SOURCE, SessionChoice, project_session_id, resolve_session,
 };
 pub use tools::{
-    DELEGATE_TASK, LAST_ANSWER_MAX_CHARS, LIST_SUBAGENTS, SHOW_SUBAGENT, SUBAGENT_USAGE,
-    TOMBSTONE_SUBAGENT, ToolSpec, tool_specs,
+    CANCEL_SUBAGENT, DEFAULT_WAIT_SECS, DELEGATE_TASK, LAST_ANSWER_MAX_CHARS, LIST_SUBAGENTS,
+    MAX_WAIT_SECS, SHOW_SUBAGENT, STEER_SUBAGENT, SUBAGENT_USAGE, TOMBSTONE_SUBAGENT, ToolSpec,
+    WAIT_SUBAGENTS, tool_specs,
 };
 
 /// Why `delegate_task` cannot be offered (e.g. no model is configured): the
@@ -68,6 +70,8 @@ pub struct McpParts {
     /// The toolsets this session grants its children (narrowed per call by
     /// `delegate_task`'s `toolsets`).
     pub toolsets: Vec<String>,
+    /// The process profile key (a unit of another profile is never addressed).
+    pub profile: String,
 }
 
 impl std::fmt::Debug for McpParts {

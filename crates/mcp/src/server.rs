@@ -8,14 +8,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use retinue_delegate::{CancelToken, DelegateRequest, ParentContext};
+use retinue_delegate::{CancelToken, Collector, DelegateOutcome, DelegateRequest, ParentContext};
+#[allow(deprecated)] // LoggingLevel, LoggingMessageNotificationParam: see `announce_when_done`
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
-    ListToolsResult, PaginatedRequestParams, ProgressNotificationParam, ProgressToken,
-    ServerCapabilities, ServerConfig, Tool,
+    CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, ContentBlock,
+    CreateTaskResult, Implementation, ListToolsResult, LoggingLevel,
+    LoggingMessageNotificationParam, PaginatedRequestParams, ProgressNotificationParam,
+    ProgressToken, ServerCapabilities, ServerConfig, Tool,
 };
 use rmcp::service::RequestContext;
-use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
+use rmcp::{ErrorData as McpError, Peer, RoleServer, ServerHandler};
 use serde_json::{Map, Value};
 
 use crate::McpParts;
@@ -45,6 +47,8 @@ struct Shared {
     /// that stops cancels its children instead of waiting for them.
     running: Mutex<HashMap<u64, CancelToken>>,
     next_call: AtomicU64,
+    /// Background units: look up, wait, steer, cancel, the inbox.
+    collector: Collector,
 }
 
 /// The MCP server acting as one parent session. Cheap to clone (the HTTP
@@ -74,7 +78,7 @@ impl Drop for RunningGuard<'_> {
     }
 }
 
-fn text_result(value: &Value) -> CallToolResult {
+pub(crate) fn text_result(value: &Value) -> CallToolResult {
     let text = serde_json::to_string_pretty(value).unwrap_or_else(|_| value.to_string());
     let mut result = CallToolResult::success(vec![ContentBlock::text(text)]);
     result.structured_content = Some(value.clone());
@@ -109,6 +113,8 @@ impl RetinueServer {
             Err(_) => retinue_delegate::delegate_task_schema(&Default::default()),
         };
         let specs = tools::tool_specs(&schema);
+        let collector =
+            Collector::new(parts.backend.clone(), parts.authority.clone(), &parts.profile);
         RetinueServer {
             shared: Arc::new(Shared {
                 parts,
@@ -118,6 +124,7 @@ impl RetinueServer {
                 specs,
                 running: Mutex::new(HashMap::new()),
                 next_call: AtomicU64::new(0),
+                collector,
             }),
         }
     }
@@ -188,30 +195,48 @@ impl RetinueServer {
         }
     }
 
+    /// The parent every call acts as: this server's session, which can
+    /// receive detached (background) results.
+    fn parent(&self) -> ParentContext {
+        ParentContext {
+            session_id: Some(self.shared.session.clone()),
+            toolsets: self.shared.parts.toolsets.clone(),
+            workspace: self.shared.parts.workspace.clone(),
+            can_receive_detached: true,
+            ..ParentContext::default()
+        }
+    }
+
+    /// `delegate_task`. `as_task`: the client asked for an MCP task, so a
+    /// spawn runs in the background and the call returns its handle (the
+    /// task id is the delegation id; its state lives in the registry).
     async fn delegate_task(
         &self,
         args: Map<String, Value>,
         progress: Option<ProgressToken>,
         context: &RequestContext<RoleServer>,
-    ) -> CallToolResult {
+        as_task: bool,
+    ) -> CallToolResponse {
         let delegator = match &self.shared.parts.delegator {
             Ok(d) => d.clone(),
-            Err(why) => return error_result(&why.to_string()),
+            Err(why) => return error_result(&why.to_string()).into(),
         };
         let request = match DelegateRequest::from_json(&Value::Object(args)) {
             Ok(r) => r,
-            Err(e) => return delegate_error_result(&e),
+            Err(e) => return delegate_error_result(&e).into(),
         };
         let children = match &request {
             DelegateRequest::Spawn(s) => s.tasks.len(),
             DelegateRequest::FollowUp(_) => 1,
         };
-        let parent = ParentContext {
-            session_id: Some(self.shared.session.clone()),
-            toolsets: self.shared.parts.toolsets.clone(),
-            workspace: self.shared.parts.workspace.clone(),
-            ..ParentContext::default()
-        };
+        let mut request = request;
+        if as_task {
+            match &mut request {
+                DelegateRequest::Spawn(spawn) => spawn.background = true,
+                DelegateRequest::FollowUp(_) => {}
+            }
+        }
+        let parent = self.parent();
         let cancel = CancelToken::new();
         let key = self.shared.next_call.fetch_add(1, Ordering::Relaxed);
         self.shared
@@ -259,6 +284,19 @@ impl RetinueServer {
             }
         };
         match joined {
+            Ok(Ok(DelegateOutcome::Dispatched(d))) => {
+                self.announce_when_done(&d.delegation_id, context.peer.clone());
+                if as_task {
+                    let view =
+                        Collector::unit(&self.shared.collector, &d.delegation_id, &self.parent());
+                    let task = match view {
+                        Ok(v) => crate::tasks::detailed(&v).task,
+                        Err(_) => crate::tasks::working(&d.delegation_id),
+                    };
+                    return CallToolResponse::Task(CreateTaskResult::new(task));
+                }
+                text_result(&DelegateOutcome::Dispatched(d).to_json()).into()
+            }
             Ok(Ok(outcome)) => {
                 let mut result = text_result(&outcome.to_json());
                 // The ledger could not be written: the results stand, but
@@ -266,24 +304,141 @@ impl RetinueServer {
                 if outcome.ledger_error().is_some() {
                     result.is_error = Some(true);
                 }
-                result
+                result.into()
             }
-            Ok(Err(e)) => delegate_error_result(&e),
+            Ok(Err(e)) => delegate_error_result(&e).into(),
             Err(e) => {
                 log::error!("delegate_task failed: {e}");
-                error_result("internal error: the delegation did not finish")
+                error_result("internal error: the delegation did not finish").into()
             }
+        }
+    }
+
+    /// Sends a `notifications/message` to the client when the background
+    /// unit `id` finishes (its result waits for `wait_subagents` or the next
+    /// tool result). Stops with the server's connection.
+    ///
+    /// `notifications/message` is deprecated by SEP-2577, but it is what
+    /// today's hosts show (the Python SDK's logging callback, Claude Code's
+    /// log): kept until hosts read task status notifications.
+    #[allow(deprecated)]
+    fn announce_when_done(&self, id: &str, peer: Peer<RoleServer>) {
+        let (collector, parent, id) = (self.shared.collector.clone(), self.parent(), id.to_owned());
+        let poll = Duration::from_millis(retinue_core::CONTROL_POLL_MS * 5);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(poll).await;
+                let (c, p, i) = (collector.clone(), parent.clone(), id.clone());
+                let view = tokio::task::spawn_blocking(move || c.unit(&i, &p)).await;
+                let Ok(Ok(view)) = view else { return };
+                if !view.is_finished() {
+                    continue;
+                }
+                let data = serde_json::json!({
+                    "type": "subagent_finished",
+                    "delegation_id": view.delegation_id,
+                    "state": view.state.as_str(),
+                    "note": "Collect the result with wait_subagents; otherwise it is attached \
+                             to this session's next tool result.",
+                });
+                let mut note = LoggingMessageNotificationParam::new(LoggingLevel::Notice, data);
+                note.logger = Some("retinue".to_owned());
+                if let Err(e) = peer.notify_logging_message(note).await {
+                    log::debug!("completion notification not sent: {e}");
+                }
+                return;
+            }
+        });
+    }
+
+    /// `wait_subagents`, `steer_subagent`, `cancel_subagent`: blocking
+    /// registry work on tokio's blocking pool; a client cancel stops a wait.
+    async fn background_tool(
+        &self,
+        name: &str,
+        args: Map<String, Value>,
+        context: &RequestContext<RoleServer>,
+    ) -> CallToolResult {
+        let (collector, parent, name) =
+            (self.shared.collector.clone(), self.parent(), name.to_owned());
+        let cancel = CancelToken::new();
+        let stop = cancel.clone();
+        let ct = context.ct.clone();
+        let watcher = tokio::spawn(async move {
+            ct.cancelled().await;
+            stop.cancel();
+        });
+        let joined = tokio::task::spawn_blocking(move || {
+            crate::tasks::run_tool(&collector, &parent, &name, &args, &cancel)
+        })
+        .await;
+        watcher.abort();
+        match joined {
+            Ok(Ok(value)) => text_result(&value),
+            Ok(Err((message, value))) => {
+                let mut result = error_result(&message);
+                result.structured_content = Some(value);
+                result
+            }
+            Err(e) => {
+                log::error!("a tool call failed: {e}");
+                error_result("internal error: the tool call did not finish")
+            }
+        }
+    }
+
+    /// Background results of this session not delivered yet, claimed now
+    /// (exactly once), to attach to a tool result.
+    async fn take_inbox(&self) -> Vec<Value> {
+        let (collector, parent) = (self.shared.collector.clone(), self.parent());
+        tokio::task::spawn_blocking(move || {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs_f64())
+                .unwrap_or(0.0);
+            collector.take_inbox(&parent).iter().map(|e| e.to_json(now)).collect()
+        })
+        .await
+        .unwrap_or_default()
+    }
+}
+
+/// Attaches delivered background results to a tool result: under
+/// `delivered` in its structured content, and as a text block.
+fn attach_inbox(result: &mut CallToolResult, delivered: Vec<Value>) {
+    if delivered.is_empty() {
+        return;
+    }
+    let text = serde_json::to_string_pretty(&delivered).unwrap_or_default();
+    result.content.push(ContentBlock::text(format!(
+        "Background delegations finished since the last call (delivered once):\n{text}"
+    )));
+    match &mut result.structured_content {
+        Some(Value::Object(map)) => {
+            map.insert("delivered".to_owned(), Value::Array(delivered));
+        }
+        other => {
+            let previous = other.take();
+            let mut map = Map::new();
+            if let Some(previous) = previous {
+                map.insert("result".to_owned(), previous);
+            }
+            map.insert("delivered".to_owned(), Value::Array(delivered));
+            *other = Some(Value::Object(map));
         }
     }
 }
 
 impl ServerHandler for RetinueServer {
+    #[allow(deprecated)] // logging: see `announce_when_done`
     fn get_info(&self) -> ServerConfig {
         let mut implementation = Implementation::new("retinue", env!("CARGO_PKG_VERSION"));
         implementation.title = Some("Retinue: retained subagents".to_owned());
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
-            .with_server_info(implementation)
-            .with_instructions(self.instructions())
+        ServerConfig::new(
+            ServerCapabilities::builder().enable_logging().enable_tools().enable_tasks().build(),
+        )
+        .with_server_info(implementation)
+        .with_instructions(self.instructions())
     }
 
     async fn list_tools(
@@ -320,16 +475,60 @@ impl ServerHandler for RetinueServer {
             .or_else(|| context.meta.get_progress_token());
         let args = request.arguments.unwrap_or_default();
         let name = request.name.as_ref();
-        let result = match name {
-            tools::DELEGATE_TASK => self.delegate_task(args, progress, &context).await,
-            tools::LIST_SUBAGENTS
-            | tools::SHOW_SUBAGENT
-            | tools::TOMBSTONE_SUBAGENT
-            | tools::SUBAGENT_USAGE => self.registry_tool(name, args).await,
-            other => {
-                return Err(McpError::invalid_params(format!("unknown tool '{other}'"), None));
-            }
+        if !self.shared.specs.iter().any(|s| s.name == name) {
+            return Err(McpError::invalid_params(format!("unknown tool '{name}'"), None));
+        }
+        // What finished since the last call goes out with this one — after
+        // a wait (which delivers its own ids itself), before anything else
+        // (so a unit this very call dispatches is never in it).
+        let as_task = name == tools::DELEGATE_TASK
+            && context.client_capabilities().is_some_and(|c| c.supports_tasks());
+        // (A task handle carries no content, so nothing is taken for it.)
+        let early = if name == tools::WAIT_SUBAGENTS || as_task {
+            Vec::new()
+        } else {
+            self.take_inbox().await
         };
-        Ok(result.into())
+        let response = match name {
+            tools::DELEGATE_TASK => self.delegate_task(args, progress, &context, as_task).await,
+            tools::WAIT_SUBAGENTS | tools::STEER_SUBAGENT | tools::CANCEL_SUBAGENT => {
+                self.background_tool(name, args, &context).await.into()
+            }
+            _ => self.registry_tool(name, args).await.into(),
+        };
+        let late = if name == tools::WAIT_SUBAGENTS { self.take_inbox().await } else { Vec::new() };
+        Ok(match response {
+            CallToolResponse::Complete(mut result) => {
+                attach_inbox(&mut result, [early, late].concat());
+                CallToolResponse::Complete(result)
+            }
+            other => other,
+        })
+    }
+
+    async fn get_task(
+        &self,
+        request: rmcp::model::GetTaskParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::GetTaskResult, McpError> {
+        let (collector, parent) = (self.shared.collector.clone(), self.parent());
+        tokio::task::spawn_blocking(move || {
+            crate::tasks::get(&collector, &parent, &request.task_id)
+        })
+        .await
+        .map_err(|e| McpError::internal_error(format!("tasks/get did not finish: {e}"), None))?
+    }
+
+    async fn cancel_task(
+        &self,
+        request: CancelTaskParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        let (collector, parent) = (self.shared.collector.clone(), self.parent());
+        tokio::task::spawn_blocking(move || {
+            crate::tasks::cancel(&collector, &parent, &request.task_id)
+        })
+        .await
+        .map_err(|e| McpError::internal_error(format!("tasks/cancel did not finish: {e}"), None))?
     }
 }

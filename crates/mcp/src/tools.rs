@@ -24,6 +24,18 @@ pub const SHOW_SUBAGENT: &str = "show_subagent";
 pub const TOMBSTONE_SUBAGENT: &str = "tombstone_subagent";
 /// `subagent_usage`.
 pub const SUBAGENT_USAGE: &str = "subagent_usage";
+/// `wait_subagents`.
+pub const WAIT_SUBAGENTS: &str = "wait_subagents";
+/// `steer_subagent`.
+pub const STEER_SUBAGENT: &str = "steer_subagent";
+/// `cancel_subagent`.
+pub const CANCEL_SUBAGENT: &str = "cancel_subagent";
+
+/// The longest `wait_subagents` may block, in seconds (below the usual
+/// host tool timeouts; wait again for longer).
+pub const MAX_WAIT_SECS: f64 = 300.0;
+/// `wait_subagents`' default timeout, in seconds.
+pub const DEFAULT_WAIT_SECS: f64 = 30.0;
 
 /// How many characters of a child's last answer `show_subagent` returns.
 pub const LAST_ANSWER_MAX_CHARS: usize = 4000;
@@ -62,7 +74,7 @@ fn id_schema(what: &str) -> Map<String, Value> {
     }))
 }
 
-/// The five tools, `delegate_task` first; `delegate_schema` is
+/// The eight tools, `delegate_task` first; `delegate_schema` is
 /// `Delegator::schema()` (its `parameters` become the input schema).
 pub fn tool_specs(delegate_schema: &Value) -> Vec<ToolSpec> {
     let base = delegate_schema.get("description").and_then(Value::as_str).unwrap_or_default();
@@ -124,6 +136,64 @@ pub fn tool_specs(delegate_schema: &Value) -> Vec<ToolSpec> {
                           tokens) over the session's whole lineage, and a per-subagent breakdown."
                 .to_owned(),
             input_schema: object(json!({"type": "object", "properties": {}})),
+        },
+        ToolSpec {
+            name: WAIT_SUBAGENTS,
+            description: format!(
+                "Wait for background delegations (delegate_task with background=true) to finish \
+                 and collect their results. Each result is delivered exactly once: here, or \
+                 attached to a later tool result of this session, never both. Returns, per id, \
+                 `delivered` with the result, `running` when the timeout passed first (wait \
+                 again), `already_delivered`, or `not_found`. Blocks at most timeout_seconds \
+                 (default {DEFAULT_WAIT_SECS}, at most {MAX_WAIT_SECS})."
+            ),
+            input_schema: object(json!({
+                "type": "object",
+                "properties": {
+                    "ids": {
+                        "type": "array",
+                        "items": {"type": "string"},
+                        "minItems": 1,
+                        "description": "delegation_ids (or subagent_ids) returned by delegate_task."
+                    },
+                    "timeout_seconds": {
+                        "type": "number",
+                        "minimum": 0,
+                        "maximum": MAX_WAIT_SECS,
+                        "description": "How long to wait at most."
+                    }
+                },
+                "required": ["ids"]
+            })),
+        },
+        ToolSpec {
+            name: STEER_SUBAGENT,
+            description: "Send a message to one of this session's subagents while it is still \
+                          running (a background delegation): it reads the message before its \
+                          next step. Returns `delivered`, or `missed_steer` when the subagent had \
+                          already finished (follow it up with delegate_task(follow_up=…) instead)."
+                .to_owned(),
+            input_schema: {
+                let mut schema = id_schema("The running subagent");
+                if let Some(Value::Object(props)) = schema.get_mut("properties") {
+                    props.insert(
+                        "message".into(),
+                        json!({"type": "string", "description": "What to tell it."}),
+                    );
+                }
+                if let Some(Value::Array(req)) = schema.get_mut("required") {
+                    req.push(json!("message"));
+                }
+                schema
+            },
+        },
+        ToolSpec {
+            name: CANCEL_SUBAGENT,
+            description: "Stop one of this session's running background delegations (any of \
+                          its ids): its subagents stop, report what they did (exit reason \
+                          `cancelled`) and bill what they spent. A finished one is refused."
+                .to_owned(),
+            input_schema: id_schema("The running delegation or subagent"),
         },
     ]
 }
