@@ -25,12 +25,16 @@ use rmcp::service::{NotificationContext, PeerRequestOptions, RunningService};
 use rmcp::{ClientHandler, RoleClient, ServiceExt};
 use serde_json::{Value, json};
 
-/// A client that records progress notifications.
+/// A client that records progress and log notifications, and declares the
+/// MCP Tasks extension when `tasks` is set.
 #[derive(Clone, Default)]
 struct Recorder {
     progress: Arc<Mutex<Vec<ProgressNotificationParam>>>,
+    logged: Arc<Mutex<Vec<Value>>>,
+    tasks: bool,
 }
 
+#[allow(deprecated)] // notifications/message: what the server announces completions with
 impl ClientHandler for Recorder {
     async fn on_progress(
         &self,
@@ -39,12 +43,29 @@ impl ClientHandler for Recorder {
     ) {
         self.progress.lock().unwrap().push(params);
     }
+
+    async fn on_logging_message(
+        &self,
+        params: rmcp::model::LoggingMessageNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        self.logged.lock().unwrap().push(params.data);
+    }
+
+    fn get_info(&self) -> rmcp::model::ClientInfo {
+        let mut info = rmcp::model::ClientInfo::default();
+        if self.tasks {
+            info.capabilities = rmcp::model::ClientCapabilities::builder().enable_tasks().build();
+        }
+        info
+    }
 }
 
 type Client = RunningService<RoleClient, Recorder>;
 
 /// The fake model: `Done: <first line of the last user turn>`, 1000/200
-/// tokens, $0.004; a goal containing "slow" streams slowly.
+/// tokens, $0.004; a goal containing "slow" streams slowly, one containing
+/// "sleepy" answers after a minute.
 fn fake_model() -> FakeModel {
     let model = FakeModel::start();
     model.set_handler(|request| {
@@ -53,6 +74,11 @@ fn fake_model() -> FakeModel {
         let text = last["content"].as_str().unwrap_or_default().to_owned();
         let first = text.lines().next().unwrap_or_default().to_owned();
         let usage = Usage::new(1000, 200).cost(0.004);
+        if first.contains("sleepy") {
+            return Some(
+                Reply::text("too late").with_usage(usage).delayed(Duration::from_secs(60)),
+            );
+        }
         if first.contains("slow") {
             let long = "word ".repeat(200);
             return Some(Reply::text(&long).with_usage(usage).chunk_delay(Duration::from_secs(5)));
@@ -169,7 +195,10 @@ async fn the_story_over_mcp() {
             "list_subagents",
             "show_subagent",
             "tombstone_subagent",
-            "subagent_usage"
+            "subagent_usage",
+            "wait_subagents",
+            "steer_subagent",
+            "cancel_subagent"
         ]
     );
     let schema = serde_json::to_value(&*tools[0].input_schema).unwrap();
@@ -386,4 +415,192 @@ fn sessions_resolve_as_documented() {
     let missing =
         retinue_mcp::resolve_session(store.as_ref(), &SessionChoice::Existing("nope".into()), "");
     assert!(matches!(missing, Err(retinue_mcp::Error::NoSession(_))));
+}
+
+async fn connect_with(server: RetinueServer, recorder: Recorder) -> Client {
+    let (server_io, client_io) = tokio::io::duplex(1 << 16);
+    tokio::spawn(async move {
+        let running = server.serve(server_io).await.unwrap();
+        let _ = running.waiting().await;
+    });
+    recorder.serve(client_io).await.unwrap()
+}
+
+async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    let started = Instant::now();
+    while !check() {
+        assert!(started.elapsed() < Duration::from_secs(30), "{what}: not within 30 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A host without Tasks: `background: true` returns at once; the result is
+/// announced, delivered once (to `wait_subagents`, or attached to the next
+/// tool result), and a running child can be steered or cancelled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn background_delegation_for_hosts_without_tasks() {
+    let home = TempHome::new();
+    let model = fake_model();
+    let dir = tempfile::tempdir().unwrap();
+    let recorder = Recorder::default();
+    let client =
+        connect_with(server(&home, &model, &project(dir.path()), false), recorder.clone()).await;
+
+    let started = Instant::now();
+    let d =
+        ok(&call(&client, "delegate_task", json!({"goal": "Index the docs", "background": true}))
+            .await);
+    assert!(started.elapsed() < Duration::from_millis(300), "returns before the child's 300 ms");
+    assert_eq!(d["status"], "dispatched", "{d}");
+    let id = d["delegation_id"].as_str().unwrap().to_owned();
+    let got =
+        ok(&call(&client, "wait_subagents", json!({"ids": [id], "timeout_seconds": 30})).await);
+    assert_eq!(got["results"][0]["status"], "delivered", "{got}");
+    assert_eq!(got["results"][0]["result"]["results"][0]["summary"], "Done: Index the docs");
+    let again =
+        ok(&call(&client, "wait_subagents", json!({"ids": [id], "timeout_seconds": 0})).await);
+    assert_eq!(again["results"][0]["status"], "already_delivered");
+    eventually("the completion is announced", || {
+        recorder.logged.lock().unwrap().iter().any(|l| l["delegation_id"] == id.as_str())
+    })
+    .await;
+
+    // Not waited for: attached to the next tool result, once.
+    let d2 =
+        ok(&call(&client, "delegate_task", json!({"goal": "Count the files", "background": true}))
+            .await);
+    let id2 = d2["delegation_id"].as_str().unwrap().to_owned();
+    eventually("the second unit finishes", || {
+        recorder.logged.lock().unwrap().iter().any(|l| l["delegation_id"] == id2.as_str())
+    })
+    .await;
+    let listed = ok(&call(&client, "list_subagents", json!({})).await);
+    assert_eq!(listed["delivered"][0]["delegation_id"], id2, "{listed}");
+    assert_eq!(listed["delivered"][0]["result"]["results"][0]["summary"], "Done: Count the files");
+    let next = ok(&call(&client, "list_subagents", json!({})).await);
+    assert!(next.get("delivered").is_none(), "delivered once: {next}");
+
+    // Steer, then cancel, a slow child; bad input is a tool error.
+    let slow =
+        ok(&call(&client, "delegate_task", json!({"goal": "a sleepy crawl", "background": true}))
+            .await);
+    let sid = slow["children"][0]["subagent_id"].as_str().unwrap().to_owned();
+    let unit = slow["delegation_id"].as_str().unwrap().to_owned();
+    eventually("the slow child calls the model", || model.request_count() >= 3).await;
+    let steered =
+        ok(&call(&client, "steer_subagent", json!({"id": sid, "message": "faster"})).await);
+    assert_eq!(steered["status"], "delivered", "{steered}");
+    let cancelled = ok(&call(&client, "cancel_subagent", json!({"id": unit})).await);
+    assert_eq!(cancelled["status"], "cancelled", "{cancelled}");
+    let stopped = ok(&call(&client, "wait_subagents", json!({"ids": [unit]})).await);
+    assert_eq!(stopped["results"][0]["result"]["results"][0]["exit_reason"], "cancelled");
+    assert!(
+        err_text(&call(&client, "cancel_subagent", json!({"id": unit})).await)
+            .contains("already finished")
+    );
+    let late = ok(&call(&client, "steer_subagent", json!({"id": sid, "message": "late"})).await);
+    assert_eq!(late["status"], "missed_steer");
+    assert!(err_text(&call(&client, "wait_subagents", json!({"ids": []})).await).contains("'ids'"));
+    assert!(
+        err_text(
+            &call(&client, "wait_subagents", json!({"ids": [unit], "timeout_seconds": 9999})).await
+        )
+        .contains("timeout_seconds")
+    );
+    // Another project's session: foreign ≡ missing.
+    let dir_b = tempfile::tempdir().unwrap();
+    let other = connect(server(&home, &model, &project(dir_b.path()), false)).await;
+    let theirs =
+        ok(&call(&other, "wait_subagents", json!({"ids": [id2], "timeout_seconds": 0})).await);
+    assert_eq!(theirs["results"][0], json!({"id": id2, "status": "not_found"}));
+    assert!(
+        err_text(&call(&other, "cancel_subagent", json!({"id": unit})).await)
+            .contains("not a running subagent")
+    );
+    other.cancel().await.unwrap();
+    client.cancel().await.unwrap();
+}
+
+async fn task_request(client: &Client, request: ClientRequest) -> rmcp::model::ServerResult {
+    client.send_request(request).await.unwrap_or_else(|e| panic!("request failed: {e}"))
+}
+
+async fn get_task(client: &Client, id: &str) -> Result<Value, String> {
+    let request = ClientRequest::GetTaskRequest(Request::new(rmcp::model::GetTaskParams::new(id)));
+    match client.send_request(request).await {
+        Ok(rmcp::model::ServerResult::GetTaskResult(r)) => Ok(serde_json::to_value(r).unwrap()),
+        Ok(other) => panic!("unexpected {other:?}"),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// A host with MCP Tasks: `delegate_task` answers with a task handle at
+/// once; `tasks/get` polls the registry (also from a restarted server);
+/// `tasks/cancel` stops the children; another session's task is unknown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_tasks_create_poll_cancel_and_survive_a_restart() {
+    let home = TempHome::new();
+    let model = fake_model();
+    let dir = tempfile::tempdir().unwrap();
+    let tasks = Recorder { tasks: true, ..Recorder::default() };
+    let client =
+        connect_with(server(&home, &model, &project(dir.path()), false), tasks.clone()).await;
+    let info = client.peer_info().unwrap();
+    assert!(info.capabilities.supports_tasks(), "the server declares the Tasks extension");
+
+    let create = |goal: &str| {
+        ClientRequest::CallToolRequest(Request::new(
+            CallToolRequestParams::new("delegate_task")
+                .with_arguments(json!({"goal": goal}).as_object().unwrap().clone()),
+        ))
+    };
+    let rmcp::model::ServerResult::CreateTaskResult(handle) =
+        task_request(&client, create("Summarise the spec")).await
+    else {
+        panic!("expected a task handle")
+    };
+    let task_id = handle.task.task_id.clone();
+    assert_eq!(handle.task.status, rmcp::model::TaskStatus::Working);
+    let mut state = get_task(&client, &task_id).await.unwrap();
+    let started = Instant::now();
+    while state["status"] == "working" {
+        assert!(started.elapsed() < Duration::from_secs(30));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        state = get_task(&client, &task_id).await.unwrap();
+    }
+    assert_eq!(state["status"], "completed", "{state}");
+    let body = &state["result"]["structuredContent"];
+    assert_eq!(body["results"][0]["summary"], "Done: Summarise the spec", "{state}");
+    // Read through tasks/get: never attached to a later tool result again.
+    let listed = ok(&call(&client, "list_subagents", json!({})).await);
+    assert!(listed.get("delivered").is_none(), "{listed}");
+
+    // Cancel a slow one.
+    let rmcp::model::ServerResult::CreateTaskResult(slow) =
+        task_request(&client, create("a sleepy dig")).await
+    else {
+        panic!("expected a task handle")
+    };
+    let slow_id = slow.task.task_id.clone();
+    let cancel = ClientRequest::CancelTaskRequest(Request::new(
+        rmcp::model::CancelTaskParams::new(slow_id.clone()),
+    ));
+    task_request(&client, cancel).await;
+    let cancelled = get_task(&client, &slow_id).await.unwrap();
+    assert_eq!(cancelled["status"], "cancelled", "{cancelled}");
+    client.cancel().await.unwrap();
+
+    // A restarted server (same project, same session) answers for both.
+    let again =
+        connect_with(server(&home, &model, &project(dir.path()), false), tasks.clone()).await;
+    assert_eq!(get_task(&again, &task_id).await.unwrap()["status"], "completed");
+    assert_eq!(get_task(&again, &slow_id).await.unwrap()["status"], "cancelled");
+    // Another session: exactly as unknown.
+    let dir_b = tempfile::tempdir().unwrap();
+    let other = connect_with(server(&home, &model, &project(dir_b.path()), false), tasks).await;
+    let foreign = get_task(&other, &task_id).await.unwrap_err();
+    let unknown = get_task(&other, "deleg_00000000").await.unwrap_err();
+    assert_eq!(foreign.replace(&task_id, "ID"), unknown.replace("deleg_00000000", "ID"));
+    other.cancel().await.unwrap();
+    again.cancel().await.unwrap();
 }
