@@ -267,7 +267,7 @@ pub(crate) struct McpArgs {
 
 fn finite_seconds(s: &str) -> Result<f64, String> {
     match s.trim().parse::<f64>() {
-        Ok(v) if v.is_finite() && v >= 0.0 && v <= 31_536_000.0 => Ok(v),
+        Ok(v) if v.is_finite() && (0.0..=31_536_000.0).contains(&v) => Ok(v),
         _ => Err("must be a number of seconds from 0 to 31536000".to_owned()),
     }
 }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use retinue_testkit::fake_model::{FakeModel, Reply, Usage};
 use retinue_testkit::{HermesDb, TempHome};
 use rmcp_client::model::{
-    CallToolRequestParams, ClientCapabilities, ClientInfo, ClientRequest, GetTaskParams, Request,
+    CallToolRequestParams, ClientCapabilities, ClientConfig, ClientRequest, GetTaskParams, Request,
     ServerResult,
 };
 use rmcp_client::service::RunningService;
@@ -24,8 +24,8 @@ const BIN: &str = env!("CARGO_BIN_EXE_retinue");
 struct TasksClient;
 
 impl ClientHandler for TasksClient {
-    fn get_info(&self) -> ClientInfo {
-        let mut info = ClientInfo::default();
+    fn get_info(&self) -> ClientConfig {
+        let mut info = ClientConfig::default();
         info.capabilities = ClientCapabilities::builder().enable_tasks().build();
         info
     }

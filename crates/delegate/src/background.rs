@@ -72,11 +72,8 @@ impl Watch {
         let worker = watch.clone_parts();
         let started =
             std::thread::Builder::new().name(format!("watch-{delegation_id}")).spawn(move || {
-                loop {
-                    match rx.recv_timeout(poll()) {
-                        Err(RecvTimeoutError::Timeout) => worker.poll_once(false),
-                        _ => break,
-                    }
+                while let Err(RecvTimeoutError::Timeout) = rx.recv_timeout(poll()) {
+                    worker.poll_once(false);
                 }
             });
         match started {
@@ -156,19 +153,19 @@ impl Watch {
     /// the missed steers to the children's reports.
     pub(crate) fn finish(mut self, mut results: Vec<ChildReport>) -> Vec<ChildReport> {
         drop(self.stop.take());
-        if let Some(h) = self.thread.take() {
-            if h.join().is_err() {
-                log::error!("unit {}: the control watcher panicked", self.delegation_id);
-            }
+        if let Some(h) = self.thread.take()
+            && h.join().is_err()
+        {
+            log::error!("unit {}: the control watcher panicked", self.delegation_id);
         }
         self.poll_once(true);
         let missed =
             std::mem::take(&mut *self.missed.lock().unwrap_or_else(PoisonError::into_inner));
         for (subagent_id, message) in missed {
-            if let Some(r) = results.iter_mut().find(|r| r.subagent_id == subagent_id) {
-                if !r.missed_steer.contains(&message) {
-                    r.missed_steer.push(message);
-                }
+            if let Some(r) = results.iter_mut().find(|r| r.subagent_id == subagent_id)
+                && !r.missed_steer.contains(&message)
+            {
+                r.missed_steer.push(message);
             }
         }
         results

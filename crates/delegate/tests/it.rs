@@ -1733,7 +1733,7 @@ mod unknown_price {
 /// once, peek, foreign ≡ missing), steer and cancel through the registry's
 /// mailbox, the inbox, and queueing beyond the background capacity.
 mod background_units {
-    use std::sync::{Arc, Barrier};
+    use std::sync::Barrier;
     use std::time::Duration;
 
     use retinue_config::DelegationConfig;

@@ -52,8 +52,8 @@ impl ClientHandler for Recorder {
         self.logged.lock().unwrap().push(params.data);
     }
 
-    fn get_info(&self) -> rmcp::model::ClientInfo {
-        let mut info = rmcp::model::ClientInfo::default();
+    fn get_info(&self) -> rmcp::model::ClientConfig {
+        let mut info = rmcp::model::ClientConfig::default();
         if self.tasks {
             info.capabilities = rmcp::model::ClientCapabilities::builder().enable_tasks().build();
         }

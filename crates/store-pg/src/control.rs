@@ -74,7 +74,7 @@ impl Controls for PgStore {
         })
     }
 
-    fn running_units<'a>(&self, profile: Option<&'a str>) -> Result<Vec<UnitView>> {
+    fn running_units(&self, profile: Option<&str>) -> Result<Vec<UnitView>> {
         self.pool.tx("listing running units", Mode::Read, |tx| {
             let sql = format!(
                 "SELECT {UNIT_COLUMNS} FROM async_delegations u \
@@ -91,12 +91,12 @@ impl Controls for PgStore {
         })
     }
 
-    fn post_control<'a>(
+    fn post_control(
         &self,
         delegation_id: &str,
-        subagent_id: Option<&'a str>,
+        subagent_id: Option<&str>,
         kind: ControlKind,
-        message: Option<&'a str>,
+        message: Option<&str>,
     ) -> Result<i64> {
         let now = self.clock.now();
         self.pool.tx("posting a control", Mode::Write, |tx| {

@@ -78,7 +78,7 @@ impl Controls for Store {
         self.pool.read("reading a unit", |conn| view(conn, id))
     }
 
-    fn running_units<'a>(&self, profile: Option<&'a str>) -> Result<Vec<UnitView>> {
+    fn running_units(&self, profile: Option<&str>) -> Result<Vec<UnitView>> {
         self.pool.read("listing running units", |conn| {
             let sql = format!(
                 "SELECT {UNIT_COLUMNS} FROM async_delegations u \
@@ -97,12 +97,12 @@ impl Controls for Store {
         })
     }
 
-    fn post_control<'a>(
+    fn post_control(
         &self,
         delegation_id: &str,
-        subagent_id: Option<&'a str>,
+        subagent_id: Option<&str>,
         kind: ControlKind,
-        message: Option<&'a str>,
+        message: Option<&str>,
     ) -> Result<i64> {
         let now = self.clock.now();
         self.pool.write("posting a control", |tx| {
