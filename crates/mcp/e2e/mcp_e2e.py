@@ -77,8 +77,17 @@ async def day_one(session, init):
     say(f"# tools: {', '.join(names)}")
     check(
         names
-        == ["delegate_task", "list_subagents", "show_subagent", "tombstone_subagent", "subagent_usage"],
-        "five tools",
+        == [
+            "delegate_task",
+            "list_subagents",
+            "show_subagent",
+            "tombstone_subagent",
+            "subagent_usage",
+            "wait_subagents",
+            "steer_subagent",
+            "cancel_subagent",
+        ],
+        "eight tools",
     )
     check("follow_up" in tools.tools[0].input_schema["properties"], "delegate_task schema")
 
@@ -189,6 +198,35 @@ async def main():
         check(not os.path.exists(f"{PROJECT_C}/out/made.txt"), "nothing was written")
 
     await server(PROJECT_C, tools_story)
+
+    say()
+    say("## Project A again: background delegation for hosts without Tasks")
+
+    async def background_story(session, init):
+        r = await call(session, "delegate_task", {"goal": "Index the docs", "background": True})
+        check(not r.is_error and payload(r)["status"] == "dispatched", "dispatched at once")
+        unit = payload(r)["delegation_id"]
+        r = await call(session, "wait_subagents", {"ids": [unit], "timeout_seconds": 30})
+        got = payload(r)["results"][0]
+        check(got["status"] == "delivered", "the result is delivered to the wait")
+        check(got["result"]["results"][0]["summary"] == "Done: Index the docs", "its summary")
+        r = await call(session, "wait_subagents", {"ids": [unit], "timeout_seconds": 0})
+        again = payload(r)["results"][0]
+        check(again["status"] == "already_delivered" and "result" not in again, "never twice")
+        r = await call(session, "delegate_task", {"goal": "Count the files", "background": True})
+        second = payload(r)["delegation_id"]
+        delivered = []
+        for _ in range(100):
+            r = await call(session, "list_subagents", {})
+            delivered = payload(r).get("delivered", [])
+            if delivered:
+                break
+            await asyncio.sleep(0.1)
+        check([d["delegation_id"] for d in delivered] == [second], "attached to a later tool result")
+        r = await call(session, "list_subagents", {})
+        check("delivered" not in payload(r), "and only once")
+
+    await server(PROJECT_A, background_story)
     say()
     say("mcp-e2e: ok")
 

@@ -149,8 +149,11 @@ impl RetinueServer {
              (it keeps its whole context), call delegate_task with follow_up=<subagent_id> and \
              goal=<your message>. list_subagents shows which subagents this session can still \
              address, show_subagent one subagent's status and last answer, subagent_usage what \
-             they cost, tombstone_subagent retires one. Only this session's own subagents can \
-             be addressed.",
+             they cost, tombstone_subagent retires one. For long work pass background=true: \
+             delegate_task returns the ids at once and the subagents keep working; collect \
+             their results with wait_subagents (each result is delivered once, or attached to \
+             a later tool result), and reach a running one with steer_subagent or \
+             cancel_subagent. Only this session's own subagents can be addressed.",
             s.session
         )
     }
