@@ -90,6 +90,9 @@ pub struct ContentionReport {
     pub budget_refused: u64,
     /// Dollars spent past a lineage's limit (must be 0).
     pub overspend_usd: f64,
+    /// The waiter race: units each raced for by `threads` waiters at once
+    /// (every one delivered to exactly one of them).
+    pub raced_units: usize,
     /// Wall time of the workload in seconds.
     pub secs: f64,
     /// The seed.
@@ -104,7 +107,7 @@ impl ContentionReport {
             "ops": self.ops, "counts": self.counts, "busy": self.busy,
             "claim_busy": self.claim_busy, "keys": self.keys, "delivered": self.delivered,
             "budget_held": self.budget_held, "budget_refused": self.budget_refused,
-            "overspend_usd": self.overspend_usd,
+            "overspend_usd": self.overspend_usd, "raced_units": self.raced_units,
             "secs": self.secs,
             "ops_per_sec": if self.secs > 0.0 { (self.ops as f64 / self.secs).round() } else { 0.0 },
             "seed": self.seed,
@@ -201,6 +204,8 @@ fn parent_of(n: u64) -> String {
 
 struct Ctx<'a> {
     store: &'a Store,
+    /// A parent's waiter (`retinue wait`, `wait_subagents`) on the same file.
+    collector: &'a retinue_delegate::Collector,
     dir: &'a Path,
     claim_targets: &'a [(String, u32)],
     keys: u64,
@@ -359,6 +364,52 @@ fn delivery(c: &Ctx<'_>, t: &mut Tally) {
     }
 }
 
+/// A parent waits (timeout 0) on one of this thread's completed units, as
+/// `retinue wait`/`wait_subagents` do, racing the claimers and the other
+/// waiters: a `delivered` answer writes the same witness as a claim, so a
+/// second delivery by any path is a violation.
+fn wait(c: &Ctx<'_>, rng: &mut Rng, t: &mut Tally) {
+    let Some(id) = pick(&t.inserted, rng).cloned() else { return };
+    let view = match retinue_core::Controls::unit_view(c.store, &id) {
+        Ok(Some(v)) => v,
+        Ok(None) => return, // pruned from history
+        Err(e) => return t.error("unit_view", &e),
+    };
+    let parent = retinue_delegate::ParentContext {
+        session_id: view.parent_session_id.clone(),
+        ..retinue_delegate::ParentContext::default()
+    };
+    let cancel = retinue_delegate::CancelToken::new();
+    let report = match c.collector.wait(&[id.clone()], &parent, Duration::ZERO, false, &cancel) {
+        Ok(r) => r,
+        Err(e) => return t.errors.push(format!("wait: {e}")),
+    };
+    match report.entries.first().map(|e| e.state) {
+        Some(retinue_delegate::WaitState::Delivered) => {
+            let witness = c.dir.join("delivered").join(&id);
+            match std::fs::OpenOptions::new().write(true).create_new(true).open(&witness) {
+                Ok(_) => t.acked.push(id),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    t.violations.push(format!("{id} delivered twice (a waiter)"));
+                }
+                Err(e) => t.errors.push(format!("delivery witness: {e}")),
+            }
+        }
+        Some(retinue_delegate::WaitState::NotFound) => {
+            t.violations.push(format!("{id}: its own parent's waiter cannot address it"));
+        }
+        _ => {}
+    }
+}
+
+fn pick<'a, T>(items: &'a [T], rng: &mut Rng) -> Option<&'a T> {
+    if items.is_empty() {
+        return None;
+    }
+    let n = u64::try_from(items.len()).unwrap_or(u64::MAX);
+    items.get(usize::try_from(rng.below(n)).unwrap_or(0))
+}
+
 fn budget_root(n: u64) -> String {
     format!("B{}", n % 2)
 }
@@ -444,9 +495,13 @@ fn thread_loop(c: &Ctx<'_>, seed: u64, ops: u64) -> Tally {
                 resume_claim(c, &mut rng, &mut t);
                 "resume_claim"
             }
-            75..88 => {
+            75..82 => {
                 delivery(c, &mut t);
                 "delivery_claim"
+            }
+            82..88 => {
+                wait(c, &mut rng, &mut t);
+                "wait"
             }
             88..95 => {
                 budget(c, &mut rng, &mut t);
@@ -492,6 +547,13 @@ pub fn run_proc(p: &ProcOptions) -> Outcome<()> {
         .filter(|e| e.subagent_id.contains("-seed"))
         .map(|e| (e.delegation_id, e.child_index))
         .collect();
+    let authority =
+        Arc::new(retinue_lineage::Authority::new(store.clone(), store.clone(), crate::PROFILE));
+    let collector = retinue_delegate::Collector::new(
+        retinue_core::Backend::of(store.clone()),
+        authority,
+        crate::PROFILE,
+    );
     let mut rng = Rng::new(p.seed);
     let mut total = Tally::default();
     let threads = u64::from(p.threads.max(1));
@@ -502,6 +564,7 @@ pub fn run_proc(p: &ProcOptions) -> Outcome<()> {
                 let seed = rng.next_u64();
                 let ctx = Ctx {
                     store: &store,
+                    collector: &collector,
                     dir: &dir,
                     claim_targets: &claim_targets,
                     keys: key_space(p.ops, p.procs),
@@ -678,6 +741,96 @@ fn verify(db: &Path, tally: &Tally, keys: u64) -> Outcome<(usize, usize, f64)> {
     Ok((present, acked.len(), overspend))
 }
 
+/// The waiter leg: `units` background completions of one parent, each
+/// waited for by `waiters` threads at once (each with its own store handle,
+/// as separate `retinue wait` processes would be); every unit must be
+/// delivered to exactly one waiter, the others told `already_delivered`.
+/// Returns the units raced for.
+pub fn waiter_race(db: &Path, waiters: u32, units: usize) -> Outcome<usize> {
+    use retinue_delegate::{CancelToken, Collector, ParentContext, WaitState};
+    let store = Arc::new(crate::open_store(db, MAX_RETAINED)?);
+    let parent = "P-race";
+    store
+        .create_session(&NewSession {
+            id: parent.to_owned(),
+            source: "cli".to_owned(),
+            ..NewSession::default()
+        })
+        .ctx("race parent")?;
+    let mut ids = Vec::with_capacity(units);
+    for u in 0..units {
+        let draft = UnitDraft {
+            parent_session_id: Some(parent.to_owned()),
+            owner_profile: crate::PROFILE.to_owned(),
+            children: vec![ChildManifest {
+                subagent_id: format!("sa-0-race{u:04}"),
+                session_id: format!("race-{u}"),
+                ..ChildManifest::default()
+            }],
+            ..UnitDraft::default()
+        };
+        let id = store.insert_unit(&draft).ctx("race unit")?;
+        let completion = Completion {
+            delegation_id: id.clone(),
+            status: retinue_core::UnitState::Completed,
+            event: retinue_core::CompletionEvent::from_stored(
+                &id,
+                json!({"type": "async_delegation", "delegation_id": id, "status": "completed"}),
+            ),
+            result: json!({"status": "completed"}),
+            usage: None,
+            background: true,
+        };
+        store.persist_completion(&completion).ctx("race completion")?;
+        ids.push(id);
+    }
+    let barrier = std::sync::Barrier::new(usize::try_from(waiters).unwrap_or(8));
+    let outcomes: Vec<Outcome<Vec<WaitState>>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..waiters)
+            .map(|_| {
+                let (ids, barrier) = (&ids, &barrier);
+                scope.spawn(move || -> Outcome<Vec<WaitState>> {
+                    let store = Arc::new(crate::open_store(db, MAX_RETAINED)?);
+                    let authority = Arc::new(retinue_lineage::Authority::new(
+                        store.clone(),
+                        store.clone(),
+                        crate::PROFILE,
+                    ));
+                    let c =
+                        Collector::new(retinue_core::Backend::of(store), authority, crate::PROFILE);
+                    let who = ParentContext {
+                        session_id: Some(parent.to_owned()),
+                        ..ParentContext::default()
+                    };
+                    barrier.wait();
+                    let report = c
+                        .wait(ids, &who, Duration::from_secs(5), false, &CancelToken::new())
+                        .map_err(|e| format!("wait: {e}"))?;
+                    Ok(report.entries.iter().map(|e| e.state).collect())
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err("a waiter panicked".to_owned())))
+            .collect()
+    });
+    let mut delivered = vec![0usize; ids.len()];
+    for outcome in outcomes {
+        for (i, state) in outcome?.into_iter().enumerate() {
+            match state {
+                WaitState::Delivered => delivered[i] += 1,
+                WaitState::AlreadyDelivered => {}
+                other => return Err(format!("waiter got {other:?} for {}", ids[i])),
+            }
+        }
+    }
+    if let Some(i) = delivered.iter().position(|n| *n != 1) {
+        return Err(format!("{} was delivered to {} waiters, not 1", ids[i], delivered[i]));
+    }
+    Ok(ids.len())
+}
+
 /// Runs the contention harness.
 pub fn run(opts: &ContentionOptions) -> Outcome<ContentionReport> {
     std::fs::create_dir_all(opts.dir.join("claims")).ctx("witness dir")?;
@@ -722,7 +875,9 @@ pub fn run(opts: &ContentionOptions) -> Outcome<ContentionReport> {
     }
     let secs = crate::secs_since(start);
     let (keys, delivered, overspend_usd) = verify(&db, &tally, key_space(opts.ops, opts.procs))?;
+    let raced_units = waiter_race(&db, opts.threads.max(8), 24)?;
     Ok(ContentionReport {
+        raced_units,
         procs: opts.procs,
         threads: opts.threads,
         ops: tally.counts.values().sum(),

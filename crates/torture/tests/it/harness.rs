@@ -45,6 +45,8 @@ fn contention_harness_4_procs_8_threads() {
     println!("{}", report.to_json());
     assert_eq!(report.ops, 800);
     assert_eq!(report.busy, 0);
+    assert!(report.counts.get("wait").copied().unwrap_or(0) > 0, "the waiter leg ran");
+    assert_eq!(report.raced_units, 24, "8 waiters raced for each of 24 results");
 }
 
 #[test]
