@@ -380,7 +380,13 @@ fn wait(c: &Ctx<'_>, rng: &mut Rng, t: &mut Tally) {
         ..retinue_delegate::ParentContext::default()
     };
     let cancel = retinue_delegate::CancelToken::new();
-    let report = match c.collector.wait(&[id.clone()], &parent, Duration::ZERO, false, &cancel) {
+    let report = match c.collector.wait(
+        std::slice::from_ref(&id),
+        &parent,
+        Duration::ZERO,
+        false,
+        &cancel,
+    ) {
         Ok(r) => r,
         Err(e) => return t.errors.push(format!("wait: {e}")),
     };
