@@ -32,7 +32,7 @@ use crate::{Output, print_stdout};
 /// wall clock, so a kept database reads right with the other commands.
 const STORY_HOURS: f64 = 100.0;
 const HOUR: f64 = 3600.0;
-const STEPS: usize = 11;
+const STEPS: usize = 12;
 
 const PARENT: &str = "demo-parent";
 const CONTINUATION: &str = "demo-parent-2";
@@ -66,6 +66,7 @@ const TASKS: [(&str, &str, u64, u64, f64); 3] = [
     ),
 ];
 const FOLLOW_UP: &str = "Follow-up: which index answers a lookup by subagent id?";
+const BACKGROUND_GOAL: &str = "Draft the release notes";
 const FOLLOW_UP_REPLY: &str =
     "retinue_idx_children_subagent: a lookup by id never scans children_json.";
 
@@ -344,8 +345,10 @@ impl Demo {
 type Step = fn(&mut Demo) -> Result<()>;
 
 /// The story, in order.
-const STORY: &[Step] =
-    &[setup, delegate, retained, compress, follow_up, refused, tombstone, prune, restart, usage];
+const STORY: &[Step] = &[
+    setup, delegate, retained, compress, follow_up, refused, tombstone, prune, background, restart,
+    usage,
+];
 
 fn run_story(env: &Env, home: Option<&Path>) -> Result<Output> {
     let (tmp, home) = demo_home(home)?;
@@ -696,7 +699,61 @@ fn prune(d: &mut Demo) -> Result<()> {
     Ok(())
 }
 
-/// 9. A simulated restart recovers.
+/// 9. A background child, delivered exactly once.
+fn background(d: &mut Demo) -> Result<()> {
+    let tool = d.tool()?;
+    let parent = ParentContext {
+        can_receive_detached: true,
+        workspace: Some(d.workspace.clone()),
+        ..parent_ctx(CONTINUATION)
+    };
+    let dispatched =
+        tool.delegate_task(&json!({ "goal": BACKGROUND_GOAL, "background": true }), Some(&parent));
+    if dispatched["status"] != "dispatched" {
+        return Err(failed("background dispatch", dispatched));
+    }
+    let id = str_at(&dispatched, &["delegation_id"]).to_owned();
+    let collector = tool.collector();
+    let ids = [id.clone()];
+    let first = collector
+        .wait(&ids, &parent, std::time::Duration::from_secs(60), false, &CancelToken::new())
+        .map_err(|e| failed("wait", e))?;
+    let again = collector
+        .wait(&ids, &parent, std::time::Duration::ZERO, false, &CancelToken::new())
+        .map_err(|e| failed("wait", e))?;
+    let (first, again) = (first.to_json(), again.to_json());
+    let status = |v: &Value| str_at(&v["results"][0], &["status"]).to_owned();
+    if status(&first) != "delivered" || status(&again) != "already_delivered" {
+        return Err(failed("background delivery", json!([first, again])));
+    }
+    let summary = str_at(&first["results"][0]["result"]["results"][0], &["summary"]).to_owned();
+    d.story.step(
+        "background",
+        "A background child, delivered exactly once",
+        &format!(
+            "{}
+{}
+{}",
+            para(&format!(
+                "{CONTINUATION} delegates \"{BACKGROUND_GOAL}\" with background=true: the call \
+                 returns at once with {id}, and the child works on."
+            )),
+            key_values(&[
+                ("first wait", format!("{} — \"{summary}\"", status(&first))),
+                ("second wait", status(&again)),
+            ]),
+            para(
+                "The registry's delivery claim hands each result to exactly one waiter \
+                 (`retinue wait`, wait_subagents, or the next tool result), never twice, \
+                 across processes and restarts."
+            ),
+        ),
+        json!({ "dispatched": dispatched, "first": first, "again": again }),
+    )?;
+    Ok(())
+}
+
+/// 10. A simulated restart recovers.
 fn restart(d: &mut Demo) -> Result<()> {
     let (store, clock, profile) = (d.store()?, d.clock.clone(), d.profile.clone());
     let (pid, fingerprint) = current_owner();
@@ -785,7 +842,7 @@ fn restart(d: &mut Demo) -> Result<()> {
     Ok(())
 }
 
-/// 10. Usage totals for the lineage.
+/// 11. Usage totals for the lineage.
 fn usage(d: &mut Demo) -> Result<()> {
     let store = d.store()?;
     let story = &mut d.story;

@@ -821,7 +821,7 @@ fn not_a_database_is_exit_1_and_untouched() {
 
 // ---------------------------------------------------------------- demo
 
-const DEMO_STEPS: [&str; 11] = [
+const DEMO_STEPS: [&str; 12] = [
     "setup",
     "delegate",
     "retained",
@@ -830,6 +830,7 @@ const DEMO_STEPS: [&str; 11] = [
     "refused",
     "tombstone",
     "prune",
+    "background",
     "restart",
     "usage",
     "done",
@@ -867,12 +868,14 @@ fn demo_json_tells_the_whole_lifecycle() {
     }
     assert_eq!(step("tombstone")["children"].as_array().expect("children").len(), 2);
     assert_eq!(step("prune")["pruned"], json!({ "tombstoned": 0, "children": 1 }));
+    assert_eq!(step("background")["first"]["results"][0]["status"], "delivered");
+    assert_eq!(step("background")["again"]["results"][0]["status"], "already_delivered");
     assert_eq!(step("restart")["abandoned"], 1);
-    assert_eq!(step("restart")["retained"], 1);
+    assert_eq!(step("restart")["retained"], 2);
     assert_eq!(step("restart")["recovered_state"], "unknown");
     let usage = step("usage");
     assert_eq!(usage["sessions"], json!(["demo-parent", "demo-parent-2"]));
-    assert!((usage["totals"]["cost_usd"].as_f64().expect("cost") - 0.0465).abs() < 1e-9);
+    assert!((usage["totals"]["cost_usd"].as_f64().expect("cost") - 0.0475).abs() < 1e-9);
     assert_eq!(step("done")["kept"], false);
     // The temporary home is gone.
     let home = step("setup")["home"].as_str().expect("home").to_owned();
@@ -886,8 +889,8 @@ fn demo_keeps_an_explicit_home_and_refuses_a_used_one() {
     let out = Command::new(BIN).arg("demo").arg("--home").arg(&dir).output().expect("run demo");
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     let story = String::from_utf8(out.stdout).expect("utf8");
-    for n in 1..=11 {
-        assert!(story.contains(&format!("[{n}/11] ")), "step {n} missing:\n{story}");
+    for n in 1..=12 {
+        assert!(story.contains(&format!("[{n}/12] ")), "step {n} missing:\n{story}");
     }
     assert!(story.contains("The database is kept."), "{story}");
     // The kept file is an ordinary home for the other commands.
@@ -899,7 +902,8 @@ fn demo_keeps_an_explicit_home_and_refuses_a_used_one() {
         .expect("run");
     assert_eq!(out.status.code(), Some(0));
     let v: Value = serde_json::from_slice(&out.stdout).expect("json");
-    assert_eq!(ids(&v).len(), 1);
+    // The follow-up child and the background one.
+    assert_eq!(ids(&v).len(), 2);
     // A second demo there refuses (exit 2); so does --db.
     let out = Command::new(BIN).arg("demo").arg("--home").arg(&dir).output().expect("run demo");
     assert_eq!(out.status.code(), Some(2));
@@ -935,7 +939,7 @@ fn demo_tells_its_whole_story_whatever_config_yaml_says() {
     assert_eq!(step("follow_up")["result"]["mode"], "follow_up");
     assert_eq!(step("prune")["pruned"], json!({ "tombstoned": 0, "children": 1 }));
     let usage = step("usage");
-    assert!((usage["totals"]["cost_usd"].as_f64().expect("cost") - 0.0465).abs() < 1e-9);
+    assert!((usage["totals"]["cost_usd"].as_f64().expect("cost") - 0.0475).abs() < 1e-9);
     assert_eq!(std::fs::read_to_string(dir.join("config.yaml")).expect("kept"), yaml);
     insta::assert_json_snapshot!(
         "demo_hostile_config_steps",
@@ -966,7 +970,7 @@ fn a_demo_that_fails_midway_leaves_nothing_half_built() {
         assert!(stderr.contains(&format!("demo failure injected at step {at}")), "{stderr}");
         // The story really ran up to the failing step (the database existed).
         if at != "setup" {
-            assert!(stdout.contains("[2/11] "), "{at}: {stdout}");
+            assert!(stdout.contains("[2/12] "), "{at}: {stdout}");
         }
         if dir == &created {
             assert!(!dir.exists(), "{at}: the home the demo created is left behind");
