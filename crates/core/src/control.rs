@@ -1,5 +1,5 @@
 //! Background units seen from outside the process that runs them
-//! (semantics §9): a unit's state and result by id, the running units, and
+//! (semantics §11): a unit's state and result by id, the running units, and
 //! the control mailbox through which another process (`retinue steer`,
 //! `retinue cancel`, an MCP `tasks/cancel`) reaches the worker that runs a
 //! unit. The worker takes its controls in one statement, so each is taken

@@ -1,4 +1,4 @@
-//! Background units from the parent's side (semantics §9, issue #26).
+//! Background units from the parent's side (semantics §11, issue #26).
 //!
 //! A running unit keeps a [`Watch`]: a thread that takes the unit's
 //! controls from the registry's mailbox ([`retinue_core::Controls`]) every
