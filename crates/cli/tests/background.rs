@@ -248,3 +248,25 @@ fn a_worker_killed_mid_run_is_found_dead_and_its_reservation_released() {
         "the dead worker's reservation is released"
     );
 }
+
+#[test]
+fn a_worker_whose_home_is_deleted_under_it_still_finishes_and_exits() {
+    let model = FakeModel::start();
+    model.set_default(
+        Reply::text("done anyway").with_usage(Usage::new(1, 1)).delayed(Duration::from_secs(2)),
+    );
+    let fx = Fx::new(&model, "");
+    let d = fx.background("Outlive the home");
+    let pid = d["worker"]["pid"].as_u64().expect("pid");
+    wait_for_requests(&model, 1);
+    std::fs::remove_dir_all(fx.home.path()).expect("delete the home");
+    let started = Instant::now();
+    while worker_alive(pid) && started.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(!worker_alive(pid), "the worker neither hangs nor waits forever without its home");
+    // Commands on the missing home say so (exit 4), never panic.
+    let (code, v, err) = fx.run(&["wait", "x", "--parent", "p", "--timeout", "0"]);
+    assert_eq!(code, 4, "{v} {err}");
+    assert!(!err.contains("panicked"), "{err}");
+}

@@ -1733,7 +1733,8 @@ mod unknown_price {
 /// once, peek, foreign ≡ missing), steer and cancel through the registry's
 /// mailbox, the inbox, and queueing beyond the background capacity.
 mod background_units {
-    use std::sync::Barrier;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Arc, Barrier};
     use std::time::Duration;
 
     use retinue_config::DelegationConfig;
@@ -1944,6 +1945,90 @@ mod background_units {
             .expect("wait");
         assert!(!r.timed_out);
         assert!(r.entries.iter().all(|e| e.state == WaitState::Delivered), "{r:?}");
+    }
+
+    /// Counts the children running at once around a scripted runtime.
+    struct Gauge {
+        inner: Arc<ScriptedRuntime>,
+        now: AtomicUsize,
+        peak: AtomicUsize,
+    }
+
+    impl retinue_delegate::ChildRuntime for Gauge {
+        fn build(
+            &self,
+            spec: &retinue_delegate::ChildSpec,
+        ) -> Result<retinue_delegate::ChildHandle, retinue_delegate::RuntimeError> {
+            self.inner.build(spec)
+        }
+
+        fn run(
+            &self,
+            child: &retinue_delegate::ChildHandle,
+            input: &retinue_delegate::RunInput,
+            sink: &dyn retinue_delegate::TranscriptSink,
+            cancel: &CancelToken,
+        ) -> retinue_delegate::ChildOutcome {
+            let n = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+            self.peak.fetch_max(n, Ordering::SeqCst);
+            let out = self.inner.run(child, input, sink, cancel);
+            self.now.fetch_sub(1, Ordering::SeqCst);
+            out
+        }
+
+        fn steer(&self, child: &retinue_delegate::ChildHandle, message: &str) -> bool {
+            self.inner.steer(child, message)
+        }
+    }
+
+    #[test]
+    fn fifty_background_units_run_at_most_the_capacity_at_once_and_none_is_lost() {
+        let config = DelegationConfig { max_concurrent_children: 4, ..DelegationConfig::default() };
+        let runtime = ScriptedRuntime::new()
+            .with_script("", Script { delay: Duration::from_millis(40), ..Script::default() });
+        let fx = Fx::with(config.clone(), ScriptedRuntime::new());
+        fx.session("P", "cli", None, None);
+        let gauge = Arc::new(Gauge {
+            inner: Arc::new(runtime),
+            now: AtomicUsize::new(0),
+            peak: AtomicUsize::new(0),
+        });
+        let tool = Delegator::new(parts_over(&fx, gauge.clone(), config));
+        let outs: Vec<Value> =
+            (0..50).map(|i| dispatch(&tool, &format!("unit {i}"), "P")).collect();
+        let queued = outs.iter().filter(|o| o["queued"] == true).count();
+        assert!(queued >= 46, "at most 4 start at once, the rest queue: {queued} queued");
+        let all: Vec<String> = outs.iter().flat_map(ids).collect();
+        let r = tool
+            .collector()
+            .wait(&all, &bg("P"), Duration::from_secs(60), false, &CancelToken::new())
+            .expect("wait");
+        assert!(!r.timed_out);
+        assert_eq!(r.entries.iter().filter(|e| e.state == WaitState::Delivered).count(), 50);
+        let peak = gauge.peak.load(Ordering::SeqCst);
+        assert!((1..=4).contains(&peak), "{peak} children ran at once");
+    }
+
+    #[test]
+    fn a_queued_unit_cancelled_before_it_starts_runs_nothing() {
+        let config = DelegationConfig { max_concurrent_children: 1, ..DelegationConfig::default() };
+        let (fx, tool) = fixture(slow(), config);
+        let first = dispatch(&tool, "holds the slot", "P");
+        let queued = dispatch(&tool, "waits for it", "P");
+        assert_eq!(queued["queued"], true);
+        wait_for_runs(&fx, 1);
+        let c = tool.collector();
+        let r = c.cancel_unit(&ids(&queued)[0], &bg("P")).expect("cancel");
+        assert_eq!(r.state, UnitState::Interrupted);
+        let got = c
+            .wait(&ids(&queued), &bg("P"), Duration::from_secs(20), false, &CancelToken::new())
+            .expect("wait")
+            .to_json();
+        let child = &got["results"][0]["result"]["results"][0];
+        assert_eq!(child["exit_reason"], "cancelled", "{got}");
+        assert_eq!(fx.runtime.runs().len(), 1, "the queued child never ran");
+        c.cancel_unit(&ids(&first)[0], &bg("P")).expect("cancel the first");
+        tool.wait_background();
     }
 
     #[test]

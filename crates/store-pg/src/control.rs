@@ -111,6 +111,19 @@ impl Controls for PgStore {
     }
 
     fn take_controls(&self, delegation_id: &str) -> Result<Vec<Control>> {
+        // Every running unit polls; most polls find nothing: one read-only
+        // statement first, the serializable write only when there is work.
+        let any = self.pool.tx("looking for controls", Mode::ReadOne, |tx| {
+            let row = tx.query_one(
+                "SELECT EXISTS (SELECT 1 FROM retinue_unit_controls \
+                 WHERE delegation_id = $1 AND outcome = 'pending')",
+                &[&delegation_id],
+            )?;
+            Ok(row.get::<_, bool>(0))
+        })?;
+        if !any {
+            return Ok(Vec::new());
+        }
         let now = self.clock.now();
         self.pool.tx("taking controls", Mode::Write, |tx| {
             let rows = tx.query(
