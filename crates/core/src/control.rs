@@ -29,6 +29,16 @@ pub struct UnitChild {
     pub goal: Option<String>,
     /// Its model, as stored.
     pub model: Option<String>,
+    /// When it was retained (its TTL clock), if it is.
+    pub retained_at: Option<f64>,
+    /// When it was tombstoned, if it was.
+    pub tombstoned_at: Option<f64>,
+    /// Why it was tombstoned.
+    pub tombstone_reason: Option<String>,
+    /// The toolsets it was granted (from its manifest).
+    pub toolsets: Vec<String>,
+    /// Its role (from its manifest).
+    pub role: Option<String>,
 }
 
 /// A unit (`async_delegations` row) with its children, as a waiter,
@@ -49,8 +59,8 @@ pub struct UnitView {
     pub dispatched_at: f64,
     /// When it finished, if it has.
     pub completed_at: Option<f64>,
-    /// `pending`, `delivering`, `delivered` or `failed` (hermes's
-    /// vocabulary).
+    /// `pending`, `delivered` or `dropped` (hermes's vocabulary; a claim in
+    /// flight is still `pending`).
     pub delivery_state: String,
     /// The stored result (`{"delegation_id", "results": […]}`), once
     /// finished.
@@ -59,6 +69,8 @@ pub struct UnitView {
     pub owner_pid: Option<i64>,
     /// Its children, by index.
     pub children: Vec<UnitChild>,
+    /// When the whole unit was tombstoned, if it was.
+    pub tombstoned_at: Option<f64>,
 }
 
 impl UnitView {
@@ -183,4 +195,26 @@ pub trait Controls: Send + Sync {
     fn settle_control(&self, id: i64, outcome: ControlOutcome) -> Result<bool>;
     /// Where a control stands (`None`: no such control).
     fn control_outcome(&self, id: i64) -> Result<Option<ControlOutcome>>;
+    /// Every unit (any state), newest first, at most `limit`; only
+    /// `profile`'s when given (the web view's tree).
+    #[allow(clippy::needless_lifetimes)] // mockall needs the named lifetime
+    fn list_units<'a>(&self, profile: Option<&'a str>, limit: usize) -> Result<Vec<UnitView>>;
+    /// A cheap marker that changes whenever a unit, a child or a
+    /// transcript changes (a live view polls it).
+    fn change_marker(&self) -> Result<String>;
+}
+
+/// The toolsets and role a child's stored manifest (`manifest_json`) names;
+/// anything unreadable reads as none.
+pub fn manifest_facts(manifest_json: Option<&str>) -> (Vec<String>, Option<String>) {
+    let Some(Value::Object(m)) = crate::model::parse_json_opt(manifest_json) else {
+        return (Vec::new(), None);
+    };
+    let toolsets = m
+        .get("toolsets")
+        .and_then(Value::as_array)
+        .map(|a| a.iter().filter_map(Value::as_str).map(str::to_owned).collect())
+        .unwrap_or_default();
+    let role = m.get("role").and_then(Value::as_str).map(str::to_owned);
+    (toolsets, role)
 }

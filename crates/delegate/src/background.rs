@@ -611,6 +611,15 @@ impl Collector {
             .post_control(&view.delegation_id, None, ControlKind::Cancel, None)
             .map_err(DelegateError::Registry)?;
         let outcome = self.await_control(control, &view.delegation_id, parent)?;
+        if outcome == ControlOutcome::Missed {
+            // It finished before its worker took the cancel.
+            let state = self.unit(id, parent).map(|v| v.state).unwrap_or(view.state.clone());
+            return Err(DelegateError::Finished {
+                target: id.trim().to_owned(),
+                state: state.as_str().to_owned(),
+                action: "cancel",
+            });
+        }
         // The children stop within a poll or two; report where it stands.
         let deadline = Instant::now() + TAKE_WAIT;
         let mut state = view.state.clone();

@@ -6,7 +6,7 @@
 use postgres::Row;
 use retinue_core::{
     Control, ControlKind, ControlOutcome, Controls, Result, UnitChild, UnitState, UnitView,
-    parse_json_opt,
+    manifest_facts, parse_json_opt,
 };
 use serde_json::Value;
 
@@ -14,7 +14,8 @@ use crate::pool::{Mode, PgResult, Tx, u32_of};
 use crate::store::PgStore;
 
 const UNIT_COLUMNS: &str = "u.delegation_id, u.parent_session_id, u.owner_profile, u.state, \
-     u.dispatched_at, u.completed_at, u.delivery_state, u.result_json, u.owner_pid, u.task_json";
+     u.dispatched_at, u.completed_at, u.delivery_state, u.result_json, u.owner_pid, u.task_json, \
+     u.tombstoned_at";
 
 fn unit_row(r: &Row) -> UnitView {
     let result: Option<String> = r.get(7);
@@ -35,23 +36,34 @@ fn unit_row(r: &Row) -> UnitView {
         owner_pid: r.get(8),
         mode,
         children: Vec::new(),
+        tombstoned_at: r.get(10),
     }
 }
 
 fn children_of(tx: &mut Tx<'_>, unit: &mut UnitView) -> PgResult<()> {
     let rows = tx.query(
-        "SELECT child_index, subagent_id, child_session_id, goal, model FROM retinue_children \
+        "SELECT child_index, subagent_id, child_session_id, goal, model, retained_at, \
+         tombstoned_at, tombstone_reason, manifest_json FROM retinue_children \
          WHERE delegation_id = $1 ORDER BY child_index",
         &[&unit.delegation_id],
     )?;
     unit.children = rows
         .iter()
-        .map(|r| UnitChild {
-            child_index: u32_of(r.get(0)),
-            subagent_id: r.get(1),
-            child_session_id: r.get(2),
-            goal: r.get(3),
-            model: r.get(4),
+        .map(|r| {
+            let manifest: Option<String> = r.get(8);
+            let (toolsets, role) = manifest_facts(manifest.as_deref());
+            UnitChild {
+                child_index: u32_of(r.get(0)),
+                subagent_id: r.get(1),
+                child_session_id: r.get(2),
+                goal: r.get(3),
+                model: r.get(4),
+                retained_at: r.get(5),
+                tombstoned_at: r.get(6),
+                tombstone_reason: r.get(7),
+                toolsets,
+                role,
+            }
         })
         .collect();
     Ok(())
@@ -155,10 +167,43 @@ impl Controls for PgStore {
             let n = tx.execute(
                 "UPDATE retinue_unit_controls SET outcome = $1, \
                  taken_at = COALESCE(taken_at, $2) \
-                 WHERE control_id = $3 AND outcome IN ('pending', 'taken') AND outcome <> $1",
+                 WHERE control_id = $3 AND ((outcome = 'pending' AND $1 <> 'pending') \
+                   OR (outcome = 'taken' AND $1 IN ('delivered', 'missed')))",
                 &[&outcome.as_str(), &now, &id],
             )?;
             Ok(n > 0)
+        })
+    }
+
+    fn list_units(&self, profile: Option<&str>, limit: usize) -> Result<Vec<UnitView>> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.pool.tx("listing units", Mode::Read, |tx| {
+            let sql = format!(
+                "SELECT {UNIT_COLUMNS} FROM async_delegations u \
+                 WHERE ($1::TEXT IS NULL OR COALESCE(u.owner_profile, '') = $1) \
+                 ORDER BY u.dispatched_at DESC, u.delegation_id LIMIT $2"
+            );
+            let rows = tx.query(sql.as_str(), &[&profile, &limit])?;
+            let mut units: Vec<UnitView> = rows.iter().map(unit_row).collect();
+            for u in &mut units {
+                children_of(tx, u)?;
+            }
+            Ok(units)
+        })
+    }
+
+    fn change_marker(&self) -> Result<String> {
+        self.pool.tx("reading the change marker", Mode::ReadOne, |tx| {
+            let r = tx.query_one(
+                "SELECT (SELECT count(*) FROM async_delegations), \
+                 (SELECT COALESCE(max(updated_at), 0) FROM async_delegations), \
+                 (SELECT COALESCE(max(id), 0) FROM messages), \
+                 (SELECT count(*) FROM retinue_children WHERE tombstoned_at IS NOT NULL)",
+                &[],
+            )?;
+            let (units, updated, messages, tombs): (i64, f64, i64, i64) =
+                (r.get(0), r.get(1), r.get(2), r.get(3));
+            Ok(format!("{units}-{updated}-{messages}-{tombs}"))
         })
     }
 

@@ -1222,6 +1222,12 @@ pub fn unit_views_and_controls(make: Factory<'_>) {
     assert_eq!(c.control_outcome(steer).expect("read"), Some(ControlOutcome::Taken));
     assert!(c.settle_control(steer, ControlOutcome::Delivered).expect("settle"));
     assert!(!c.settle_control(steer, ControlOutcome::Missed).expect("settle"), "forward only");
+    assert!(!c.settle_control(steer, ControlOutcome::Pending).expect("settle"), "never back");
+    let back = c.post_control(&id, None, ControlKind::Cancel, None).expect("post");
+    assert_eq!(c.take_controls(&id).expect("take").len(), 1);
+    assert!(!c.settle_control(back, ControlOutcome::Pending).expect("settle"), "taken stays taken");
+    assert!(!c.settle_control(back, ControlOutcome::Taken).expect("settle"));
+    assert!(c.settle_control(back, ControlOutcome::Missed).expect("settle"));
     assert_eq!(c.control_outcome(steer).expect("read"), Some(ControlOutcome::Delivered));
     // A pending control is settled missed by whoever finds its unit done.
     let late = c.post_control(&id, None, ControlKind::Steer, Some("too late")).expect("post");

@@ -8,11 +8,13 @@ use crate::error::{Result, SqlResult};
 use crate::rows::json_column;
 use crate::store::Store;
 use retinue_core::{
-    Control, ControlKind, ControlOutcome, Controls, UnitChild, UnitState, UnitView, parse_json_opt,
+    Control, ControlKind, ControlOutcome, Controls, UnitChild, UnitState, UnitView, manifest_facts,
+    parse_json_opt,
 };
 
 const UNIT_COLUMNS: &str = "u.delegation_id, u.parent_session_id, u.owner_profile, u.state, \
-     u.dispatched_at, u.completed_at, u.delivery_state, u.result_json, u.owner_pid, u.task_json";
+     u.dispatched_at, u.completed_at, u.delivery_state, u.result_json, u.owner_pid, u.task_json, \
+     u.tombstoned_at";
 
 fn unit_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<UnitView> {
     let result: Option<String> = json_column(r, 7)?;
@@ -33,22 +35,31 @@ fn unit_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<UnitView> {
         owner_pid: r.get(8)?,
         mode,
         children: Vec::new(),
+        tombstoned_at: r.get(10)?,
     })
 }
 
 fn children_of(conn: &Connection, unit: &mut UnitView) -> SqlResult<()> {
     let mut stmt = conn.prepare_cached(
-        "SELECT child_index, subagent_id, child_session_id, goal, model FROM retinue_children \
+        "SELECT child_index, subagent_id, child_session_id, goal, model, retained_at, \
+         tombstoned_at, tombstone_reason, manifest_json FROM retinue_children \
          WHERE delegation_id = ?1 ORDER BY child_index",
     )?;
     unit.children = stmt
         .query_map(params![unit.delegation_id], |r| {
+            let manifest: Option<String> = json_column(r, 8)?;
+            let (toolsets, role) = manifest_facts(manifest.as_deref());
             Ok(UnitChild {
                 child_index: r.get(0)?,
                 subagent_id: r.get(1)?,
                 child_session_id: r.get(2)?,
                 goal: r.get(3)?,
                 model: r.get(4)?,
+                retained_at: r.get(5)?,
+                tombstoned_at: r.get(6)?,
+                tombstone_reason: r.get(7)?,
+                toolsets,
+                role,
             })
         })?
         .collect::<rusqlite::Result<Vec<_>>>()?;
@@ -168,15 +179,50 @@ impl Controls for Store {
     fn settle_control(&self, id: i64, outcome: ControlOutcome) -> Result<bool> {
         let now = self.clock.now();
         self.pool.write("settling a control", |tx| {
-            // Only forward: pending → any, taken → delivered/missed.
+            // Only forward: pending → taken/delivered/missed, taken →
+            // delivered/missed; a settled control never changes.
             let n = tx
                 .prepare_cached(
                     "UPDATE retinue_unit_controls SET outcome = ?1, \
                      taken_at = COALESCE(taken_at, ?2) \
-                     WHERE control_id = ?3 AND outcome IN ('pending', 'taken') AND outcome <> ?1",
+                     WHERE control_id = ?3 AND ((outcome = 'pending' AND ?1 <> 'pending') \
+                       OR (outcome = 'taken' AND ?1 IN ('delivered', 'missed')))",
                 )?
                 .execute(params![outcome.as_str(), now, id])?;
             Ok(n > 0)
+        })
+    }
+
+    fn list_units(&self, profile: Option<&str>, limit: usize) -> Result<Vec<UnitView>> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.pool.read("listing units", |conn| {
+            let sql = format!(
+                "SELECT {UNIT_COLUMNS} FROM async_delegations u \
+                 WHERE (?1 IS NULL OR COALESCE(u.owner_profile, '') = ?1) \
+                 ORDER BY u.dispatched_at DESC, u.delegation_id LIMIT ?2"
+            );
+            let mut units = conn
+                .prepare_cached(&sql)?
+                .query_map(params![profile, limit], unit_row)?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            for u in &mut units {
+                children_of(conn, u)?;
+            }
+            Ok(units)
+        })
+    }
+
+    fn change_marker(&self) -> Result<String> {
+        self.pool.query("reading the change marker", |conn| {
+            let (units, updated, messages, tombs): (i64, f64, i64, i64) = conn
+                .prepare_cached(
+                    "SELECT (SELECT count(*) FROM async_delegations), \
+                     (SELECT COALESCE(max(updated_at), 0) FROM async_delegations), \
+                     (SELECT COALESCE(max(id), 0) FROM messages), \
+                     (SELECT count(*) FROM retinue_children WHERE tombstoned_at IS NOT NULL)",
+                )?
+                .query_row([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?;
+            Ok(format!("{units}-{updated}-{messages}-{tombs}"))
         })
     }
 

@@ -1,0 +1,182 @@
+//! Routing and headers. Every response carries a strict
+//! Content-Security-Policy (same-origin script and style only, nothing
+//! inline, no frames, no forms), `nosniff` and `no-referrer`. With a token
+//! (`--allow-remote`), every request must present it: `Authorization:
+//! Bearer TOKEN`, or the cookie a first `?token=TOKEN` visit sets.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::header::{HeaderValue, CONTENT_TYPE};
+use hyper::{Method, Request, Response, StatusCode};
+use serde_json::json;
+
+use crate::{WebParts, model, pages};
+
+/// The Content-Security-Policy of every response.
+pub const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
+     img-src 'self'; connect-src 'self'; base-uri 'none'; form-action 'none'; \
+     frame-ancestors 'none'";
+
+const APP_JS: &str = include_str!("assets/app.js");
+const APP_CSS: &str = include_str!("assets/app.css");
+const TOKEN_COOKIE: &str = "retinue_token";
+
+/// The server's shared state.
+pub(crate) struct Site {
+    pub(crate) parts: WebParts,
+    pub(crate) token: Option<String>,
+}
+
+fn now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+fn respond(status: StatusCode, kind: &'static str, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(body.into()));
+    *r.status_mut() = status;
+    let h = r.headers_mut();
+    h.insert(CONTENT_TYPE, HeaderValue::from_static(kind));
+    h.insert("content-security-policy", HeaderValue::from_static(CSP));
+    h.insert("x-content-type-options", HeaderValue::from_static("nosniff"));
+    h.insert("referrer-policy", HeaderValue::from_static("no-referrer"));
+    h.insert("x-frame-options", HeaderValue::from_static("DENY"));
+    h.insert("cache-control", HeaderValue::from_static("no-store"));
+    r
+}
+
+const HTML: &str = "text/html; charset=utf-8";
+const JSON: &str = "application/json";
+
+/// Constant-time equality of two secrets.
+fn same(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn presented<B>(req: &Request<B>) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Some(v) = req.headers().get("authorization").and_then(|v| v.to_str().ok())
+        && let Some(t) = v.strip_prefix("Bearer ")
+    {
+        out.push(t.trim().to_owned());
+    }
+    for v in req.headers().get_all("cookie").iter().filter_map(|v| v.to_str().ok()) {
+        for part in v.split(';') {
+            if let Some(t) = part.trim().strip_prefix("retinue_token=") {
+                out.push(t.to_owned());
+            }
+        }
+    }
+    out
+}
+
+fn query_token(query: Option<&str>) -> Option<String> {
+    query?.split('&').find_map(|kv| kv.strip_prefix("token=")).map(|t| {
+        percent_encoding::percent_decode_str(t).decode_utf8_lossy().into_owned()
+    })
+}
+
+/// Answers one request (blocking reads run on tokio's blocking pool).
+pub(crate) async fn handle<B>(site: Arc<Site>, req: Request<B>) -> Response<Full<Bytes>> {
+    if req.method() != Method::GET && req.method() != Method::HEAD {
+        return respond(StatusCode::METHOD_NOT_ALLOWED, "text/plain", "read-only view\n");
+    }
+    let path = req.uri().path().to_owned();
+    if let Some(token) = &site.token {
+        if let Some(given) = query_token(req.uri().query()) {
+            if !same(&given, token) {
+                return respond(StatusCode::UNAUTHORIZED, "text/plain", "bad token\n");
+            }
+            // Remember it in a cookie and drop it from the address bar.
+            let mut r = respond(StatusCode::SEE_OTHER, "text/plain", "");
+            let cookie = format!("{TOKEN_COOKIE}={token}; HttpOnly; SameSite=Strict; Path=/");
+            if let (Ok(c), Ok(l)) = (HeaderValue::from_str(&cookie), HeaderValue::from_str(&path)) {
+                r.headers_mut().insert("set-cookie", c);
+                r.headers_mut().insert("location", l);
+            }
+            return r;
+        }
+        if !presented(&req).iter().any(|t| same(t, token)) {
+            return respond(
+                StatusCode::UNAUTHORIZED,
+                "text/plain",
+                "this view needs its token: open the address `retinue serve` printed\n",
+            );
+        }
+    }
+    match path.as_str() {
+        "/static/app.js" => respond(StatusCode::OK, "text/javascript; charset=utf-8", APP_JS),
+        "/static/app.css" => respond(StatusCode::OK, "text/css; charset=utf-8", APP_CSS),
+        "/favicon.ico" => respond(StatusCode::NOT_FOUND, "text/plain", ""),
+        _ => {
+            let site = site.clone();
+            let joined = tokio::task::spawn_blocking(move || render(&site, &path)).await;
+            joined.unwrap_or_else(|e| {
+                log::error!("a page did not render: {e}");
+                respond(StatusCode::INTERNAL_SERVER_ERROR, "text/plain", "internal error\n")
+            })
+        }
+    }
+}
+
+fn render(site: &Site, path: &str) -> Response<Full<Bytes>> {
+    let parts = &site.parts;
+    let failed = |e: crate::Error| {
+        log::warn!("{path}: {e}");
+        respond(StatusCode::SERVICE_UNAVAILABLE, "text/plain", format!("cannot read the registry: {e}\n"))
+    };
+    match path {
+        "/" | "/fragment/tree" => match model::tree(parts, now()) {
+            Ok(tree) => {
+                let body = pages::tree_fragment(&tree);
+                let markup = if path == "/" {
+                    pages::layout("Subagent tree", Some("/fragment/tree"), body)
+                } else {
+                    body
+                };
+                respond(StatusCode::OK, HTML, markup.into_string())
+            }
+            Err(e) => failed(e),
+        },
+        "/api/marker" => match parts.backend.controls.change_marker() {
+            Ok(m) => respond(StatusCode::OK, JSON, json!({ "marker": m }).to_string()),
+            Err(e) => failed(crate::Error::Read(e.to_string())),
+        },
+        _ => {
+            let (fragment, id) = match path.strip_prefix("/fragment/child/") {
+                Some(id) => (true, id),
+                None => match path.strip_prefix("/child/") {
+                    Some(id) => (false, id),
+                    None => return respond(StatusCode::NOT_FOUND, HTML, pages::layout("Not found", None, pages::not_found(path)).into_string()),
+                },
+            };
+            let id = percent_encoding::percent_decode_str(id).decode_utf8_lossy().into_owned();
+            match model::child_page(parts, &id, now()) {
+                Ok(Some(page)) => {
+                    let body = pages::child_fragment(&page);
+                    let markup = if fragment {
+                        body
+                    } else {
+                        let live = format!(
+                            "/fragment/child/{}",
+                            percent_encoding::utf8_percent_encode(&id, percent_encoding::NON_ALPHANUMERIC)
+                        );
+                        pages::layout(&format!("subagent {id}"), Some(&live), body)
+                    };
+                    respond(StatusCode::OK, HTML, markup.into_string())
+                }
+                Ok(None) => respond(
+                    StatusCode::NOT_FOUND,
+                    HTML,
+                    pages::layout("Not found", None, pages::not_found(&id)).into_string(),
+                ),
+                Err(e) => failed(e),
+            }
+        }
+    }
+}

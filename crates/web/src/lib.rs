@@ -1,0 +1,207 @@
+//! `retinue-web`: `retinue serve`, a read-only web view of the subagent
+//! tree.
+//!
+//! It shows, from the same registry the other commands use (SQLite or
+//! PostgreSQL, opened read-only by the caller): parent sessions with their
+//! compression continuations under the lineage root; their delegation units
+//! and children, and the units an orchestrator child spawned under it; each
+//! child's state (running, retained with its TTL left, tombstoned with the
+//! reason, unknown), model, toolsets and elapsed time; cost per child
+//! rolled up per unit, session and lineage, with the lineage's budget as a
+//! bar; and a child's transcript (turns, tool calls with their arguments and
+//! results, collapsed when long, steering messages and follow-ups).
+//!
+//! Pages are rendered on the server with maud (checked at compile time,
+//! escaped by default: every shown value is untrusted model output), with a
+//! little vanilla JavaScript that polls a cheap change marker
+//! ([`retinue_core::Controls::change_marker`]) and reloads the page's
+//! fragment when it moves. Nothing comes from a CDN; a strict
+//! Content-Security-Policy forbids anything inline. The tokio runtime and
+//! the HTTP stack (hyper) stay inside this crate: [`serve`] is blocking.
+
+mod http;
+mod model;
+mod pages;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use retinue_core::{Backend, BudgetLimit, RetentionPolicy};
+use crate::tokio_util_shim::Shutdown as ShutdownInner;
+
+pub use http::CSP;
+pub use model::{
+    ChildNode, ChildPage, ChildState, LineageNode, MAX_UNITS, SessionNode, Tree, UnitNode,
+    child_page, tree,
+};
+
+/// What the view reads.
+#[derive(Clone)]
+pub struct WebParts {
+    /// The storage backend (read-only is enough).
+    pub backend: Backend,
+    /// `delegation.budget`: shown as a bar per lineage when set.
+    pub budget: BudgetLimit,
+    /// Retention limits (for the TTL left).
+    pub retention: RetentionPolicy,
+    /// The profile whose units are shown.
+    pub profile: String,
+    /// Show every profile's units (team mode's operator view).
+    pub all_profiles: bool,
+}
+
+impl std::fmt::Debug for WebParts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WebParts").field("profile", &self.profile).finish_non_exhaustive()
+    }
+}
+
+/// The crate's errors.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The registry could not be read.
+    #[error("{0}")]
+    Read(String),
+    /// The address could not be bound, or the runtime not started.
+    #[error("cannot serve on {addr}: {source}")]
+    Bind {
+        /// The address asked for.
+        addr: SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The async runtime could not start.
+    #[error("cannot start the server runtime: {0}")]
+    Runtime(#[source] std::io::Error),
+}
+
+/// Stops a running [`serve`] from another thread.
+#[derive(Debug, Clone, Default)]
+pub struct Shutdown(ShutdownInner);
+
+impl Shutdown {
+    /// A handle that has not fired.
+    pub fn new() -> Shutdown {
+        Shutdown::default()
+    }
+
+    /// Asks the server to stop (idempotent).
+    pub fn stop(&self) {
+        self.0.stop();
+    }
+}
+
+mod tokio_util_shim {
+    //! A tiny one-shot stop signal over `tokio::sync::watch`.
+    use tokio::sync::watch;
+
+    #[derive(Debug, Clone)]
+    pub(crate) struct Shutdown {
+        tx: std::sync::Arc<watch::Sender<bool>>,
+    }
+
+    impl Default for Shutdown {
+        fn default() -> Self {
+            Shutdown { tx: std::sync::Arc::new(watch::channel(false).0) }
+        }
+    }
+
+    impl Shutdown {
+        pub(crate) fn stop(&self) {
+            self.tx.send_replace(true);
+        }
+
+        pub(crate) async fn stopped(&self) {
+            let mut rx = self.tx.subscribe();
+            while !*rx.borrow_and_update() {
+                if rx.changed().await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// A bound, not yet serving, view: [`Bound::addr`] is the address to print
+/// (port 0 picks a free one).
+pub struct Bound {
+    listener: std::net::TcpListener,
+    addr: SocketAddr,
+}
+
+impl std::fmt::Debug for Bound {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Bound").field("addr", &self.addr).finish()
+    }
+}
+
+impl Bound {
+    /// The address it listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+/// Binds `addr` (the caller has checked it is loopback, or that remote
+/// access is allowed with a token).
+pub fn bind(addr: SocketAddr) -> Result<Bound, Error> {
+    let listener =
+        std::net::TcpListener::bind(addr).map_err(|source| Error::Bind { addr, source })?;
+    listener.set_nonblocking(true).map_err(|source| Error::Bind { addr, source })?;
+    let addr = listener.local_addr().map_err(|source| Error::Bind { addr, source })?;
+    Ok(Bound { listener, addr })
+}
+
+/// Serves the view on `bound` until `shutdown` fires (blocking). With a
+/// `token`, every request must present it.
+pub fn serve(
+    bound: Bound,
+    parts: WebParts,
+    token: Option<String>,
+    shutdown: &Shutdown,
+) -> Result<(), Error> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .thread_name("retinue-web")
+        .build()
+        .map_err(Error::Runtime)?;
+    let site = Arc::new(http::Site { parts, token });
+    let addr = bound.addr;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::from_std(bound.listener)
+            .map_err(|source| Error::Bind { addr, source })?;
+        loop {
+            tokio::select! {
+                () = shutdown.0.stopped() => break,
+                accepted = listener.accept() => {
+                    let (stream, _peer) = match accepted {
+                        Ok(a) => a,
+                        Err(e) => {
+                            log::warn!("accept failed: {e}");
+                            continue;
+                        }
+                    };
+                    let site = site.clone();
+                    tokio::spawn(async move {
+                        let io = hyper_util::rt::TokioIo::new(stream);
+                        let service = hyper::service::service_fn(move |req| {
+                            let site = site.clone();
+                            async move {
+                                Ok::<_, std::convert::Infallible>(http::handle(site, req).await)
+                            }
+                        });
+                        if let Err(e) = hyper::server::conn::http1::Builder::new()
+                            .serve_connection(io, service)
+                            .await
+                        {
+                            log::debug!("connection ended: {e}");
+                        }
+                    });
+                }
+            }
+        }
+        Ok(())
+    })
+}
