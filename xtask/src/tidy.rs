@@ -25,6 +25,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("retinue-runtime", &["retinue-core", "retinue-config", "retinue-delegate"]),
     ("retinue-tools", &["retinue-config", "retinue-delegate", "retinue-runtime"]),
     ("retinue-mcp", &["retinue-core", "retinue-lineage", "retinue-usage", "retinue-delegate"]),
+    // The web view reads the seams only: no delegation, no runtime, no engine.
+    ("retinue-web", &["retinue-core", "retinue-lineage", "retinue-usage"]),
     (
         "retinue-cli",
         &[
@@ -36,6 +38,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "retinue-delegate",
             "retinue-runtime",
             "retinue-mcp",
+            "retinue-web",
             "retinue-tools",
             "retinue-store-pg",
             "retinue-fake-model",
@@ -117,6 +120,7 @@ const ENGINE_FREE: &[(&str, &[&str])] = &[
     ("retinue-usage", &["rusqlite", "libsqlite3-sys", "postgres", "refinery", "serde_yaml_ng"]),
     ("retinue-store-pg", &["rusqlite", "libsqlite3-sys", "serde_yaml_ng"]),
     ("retinue-store", &["postgres", "tokio-postgres", "serde_yaml_ng"]),
+    ("retinue-web", &["rusqlite", "libsqlite3-sys", "postgres", "refinery", "serde_yaml_ng"]),
 ];
 
 fn check_engine_free(root: &Path, problems: &mut Vec<String>) {

@@ -87,6 +87,19 @@ pub(crate) enum Command {
     /// Run delegate_task: children talk to the configured OpenAI-compatible model
     Delegate(DelegateArgs),
 
+    /// Serve a read-only web view of the subagent tree, its cost and transcripts, live (loopback only unless --allow-remote)
+    Serve {
+        /// The address to listen on (port 0 picks a free one)
+        #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8787", value_parser = any_addr)]
+        http: std::net::SocketAddr,
+        /// Allow a non-loopback address; every request must then present a token
+        #[arg(long)]
+        allow_remote: bool,
+        /// The token remote requests present [default: $RETINUE_WEB_TOKEN, else a random one, printed]
+        #[arg(long, value_name = "TOKEN", value_parser = non_blank, requires = "allow_remote")]
+        token: Option<String>,
+    },
+
     /// Wait for background units and print their results, each delivered once (exit 5 on timeout)
     Wait {
         /// Delegation ids or subagent ids
@@ -321,6 +334,22 @@ mod tests {
 }
 
 /// `--http ADDR`: an IP socket address, or `localhost:PORT` (127.0.0.1).
+/// Any socket address, or `localhost:PORT` (the command decides what it
+/// accepts).
+fn any_addr(text: &str) -> Result<std::net::SocketAddr, String> {
+    let text = text.trim();
+    if let Ok(addr) = text.parse::<std::net::SocketAddr>() {
+        return Ok(addr);
+    }
+    match text.rsplit_once(':') {
+        Some((host, port)) if host.eq_ignore_ascii_case("localhost") => port
+            .parse::<u16>()
+            .map(|p| std::net::SocketAddr::from(([127, 0, 0, 1], p)))
+            .map_err(|_| format!("`{port}` is not a port number")),
+        _ => Err(format!("`{text}` is not an address: use IP:PORT or localhost:PORT")),
+    }
+}
+
 fn loopback_addr(text: &str) -> Result<std::net::SocketAddr, String> {
     let text = text.trim();
     if let Ok(addr) = text.parse::<std::net::SocketAddr>() {

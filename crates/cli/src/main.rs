@@ -19,6 +19,7 @@ mod error;
 mod interrupt;
 mod mcp;
 mod migrate;
+mod serve;
 mod table;
 
 use std::io::Write;
@@ -71,6 +72,9 @@ fn run(cli: &Cli) -> error::Result<Output> {
         Command::Usage { session, lineage } => commands::usage(&env, session, *lineage),
         Command::Recover => commands::recover(&env),
         Command::Delegate(args) => commands::delegate(&env, args),
+        Command::Serve { http, allow_remote, token } => {
+            serve::run(&env, *http, *allow_remote, token.as_deref())
+        }
         Command::Wait { ids, parent, timeout, peek } => {
             background::wait(&env, ids, parent, *timeout, *peek)
         }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http_body_util::Full;
-use hyper::header::{HeaderValue, CONTENT_TYPE};
+use hyper::header::{CONTENT_TYPE, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 use serde_json::json;
 
@@ -36,7 +36,11 @@ fn now() -> f64 {
         .unwrap_or(0.0)
 }
 
-fn respond(status: StatusCode, kind: &'static str, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
+fn respond(
+    status: StatusCode,
+    kind: &'static str,
+    body: impl Into<Bytes>,
+) -> Response<Full<Bytes>> {
     let mut r = Response::new(Full::new(body.into()));
     *r.status_mut() = status;
     let h = r.headers_mut();
@@ -76,9 +80,10 @@ fn presented<B>(req: &Request<B>) -> Vec<String> {
 }
 
 fn query_token(query: Option<&str>) -> Option<String> {
-    query?.split('&').find_map(|kv| kv.strip_prefix("token=")).map(|t| {
-        percent_encoding::percent_decode_str(t).decode_utf8_lossy().into_owned()
-    })
+    query?
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("token="))
+        .map(|t| percent_encoding::percent_decode_str(t).decode_utf8_lossy().into_owned())
 }
 
 /// Answers one request (blocking reads run on tokio's blocking pool).
@@ -128,7 +133,11 @@ fn render(site: &Site, path: &str) -> Response<Full<Bytes>> {
     let parts = &site.parts;
     let failed = |e: crate::Error| {
         log::warn!("{path}: {e}");
-        respond(StatusCode::SERVICE_UNAVAILABLE, "text/plain", format!("cannot read the registry: {e}\n"))
+        respond(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "text/plain",
+            format!("cannot read the registry: {e}\n"),
+        )
     };
     match path {
         "/" | "/fragment/tree" => match model::tree(parts, now()) {
@@ -152,7 +161,13 @@ fn render(site: &Site, path: &str) -> Response<Full<Bytes>> {
                 Some(id) => (true, id),
                 None => match path.strip_prefix("/child/") {
                     Some(id) => (false, id),
-                    None => return respond(StatusCode::NOT_FOUND, HTML, pages::layout("Not found", None, pages::not_found(path)).into_string()),
+                    None => {
+                        return respond(
+                            StatusCode::NOT_FOUND,
+                            HTML,
+                            pages::layout("Not found", None, pages::not_found(path)).into_string(),
+                        );
+                    }
                 },
             };
             let id = percent_encoding::percent_decode_str(id).decode_utf8_lossy().into_owned();
@@ -164,7 +179,10 @@ fn render(site: &Site, path: &str) -> Response<Full<Bytes>> {
                     } else {
                         let live = format!(
                             "/fragment/child/{}",
-                            percent_encoding::utf8_percent_encode(&id, percent_encoding::NON_ALPHANUMERIC)
+                            percent_encoding::utf8_percent_encode(
+                                &id,
+                                percent_encoding::NON_ALPHANUMERIC
+                            )
                         );
                         pages::layout(&format!("subagent {id}"), Some(&live), body)
                     };

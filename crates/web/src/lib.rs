@@ -26,8 +26,8 @@ mod pages;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use retinue_core::{Backend, BudgetLimit, RetentionPolicy};
 use crate::tokio_util_shim::Shutdown as ShutdownInner;
+use retinue_core::{Backend, BudgetLimit, RetentionPolicy};
 
 pub use http::CSP;
 pub use model::{

@@ -133,7 +133,9 @@ fn child_state(unit: &UnitView, c: &UnitChild, ttl_secs: f64, now: f64) -> Child
         UnitState::Pending | UnitState::Running | UnitState::Finalizing => ChildState::Running,
         UnitState::Unknown => ChildState::Unknown,
         _ => match c.retained_at {
-            Some(at) if at + ttl_secs > now => ChildState::Retained { left_secs: at + ttl_secs - now },
+            Some(at) if at + ttl_secs > now => {
+                ChildState::Retained { left_secs: at + ttl_secs - now }
+            }
             Some(_) => ChildState::Expired,
             None => ChildState::Finished(unit.state.clone()),
         },
@@ -150,8 +152,9 @@ struct Builder<'a> {
 
 impl Builder<'_> {
     fn cost_of_parent(&mut self, parent: &str) -> Result<(), Error> {
-        let rows = retinue_usage::load_child_usage_attributions(&*self.parts.backend.ledger, parent)
-            .map_err(|e| Error::Read(e.to_string()))?;
+        let rows =
+            retinue_usage::load_child_usage_attributions(&*self.parts.backend.ledger, parent)
+                .map_err(|e| Error::Read(e.to_string()))?;
         for r in rows {
             let entry = self.costs.entry(r.child_session_id.clone()).or_default();
             *entry = add(*entry, fold_usage(&r.usage));
@@ -166,9 +169,6 @@ impl Builder<'_> {
         for c in &unit.children {
             let nested = if depth < MAX_NESTING {
                 let spawned = self.by_parent.remove(&c.child_session_id).unwrap_or_default();
-                if !spawned.is_empty() {
-                    self.cost_of_parent(&c.child_session_id)?;
-                }
                 spawned
                     .into_iter()
                     .map(|u| self.unit_node(u, depth + 1))
@@ -211,6 +211,12 @@ pub fn tree(parts: &WebParts, now: f64) -> Result<Tree, Error> {
         by_parent.entry(parent).or_default().push(u);
     }
     let mut b = Builder { parts, by_parent, costs: HashMap::new(), now };
+    // Every paying session's ledger rows first: a child's follow-ups may be
+    // billed to a continuation of the session that spawned it.
+    let payers: Vec<String> = b.by_parent.keys().filter(|p| !p.is_empty()).cloned().collect();
+    for p in &payers {
+        b.cost_of_parent(p)?;
+    }
     // Lineages of the top-level parents (not themselves a shown child).
     let mut lineages: BTreeMap<usize, LineageNode> = BTreeMap::new();
     let mut slot_of_root: HashMap<String, usize> = HashMap::new();
@@ -221,7 +227,6 @@ pub fn tree(parts: &WebParts, now: f64) -> Result<Tree, Error> {
         } else {
             retinue_lineage::root(&*backend.graph, &parent).unwrap_or_else(|_| parent.clone())
         };
-        b.cost_of_parent(&parent)?;
         let nodes = units.into_iter().map(|u| b.unit_node(u, 0)).collect::<Result<Vec<_>, _>>()?;
         let cost = nodes.iter().fold(UsageTotals::default(), |a, n| add(a, n.cost));
         let session = SessionNode { continuation: parent != root, id: parent, units: nodes, cost };
@@ -274,7 +279,12 @@ pub fn child_page(parts: &WebParts, id: &str, now: f64) -> Result<Option<ChildPa
     };
     let mut b = Builder { parts, by_parent: HashMap::new(), costs: HashMap::new(), now };
     if let Some(parent) = &unit.parent_session_id {
-        b.cost_of_parent(parent)?;
+        // Its follow-ups may be billed to continuations of its parent.
+        let payers = retinue_lineage::lineage_sessions(&*backend.graph, parent)
+            .unwrap_or_else(|_| vec![parent.clone()]);
+        for p in &payers {
+            b.cost_of_parent(p)?;
+        }
     }
     let ttl = parts.retention.ttl_hours * 3600.0;
     let child = ChildNode {

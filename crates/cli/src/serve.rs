@@ -1,0 +1,92 @@
+//! `retinue serve [--http ADDR] [--allow-remote [--token T]]`: the web view
+//! (`retinue-web`) over a read-only open of the registry. A non-loopback
+//! address is refused (exit 2) unless `--allow-remote` is given, and then
+//! every request must present a token. SIGINT/SIGTERM stop it.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use retinue_core::SystemClock;
+use retinue_delegate::CancelToken;
+use serde_json::json;
+
+use crate::Output;
+use crate::backend::Backend;
+use crate::env::{Access, Env};
+use crate::error::{CliError, Result};
+
+fn random_token() -> Result<String> {
+    let mut bytes = [0u8; 18];
+    getrandom::fill(&mut bytes)
+        .map_err(|e| CliError::Failed(format!("secure random source failed: {e}")))?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Runs the view until interrupted.
+pub(crate) fn run(
+    env: &Env,
+    addr: SocketAddr,
+    allow_remote: bool,
+    token: Option<&str>,
+) -> Result<Output> {
+    if !addr.ip().is_loopback() && !allow_remote {
+        return Err(CliError::Usage(format!(
+            "{addr} is not a loopback address: the view shows every subagent's transcript; \
+             pass --allow-remote (a token is then required) to serve it beyond this machine"
+        )));
+    }
+    let token = if allow_remote {
+        Some(match token {
+            Some(t) => t.to_owned(),
+            None => match std::env::var("RETINUE_WEB_TOKEN") {
+                Ok(t) if !t.trim().is_empty() => t.trim().to_owned(),
+                _ => random_token()?,
+            },
+        })
+    } else {
+        None
+    };
+    let store = Backend::open(env, Arc::new(SystemClock), Access::Read)?;
+    let parts = retinue_web::WebParts {
+        backend: store.seams.clone(),
+        budget: store.config.delegation.budget,
+        retention: store.config.delegation.retention(),
+        profile: env.profile.clone(),
+        all_profiles: env.all_profiles,
+    };
+    let bound = retinue_web::bind(addr).map_err(|e| CliError::Failed(e.to_string()))?;
+    let base = format!("http://{}/", bound.addr());
+    let url = match &token {
+        Some(t) => format!("{base}?token={t}"),
+        None => base.clone(),
+    };
+    // The address goes out first, so a script (or a test) can read it.
+    let line = if env.json {
+        json!({ "url": url, "addr": bound.addr().to_string() }).to_string() + "\n"
+    } else {
+        format!("{url}\n")
+    };
+    crate::print_stdout(&line)?;
+    eprintln!("retinue: serving the subagent view on {base} (read-only; Ctrl-C stops)");
+    let shutdown = retinue_web::Shutdown::new();
+    let cancel = CancelToken::new();
+    let interrupts = crate::interrupt::Interrupts::watch(&cancel);
+    let stopper = {
+        let (shutdown, cancel) = (shutdown.clone(), cancel.clone());
+        std::thread::spawn(move || {
+            while !cancel.sleep(Duration::from_millis(200)) {}
+            shutdown.stop();
+        })
+    };
+    let served = retinue_web::serve(bound, parts, token, &shutdown);
+    cancel.cancel();
+    let _ = stopper.join();
+    served.map_err(|e| CliError::Failed(e.to_string()))?;
+    Ok(Output {
+        json: None,
+        human: String::new(),
+        code: interrupts.exit_code().unwrap_or(0),
+        stderr: None,
+    })
+}

@@ -1,0 +1,297 @@
+//! The web view over a real SQLite registry, fetched over real HTTP: the
+//! tree (lineages, continuations, nested orchestrator units, states, cost),
+//! a child's transcript with its tool calls, escaping of hostile model
+//! output, the security headers, the token, and the change marker.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::sync::Arc;
+
+use retinue_core::{
+    AttributionDraft, BudgetLimit, ChildManifest, Completion, CompletionEvent, Message, NewSession,
+    RetentionPolicy, SessionStore, TotalsUpdate, UnitDraft, UnitLifecycle, UnitState, UsageLedger,
+};
+use retinue_store::{Store, StoreOptions};
+use retinue_testkit::TempHome;
+use retinue_web::{CSP, Shutdown, WebParts};
+use serde_json::json;
+
+const XSS: &str = "<script>window.__xss=1</script><img src=x onerror=alert(1)>";
+const LINK: &str = "javascript:alert(1)";
+
+struct Served {
+    base: String,
+    shutdown: Shutdown,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        self.shutdown.stop();
+        if let Some(t) = self.thread.take() {
+            t.join().unwrap();
+        }
+    }
+}
+
+fn serve(store: &Arc<Store>, profile: &str, token: Option<&str>) -> Served {
+    let parts = WebParts {
+        backend: retinue_core::Backend::of(store.clone()),
+        budget: BudgetLimit { max_cost_usd: Some(1.0), max_tokens: None },
+        retention: RetentionPolicy::default(),
+        profile: profile.to_owned(),
+        all_profiles: false,
+    };
+    let bound = retinue_web::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let base = format!("http://{}", bound.addr());
+    let shutdown = Shutdown::new();
+    let stop = shutdown.clone();
+    let token = token.map(str::to_owned);
+    let thread =
+        std::thread::spawn(move || retinue_web::serve(bound, parts, token, &stop).unwrap());
+    Served { base, shutdown, thread: Some(thread) }
+}
+
+fn session(store: &Store, id: &str, parent: Option<&str>, config: Option<serde_json::Value>) {
+    store
+        .create_session(&NewSession {
+            id: id.into(),
+            source: if parent.is_some() { "delegate" } else { "cli" }.into(),
+            parent_session_id: parent.map(str::to_owned),
+            model_config: config,
+            ..NewSession::default()
+        })
+        .unwrap();
+}
+
+fn unit(store: &Store, parent: &str, sa: &str, child: &str, goal: &str, profile: &str) -> String {
+    store
+        .insert_unit(&UnitDraft {
+            origin_session: parent.into(),
+            parent_session_id: Some(parent.into()),
+            owner_profile: profile.into(),
+            task: json!({"goal": goal, "mode": "background"}),
+            children: vec![ChildManifest {
+                subagent_id: sa.into(),
+                session_id: child.into(),
+                model: Some("m/one".into()),
+                goal: Some(goal.into()),
+                toolsets: Some(vec!["read".into()]),
+                ..ChildManifest::default()
+            }],
+            child_sessions: vec![NewSession {
+                id: child.into(),
+                source: "delegate".into(),
+                parent_session_id: Some(parent.into()),
+                model_config: Some(json!({"_delegate_from": parent})),
+                ..NewSession::default()
+            }],
+            ..UnitDraft::default()
+        })
+        .unwrap()
+}
+
+fn complete(store: &Store, id: &str) {
+    store
+        .persist_completion(&Completion {
+            delegation_id: id.into(),
+            status: UnitState::Completed,
+            event: CompletionEvent::new(id, None, UnitState::Completed, Vec::new()),
+            result: json!({"delegation_id": id, "results": []}),
+            usage: None,
+            background: false,
+        })
+        .unwrap();
+}
+
+fn bill(store: &Store, parent: &str, child: &str, cost: f64) {
+    let usage = json!({"cost_usd": cost, "tokens": {"input": 100, "output": 10}});
+    store
+        .record_usage(
+            &AttributionDraft {
+                parent_session_id: parent.into(),
+                parent_turn_id: String::new(),
+                child_session_id: child.into(),
+                usage: usage.clone(),
+                aggregate: None,
+                key: None,
+            },
+            &TotalsUpdate { delta: retinue_usage::fold_usage(&usage), catch_up: None },
+        )
+        .unwrap();
+}
+
+fn say(store: &Store, sid: &str, m: Message) {
+    store.append_message(sid, &m).unwrap();
+}
+
+fn get(url: &str) -> (u16, String, Option<String>) {
+    let agent: ureq::Agent =
+        ureq::Agent::config_builder().http_status_as_error(false).max_redirects(0).build().into();
+    let mut r = agent.get(url).call().unwrap();
+    let csp = r.headers().get("content-security-policy").map(|v| v.to_str().unwrap().to_owned());
+    (r.status().as_u16(), r.body_mut().read_to_string().unwrap(), csp)
+}
+
+fn fixture() -> (TempHome, Arc<Store>) {
+    let home = TempHome::new();
+    let store = Arc::new(home.open_store_with(StoreOptions::default()));
+    session(&store, "root", None, None);
+    // root's context was compressed into root-2 (hermes: the parent ends with
+    // `compression`, the continuation names it as its parent).
+    store.end_session("root", &retinue_core::EndReason::Compression).unwrap();
+    store
+        .create_session(&NewSession {
+            id: "root-2".into(),
+            source: "cli".into(),
+            parent_session_id: Some("root".into()),
+            ..NewSession::default()
+        })
+        .unwrap();
+    (home, store)
+}
+
+#[test]
+fn the_tree_shows_lineages_nested_units_states_and_cost() {
+    let (_home, store) = fixture();
+    let done = unit(&store, "root", "sa-0-aaaaaaaa", "child-a", "Survey", "");
+    complete(&store, &done);
+    bill(&store, "root", "child-a", 0.25);
+    // An orchestrator child spawned a unit of its own, still running.
+    let nested = unit(&store, "child-a", "sa-0-bbbbbbbb", "grandchild", "Dig deeper", "");
+    bill(&store, "child-a", "grandchild", 0.125);
+    // The continuation's own unit; another profile's is never shown.
+    let later = unit(&store, "root-2", "sa-0-cccccccc", "child-c", "Later work", "");
+    let _theirs = unit(&store, "root", "sa-0-dddddddd", "child-d", "Not yours", "tenant-b");
+    let served = serve(&store, "", None);
+    let (status, body, csp) = get(&format!("{}/", served.base));
+    assert_eq!(status, 200);
+    assert_eq!(csp.as_deref(), Some(CSP));
+    for id in [&done, &nested, &later, "sa-0-aaaaaaaa", "sa-0-bbbbbbbb", "sa-0-cccccccc"] {
+        assert!(body.contains(id), "{id} missing");
+    }
+    assert!(!body.contains("sa-0-dddddddd"), "another tenant's unit is shown");
+    assert!(body.contains("continuation"), "root-2 is shown as a continuation of root");
+    assert_eq!(body.matches("<section class=\"lineage\"").count(), 1, "one lineage: {body}");
+    // Nested: the grandchild's unit sits inside child-a's entry.
+    let a = body.find("sa-0-aaaaaaaa").unwrap();
+    let b = body.find("sa-0-bbbbbbbb").unwrap();
+    assert!(a < b && body[a..b].contains("nested"), "the orchestrator's unit is nested");
+    assert!(body.contains("data-state=\"retained\""));
+    assert!(body.contains("data-state=\"running\""));
+    // Cost rolls up: the unit carries its child and the grandchild.
+    assert!(body.contains("unit $0.3750"), "{body}");
+    assert!(body.contains("<meter"), "the budget bar");
+    assert!(body.contains(">2</span> running"), "{body}");
+}
+
+#[test]
+fn hostile_output_renders_as_text_everywhere() {
+    let (_home, store) = fixture();
+    let id = unit(&store, "root", "sa-0-eeeeeeee", "child-x", XSS, "");
+    say(
+        &store,
+        "child-x",
+        Message { role: "user".into(), content: Some(XSS.into()), ..Message::default() },
+    );
+    say(
+        &store,
+        "child-x",
+        Message {
+            role: "assistant".into(),
+            content: Some(format!("[click]({LINK}) {XSS}")),
+            tool_calls: Some(
+                json!([{"id": "c1", "type": "function", "function": {"name": XSS, "arguments": XSS}}])
+                    .to_string(),
+            ),
+            ..Message::default()
+        },
+    );
+    say(
+        &store,
+        "child-x",
+        Message {
+            role: "tool".into(),
+            content: Some(format!("{XSS}{}", "x".repeat(600))),
+            tool_name: Some(XSS.into()),
+            tool_call_id: Some("c1".into()),
+            ..Message::default()
+        },
+    );
+    let served = serve(&store, "", None);
+    for url in [format!("{}/", served.base), format!("{}/child/sa-0-eeeeeeee", served.base)] {
+        let (status, body, _) = get(&url);
+        assert_eq!(status, 200, "{url}");
+        assert!(!body.contains("<script>window"), "{url}: a script got through");
+        assert!(!body.contains("<img"), "{url}: markup got through");
+        assert!(body.contains("&lt;script&gt;window.__xss=1&lt;/script&gt;"), "{url}");
+        assert!(!body.contains("href=\"javascript"), "{url}: a javascript: link");
+        assert!(body.contains(&id) || url.contains("/child/"));
+    }
+    let (_, page, _) = get(&format!("{}/child/child-x", served.base));
+    assert!(page.contains("tool call"), "the tool call is shown");
+    assert!(page.contains("<details class=\"long\">"), "a long tool result is collapsed");
+}
+
+#[test]
+fn unknown_and_foreign_children_are_not_found_and_writes_are_refused() {
+    let (_home, store) = fixture();
+    unit(&store, "root", "sa-0-ffffffff", "child-f", "theirs", "tenant-b");
+    let served = serve(&store, "", None);
+    let (a, _, _) = get(&format!("{}/child/sa-0-ffffffff", served.base));
+    let (b, _, _) = get(&format!("{}/child/sa-0-00000000", served.base));
+    assert_eq!((a, b), (404, 404));
+    let agent: ureq::Agent =
+        ureq::Agent::config_builder().http_status_as_error(false).build().into();
+    let r = agent.post(&format!("{}/", served.base)).send("x").unwrap();
+    assert_eq!(r.status().as_u16(), 405);
+}
+
+#[test]
+fn a_token_guards_every_page_when_set() {
+    let (_home, store) = fixture();
+    let served = serve(&store, "", Some("s3cret-token"));
+    let (status, body, _) = get(&format!("{}/", served.base));
+    assert_eq!(status, 401, "{body}");
+    let (status, _, _) = get(&format!("{}/api/marker", served.base));
+    assert_eq!(status, 401);
+    let (status, _, _) = get(&format!("{}/?token=wrong", served.base));
+    assert_eq!(status, 401);
+    let agent: ureq::Agent =
+        ureq::Agent::config_builder().http_status_as_error(false).max_redirects(0).build().into();
+    let r = agent.get(&format!("{}/?token=s3cret-token", served.base)).call().unwrap();
+    assert_eq!(r.status().as_u16(), 303);
+    let cookie = r.headers().get("set-cookie").unwrap().to_str().unwrap().to_owned();
+    assert!(cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"), "{cookie}");
+    let mut ok = agent
+        .get(&format!("{}/", served.base))
+        .header("authorization", "Bearer s3cret-token")
+        .call()
+        .unwrap();
+    assert_eq!(ok.status().as_u16(), 200);
+    assert!(ok.body_mut().read_to_string().unwrap().contains("Retinue"));
+}
+
+#[test]
+fn the_change_marker_moves_with_the_registry() {
+    let (_home, store) = fixture();
+    let served = serve(&store, "", None);
+    let marker = || {
+        let (_, body, _) = get(&format!("{}/api/marker", served.base));
+        serde_json::from_str::<serde_json::Value>(&body).unwrap()["marker"].clone()
+    };
+    let before = marker();
+    assert_eq!(before, marker(), "stable while nothing changes");
+    let id = unit(&store, "root", "sa-0-12121212", "child-m", "g", "");
+    let after_insert = marker();
+    assert_ne!(before, after_insert);
+    say(
+        &store,
+        "child-m",
+        Message { role: "assistant".into(), content: Some("hi".into()), ..Message::default() },
+    );
+    let after_turn = marker();
+    assert_ne!(after_insert, after_turn, "a new transcript turn moves it");
+    complete(&store, &id);
+    assert_ne!(after_turn, marker(), "a completion moves it");
+}
