@@ -8,11 +8,16 @@ use clap::{ArgGroup, Args, Parser, Subcommand};
 /// The help heading of the options every command takes.
 const GLOBAL: &str = "Global options";
 
+/// `retinue --version`: the package version and the commit it was built
+/// from.
+pub(crate) const VERSION: &str =
+    concat!(env!("CARGO_PKG_VERSION"), " (", env!("RETINUE_COMMIT"), ")");
+
 /// Operate the retained subagents in a hermes-agent `state.db`.
 #[derive(Debug, Parser)]
 #[command(
     name = "retinue",
-    version,
+    version = VERSION,
     about = "Operate the retained subagents of a hermes-agent state.db",
     long_about = "Operate the retained subagents of a hermes-agent state.db: list, show, \
                   tombstone and prune retained children, check who may follow them up, \
@@ -99,6 +104,16 @@ pub(crate) enum Command {
         #[arg(long, value_name = "TOKEN", value_parser = non_blank, requires = "allow_remote")]
         token: Option<String>,
     },
+
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell)
+    Completions {
+        /// The shell
+        #[arg(value_name = "SHELL")]
+        shell: clap_complete::Shell,
+    },
+
+    /// Print the man page (roff) of `retinue`
+    Man,
 
     /// Wait for background units and print their results, each delivered once (exit 5 on timeout)
     Wait {

@@ -741,8 +741,11 @@ pub(crate) fn delegate(env: &Env, args: &DelegateArgs) -> Result<Output> {
     // is finalised (`interrupted`), and the command exits 130/143.
     let cancel = CancelToken::new();
     let interrupts = crate::interrupt::Interrupts::watch(&cancel);
+    let status =
+        crate::progress::Status::start(store.seams.clone(), &parent_id, &env.profile, env.json);
     let outcome = tool.delegate(&request, &parent, &cancel);
     tool.wait_background();
+    drop(status);
     if let Some(code) = interrupts.exit_code() {
         let mut out = match &outcome {
             Ok(o) => o.to_json(),

@@ -19,6 +19,7 @@ mod error;
 mod interrupt;
 mod mcp;
 mod migrate;
+mod progress;
 mod serve;
 mod table;
 
@@ -72,6 +73,31 @@ fn run(cli: &Cli) -> error::Result<Output> {
         Command::Usage { session, lineage } => commands::usage(&env, session, *lineage),
         Command::Recover => commands::recover(&env),
         Command::Delegate(args) => commands::delegate(&env, args),
+        Command::Completions { shell } => {
+            let mut out = Vec::new();
+            clap_complete::generate(
+                *shell,
+                &mut <Cli as clap::CommandFactory>::command(),
+                "retinue",
+                &mut out,
+            );
+            Ok(Output {
+                json: None,
+                human: String::from_utf8_lossy(&out).into_owned(),
+                code: 0,
+                stderr: None,
+            })
+        }
+        Command::Man => {
+            let mut out = Vec::new();
+            clap_mangen::Man::new(<Cli as clap::CommandFactory>::command()).render(&mut out)?;
+            Ok(Output {
+                json: None,
+                human: String::from_utf8_lossy(&out).into_owned(),
+                code: 0,
+                stderr: None,
+            })
+        }
         Command::Serve { http, allow_remote, token } => {
             serve::run(&env, *http, *allow_remote, token.as_deref())
         }

@@ -270,3 +270,41 @@ fn a_worker_whose_home_is_deleted_under_it_still_finishes_and_exits() {
     assert_eq!(code, 4, "{v} {err}");
     assert!(!err.contains("panicked"), "{err}");
 }
+
+/// `script` gives the command a terminal: the live status lines appear on a
+/// terminal and never on a pipe or with `--json`.
+#[test]
+fn delegate_draws_live_status_lines_only_on_a_terminal() {
+    if Command::new("script").arg("--version").output().is_err() {
+        eprintln!("skipped: no `script` (util-linux) to provide a terminal");
+        return;
+    }
+    let model = FakeModel::start();
+    model.set_default(
+        Reply::text("Done").with_usage(Usage::new(10, 5)).delayed(Duration::from_millis(1500)),
+    );
+    let fx = Fx::new(&model, "");
+    let run = |json: bool| {
+        let cmd = format!(
+            "{BIN} --home {} {}delegate --parent {} --goal 'Status please'",
+            fx.home.path().display(),
+            if json { "--json " } else { "" },
+            fx.root()
+        );
+        let out = Command::new("script")
+            .args(["-qec", &cmd, "/dev/null"])
+            .env_remove("HERMES_HOME")
+            .output()
+            .expect("script");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let tty = run(false);
+    assert!(tty.contains("test/fake-model") && tty.contains("call(s)"), "no status line: {tty}");
+    let json = run(true);
+    assert!(!json.contains("call(s)"), "a status line with --json: {json}");
+    // On a pipe (the other tests' way), stderr stays free of it.
+    let (code, _, err) = fx.run(&["delegate", "--parent", fx.root(), "--goal", "Piped"]);
+    assert_eq!(code, 0);
+    assert!(!err.contains("call(s)"), "{err}");
+}
