@@ -27,6 +27,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("retinue-mcp", &["retinue-core", "retinue-lineage", "retinue-usage", "retinue-delegate"]),
     // The web view reads the seams only: no delegation, no runtime, no engine.
     ("retinue-web", &["retinue-core", "retinue-lineage", "retinue-usage"]),
+    // OpenTelemetry's SDK and exporter, for the binary to install.
+    ("retinue-trace", &[]),
     (
         "retinue-cli",
         &[
@@ -39,6 +41,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "retinue-runtime",
             "retinue-mcp",
             "retinue-web",
+            "retinue-trace",
             "retinue-tools",
             "retinue-store-pg",
             "retinue-fake-model",

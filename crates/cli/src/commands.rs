@@ -732,6 +732,8 @@ pub(crate) fn delegate(env: &Env, args: &DelegateArgs) -> Result<Output> {
         toolsets,
         workspace: Some(workspace),
         can_receive_detached: args.detached_worker,
+        // The caller's trace (W3C Trace Context, as `TRACEPARENT`).
+        trace_parent: std::env::var("TRACEPARENT").ok().filter(|t| !t.trim().is_empty()),
         ..ParentContext::default()
     };
     if args.detached_worker {

@@ -156,6 +156,9 @@ fn main() -> ExitCode {
         return ExitCode::from(u8::try_from(code).unwrap_or(1));
     }
     init_logging();
+    // OpenTelemetry export, when OTEL_EXPORTER_OTLP_ENDPOINT is set (flushed
+    // when main returns; never blocking or failing a command).
+    let _tracing = retinue_trace::init_from_env();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {

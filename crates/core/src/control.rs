@@ -71,6 +71,8 @@ pub struct UnitView {
     pub children: Vec<UnitChild>,
     /// When the whole unit was tombstoned, if it was.
     pub tombstoned_at: Option<f64>,
+    /// The W3C `traceparent` of the call that spawned it (`task_json`).
+    pub traceparent: Option<String>,
 }
 
 impl UnitView {

@@ -216,7 +216,20 @@ fn resume(
     open_turn(inner, fu, &transcript.tip)?;
     let Transcript { tip, history, system_prompt } = transcript;
     let input = RunInput { user_message: fu.text.clone(), history, system_prompt };
-    let mut result = run_renewing(inner, &claim, &spec, input, parent, &metered);
+    // The follow-up's span links to the call that spawned the child.
+    let linked = inner
+        .parts
+        .backend
+        .controls
+        .unit_view(&entry.delegation_id)
+        .ok()
+        .flatten()
+        .and_then(|u| u.traceparent);
+    let call =
+        crate::telemetry::call_span(parent.trace_parent.as_deref(), linked.as_deref(), "follow_up");
+    crate::telemetry::set_unit(&call, &entry.delegation_id);
+    let mut result = run_renewing(inner, &claim, &spec, input, parent, &metered, &call);
+    crate::telemetry::end_call(&call, None);
     result.toolsets_dropped = dropped;
     let results = [result];
     let ledger_ok = finalize(inner, parent, &entry.delegation_id, &claim.token, &results);
@@ -354,6 +367,7 @@ fn run_renewing(
     input: RunInput,
     parent: &ParentContext,
     metered: &CancelToken,
+    call: &opentelemetry::Context,
 ) -> ChildReport {
     let (stop_tx, stop_rx) = mpsc::channel::<()>();
     let registry = Arc::clone(&claim.registry);
@@ -365,7 +379,7 @@ fn run_renewing(
             }
         }
     });
-    let result = execute(inner, spec, input, false, parent.session_id.clone(), metered);
+    let result = execute(inner, spec, input, false, parent.session_id.clone(), metered, call);
     drop(stop_tx);
     let _ = renewer.join();
     result

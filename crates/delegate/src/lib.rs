@@ -24,6 +24,7 @@ mod schema;
 #[cfg(any(test, feature = "scripted"))]
 pub mod scripted;
 mod spawn;
+pub mod telemetry;
 pub mod texts;
 pub mod toolsets;
 
@@ -72,6 +73,9 @@ pub struct ParentContext {
     /// The directory the children's tools work in (`None`: no workspace,
     /// so file and terminal tools refuse).
     pub workspace: Option<std::path::PathBuf>,
+    /// The caller's W3C `traceparent` (`TRACEPARENT`, an MCP request's
+    /// `_meta`): the delegation's spans are its children.
+    pub trace_parent: Option<String>,
 }
 
 /// The collaborators a [`Delegator`] works through.

@@ -20,7 +20,10 @@ use crate::error::DelegateError;
 use crate::live::LiveChild;
 use crate::request::{DelegateOutcome, Dispatch, DispatchedChild, SpawnRequest, UnitReport};
 use crate::results::{ChildReport, SessionSink, status_of};
+use opentelemetry::Context;
+
 use crate::runtime::{CancelReason, CancelToken, ChildHandle, ChildOutcome, ChildSpec, RunInput};
+use crate::telemetry;
 use crate::{Inner, ParentContext, texts};
 
 pub(crate) fn random_hex(bytes: usize) -> String {
@@ -94,9 +97,12 @@ fn run_child(
     input: RunInput,
     session_id: &str,
     cancel: &CancelToken,
+    span: &Context,
 ) -> ChildOutcome {
     let parts = &inner.parts;
     let (tx, rx) = mpsc::channel();
+    // The runtime's spans (model calls, tools) nest under the child's.
+    let span = span.clone();
     let runtime = Arc::clone(&parts.runtime);
     let closed = Arc::new(AtomicBool::new(false));
     let sink = SessionSink {
@@ -108,6 +114,7 @@ fn run_child(
     let token = cancel.clone();
     let spawned = std::thread::Builder::new().name(format!("child-{}", handle.subagent_id)).spawn(
         move || {
+            let _attached = span.attach();
             let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 runtime.run(&run_handle, &input, &sink, &token)
             }));
@@ -219,7 +226,26 @@ pub(crate) fn execute(
     steerable: bool,
     owner: Option<String>,
     cancel: &CancelToken,
+    call: &Context,
 ) -> ChildReport {
+    let session_id = spec.resume_session_id.clone().unwrap_or_else(|| spec.session_id.clone());
+    let span = telemetry::child_span(call, spec, &session_id);
+    let (report, cached) = execute_in(inner, spec, input, steerable, owner, cancel, &span);
+    telemetry::end_child(&span, &report, cached);
+    report
+}
+
+/// A child's run in its span's context; also returns its cached input
+/// tokens (for the span).
+fn execute_in(
+    inner: &Arc<Inner>,
+    spec: &ChildSpec,
+    input: RunInput,
+    steerable: bool,
+    owner: Option<String>,
+    cancel: &CancelToken,
+    span: &Context,
+) -> (ChildReport, u64) {
     let started = Instant::now();
     let parts = &inner.parts;
     let session_id = spec.resume_session_id.clone().unwrap_or_else(|| spec.session_id.clone());
@@ -238,7 +264,7 @@ pub(crate) fn execute(
             result.exit_reason = ExitReason::Error;
             result.error = Some(format!("Failed to build subagent: {e}"));
             let _ = parts.backend.sessions.end_session(&session_id, &EndReason::Error);
-            return result;
+            return (result, 0);
         }
     };
     inner.live.insert(LiveChild {
@@ -248,7 +274,7 @@ pub(crate) fn execute(
         accepting_steer: steerable,
     });
     let token = cancel.child(child_timeout(parts.config.child_timeout_seconds));
-    let mut outcome = run_child(inner, &handle, input, &session_id, &token);
+    let mut outcome = run_child(inner, &handle, input, &session_id, &token, span);
     charge_run(&token, &mut outcome);
     inner.live.close_steering(&handle.subagent_id);
     let status = status_of(&outcome);
@@ -275,7 +301,7 @@ pub(crate) fn execute(
     }
     result.endpoint = outcome.endpoint.filter(|e| !e.trim().is_empty());
     result.duration_seconds = started.elapsed().as_secs_f64();
-    result
+    (result, outcome.tokens.cached_input)
 }
 
 /// Bills results to the parent (semantics §7.2) under the per-process finalize
@@ -444,17 +470,37 @@ pub(crate) fn run(
     parent: &ParentContext,
     cancel: &CancelToken,
 ) -> Result<DelegateOutcome, DelegateError> {
+    let mode = if request.background { "background" } else { "sync" };
+    let call = telemetry::call_span(parent.trace_parent.as_deref(), None, mode);
+    let out = run_in(inner, request, parent, cancel, &call);
+    match &out {
+        // A dispatched unit's thread ends the span when its children end.
+        Ok(DelegateOutcome::Dispatched(_)) => {}
+        Ok(_) => telemetry::end_call(&call, None),
+        Err(e) => telemetry::end_call(&call, Some(e.kind().as_str())),
+    }
+    out
+}
+
+fn run_in(
+    inner: &Arc<Inner>,
+    request: &SpawnRequest,
+    parent: &ParentContext,
+    cancel: &CancelToken,
+    call: &Context,
+) -> Result<DelegateOutcome, DelegateError> {
     let plan = plan(inner, request, parent)?;
     let held = reserve(inner, request, &plan)?;
     let cancel = held.as_ref().map_or_else(|| cancel.clone(), |h| h.token(cancel));
-    let delegation_id = persist(inner, request, &plan)?;
+    let delegation_id = persist(inner, request, &plan, telemetry::traceparent_of(call))?;
+    telemetry::set_unit(call, &delegation_id);
     let Plan { planned, background, slot, notes, .. } = plan;
     if background {
-        return dispatch(inner, request, parent, delegation_id, planned, slot, held, cancel);
+        return dispatch(inner, request, parent, delegation_id, planned, slot, held, cancel, call);
     }
     let started = Instant::now();
     let watch = crate::background::Watch::start(inner, &delegation_id, &planned, &cancel);
-    let results = watch.finish(run_children(inner, planned, parent, &cancel));
+    let results = watch.finish(run_children(inner, planned, parent, &cancel, call));
     let mut unit = complete(inner, parent, &delegation_id, results, started, false);
     let ledger_ok = unit.ledger_error.is_none();
     unit.budget = held.and_then(|h| h.settle(ledger_ok));
@@ -570,6 +616,7 @@ fn persist(
     inner: &Arc<Inner>,
     request: &SpawnRequest,
     plan: &Plan,
+    traceparent: Option<String>,
 ) -> Result<String, DelegateError> {
     let parts = &inner.parts;
     let tasks = &request.tasks;
@@ -589,6 +636,8 @@ fn persist(
             "model": model,
             "is_batch": tasks.len() > 1,
             "mode": if plan.background { "background" } else { "sync" },
+            // The call's span: a follow-up links to it (semantics §11).
+            "traceparent": traceparent,
         }),
         owner_profile: parts.profile.clone(),
         children: planned
@@ -642,7 +691,9 @@ fn dispatch(
     slot: Option<BackgroundSlot>,
     held: Option<budget::Held>,
     cancel: CancelToken,
+    call: &Context,
 ) -> Result<DelegateOutcome, DelegateError> {
+    let call = call.clone();
     let dispatch = Dispatch {
         queued: slot.is_none(),
         delegation_id: delegation_id.clone(),
@@ -679,7 +730,7 @@ fn dispatch(
             let watch = crate::background::Watch::start(&worker, &id, &planned, &cancel);
             let slot = slot.or_else(|| BackgroundSlot::wait(&worker, &cancel));
             let results = if slot.is_some() {
-                run_children(&worker, planned, &parent_owned, &cancel)
+                run_children(&worker, planned, &parent_owned, &cancel, &call)
             } else {
                 cancelled_while_queued(&planned, &cancel)
             };
@@ -688,6 +739,7 @@ fn dispatch(
                 .ledger_error
                 .is_none();
             drop(slot);
+            telemetry::end_call(&call, None);
             ledger_ok
         }));
         match finished {
@@ -784,6 +836,7 @@ fn run_children(
     planned: Vec<Planned>,
     parent: &ParentContext,
     cancel: &CancelToken,
+    call: &Context,
 ) -> Vec<ChildReport> {
     let parts = &inner.parts;
     let workers = parts.config.max_concurrent_children.max(1).min(planned.len().max(1));
@@ -796,7 +849,7 @@ fn run_children(
                     loop {
                         let i = next.fetch_add(1, Ordering::SeqCst);
                         let Some(p) = planned.get(i) else { break };
-                        done.push(run_one(inner, p, parent, cancel));
+                        done.push(run_one(inner, p, parent, cancel, call));
                     }
                     done
                 })
@@ -830,6 +883,7 @@ fn run_one(
     p: &Planned,
     parent: &ParentContext,
     cancel: &CancelToken,
+    call: &Context,
 ) -> ChildReport {
     let sessions = &inner.parts.backend.sessions;
     for (role, text) in
@@ -841,7 +895,7 @@ fn run_one(
         }
     }
     let mut report =
-        execute(inner, &p.spec, p.input.clone(), true, parent.session_id.clone(), cancel);
+        execute(inner, &p.spec, p.input.clone(), true, parent.session_id.clone(), cancel, call);
     report.toolsets_dropped = p.dropped.clone();
     report
 }

@@ -239,7 +239,9 @@ impl RetinueServer {
                 DelegateRequest::FollowUp(_) => {}
             }
         }
-        let parent = self.parent();
+        // The host's trace, from the request's `_meta.traceparent` (SEP-414).
+        let trace_parent = context.meta.get_traceparent().map(str::to_owned);
+        let parent = ParentContext { trace_parent, ..self.parent() };
         let cancel = CancelToken::new();
         let key = self.shared.next_call.fetch_add(1, Ordering::Relaxed);
         self.shared

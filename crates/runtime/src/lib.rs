@@ -40,6 +40,7 @@ mod client;
 mod config;
 mod error;
 mod runtime;
+mod spans;
 mod tools;
 
 pub use config::{DEFAULT_KEY_ENV, RetryPolicy, RuntimeConfig, SUPPORTED_API_MODES};

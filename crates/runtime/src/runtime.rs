@@ -36,6 +36,9 @@ fn as_text(s: String) -> String {
 struct Child {
     base_url: String,
     model: String,
+    /// `gen_ai.provider.name` of its spans (`delegation.provider`, else
+    /// `openai`: the protocol spoken).
+    provider: String,
     max_iterations: u32,
     steers: Vec<String>,
     /// Accepting steers (built, not finished).
@@ -110,6 +113,7 @@ impl ChatRuntime {
         self.children().get(&child.subagent_id).cloned().unwrap_or_else(|| Child {
             base_url: self.config.base_url.clone(),
             model: self.config.model.clone(),
+            provider: "openai".to_owned(),
             max_iterations: self.config.max_iterations,
             steers: Vec::new(),
             open: true,
@@ -452,7 +456,16 @@ impl Run<'_> {
             stream: rt.config.stream,
             cancel: self.cancel.clone(),
         };
-        let mut completion = match call.run() {
+        let span = crate::spans::chat(&self.settings.model, &self.settings.provider);
+        let outcome = call.run();
+        match &outcome {
+            CallOutcome::Done(c) => crate::spans::chat_done(&span, c),
+            CallOutcome::Stopped => {
+                crate::spans::failed(&span, "cancelled", "the call was stopped")
+            }
+            CallOutcome::Failed(e) => crate::spans::failed(&span, "provider_error", &e.to_string()),
+        }
+        let mut completion = match outcome {
             CallOutcome::Done(c) => c,
             CallOutcome::Stopped => {
                 // Cut off mid-call: the provider may have spent it all.
@@ -576,7 +589,10 @@ impl Run<'_> {
         let rt = self.rt;
         let child = self.child;
         let cancel = self.cancel;
-        let one = |call: &crate::client::ToolCall| -> String {
+        // Tool calls may run on threads: their spans take the child's
+        // context explicitly.
+        let parent = opentelemetry::Context::current();
+        let one_call = |call: &crate::client::ToolCall| -> String {
             if !names.contains(&call.name) {
                 let available = if names.is_empty() { "none".to_owned() } else { names.join(", ") };
                 return tool_error(&format!(
@@ -600,6 +616,12 @@ impl Run<'_> {
                     Err(_) => tool_error(&format!("the tool `{}` failed unexpectedly", call.name)),
                 },
             }
+        };
+        let one = |call: &crate::client::ToolCall| -> String {
+            let span = crate::spans::tool(&parent, &call.name, &call.id);
+            let out = one_call(call);
+            crate::spans::tool_done(&span, &out);
+            out
         };
         let width = rt.config.max_parallel_tools.max(1);
         let (run, skipped) = calls.split_at(calls.len().min(MAX_TOOL_CALLS_PER_ANSWER));
@@ -720,7 +742,18 @@ impl ChildRuntime for ChatRuntime {
             if spec.max_iterations > 0 { spec.max_iterations } else { self.config.max_iterations };
         self.children().insert(
             spec.subagent_id.clone(),
-            Child { base_url, model, max_iterations, steers: Vec::new(), open: true },
+            Child {
+                base_url,
+                model,
+                provider: spec
+                    .provider
+                    .clone()
+                    .filter(|p| !p.trim().is_empty())
+                    .unwrap_or_else(|| "openai".to_owned()),
+                max_iterations,
+                steers: Vec::new(),
+                open: true,
+            },
         );
         Ok(ChildHandle::of(spec))
     }

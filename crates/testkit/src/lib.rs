@@ -39,6 +39,7 @@ use serde_json::Value;
 pub mod conformance;
 pub use retinue_fake_model as fake_model;
 pub mod hermes;
+pub mod otlp;
 pub mod workload;
 pub use fake_model::{FakeModel, FakeToolCall, RecordedRequest, Reply, Usage};
 pub use hermes::{HermesDb, HermesFixture, HermesSession, HermesUnit};

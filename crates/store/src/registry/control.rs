@@ -19,9 +19,12 @@ const UNIT_COLUMNS: &str = "u.delegation_id, u.parent_session_id, u.owner_profil
 fn unit_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<UnitView> {
     let result: Option<String> = json_column(r, 7)?;
     let task: Option<String> = json_column(r, 9)?;
-    let mode = match parse_json_opt(task.as_deref()) {
-        Some(Value::Object(t)) => t.get("mode").and_then(Value::as_str).map(str::to_owned),
-        _ => None,
+    let (mode, traceparent) = match parse_json_opt(task.as_deref()) {
+        Some(Value::Object(t)) => (
+            t.get("mode").and_then(Value::as_str).map(str::to_owned),
+            t.get("traceparent").and_then(Value::as_str).map(str::to_owned),
+        ),
+        _ => (None, None),
     };
     Ok(UnitView {
         delegation_id: r.get(0)?,
@@ -34,6 +37,7 @@ fn unit_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<UnitView> {
         result: parse_json_opt(result.as_deref()),
         owner_pid: r.get(8)?,
         mode,
+        traceparent,
         children: Vec::new(),
         tombstoned_at: r.get(10)?,
     })
