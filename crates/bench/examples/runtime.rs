@@ -124,6 +124,35 @@ fn main() -> std::process::ExitCode {
         if lm > 0.0 { om / lm } else { 0.0 }
     );
 
+    // The same run with tracing on and the collector down: its spans go to
+    // the bounded queue and the exports fail off the run's path.
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").ok();
+        let port = l.as_ref().and_then(|l| l.local_addr().ok()).map_or(9, |a| a.port());
+        format!("http://127.0.0.1:{port}")
+    };
+    let tracing = retinue_trace::init(&format!("{dead}/v1/traces"), "retinue-bench");
+    let traced: Vec<f64> = (0..iters)
+        .map(|_| {
+            let start = Instant::now();
+            let _ = runtime.run(&child, &input(), &Discard, &CancelToken::new());
+            start.elapsed().as_secs_f64() * 1e6
+        })
+        .collect();
+    let (tm, tp) = median_p90(traced);
+    println!(
+        "{:<52} {:>11.1} {:>11.1} {:>11.1} {:>7.2}",
+        "same run, tracing on, collector down (limit: off)",
+        tm,
+        tp,
+        om,
+        if om > 0.0 { tm / om } else { 0.0 }
+    );
+    if let Some(t) = &tracing {
+        let s = t.stats();
+        println!("{:<52} exported {}, failed {} (so far)", "spans", s.exported, s.failed);
+    }
+
     // 32 children at once, each call delayed 200 ms.
     let delay = Duration::from_millis(200);
     let children = 32;

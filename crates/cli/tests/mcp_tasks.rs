@@ -141,3 +141,44 @@ async fn tasks_outlive_their_server_and_belong_to_their_session() {
     stranger.cancel().await.expect("close");
     second.cancel().await.expect("close");
 }
+
+/// The host's trace context (`_meta.traceparent`, SEP-414) becomes the
+/// parent of the delegation's spans.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mcp_requests_traceparent_parents_the_delegation_spans() {
+    use retinue_testkit::otlp::OtlpReceiver;
+    let receiver = OtlpReceiver::start();
+    let home = TempHome::new();
+    let fx = HermesDb::standard(&home.db_path(), now());
+    let model = FakeModel::start();
+    model.set_default(Reply::text("traced").with_usage(Usage::new(10, 5)));
+    let yaml = format!(
+        "delegation:\n  model: test/fake-model\n  base_url: {}\n  api_key: sk-test\n",
+        model.base_url()
+    );
+    std::fs::write(home.path().join("config.yaml"), yaml).expect("config.yaml");
+    let mut cmd = tokio::process::Command::new(BIN);
+    cmd.arg("--home").arg(home.path()).args(["mcp", "--session", fx.root]);
+    cmd.env_remove("HERMES_HOME").env_remove("TRACEPARENT").kill_on_drop(true);
+    cmd.env("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint());
+    let (transport, _stderr) = TokioChildProcess::builder(cmd)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start retinue mcp");
+    let client = ().serve(transport).await.expect("initialize");
+    let mut meta = rmcp_client::model::MetaObject::new();
+    meta.set_traceparent("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01");
+    let mut params = CallToolRequestParams::new("delegate_task")
+        .with_arguments(json!({"goal": "Traced over MCP"}).as_object().expect("object").clone());
+    params.meta = Some(rmcp_client::model::RequestMetaObject(meta));
+    let result = client.call_tool(params).await.expect("tools/call");
+    assert_eq!(result.is_error, Some(false), "{result:?}");
+    let spans = receiver.wait_for(|s| s.iter().any(|s| s.name == "invoke_agent subagent"));
+    let call = spans
+        .iter()
+        .find(|s| s.name == "execute_tool delegate_task")
+        .unwrap_or_else(|| panic!("no call span: {spans:#?}"));
+    assert_eq!(call.trace_id, "0af7651916cd43dd8448eb211c80319c");
+    assert_eq!(call.parent_span_id, "b7ad6b7169203331");
+    client.cancel().await.expect("close");
+}

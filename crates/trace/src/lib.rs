@@ -129,6 +129,13 @@ pub fn init_from_env() -> Option<Tracing> {
     let endpoint = env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
         .or_else(|| env("OTEL_EXPORTER_OTLP_ENDPOINT").map(|e| traces_url(&e)))?;
     let service = env("OTEL_SERVICE_NAME").unwrap_or_else(|| "retinue".to_owned());
+    init(&endpoint, &service)
+}
+
+/// Installs the global tracer provider exporting to `endpoint` (the full
+/// traces URL) as `service`; `None` when the exporter cannot be built.
+pub fn init(endpoint: &str, service: &str) -> Option<Tracing> {
+    let (endpoint, service) = (endpoint.to_owned(), service.to_owned());
     // An https collector needs a process-wide crypto provider (another
     // crate may have installed one already: that one stays).
     let _ = rustls::crypto::ring::default_provider().install_default();
