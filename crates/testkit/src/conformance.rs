@@ -175,6 +175,7 @@ pub const CASES: &[(&str, Case)] = &[
     ("budget_absurd_rows_saturate", budget_absurd_rows_saturate),
     ("unit_views_and_controls", unit_views_and_controls),
     ("controls_taken_exactly_once_concurrently", controls_taken_exactly_once_concurrently),
+    ("unit_listing_and_change_marker", unit_listing_and_change_marker),
 ];
 
 /// Makes each conformance case its own `#[test]` (filterable with nextest:
@@ -211,6 +212,7 @@ macro_rules! conformance_suite {
             budget_absurd_rows_saturate,
             unit_views_and_controls,
             controls_taken_exactly_once_concurrently,
+            unit_listing_and_change_marker,
         );
     };
     (@each $f:expr; $($name:ident),+ $(,)?) => {
@@ -1282,4 +1284,53 @@ pub fn controls_taken_exactly_once_concurrently(make: Factory<'_>) {
     let taken = taken.into_inner().expect("lock");
     assert_eq!(taken.len(), posted.len(), "each exactly once: {taken:?}");
     assert_eq!(taken.into_iter().collect::<HashSet<_>>(), posted);
+}
+
+/// The web view's reads: every unit newest first (any state, per profile,
+/// bounded), with each child's retention, tombstone, toolsets and role; a
+/// change marker that moves with units, transcripts and tombstones.
+pub fn unit_listing_and_change_marker(make: Factory<'_>) {
+    let b = make(default_config());
+    let marker = || b.controls.change_marker().expect("marker");
+    let m0 = marker();
+    assert_eq!(m0, marker(), "stable while nothing changes");
+    let (first, fc) = retained(&b, "P", 2);
+    b.clock.advance(1.0);
+    let (second, _) = insert(&b, "P", "", 1);
+    b.clock.advance(1.0);
+    let (theirs, _) = insert(&b, "Q", "tenant-b", 1);
+    let m1 = marker();
+    assert_ne!(m0, m1, "new units move it");
+    let mine: Vec<String> = b
+        .controls
+        .list_units(Some(""), 10)
+        .expect("list")
+        .into_iter()
+        .map(|u| u.delegation_id)
+        .collect();
+    assert_eq!(mine, vec![second.clone(), first.clone()], "newest first, this profile only");
+    let all = b.controls.list_units(None, 10).expect("list");
+    assert_eq!(all.len(), 3);
+    assert_eq!(all[0].delegation_id, theirs);
+    assert_eq!(b.controls.list_units(None, 1).expect("list").len(), 1, "bounded");
+    let f = all.iter().find(|u| u.delegation_id == first).expect("first");
+    assert_eq!(f.children.len(), 2);
+    assert!(f.children.iter().all(|c| c.retained_at.is_some() && c.tombstoned_at.is_none()));
+    assert!(
+        b.registry
+            .tombstone_retained_child(&fc[1].subagent_id, &TombstoneReason::Manual)
+            .expect("tombstone")
+    );
+    let m2 = marker();
+    assert_ne!(m1, m2, "a tombstone moves it");
+    let f = b.controls.unit_view(&first).expect("view").expect("found");
+    assert_eq!(f.children[1].tombstone_reason.as_deref(), Some("manual"));
+    assert!(f.children[1].tombstoned_at.is_some());
+    b.sessions
+        .append_message(
+            &fc[0].session_id,
+            &Message { role: "assistant".into(), content: Some("hi".into()), ..Message::default() },
+        )
+        .expect("append");
+    assert_ne!(m2, marker(), "a transcript turn moves it");
 }
