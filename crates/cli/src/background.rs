@@ -350,26 +350,18 @@ pub(crate) fn running_json(store: &Backend, unit: &retinue_core::UnitView, now: 
         .iter()
         .map(|c| {
             let turns = store.sessions.conversation(&c.child_session_id).unwrap_or_default();
-            let calls = turns.iter().filter(|m| m.role == "assistant").count();
-            let tokens: i64 = turns
-                .iter()
-                .filter(|m| m.role == "assistant")
-                .filter_map(|m| m.token_count)
-                .filter(|n| *n > 0)
-                .sum();
-            let tools = turns.iter().filter(|m| m.role == "tool").count();
-            let last_tool = turns.iter().rev().find_map(|m| m.tool_name.clone());
+            let so_far = retinue_core::UsageSoFar::of(&turns);
             json!({
                 "subagent_id": c.subagent_id,
                 "child_session_id": c.child_session_id,
                 "goal": c.goal,
                 "model": c.model,
                 "usage_so_far": {
-                    "api_calls": calls,
-                    "output_tokens": tokens,
-                    "tool_calls": tools,
+                    "api_calls": so_far.api_calls,
+                    "output_tokens": so_far.output_tokens,
+                    "tool_calls": so_far.tool_calls,
                 },
-                "last_tool": last_tool,
+                "last_tool": so_far.last_tool,
             })
         })
         .collect();

@@ -11,27 +11,20 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
-use retinue_core::{Clock, Message, SystemClock, UnitChild};
+use retinue_core::{Clock, Message, SystemClock, UnitChild, UsageSoFar};
 
 /// What one child's line says.
 pub(crate) fn status_line(child: &UnitChild, elapsed_secs: f64, turns: &[Message]) -> String {
-    let calls = turns.iter().filter(|m| m.role == "assistant").count();
-    let tokens: i64 = turns
-        .iter()
-        .filter(|m| m.role == "assistant")
-        .filter_map(|m| m.token_count)
-        .filter(|n| *n > 0)
-        .sum();
-    let last_tool = turns.iter().rev().find_map(|m| m.tool_name.clone());
+    let so_far = UsageSoFar::of(turns);
     let mut line = format!(
         "{} {} {:>5.1}s {} tok {} call(s)",
         child.subagent_id,
         child.model.as_deref().unwrap_or("-"),
         elapsed_secs.max(0.0),
-        tokens,
-        calls
+        so_far.output_tokens,
+        so_far.api_calls
     );
-    if let Some(tool) = last_tool {
+    if let Some(tool) = so_far.last_tool {
         line.push_str(&format!(" · last tool {tool}"));
     }
     line

@@ -220,3 +220,31 @@ pub fn manifest_facts(manifest_json: Option<&str>) -> (Vec<String>, Option<Strin
     let role = m.get("role").and_then(Value::as_str).map(str::to_owned);
     (toolsets, role)
 }
+
+/// A running child's usage so far, read from its transcript (its ledger
+/// rows are written only when it ends): what `children list --running`,
+/// `retinue delegate`'s status lines and the web view show.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
+pub struct UsageSoFar {
+    /// Model calls answered (assistant turns).
+    pub api_calls: usize,
+    /// Completion tokens of those answers (their `token_count`).
+    pub output_tokens: i64,
+    /// Tool results recorded.
+    pub tool_calls: usize,
+    /// The last tool it ran.
+    pub last_tool: Option<String>,
+}
+
+impl UsageSoFar {
+    /// The usage a transcript shows.
+    pub fn of(turns: &[crate::model::Message]) -> UsageSoFar {
+        let answers = turns.iter().filter(|m| m.role == "assistant");
+        UsageSoFar {
+            api_calls: answers.clone().count(),
+            output_tokens: answers.filter_map(|m| m.token_count).filter(|n| *n > 0).sum(),
+            tool_calls: turns.iter().filter(|m| m.role == "tool").count(),
+            last_tool: turns.iter().rev().find_map(|m| m.tool_name.clone()),
+        }
+    }
+}

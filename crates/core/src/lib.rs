@@ -48,7 +48,7 @@ pub use budget::Budgets;
 pub use clock::{Clock, ManualClock, SystemClock, iso8601};
 pub use control::{
     CONTROL_POLL_MS, Control, ControlKind, ControlOutcome, Controls, UnitChild, UnitView,
-    manifest_facts,
+    UsageSoFar, manifest_facts,
 };
 pub use dump::{Cell, CellType, StateDump, StateReader, TableSpec};
 pub use error::{Error, ErrorKind, Result, Source};

@@ -229,7 +229,9 @@ fn resume(
         crate::telemetry::call_span(parent.trace_parent.as_deref(), linked.as_deref(), "follow_up");
     crate::telemetry::set_unit(&call, &entry.delegation_id);
     let mut result = run_renewing(inner, &claim, &spec, input, parent, &metered, &call);
-    crate::telemetry::end_call(&call, None);
+    let failed = (result.status != retinue_core::ChildStatus::Completed)
+        .then(|| result.exit_reason.as_str().to_owned());
+    crate::telemetry::end_call(&call, failed.as_deref());
     result.toolsets_dropped = dropped;
     let results = [result];
     let ledger_ok = finalize(inner, parent, &entry.delegation_id, &claim.token, &results);

@@ -94,9 +94,11 @@ pub fn traceparent(cx: &SpanContext) -> Option<String> {
 /// caller's context (`traceparent`), linked to `linked` (the unit a
 /// follow-up resumes). Returns the context to run the call in.
 pub(crate) fn call_span(traceparent: Option<&str>, linked: Option<&str>, mode: &str) -> Context {
+    // Without a caller's context, the current one: an orchestrator child's
+    // own delegate_task runs on its thread, under its invoke_agent span.
     let parent = match traceparent.and_then(remote_context) {
         Some(remote) => Context::new().with_remote_span_context(remote),
-        None => Context::new(),
+        None => Context::current(),
     };
     let tracer = global::tracer(TRACER);
     let links: Vec<Link> =

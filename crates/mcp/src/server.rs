@@ -49,6 +49,10 @@ struct Shared {
     next_call: AtomicU64,
     /// Background units: look up, wait, steer, cancel, the inbox.
     collector: Collector,
+    /// The cancel tokens of background units this server started: a server
+    /// that stops stops them (they end `interrupted`, their results wait in
+    /// the registry), instead of outliving its host.
+    background: Mutex<Vec<CancelToken>>,
 }
 
 /// The MCP server acting as one parent session. Cheap to clone (the HTTP
@@ -125,6 +129,7 @@ impl RetinueServer {
                 running: Mutex::new(HashMap::new()),
                 next_call: AtomicU64::new(0),
                 collector,
+                background: Mutex::new(Vec::new()),
             }),
         }
     }
@@ -163,6 +168,10 @@ impl RetinueServer {
     pub fn cancel_running(&self) {
         let running = self.shared.running.lock().unwrap_or_else(PoisonError::into_inner);
         for token in running.values() {
+            token.cancel();
+        }
+        let background = self.shared.background.lock().unwrap_or_else(PoisonError::into_inner);
+        for token in background.iter() {
             token.cancel();
         }
     }
@@ -290,6 +299,13 @@ impl RetinueServer {
         };
         match joined {
             Ok(Ok(DelegateOutcome::Dispatched(d))) => {
+                {
+                    let mut bg =
+                        self.shared.background.lock().unwrap_or_else(PoisonError::into_inner);
+                    // Tokens of finished units go (their units ignore a cancel).
+                    bg.retain(|t| !t.is_cancelled());
+                    bg.push(cancel.clone());
+                }
                 self.announce_when_done(&d.delegation_id, context.peer.clone());
                 if as_task {
                     let view =

@@ -8,10 +8,12 @@
 //! is set, named by `OTEL_SERVICE_NAME` (default `retinue`).
 //!
 //! A delegation never waits for the collector: spans go to a bounded queue
-//! (spans beyond it are dropped, and counted), a background thread exports
-//! them, each export times out after [`EXPORT_TIMEOUT`], and a failed export
-//! is counted, never reported to the delegation. [`Tracing`]'s drop flushes
-//! what is queued, bounded by the same timeout.
+//! (spans beyond it are dropped), a background thread exports them, each
+//! export times out after [`EXPORT_TIMEOUT`], and a failed export is counted,
+//! never reported to the delegation. [`Tracing`] counts the spans that
+//! ended, were exported and failed ([`TraceStats`]); after its drop flushes
+//! what is queued (bounded by the same timeout), what is unaccounted for was
+//! dropped from a full queue, and a warning says how many.
 //!
 //! Spans follow the OpenTelemetry semantic conventions for generative AI,
 //! version [`SEMCONV_VERSION`] (status: development).
@@ -20,7 +22,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use opentelemetry::propagation::TextMapCompositePropagator;
 use opentelemetry_otlp::WithExportConfig;
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
@@ -38,16 +39,57 @@ pub const QUEUE_SPANS: usize = 2048;
 /// What the exporter did so far.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct TraceStats {
+    /// Spans that ended (handed to the queue).
+    pub ended: u64,
     /// Spans the collector accepted.
     pub exported: u64,
     /// Spans whose export failed (collector down, timeout, refused).
     pub failed: u64,
 }
 
+impl TraceStats {
+    /// Spans neither exported nor failed: still queued, or — after the
+    /// final flush — dropped because the queue was full.
+    pub fn unaccounted(&self) -> u64 {
+        self.ended.saturating_sub(self.exported).saturating_sub(self.failed)
+    }
+}
+
 #[derive(Debug, Default)]
 struct Counters {
+    ended: AtomicU64,
     exported: AtomicU64,
     failed: AtomicU64,
+}
+
+/// The batch processor, counting the spans handed to it.
+#[derive(Debug)]
+struct Counted {
+    inner: BatchSpanProcessor,
+    counters: Arc<Counters>,
+}
+
+impl opentelemetry_sdk::trace::SpanProcessor for Counted {
+    fn on_start(&self, span: &mut opentelemetry_sdk::trace::Span, cx: &opentelemetry::Context) {
+        self.inner.on_start(span, cx);
+    }
+
+    fn on_end(&self, span: SpanData) {
+        self.counters.ended.fetch_add(1, Ordering::Relaxed);
+        self.inner.on_end(span);
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn set_resource(&mut self, resource: &opentelemetry_sdk::Resource) {
+        self.inner.set_resource(resource);
+    }
 }
 
 /// The OTLP exporter, counting what it exported and what it could not.
@@ -87,6 +129,7 @@ impl Tracing {
     /// What the exporter did so far.
     pub fn stats(&self) -> TraceStats {
         TraceStats {
+            ended: self.counters.ended.load(Ordering::Relaxed),
             exported: self.counters.exported.load(Ordering::Relaxed),
             failed: self.counters.failed.load(Ordering::Relaxed),
         }
@@ -106,12 +149,15 @@ impl Drop for Tracing {
         if let Err(e) = self.provider.shutdown_with_timeout(EXPORT_TIMEOUT) {
             log::debug!("trace shutdown: {e}");
         }
+        // Flushed and shut down: what is unaccounted for was dropped.
         let s = self.stats();
-        if s.failed > 0 {
+        if s.failed > 0 || s.unaccounted() > 0 {
             log::warn!(
-                "{} span(s) could not be exported to {} ({} exported)",
+                "{} span(s) could not be exported to {} and {} were dropped from a full \
+                 queue ({} exported)",
                 s.failed,
                 self.endpoint,
+                s.unaccounted(),
                 s.exported
             );
         }
@@ -152,7 +198,7 @@ pub fn init(endpoint: &str, service: &str) -> Option<Tracing> {
         }
     };
     let counters = Arc::new(Counters::default());
-    let processor =
+    let batch =
         BatchSpanProcessor::builder(Counting { inner: exporter, counters: counters.clone() })
             .with_batch_config(
                 BatchConfigBuilder::default()
@@ -161,14 +207,13 @@ pub fn init(endpoint: &str, service: &str) -> Option<Tracing> {
                     .build(),
             )
             .build();
+    let processor = Counted { inner: batch, counters: counters.clone() };
     let provider = SdkTracerProvider::builder()
         .with_span_processor(processor)
         .with_resource(opentelemetry_sdk::Resource::builder().with_service_name(service).build())
         .build();
     opentelemetry::global::set_tracer_provider(provider.clone());
-    opentelemetry::global::set_text_map_propagator(TextMapCompositePropagator::new(vec![
-        Box::new(TraceContextPropagator::new()),
-    ]));
+    opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
     Some(Tracing { provider, counters, endpoint })
 }
 

@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use retinue_core::{
-    BudgetLimit, BudgetStatus, Message, UnitChild, UnitState, UnitView, UsageTotals,
+    BudgetLimit, BudgetStatus, Message, UnitChild, UnitState, UnitView, UsageSoFar, UsageTotals,
 };
 use retinue_usage::fold_usage;
 
@@ -66,6 +66,8 @@ pub struct ChildNode {
     pub state: ChildState,
     /// What its runs cost (ledger rows billed for its session).
     pub cost: UsageTotals,
+    /// While it runs: its usage so far.
+    pub so_far: Option<UsageSoFar>,
     /// The units it spawned (an orchestrator).
     pub nested: Vec<UnitNode>,
 }
@@ -179,12 +181,18 @@ impl Builder<'_> {
             let own = self.costs.get(&c.child_session_id).copied().unwrap_or_default();
             let nested_cost = nested.iter().fold(UsageTotals::default(), |a, n| add(a, n.cost));
             cost = add(cost, add(own, nested_cost));
-            children.push(ChildNode {
-                state: child_state(&unit, c, ttl, self.now),
-                child: c.clone(),
-                cost: own,
-                nested,
+            let state = child_state(&unit, c, ttl, self.now);
+            let so_far = (state == ChildState::Running).then(|| {
+                UsageSoFar::of(
+                    &self
+                        .parts
+                        .backend
+                        .sessions
+                        .conversation(&c.child_session_id)
+                        .unwrap_or_default(),
+                )
             });
+            children.push(ChildNode { state, child: c.clone(), cost: own, so_far, nested });
         }
         let end = unit.completed_at.unwrap_or(self.now);
         Ok(UnitNode { elapsed_secs: (end - unit.dispatched_at).max(0.0), children, cost, unit })
@@ -287,15 +295,17 @@ pub fn child_page(parts: &WebParts, id: &str, now: f64) -> Result<Option<ChildPa
         }
     }
     let ttl = parts.retention.ttl_hours * 3600.0;
-    let child = ChildNode {
-        state: child_state(&unit, c, ttl, now),
-        cost: b.costs.get(&c.child_session_id).copied().unwrap_or_default(),
-        child: c.clone(),
-        nested: Vec::new(),
-    };
     let transcript = backend
         .sessions
         .conversation(&c.child_session_id)
         .map_err(|e| Error::Read(e.to_string()))?;
+    let state = child_state(&unit, c, ttl, now);
+    let child = ChildNode {
+        so_far: (state == ChildState::Running).then(|| UsageSoFar::of(&transcript)),
+        state,
+        cost: b.costs.get(&c.child_session_id).copied().unwrap_or_default(),
+        child: c.clone(),
+        nested: Vec::new(),
+    };
     Ok(Some(ChildPage { unit, child, transcript }))
 }

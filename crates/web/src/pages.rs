@@ -5,7 +5,7 @@
 
 use maud::{DOCTYPE, Markup, html};
 use percent_encoding::{NON_ALPHANUMERIC, utf8_percent_encode};
-use retinue_core::{BudgetStatus, Message, UsageTotals, iso8601};
+use retinue_core::{BudgetStatus, Message, UsageSoFar, UsageTotals, iso8601};
 use serde_json::Value;
 
 use crate::model::{ChildNode, ChildPage, ChildState, LineageNode, Tree, UnitNode};
@@ -104,6 +104,15 @@ fn budget_bar(b: &BudgetStatus) -> Markup {
     }
 }
 
+fn so_far(s: &UsageSoFar) -> Markup {
+    html! {
+        span.sofar {
+            "so far: " (s.api_calls) " call(s), " (s.output_tokens) " tok out, " (s.tool_calls) " tool call(s)"
+            @if let Some(t) = &s.last_tool { ", last " (t) }
+        }
+    }
+}
+
 fn child_row(c: &ChildNode) -> Markup {
     let ch = &c.child;
     html! {
@@ -115,6 +124,7 @@ fn child_row(c: &ChildNode) -> Markup {
                 @if let Some(r) = &ch.role { span.role { (r) } }
                 @for t in &ch.toolsets { span.toolset { (t) } }
                 span.cost { (usd(c.cost.cost_usd)) " · " (tokens(&c.cost)) }
+                @if let Some(s) = &c.so_far { (so_far(s)) }
             }
             @if let Some(goal) = &ch.goal { div.goal { (clip(goal, 240)) } }
             @if !c.nested.is_empty() {
@@ -240,6 +250,7 @@ pub(crate) fn child_fragment(page: &ChildPage) -> Markup {
                 @if let Some(m) = &c.child.model { dt { "model" } dd { (m) } }
                 dt { "toolsets" } dd { (c.child.toolsets.join(", ")) }
                 dt { "cost" } dd { (usd(c.cost.cost_usd)) " · " (tokens(&c.cost)) }
+                @if let Some(s) = &c.so_far { dt { "running" } dd { (so_far(s)) } }
                 @if let ChildState::Tombstoned { at, reason } = &c.state {
                     dt { "tombstoned" } dd { (iso8601(*at)) " (" (reason) ")" }
                 }

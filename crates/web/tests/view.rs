@@ -159,6 +159,16 @@ fn the_tree_shows_lineages_nested_units_states_and_cost() {
     bill(&store, "root", "child-a", 0.25);
     // An orchestrator child spawned a unit of its own, still running.
     let nested = unit(&store, "child-a", "sa-0-bbbbbbbb", "grandchild", "Dig deeper", "");
+    say(
+        &store,
+        "grandchild",
+        Message { role: "assistant".into(), token_count: Some(42), ..Message::default() },
+    );
+    say(
+        &store,
+        "grandchild",
+        Message { role: "tool".into(), tool_name: Some("read_file".into()), ..Message::default() },
+    );
     bill(&store, "child-a", "grandchild", 0.125);
     // The continuation's own unit; another profile's is never shown.
     let later = unit(&store, "root-2", "sa-0-cccccccc", "child-c", "Later work", "");
@@ -183,6 +193,11 @@ fn the_tree_shows_lineages_nested_units_states_and_cost() {
     assert!(body.contains("unit $0.3750"), "{body}");
     assert!(body.contains("<meter"), "the budget bar");
     assert!(body.contains(">2</span> running"), "{body}");
+    // The running grandchild's usage so far, from its transcript.
+    assert!(
+        body.contains("so far: 1 call(s), 42 tok out, 1 tool call(s), last read_file"),
+        "{body}"
+    );
 }
 
 #[test]
