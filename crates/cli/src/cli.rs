@@ -348,24 +348,18 @@ mod tests {
     }
 }
 
-/// `--http ADDR`: an IP socket address, or `localhost:PORT` (127.0.0.1).
-/// Any socket address, or `localhost:PORT` (the command decides what it
-/// accepts).
+/// `serve --http ADDR`: any IP socket address, or `localhost:PORT`
+/// (127.0.0.1); the command decides what it accepts.
 fn any_addr(text: &str) -> Result<std::net::SocketAddr, String> {
-    let text = text.trim();
-    if let Ok(addr) = text.parse::<std::net::SocketAddr>() {
-        return Ok(addr);
-    }
-    match text.rsplit_once(':') {
-        Some((host, port)) if host.eq_ignore_ascii_case("localhost") => port
-            .parse::<u16>()
-            .map(|p| std::net::SocketAddr::from(([127, 0, 0, 1], p)))
-            .map_err(|_| format!("`{port}` is not a port number")),
-        _ => Err(format!("`{text}` is not an address: use IP:PORT or localhost:PORT")),
-    }
+    parse_addr(text, "an address: use IP:PORT or localhost:PORT")
 }
 
+/// `mcp --http ADDR`: an IP socket address, or `localhost:PORT` (127.0.0.1).
 fn loopback_addr(text: &str) -> Result<std::net::SocketAddr, String> {
+    parse_addr(text, "a loopback address: use 127.0.0.1:PORT, [::1]:PORT or localhost:PORT")
+}
+
+fn parse_addr(text: &str, what: &str) -> Result<std::net::SocketAddr, String> {
     let text = text.trim();
     if let Ok(addr) = text.parse::<std::net::SocketAddr>() {
         return Ok(addr);
@@ -375,9 +369,7 @@ fn loopback_addr(text: &str) -> Result<std::net::SocketAddr, String> {
             .parse::<u16>()
             .map(|p| std::net::SocketAddr::from(([127, 0, 0, 1], p)))
             .map_err(|_| format!("`{port}` is not a port number")),
-        _ => Err(format!(
-            "`{text}` is not a loopback address: use 127.0.0.1:PORT, [::1]:PORT or localhost:PORT"
-        )),
+        _ => Err(format!("`{text}` is not {what}")),
     }
 }
 
