@@ -27,7 +27,8 @@ pub(crate) fn status_line(child: &UnitChild, elapsed_secs: f64, turns: &[Message
     if let Some(tool) = so_far.last_tool {
         line.push_str(&format!(" · last tool {tool}"));
     }
-    line
+    // Names come from the model: no escape sequence reaches the terminal.
+    line.chars().map(|c| if c.is_control() { '?' } else { c }).collect()
 }
 
 /// The live lines of one `retinue delegate` run, stopped on drop.
@@ -138,5 +139,7 @@ mod tests {
             "sa-0-1234abcd gpt-4.1   3.2s 32 tok 3 call(s) · last tool read_file"
         );
         assert_eq!(status_line(&child, -1.0, &[]), "sa-0-1234abcd gpt-4.1   0.0s 0 tok 0 call(s)");
+        let hostile = [turn("tool", None, Some("x\u{1b}]0;pwned\u{7}"))];
+        assert!(!status_line(&child, 0.0, &hostile).chars().any(char::is_control));
     }
 }

@@ -36,11 +36,27 @@ pub(crate) fn run(
              pass --allow-remote (a token is then required) to serve it beyond this machine"
         )));
     }
+    let usable = |t: &str| {
+        !t.is_empty() && t.chars().all(|c| c.is_ascii_alphanumeric() || "-._~".contains(c))
+    };
+    if let Some(t) = token
+        && !usable(t)
+    {
+        return Err(CliError::Usage(
+            "--token may hold only letters, digits and - . _ ~ (it goes in a URL and a cookie)"
+                .to_owned(),
+        ));
+    }
     let token = if allow_remote {
         Some(match token {
             Some(t) => t.to_owned(),
             None => match std::env::var("RETINUE_WEB_TOKEN") {
-                Ok(t) if !t.trim().is_empty() => t.trim().to_owned(),
+                Ok(t) if usable(t.trim()) => t.trim().to_owned(),
+                Ok(t) if !t.trim().is_empty() => {
+                    return Err(CliError::Usage(
+                        "RETINUE_WEB_TOKEN may hold only letters, digits and - . _ ~".to_owned(),
+                    ));
+                }
                 _ => random_token()?,
             },
         })

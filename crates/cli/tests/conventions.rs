@@ -31,6 +31,9 @@ fn serve_refuses_a_non_loopback_address_without_allow_remote() {
     assert_eq!(code, 2, "--token needs --allow-remote: {err}");
     let (code, _, err) = run(&["serve", "--http", "nowhere"]);
     assert_eq!(code, 2, "{err}");
+    let (code, _, err) =
+        run(&["serve", "--http", "127.0.0.1:0", "--allow-remote", "--token", "a;b c"]);
+    assert_eq!(code, 2, "a token that cannot go in a URL or a cookie: {err}");
     // Nothing to show yet: a home without a database is not found (exit 4).
     let (code, _, err) = run(&["serve", "--http", "127.0.0.1:0"]);
     assert_eq!(code, 4, "{err}");

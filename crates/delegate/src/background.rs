@@ -14,6 +14,7 @@
 //! attached to the next tool result). Every id is authority-checked like a
 //! follow-up; a foreign id answers exactly as a missing one.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -47,6 +48,13 @@ pub(crate) struct Watch {
     children: Vec<ChildHandle>,
     cancel: CancelToken,
     missed: Arc<Mutex<Vec<(String, String)>>>,
+    /// Steers taken for a child that has not started (a queued unit, a
+    /// batch child waiting for a worker): retried each poll, settled
+    /// `missed` only when the children have ended.
+    held: Arc<Mutex<Vec<Control>>>,
+    /// Set once the children have returned: a control taken from then on
+    /// finds them ended.
+    ending: Arc<AtomicBool>,
     stop: Option<mpsc::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -65,6 +73,8 @@ impl Watch {
             children: planned.iter().map(|p| ChildHandle::of(&p.spec)).collect(),
             cancel: cancel.clone(),
             missed: Arc::default(),
+            held: Arc::default(),
+            ending: Arc::default(),
             stop: None,
             thread: None,
         };
@@ -96,37 +106,52 @@ impl Watch {
             children: self.children.clone(),
             cancel: self.cancel.clone(),
             missed: Arc::clone(&self.missed),
+            held: Arc::clone(&self.held),
+            ending: Arc::clone(&self.ending),
             stop: None,
             thread: None,
         }
     }
 
-    /// Takes the pending controls and acts on them; `ended`: the children
-    /// have finished, so every steer is missed and a cancel is moot.
+    /// Retries the held steers, takes the pending controls and acts on
+    /// them; `ended`: the children have finished, so every steer is missed
+    /// and a cancel is moot.
     fn poll_once(&self, ended: bool) {
+        let ended = ended || self.ending.load(Ordering::SeqCst);
         let controls = &self.inner.parts.backend.controls;
+        let held = std::mem::take(&mut *self.held.lock().unwrap_or_else(PoisonError::into_inner));
         let taken = match controls.take_controls(&self.delegation_id) {
             Ok(t) => t,
             Err(e) => {
                 log::debug!("unit {}: controls not read: {e}", self.delegation_id);
-                return;
+                Vec::new()
             }
         };
-        for control in taken {
-            let outcome = self.act(&control, ended);
-            if let Err(e) = controls.settle_control(control.id, outcome) {
-                log::warn!("unit {}: control {} not settled: {e}", self.delegation_id, control.id);
+        for control in held.into_iter().chain(taken) {
+            match self.act(&control, ended) {
+                Some(outcome) => {
+                    if let Err(e) = controls.settle_control(control.id, outcome) {
+                        log::warn!(
+                            "unit {}: control {} not settled: {e}",
+                            self.delegation_id,
+                            control.id
+                        );
+                    }
+                }
+                None => self.held.lock().unwrap_or_else(PoisonError::into_inner).push(control),
             }
         }
     }
 
-    fn act(&self, control: &Control, ended: bool) -> ControlOutcome {
+    /// What became of a control; `None`: a steer its child cannot take yet
+    /// (held, and tried again).
+    fn act(&self, control: &Control, ended: bool) -> Option<ControlOutcome> {
         match control.kind {
-            ControlKind::Cancel if ended => ControlOutcome::Missed,
+            ControlKind::Cancel if ended => Some(ControlOutcome::Missed),
             ControlKind::Cancel => {
                 log::info!("unit {}: cancelled by its parent", self.delegation_id);
                 self.cancel.cancel_requested();
-                ControlOutcome::Delivered
+                Some(ControlOutcome::Delivered)
             }
             ControlKind::Steer => {
                 let message = control.message.clone().unwrap_or_default();
@@ -135,15 +160,17 @@ impl Watch {
                     None if self.children.len() == 1 => self.children.first(),
                     None => None,
                 };
-                let Some(child) = child else { return ControlOutcome::Missed };
+                let Some(child) = child else { return Some(ControlOutcome::Missed) };
                 if !ended && self.inner.parts.runtime.steer(child, &message) {
-                    ControlOutcome::Delivered
+                    Some(ControlOutcome::Delivered)
+                } else if !ended {
+                    None
                 } else {
                     self.missed
                         .lock()
                         .unwrap_or_else(PoisonError::into_inner)
                         .push((child.subagent_id.clone(), message));
-                    ControlOutcome::Missed
+                    Some(ControlOutcome::Missed)
                 }
             }
         }
@@ -152,6 +179,7 @@ impl Watch {
     /// Stops watching, settles what arrived too late as missed, and adds
     /// the missed steers to the children's reports.
     pub(crate) fn finish(mut self, mut results: Vec<ChildReport>) -> Vec<ChildReport> {
+        self.ending.store(true, Ordering::SeqCst);
         drop(self.stop.take());
         if let Some(h) = self.thread.take()
             && h.join().is_err()
@@ -455,6 +483,9 @@ impl Collector {
         }
         let mut timed_out = false;
         let mut entries = Vec::with_capacity(ids.len());
+        // A cancelled wait (its caller gave up) consumes nothing: its answer
+        // may never be read.
+        let peek = peek || cancel.is_cancelled();
         for (view, id) in views.into_iter().zip(ids) {
             let state = match &view {
                 None => WaitState::NotFound,
@@ -505,6 +536,16 @@ impl Collector {
     /// and acknowledged here (exactly once across processes): the inbox a
     /// tool result carries.
     pub fn take_inbox(&self, parent: &ParentContext) -> Vec<WaitEntry> {
+        let claimed = self.claim_inbox(parent);
+        self.ack_inbox(claimed)
+    }
+
+    /// The inbox's first half: claims `parent`'s undelivered completions
+    /// (each with its lease) without acknowledging them. A claim whose unit
+    /// this parent may not read is left to lapse, never consumed. Hand the
+    /// result to [`Collector::ack_inbox`] once the answer that carries them
+    /// goes out; claims never acknowledged come back after their lease.
+    pub fn claim_inbox(&self, parent: &ParentContext) -> Vec<(WaitEntry, String)> {
         let Some(session) = parent.session_id.as_deref().map(str::trim).filter(|s| !s.is_empty())
         else {
             return Vec::new();
@@ -515,6 +556,7 @@ impl Collector {
             ..DeliveryFilter::default()
         };
         let mut out = Vec::new();
+        let mut seen = std::collections::HashSet::new();
         // Bounded: a flood of completions is handed out over several calls.
         for _ in 0..32 {
             let claim = match registry.claim_delivery(&filter) {
@@ -525,15 +567,42 @@ impl Collector {
                     break;
                 }
             };
-            let id = claim.delegation_id.clone();
-            let unit = self.unit(&id, parent).ok();
-            match registry.ack_delivery(&id, &claim.token) {
-                Ok(true) => out.push(WaitEntry { id, state: WaitState::Delivered, unit }),
-                Ok(false) => {}
-                Err(e) => log::warn!("delivery of {id} not acknowledged: {e}"),
+            if !seen.insert(claim.delegation_id.clone()) {
+                break;
+            }
+            match self.unit(&claim.delegation_id, parent) {
+                Ok(unit) => out.push((
+                    WaitEntry {
+                        id: claim.delegation_id.clone(),
+                        state: WaitState::Delivered,
+                        unit: Some(unit),
+                    },
+                    claim.token,
+                )),
+                Err(_) => log::debug!(
+                    "inbox: {} is not {session}'s to read; its claim lapses",
+                    claim.delegation_id
+                ),
             }
         }
         out
+    }
+
+    /// The inbox's second half: acknowledges the claims; returns the
+    /// entries whose claim still held (each delivered exactly once).
+    pub fn ack_inbox(&self, claimed: Vec<(WaitEntry, String)>) -> Vec<WaitEntry> {
+        let registry = &self.backend.registry;
+        claimed
+            .into_iter()
+            .filter_map(|(entry, token)| match registry.ack_delivery(&entry.id, &token) {
+                Ok(true) => Some(entry),
+                Ok(false) => None,
+                Err(e) => {
+                    log::warn!("delivery of {} not acknowledged: {e}", entry.id);
+                    None
+                }
+            })
+            .collect()
     }
 
     /// Sends `message` to the running child `id` (a subagent id, child
@@ -634,6 +703,22 @@ impl Collector {
             }
             std::thread::sleep(poll());
         }
+        if outcome == ControlOutcome::Delivered
+            && !matches!(
+                state,
+                UnitState::Interrupted
+                    | UnitState::Pending
+                    | UnitState::Running
+                    | UnitState::Finalizing
+            )
+        {
+            // The children had returned before the cancel reached them.
+            return Err(DelegateError::Finished {
+                target: id.trim().to_owned(),
+                state: state.as_str().to_owned(),
+                action: "cancel",
+            });
+        }
         Ok(CancelReport { delegation_id: view.delegation_id, outcome, state })
     }
 
@@ -656,8 +741,10 @@ impl Collector {
             if matches!(outcome, ControlOutcome::Delivered | ControlOutcome::Missed) {
                 return Ok(outcome);
             }
+            // A read error is not "finished": only a unit seen finished has
+            // had its worker's last take (before its completion was written).
             let finished =
-                self.unit(delegation_id, parent).map(|v| v.is_finished()).unwrap_or(true);
+                self.unit(delegation_id, parent).map(|v| v.is_finished()).unwrap_or(false);
             if finished && outcome == ControlOutcome::Pending {
                 // Nobody will take it now: settle it missed (unless the
                 // worker took it in the meantime).

@@ -1809,6 +1809,39 @@ mod background_units {
     }
 
     #[test]
+    fn a_cancelled_wait_consumes_nothing() {
+        let (_fx, tool) = fixture(Script::default(), DelegationConfig::default());
+        let out = dispatch(&tool, "quick", "P");
+        tool.wait_background();
+        let c = tool.collector();
+        let gave_up = CancelToken::new();
+        gave_up.cancel();
+        let r = c.wait(&ids(&out), &bg("P"), Duration::from_secs(5), false, &gave_up).expect("w");
+        assert_eq!(r.entries[0].state, WaitState::Peeked, "its caller gave up: nothing consumed");
+        let r = c
+            .wait(&ids(&out), &bg("P"), Duration::from_secs(5), false, &CancelToken::new())
+            .expect("wait");
+        assert_eq!(r.entries[0].state, WaitState::Delivered, "still there for the next wait");
+    }
+
+    #[test]
+    fn an_inbox_claim_never_acknowledged_comes_back() {
+        let (fx, tool) = fixture(Script::default(), DelegationConfig::default());
+        let out = dispatch(&tool, "claimed", "P");
+        tool.wait_background();
+        let c = tool.collector();
+        let claimed = c.claim_inbox(&bg("P"));
+        assert_eq!(claimed.len(), 1);
+        // The answer that carried it never went out (a cancelled call).
+        drop(claimed);
+        assert!(c.take_inbox(&bg("P")).is_empty(), "leased, not yet back");
+        fx.clock.advance(retinue_core::LEASE_SECS + 1.0);
+        let again = c.take_inbox(&bg("P"));
+        assert_eq!(again.iter().map(|e| e.id.clone()).collect::<Vec<_>>(), ids(&out));
+        assert!(c.take_inbox(&bg("P")).is_empty(), "and then once only");
+    }
+
+    #[test]
     fn a_wait_that_times_out_names_what_still_runs() {
         let (_fx, tool) = fixture(slow(), DelegationConfig::default());
         let out = dispatch(&tool, "slow", "P");

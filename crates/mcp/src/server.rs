@@ -52,7 +52,7 @@ struct Shared {
     /// The cancel tokens of background units this server started: a server
     /// that stops stops them (they end `interrupted`, their results wait in
     /// the registry), instead of outliving its host.
-    background: Mutex<Vec<CancelToken>>,
+    background: Mutex<HashMap<String, CancelToken>>,
 }
 
 /// The MCP server acting as one parent session. Cheap to clone (the HTTP
@@ -129,7 +129,7 @@ impl RetinueServer {
                 running: Mutex::new(HashMap::new()),
                 next_call: AtomicU64::new(0),
                 collector,
-                background: Mutex::new(Vec::new()),
+                background: Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -171,7 +171,7 @@ impl RetinueServer {
             token.cancel();
         }
         let background = self.shared.background.lock().unwrap_or_else(PoisonError::into_inner);
-        for token in background.iter() {
+        for token in background.values() {
             token.cancel();
         }
     }
@@ -299,13 +299,12 @@ impl RetinueServer {
         };
         match joined {
             Ok(Ok(DelegateOutcome::Dispatched(d))) => {
-                {
-                    let mut bg =
-                        self.shared.background.lock().unwrap_or_else(PoisonError::into_inner);
-                    // Tokens of finished units go (their units ignore a cancel).
-                    bg.retain(|t| !t.is_cancelled());
-                    bg.push(cancel.clone());
-                }
+                // Forgotten when the unit finishes (`announce_when_done`).
+                self.shared
+                    .background
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .insert(d.delegation_id.clone(), cancel.clone());
                 self.announce_when_done(&d.delegation_id, context.peer.clone());
                 if as_task {
                     let view =
@@ -345,6 +344,7 @@ impl RetinueServer {
     #[allow(deprecated)]
     fn announce_when_done(&self, id: &str, peer: Peer<RoleServer>) {
         let (collector, parent, id) = (self.shared.collector.clone(), self.parent(), id.to_owned());
+        let shared = self.shared.clone();
         let poll = Duration::from_millis(retinue_core::CONTROL_POLL_MS * 5);
         tokio::spawn(async move {
             loop {
@@ -355,6 +355,7 @@ impl RetinueServer {
                 if !view.is_finished() {
                     continue;
                 }
+                shared.background.lock().unwrap_or_else(PoisonError::into_inner).remove(&id);
                 let data = serde_json::json!({
                     "type": "subagent_finished",
                     "delegation_id": view.delegation_id,
@@ -409,15 +410,31 @@ impl RetinueServer {
     }
 
     /// Background results of this session not delivered yet, claimed now
-    /// (exactly once), to attach to a tool result.
-    async fn take_inbox(&self) -> Vec<Value> {
+    /// (not acknowledged: see [`RetinueServer::ack_inbox`]).
+    async fn claim_inbox(&self) -> Vec<(retinue_delegate::WaitEntry, String)> {
         let (collector, parent) = (self.shared.collector.clone(), self.parent());
+        tokio::task::spawn_blocking(move || collector.claim_inbox(&parent))
+            .await
+            .unwrap_or_default()
+    }
+
+    /// Acknowledges claimed results as the answer that carries them goes
+    /// out; a cancelled call's claims are left to lapse (redelivered later).
+    async fn ack_inbox(
+        &self,
+        claimed: Vec<(retinue_delegate::WaitEntry, String)>,
+        cancelled: bool,
+    ) -> Vec<Value> {
+        if claimed.is_empty() || cancelled {
+            return Vec::new();
+        }
+        let collector = self.shared.collector.clone();
         tokio::task::spawn_blocking(move || {
             let now = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_secs_f64())
                 .unwrap_or(0.0);
-            collector.take_inbox(&parent).iter().map(|e| e.to_json(now)).collect()
+            collector.ack_inbox(claimed).iter().map(|e| e.to_json(now)).collect()
         })
         .await
         .unwrap_or_default()
@@ -508,7 +525,7 @@ impl ServerHandler for RetinueServer {
         let early = if name == tools::WAIT_SUBAGENTS || as_task {
             Vec::new()
         } else {
-            self.take_inbox().await
+            self.claim_inbox().await
         };
         let response = match name {
             tools::DELEGATE_TASK => self.delegate_task(args, progress, &context, as_task).await,
@@ -517,10 +534,13 @@ impl ServerHandler for RetinueServer {
             }
             _ => self.registry_tool(name, args).await.into(),
         };
-        let late = if name == tools::WAIT_SUBAGENTS { self.take_inbox().await } else { Vec::new() };
+        let late =
+            if name == tools::WAIT_SUBAGENTS { self.claim_inbox().await } else { Vec::new() };
+        let cancelled = context.ct.is_cancelled();
         Ok(match response {
             CallToolResponse::Complete(mut result) => {
-                attach_inbox(&mut result, [early, late].concat());
+                let delivered = self.ack_inbox([early, late].concat(), cancelled).await;
+                attach_inbox(&mut result, delivered);
                 CallToolResponse::Complete(result)
             }
             other => other,

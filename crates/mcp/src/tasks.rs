@@ -126,7 +126,15 @@ pub(crate) fn cancel(
     id: &str,
 ) -> Result<(), McpError> {
     match collector.cancel_unit(id, parent) {
-        Ok(_) => Ok(()),
+        Ok(r) if r.outcome == ControlOutcome::Delivered => Ok(()),
+        Ok(_) => Err(McpError::internal_error(
+            format!(
+                "no worker took the cancel of task '{}' within 10 s; its worker may be gone \
+                 (the next tasks/get recovers it)",
+                id.trim()
+            ),
+            None,
+        )),
         Err(DelegateError::NotAddressable { .. }) => Err(unknown_task(id)),
         Err(e) => Err(McpError::invalid_params(e.to_string(), None)),
     }

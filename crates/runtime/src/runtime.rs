@@ -619,6 +619,9 @@ impl Run<'_> {
         };
         let one = |call: &crate::client::ToolCall| -> String {
             let span = crate::spans::tool(&parent, &call.name, &call.id);
+            // Current on this (possibly pooled) thread: a nested
+            // delegate_task nests under the tool call.
+            let _attached = span.clone().attach();
             let out = one_call(call);
             crate::spans::tool_done(&span, &out);
             out

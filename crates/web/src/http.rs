@@ -100,7 +100,9 @@ pub(crate) async fn handle<B>(site: Arc<Site>, req: Request<B>) -> Response<Full
             // Remember it in a cookie and drop it from the address bar.
             let mut r = respond(StatusCode::SEE_OTHER, "text/plain", "");
             let cookie = format!("{TOKEN_COOKIE}={token}; HttpOnly; SameSite=Strict; Path=/");
-            if let (Ok(c), Ok(l)) = (HeaderValue::from_str(&cookie), HeaderValue::from_str(&path)) {
+            // Same origin only: `//host/…` would leave the site.
+            let here = format!("/{}", path.trim_start_matches('/'));
+            if let (Ok(c), Ok(l)) = (HeaderValue::from_str(&cookie), HeaderValue::from_str(&here)) {
                 r.headers_mut().insert("set-cookie", c);
                 r.headers_mut().insert("location", l);
             }
