@@ -107,6 +107,7 @@ const RETINUE_TABLES: &[&str] = &[
     "retinue_budget_reservations",
     "retinue_children",
     "retinue_clock_guard",
+    "retinue_unit_controls",
     "retinue_unit_tombstones",
     "retinue_usage_columns",
     "retinue_usage_keys",
