@@ -6,6 +6,7 @@
 //! Python MCP SDK, rustdoc with warnings denied, `tidy`, and
 //! a `--quick` smoke run of the benchmark (no timing asserted).
 
+mod bench;
 mod interop;
 mod mcp_e2e;
 mod pg;
@@ -36,8 +37,11 @@ tasks:
   mcp-e2e `retinue mcp` driven by the official Python MCP SDK (pip-installs `mcp` into target/)
   reliability  kill -9, contention and lineage-oracle harnesses (--full: release, full size;
                --backend pg: the PostgreSQL contention and killed-host harness)
-  bench   the registry benchmark, then the child runtime's (pass --quick for a smoke run,
-          --json FILE to save the registry figures; --backend pg: the PostgreSQL rows)
+  bench   the registry benchmark on SQLite and PostgreSQL (a throwaway cluster), writing
+          docs/benchmarks.json and its block in docs/benchmarks.md; then the child runtime's
+          and the tools' (--quick: a smoke run, its report in target/bench/ checked against
+          docs/'s shape; --only/--n: a partial SQLite run, no report; --backend pg [--scale]
+          [--explain FILE]: the PostgreSQL rows alone)
 ";
 
 fn root() -> PathBuf {
@@ -152,42 +156,6 @@ fn dist() -> Result<(), String> {
     Ok(())
 }
 
-fn bench(args: &[String]) -> Result<(), String> {
-    // `--backend pg`: the PostgreSQL rows, against RETINUE_PG_URL or a throwaway cluster.
-    if let Some(at) = args.windows(2).position(|w| w[0] == "--backend" && w[1] == "pg") {
-        let rest: Vec<&String> = args
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| *i != at && *i != at + 1)
-            .map(|(_, a)| a)
-            .collect();
-        let (url, _cluster) = pg::for_tests(&root())?;
-        return run(cargo()
-            .args(["run", "--release", "--locked", "-p", "retinue-store-pg", "--example", "bench"])
-            .arg("--")
-            .args(rest)
-            .env(pg::URL_VAR, &url));
-    }
-    let mut cmd = cargo();
-    cmd.args(["run", "--release", "--locked", "-p", "retinue-bench", "--"]).args(args);
-    run(&mut cmd)?;
-    // The child runtime against the fake model server: overhead per model
-    // call next to a bare HTTP request, and 32 children at once.
-    let quick: Vec<&String> = args.iter().filter(|a| *a == "--quick").collect();
-    let mut runtime = cargo();
-    runtime
-        .args(["run", "--release", "--locked", "-p", "retinue-bench", "--example", "runtime", "--"])
-        .args(quick.clone());
-    run(&mut runtime)?;
-    // The children's tools: read_file against a bare read, the sandboxed
-    // terminal against a bare spawn.
-    let mut tools = cargo();
-    tools
-        .args(["run", "--release", "--locked", "-p", "retinue-bench", "--example", "tools", "--"])
-        .args(quick);
-    run(&mut tools)
-}
-
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
@@ -199,7 +167,7 @@ fn main() -> ExitCode {
             .and_then(|()| doc())
             .and_then(|()| tidy::run(&root()))
             // A smoke run of the benchmark (small N): it must build and run; no timing is asserted.
-            .and_then(|()| bench(&["--quick".to_owned()])),
+            .and_then(|()| bench::bench(&["--quick".to_owned()])),
         Some("fmt") => fmt(),
         Some("lint") => lint(),
         Some("test") => test(&args[1..]),
@@ -207,7 +175,7 @@ fn main() -> ExitCode {
         Some("tidy") => tidy::run(&root()),
         Some("interop") => interop::run(&root()),
         Some("mcp-e2e") => mcp_e2e::run(&root()),
-        Some("bench") => bench(&args[1..]),
+        Some("bench") => bench::bench(&args[1..]),
         Some("pg-start") => pg::pg_start(&root(), &args[1..]),
         Some("pg-stop") => pg::pg_stop(&root()),
         Some("reliability") => reliability::run(&root(), &args[1..]),

@@ -105,6 +105,9 @@ pub(crate) fn run(root: &Path) -> Result<(), String> {
     check_graph(root, &mut problems);
     check_engine_free(root, &mut problems);
     crate::seams::check(root, &mut problems);
+    if let Err(e) = crate::bench::check_docs(root) {
+        problems.push(e);
+    }
     if problems.is_empty() {
         eprintln!("tidy: ok");
         Ok(())

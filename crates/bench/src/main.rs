@@ -509,7 +509,7 @@ fn main() -> std::process::ExitCode {
             .iter()
             .map(|f| json!({"n": f.n, "op": f.op, "median_us": f.median_us, "p90_us": f.p90_us, "limit_median_us": f.limit_median_us}))
             .collect();
-        let doc = json!({"quick": quick, "figures": figures});
+        let doc = json!({"backend": "sqlite", "quick": quick, "figures": figures});
         if let Err(e) =
             std::fs::write(&file, serde_json::to_string_pretty(&doc).unwrap_or_default())
         {

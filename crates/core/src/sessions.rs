@@ -30,6 +30,28 @@ pub trait SessionGraph: Send + Sync {
         let _ = (id, max_hops);
         Ok(None)
     }
+
+    /// The union of the [`neighbourhood`](SessionGraph::neighbourhood)s of
+    /// every id in `ids`, for a caller about to walk several roots at once
+    /// (a scoped listing walks each listed spawner and the requester). An
+    /// implementation that can should read them in one round trip, on one
+    /// snapshot; the default asks for each in turn. `None` when the
+    /// implementation cannot prefetch one of them.
+    #[allow(clippy::needless_lifetimes)] // mockall needs the lifetime named
+    fn neighbourhoods<'a>(
+        &self,
+        ids: &[&'a str],
+        max_hops: usize,
+    ) -> Result<Option<Vec<SessionRow>>> {
+        let mut all = Vec::new();
+        for id in ids {
+            match self.neighbourhood(id, max_hops)? {
+                Some(rows) => all.extend(rows),
+                None => return Ok(None),
+            }
+        }
+        Ok(Some(all))
+    }
 }
 
 /// Sessions and transcripts: child sessions go only through this seam, so

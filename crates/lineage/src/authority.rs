@@ -61,6 +61,27 @@ pub(crate) struct RootMemo {
 }
 
 impl RootMemo {
+    /// Computes the roots of `ids` not yet known from one batched read of
+    /// their neighbourhoods, when the graph can (else nothing: each is then
+    /// walked on its own when asked for).
+    pub(crate) fn prefetch(&mut self, graph: &dyn SessionGraph, ids: &[&str]) {
+        let mut todo: Vec<&str> = Vec::new();
+        for id in ids {
+            let id = id.trim();
+            if !id.is_empty() && !self.roots.contains_key(id) && !todo.contains(&id) {
+                todo.push(id);
+            }
+        }
+        if todo.len() < 2 {
+            return;
+        }
+        if let Some(answers) = crate::root::roots_of(graph, &todo) {
+            for (id, answer) in todo.into_iter().zip(answers) {
+                self.roots.insert(id.to_owned(), answer);
+            }
+        }
+    }
+
     pub(crate) fn root(&mut self, graph: &dyn SessionGraph, id: &str) -> Result<String, RootError> {
         self.roots.entry(id.trim().to_owned()).or_insert_with(|| root(graph, id)).clone()
     }
@@ -115,6 +136,8 @@ pub(crate) fn check_with(
     let Some(requester) = requester.map(str::trim).filter(|r| !r.is_empty()) else {
         return deny(LineageCause::NoRequester);
     };
+    // Both walks from one read when the graph can batch them.
+    memo.prefetch(graph, &[&entry.parent_session_id, requester]);
     let owner_root = match memo.root(graph, &entry.parent_session_id) {
         Ok(r) => r,
         Err(e) => return deny(LineageCause::OwnerRoot(e)),

@@ -135,6 +135,41 @@ pub fn lineage_chain(graph: &dyn SessionGraph, session_id: &str) -> Result<Vec<S
     }
 }
 
+/// The roots of several sessions from one read of their neighbourhoods
+/// ([`SessionGraph::neighbourhoods`]): `None` when the graph cannot
+/// prefetch them or the read failed (callers then walk each on its own,
+/// which reports the storage error per session). Each answer is exactly
+/// what [`root`] would give on a graph holding the same rows: a walk reads
+/// only its own start's ancestors and their parents' children, which the
+/// union holds whole.
+pub(crate) fn roots_of(graph: &dyn SessionGraph, ids: &[&str]) -> Option<Vec<RootAnswer>> {
+    let starts: Vec<&str> = ids.iter().map(|id| id.trim()).collect();
+    let rows = match graph.neighbourhoods(&starts, MAX_HOPS + 1) {
+        Ok(Some(rows)) => rows,
+        Ok(None) => return None,
+        Err(e) => {
+            log::debug!("batched neighbourhood read failed, walking one by one: {e}");
+            return None;
+        }
+    };
+    let snapshot = Snapshot::new(rows);
+    Some(
+        starts
+            .iter()
+            .map(|start| {
+                if start.is_empty() {
+                    return Err(RootError::NoSession);
+                }
+                let mut chain = walk(&snapshot, start)?;
+                chain.pop().ok_or(RootError::NoSession)
+            })
+            .collect(),
+    )
+}
+
+/// One session's root, or why it has none.
+pub(crate) type RootAnswer = Result<String, RootError>;
+
 /// An in-memory copy of the rows a walk may read (from
 /// [`SessionGraph::neighbourhood`]); rows it lacks read as missing, exactly
 /// as the store would answer for them.

@@ -5,7 +5,7 @@ use retinue_core::{
     Lookup, RegistryRead, RetainedChild, SessionGraph, TombstoneReason, Unaddressable,
 };
 
-use crate::authority::{Denial, RootMemo, check_with};
+use crate::authority::{Denial, RootMemo, check_profile, check_with, is_self};
 
 /// What a requester may learn about an id (the tool path of semantics §6.3).
 #[derive(Debug, Clone, PartialEq)]
@@ -38,8 +38,20 @@ pub fn list_for(
     current_profile: &str,
 ) -> retinue_core::Result<Vec<RetainedChild>> {
     let mut memo = RootMemo::default();
-    Ok(registry
-        .list_retained_children()?
+    let entries = registry.list_retained_children()?;
+    // Every root this listing may need, read in one batch: the requester's
+    // and each spawner of an entry that passes the profile and self checks.
+    if let Some(req) = requester.map(str::trim).filter(|r| !r.is_empty()) {
+        let mut ids: Vec<&str> = vec![req];
+        ids.extend(
+            entries
+                .iter()
+                .filter(|e| check_profile(e, current_profile).is_ok() && !is_self(e, requester))
+                .map(|e| e.parent_session_id.as_str()),
+        );
+        memo.prefetch(graph, &ids);
+    }
+    Ok(entries
         .into_iter()
         .filter(|e| check_with(graph, e, requester, current_profile, &mut memo).is_ok())
         .collect())

@@ -15,7 +15,7 @@ use retinue_core::{
 };
 
 use crate::pool::{Mode, PgResult, Tx, random_hex};
-use crate::store::PgStore;
+use crate::store::{PgStore, SERVER_NOW};
 
 /// What the ledger rows of `sessions` add up to, and what the open
 /// reservations of `root` hold.
@@ -147,10 +147,12 @@ impl Budgets for PgStore {
         let can_probe = probe.probe(i64::from(std::process::id())).is_some();
         self.pool.tx("releasing abandoned budget reservations", Mode::Write, |tx| {
             let rows = tx.query(
-                "SELECT r.reservation_id, r.owner_pid, r.owner_started_at, r.owner_worker, \
-                 w.lease_expires_at FROM retinue_budget_reservations r \
-                 LEFT JOIN retinue_workers w ON w.worker_id = r.owner_worker \
-                 WHERE r.settled_at IS NULL FOR UPDATE OF r SKIP LOCKED",
+                &format!(
+                    "SELECT r.reservation_id, r.owner_pid, r.owner_started_at, r.owner_worker, \
+                     w.lease_expires_at >= {SERVER_NOW} FROM retinue_budget_reservations r \
+                     LEFT JOIN retinue_workers w ON w.worker_id = r.owner_worker \
+                     WHERE r.settled_at IS NULL FOR UPDATE OF r SKIP LOCKED"
+                ),
                 &[],
             )?;
             let mut released = 0;
@@ -159,9 +161,10 @@ impl Budgets for PgStore {
                 let pid: Option<i64> = r.try_get(1)?;
                 let started: Option<i64> = r.try_get(2)?;
                 let worker: Option<String> = r.try_get(3)?;
-                let lease: Option<f64> = r.try_get(4)?;
+                // Judged by the server: a lease not yet past on its clock.
+                let leased: Option<bool> = r.try_get(4)?;
                 let dead = match (worker, pid) {
-                    (Some(_), _) => lease.is_none_or(|l| l < now),
+                    (Some(_), _) => leased != Some(true),
                     (None, _) if !can_probe => false,
                     (None, None) => true,
                     (None, Some(pid)) => match probe.probe(pid) {

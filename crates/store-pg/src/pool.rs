@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use postgres::error::SqlState;
@@ -218,6 +219,8 @@ pub(crate) struct Pool {
     schema: Option<String>,
     idle: Mutex<Vec<Conn>>,
     max_idle: usize,
+    /// Transactions run again after a serialization failure or deadlock.
+    retries: AtomicU64,
 }
 
 impl std::fmt::Debug for Pool {
@@ -234,7 +237,7 @@ pub(crate) fn quote_ident(name: &str) -> String {
 
 impl Pool {
     pub(crate) fn new(config: Config, schema: Option<String>, max_idle: usize) -> Pool {
-        Pool { config, schema, idle: Mutex::new(Vec::new()), max_idle }
+        Pool { config, schema, idle: Mutex::new(Vec::new()), max_idle, retries: AtomicU64::new(0) }
     }
 
     /// A new connection with the search path set.
@@ -295,6 +298,7 @@ impl Pool {
                     return Ok(v);
                 }
                 Err(Fail::Pg(e)) if is_retryable(&e) && attempt < MAX_ATTEMPTS => {
+                    self.retries.fetch_add(1, Ordering::Relaxed);
                     self.give(conn);
                     backoff(attempt);
                 }
@@ -308,6 +312,11 @@ impl Pool {
                 }
             }
         }
+    }
+
+    /// Transactions this pool ran again after SQLSTATE 40001 or 40P01.
+    pub(crate) fn retries(&self) -> u64 {
+        self.retries.load(Ordering::Relaxed)
     }
 
     /// Runs `f` on a connection outside any transaction (DDL, migrations).

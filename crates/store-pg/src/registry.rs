@@ -19,8 +19,8 @@ use serde_json::Value;
 
 use crate::pool::{Fail, Mode, Params, PgResult, Tx, count, int, random_hex, u32_of};
 use crate::rows::{CHILD_COLS, CHILD_RETAINED_AT, ChildRow, PROFILE, PROFILE_U, read_child_row_at};
-use crate::sessions::insert_session;
-use crate::store::{Limits, PgStore};
+use crate::sessions::insert_sessions;
+use crate::store::{Limits, PgStore, SERVER_NOW};
 
 // ---------------------------------------------------------------- reads
 
@@ -303,51 +303,64 @@ pub(crate) fn recount_live(tx: &mut Tx<'_>) -> PgResult<()> {
 /// own tenant, with its own limits (issue #22). The empty profile (the
 /// operator; team mode always names one) prunes every profile, each ranked
 /// among its own.
+///
+/// Two statements, each bounded by the tenant's live units (at most the cap
+/// and the one just retained, in steady state) and the children past the
+/// TTL: the TTL's children and the units it leaves without a live child;
+/// then the cap's units and children, with the tenant's live count written
+/// from the same ranking (no recount of other tenants).
 pub(crate) fn prune_in(tx: &mut Tx<'_>, lim: Limits, profile: &str) -> PgResult<PruneCount> {
     let t = lim.now;
     let mut n = PruneCount::default();
-    n.children += count(tx.execute(
-        // The time is the child's expiry (as lookups reported it), never later than now.
-        "UPDATE retinue_children SET tombstone_reason = 'ttl', \
-           tombstoned_at = LEAST($1, COALESCE(retained_at + $3, $1)) \
-         WHERE delegation_id IN (SELECT delegation_id FROM async_delegations \
-                                 WHERE retained = 1 AND tombstoned_at IS NULL \
-                                   AND ($4 = '' OR COALESCE(owner_profile, '') IN ('', $4))) \
-           AND tombstoned_at IS NULL AND (retained_at IS NULL OR retained_at < $2)",
-        &[&t, &lim.cutoff(), &lim.ttl_seconds(), &profile],
-    )?);
-    n.units += count(tx.execute(
-        "UPDATE async_delegations SET tombstoned_at = $1, updated_at = $1 \
-         WHERE retained = 1 AND tombstoned_at IS NULL \
-           AND ($2 = '' OR COALESCE(owner_profile, '') IN ('', $2)) \
-           AND NOT EXISTS (SELECT 1 FROM \
-           retinue_children c WHERE c.delegation_id = async_delegations.delegation_id \
-           AND c.tombstoned_at IS NULL)",
-        &[&t, &profile],
-    )?);
-    // Cap: the profile's live units ranked at or beyond `max_retained` in it.
-    let over_cap = format!(
-        "SELECT delegation_id FROM (SELECT delegation_id, row_number() OVER \
-           (PARTITION BY {PROFILE} ORDER BY retained_at DESC NULLS LAST, delegation_id DESC) AS rn \
-         FROM async_delegations WHERE retained = 1 AND tombstoned_at IS NULL \
-           AND ($3 = '' OR {PROFILE} IN ('', $3))) r WHERE rn > $2"
+    // The units' update sees the snapshot before the children's: a unit
+    // goes exactly when no child of it is live and within the TTL — what
+    // the children's update leaves (it takes the others).
+    let ttl = format!(
+        "WITH live AS (SELECT delegation_id FROM async_delegations \
+           WHERE retained = 1 AND tombstoned_at IS NULL AND ($4 = '' OR {PROFILE} IN ('', $4))), \
+         c AS (UPDATE retinue_children SET tombstone_reason = 'ttl', \
+             tombstoned_at = LEAST($1, COALESCE(retained_at + $3, $1)) \
+           WHERE delegation_id IN (SELECT delegation_id FROM live) \
+             AND tombstoned_at IS NULL AND (retained_at IS NULL OR retained_at < $2) RETURNING 1), \
+         u AS (UPDATE async_delegations SET tombstoned_at = $1, updated_at = $1 \
+           WHERE delegation_id IN (SELECT delegation_id FROM live) AND NOT EXISTS (SELECT 1 FROM \
+             retinue_children k WHERE k.delegation_id = async_delegations.delegation_id \
+             AND k.tombstoned_at IS NULL AND k.retained_at >= $2) RETURNING 1) \
+         SELECT (SELECT count(*) FROM c), (SELECT count(*) FROM u)"
     );
-    n.children += count(tx.execute(
-        &format!(
-            "UPDATE retinue_children SET tombstoned_at = $1, tombstone_reason = 'cap' \
-             WHERE tombstoned_at IS NULL AND delegation_id IN ({over_cap})"
-        ),
-        &[&t, &int(lim.max_retained), &profile],
-    )?);
-    n.units += count(tx.execute(
-        &format!(
-            "UPDATE async_delegations SET tombstoned_at = $1, updated_at = $1 \
-             WHERE delegation_id IN ({over_cap})"
-        ),
-        &[&t, &int(lim.max_retained), &profile],
-    )?);
-    recount_live(tx)?;
+    let row = tx.query_one(&ttl, &[&t, &lim.cutoff(), &lim.ttl_seconds(), &profile])?;
+    n.children += count_of(row.try_get(0)?);
+    n.units += count_of(row.try_get(1)?);
+    // The cap: the tenant's live units ranked beyond `max_retained` in
+    // their profile; the live count is what stays.
+    let cap = format!(
+        "WITH ranked AS (SELECT delegation_id, {PROFILE} AS p, row_number() OVER \
+           (PARTITION BY {PROFILE} ORDER BY retained_at DESC NULLS LAST, delegation_id DESC) AS rn \
+           FROM async_delegations WHERE retained = 1 AND tombstoned_at IS NULL \
+             AND ($3 = '' OR {PROFILE} IN ('', $3))), \
+         over AS (SELECT delegation_id FROM ranked WHERE rn > $2), \
+         c AS (UPDATE retinue_children SET tombstoned_at = $1, tombstone_reason = 'cap' \
+           WHERE tombstoned_at IS NULL AND delegation_id IN (SELECT delegation_id FROM over) \
+           RETURNING 1), \
+         u AS (UPDATE async_delegations SET tombstoned_at = $1, updated_at = $1 \
+           WHERE delegation_id IN (SELECT delegation_id FROM over) RETURNING 1), \
+         cnt AS (SELECT p, count(*) FILTER (WHERE rn <= $2) AS n FROM ranked GROUP BY p), \
+         z AS (UPDATE retinue_profile_live SET units = 0 WHERE units <> 0 \
+           AND ($3 = '' OR profile IN ('', $3)) AND profile NOT IN (SELECT p FROM cnt)), \
+         w AS (INSERT INTO retinue_profile_live (profile, units) SELECT p, n FROM cnt \
+           ON CONFLICT (profile) DO UPDATE SET units = EXCLUDED.units \
+           WHERE retinue_profile_live.units <> EXCLUDED.units) \
+         SELECT (SELECT count(*) FROM c), (SELECT count(*) FROM u)"
+    );
+    let row = tx.query_one(&cap, &[&t, &int(lim.max_retained), &profile])?;
+    n.children += count_of(row.try_get(0)?);
+    n.units += count_of(row.try_get(1)?);
     Ok(n)
+}
+
+/// A `count(*)` → `usize`.
+fn count_of(n: i64) -> usize {
+    usize::try_from(n).unwrap_or(0)
 }
 
 /// Tombstones exactly the row `id` resolves to (the child `show` shows),
@@ -495,13 +508,15 @@ impl PgStore {
         let now = self.clock.now();
         self.pool.tx("classifying abandoned units", Mode::Write, |tx| {
             let rows = tx.query(
-                "SELECT u.delegation_id, u.owner_pid, u.owner_started_at, u.origin_session, \
+                &format!(
+                    "SELECT u.delegation_id, u.owner_pid, u.owner_started_at, u.origin_session, \
                  u.origin_ui_session_id, u.origin_session_id, u.parent_session_id, u.task_json, \
-                 u.owner_worker, w.lease_expires_at \
+                 u.owner_worker, w.lease_expires_at >= {SERVER_NOW} \
                  FROM async_delegations u LEFT JOIN retinue_workers w ON w.worker_id = u.owner_worker \
                  WHERE u.state IN ('running', 'finalizing') AND u.retained IS NULL \
                  AND ($1 = '' OR COALESCE(u.owner_profile, '') IN ('', $1)) \
-                 FOR UPDATE OF u SKIP LOCKED",
+                 FOR UPDATE OF u SKIP LOCKED"
+                ),
                 &[&self.profile],
             )?;
             let can_probe = probe.probe(i64::from(std::process::id())).is_some();
@@ -511,9 +526,10 @@ impl PgStore {
                 let pid: Option<i64> = r.try_get(1)?;
                 let started_at: Option<i64> = r.try_get(2)?;
                 let worker: Option<String> = r.try_get(8)?;
-                let lease: Option<f64> = r.try_get(9)?;
+                // Judged by the server: a lease not yet past on its clock.
+                let leased: Option<bool> = r.try_get(9)?;
                 let alive = match (worker, pid) {
-                    (Some(_), _) => lease.is_some_and(|l| l >= now),
+                    (Some(_), _) => leased == Some(true),
                     (None, _) if !can_probe => continue,
                     (None, None) => false,
                     (None, Some(pid)) => match probe.probe(pid) {
@@ -618,57 +634,72 @@ fn retain_in(
     profile: &str,
 ) -> PgResult<bool> {
     let now = lim.now;
-    let changed = match usage {
-        Some(u) => tx.execute(
-            "UPDATE async_delegations SET retained = 1, retained_at = $1, updated_at = $1, \
-             usage_json = $2 WHERE delegation_id = $3 AND tombstoned_at IS NULL",
-            &[&now, &u.to_string(), &id],
-        )?,
-        None => tx.execute(
-            "UPDATE async_delegations SET retained = 1, retained_at = $1, updated_at = $1 \
-             WHERE delegation_id = $2 AND tombstoned_at IS NULL",
-            &[&now, &id],
-        )?,
-    };
-    if changed == 0 {
-        return Ok(false);
-    }
-    backfill(tx)?;
-    tx.execute(
-        "UPDATE retinue_children SET retained_at = $1 WHERE delegation_id = $2 \
-         AND tombstoned_at IS NULL AND (retained_at IS NULL OR retained_at >= $3)",
-        &[&now, &id, &lim.cutoff()],
+    let usage = usage.map(Value::to_string);
+    // One statement: the unit, its children's TTL clock, the backfill's
+    // clock for other live units' children, and whether this unit or any
+    // live unit has no child rows at all (a unit copied from a hermes file:
+    // only then does the backfill's insert run, after this statement, so it
+    // sees this unit retained). The three updates touch disjoint rows.
+    let row = tx.query_one(
+        &format!(
+            "WITH u AS (UPDATE async_delegations SET retained = 1, retained_at = $1, \
+               updated_at = $1, usage_json = COALESCE($2, usage_json) \
+               WHERE delegation_id = $3 AND tombstoned_at IS NULL RETURNING {PROFILE} AS p), \
+             c AS (UPDATE retinue_children SET retained_at = $1 WHERE delegation_id = $3 \
+               AND tombstoned_at IS NULL AND (retained_at IS NULL OR retained_at >= $4) \
+               AND EXISTS (SELECT 1 FROM u)), \
+             b AS (UPDATE retinue_children SET retained_at = (SELECT v.retained_at \
+                 FROM async_delegations v WHERE v.delegation_id = retinue_children.delegation_id) \
+               WHERE delegation_id IN (SELECT delegation_id FROM async_delegations \
+                                       WHERE retained = 1 AND tombstoned_at IS NULL) \
+                 AND delegation_id <> $3 AND retained_at IS NULL AND tombstoned_at IS NULL) \
+             SELECT (SELECT p FROM u), (EXISTS (SELECT 1 FROM u) AND NOT EXISTS (SELECT 1 \
+               FROM retinue_children k WHERE k.delegation_id = $3)) \
+               OR EXISTS (SELECT 1 FROM async_delegations v \
+               WHERE v.retained = 1 AND v.tombstoned_at IS NULL AND NOT EXISTS \
+               (SELECT 1 FROM retinue_children k WHERE k.delegation_id = v.delegation_id))"
+        ),
+        &[&now, &usage, &id, &lim.cutoff()],
     )?;
+    let Some(unit_profile) = row.try_get::<_, Option<String>>(0)? else {
+        return Ok(false);
+    };
+    if row.try_get::<_, bool>(1)? {
+        backfill(tx)?;
+    }
     prune_in(tx, lim, profile)?;
+    if !profile.is_empty() && !unit_profile.is_empty() && unit_profile != profile {
+        // The unit is another tenant's: its live count changed too.
+        recount_live(tx)?;
+    }
     Ok(true)
 }
 
 fn upsert_children(tx: &mut Tx<'_>, id: &str, children: &[ChildManifest]) -> PgResult<()> {
-    let stmt = tx.prepare(
+    if children.is_empty() {
+        return Ok(());
+    }
+    // Every child in one statement (one round trip), as parallel arrays.
+    let index: Vec<i64> =
+        (0..children.len()).map(|i| i64::try_from(i).unwrap_or(i64::MAX)).collect();
+    let subagent: Vec<&str> = children.iter().map(|c| c.subagent_id.as_str()).collect();
+    let session: Vec<&str> = children.iter().map(|c| c.session_id.as_str()).collect();
+    let model: Vec<Option<&str>> = children.iter().map(|c| c.model.as_deref()).collect();
+    let provider: Vec<Option<&str>> = children.iter().map(|c| c.provider.as_deref()).collect();
+    let goal: Vec<Option<String>> =
+        children.iter().map(|c| c.goal.as_deref().map(|g| truncate_chars(g, 200))).collect();
+    let manifest: Vec<String> = children.iter().map(|c| c.to_json().to_string()).collect();
+    tx.execute(
         "INSERT INTO retinue_children (delegation_id, child_index, subagent_id, \
          child_session_id, model, provider, goal, manifest_json) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+         SELECT $1, * FROM unnest($2::bigint[], $3::text[], $4::text[], $5::text[], $6::text[], \
+           $7::text[], $8::text[]) \
          ON CONFLICT (delegation_id, child_index) DO UPDATE SET \
            subagent_id = EXCLUDED.subagent_id, child_session_id = EXCLUDED.child_session_id, \
            model = EXCLUDED.model, provider = EXCLUDED.provider, goal = EXCLUDED.goal, \
            manifest_json = EXCLUDED.manifest_json",
+        &[&id, &index, &subagent, &session, &model, &provider, &goal, &manifest],
     )?;
-    for (i, child) in children.iter().enumerate() {
-        let goal = child.goal.as_deref().map(|g| truncate_chars(g, 200));
-        tx.execute(
-            &stmt,
-            &[
-                &id,
-                &i64::try_from(i).unwrap_or(i64::MAX),
-                &child.subagent_id,
-                &child.session_id,
-                &child.model,
-                &child.provider,
-                &goal,
-                &child.to_json().to_string(),
-            ],
-        )?;
-    }
     Ok(())
 }
 
@@ -687,21 +718,16 @@ impl PgStore {
         id: &str,
         now: f64,
     ) -> PgResult<bool> {
-        let taken = tx
-            .query_opt("SELECT 1 FROM async_delegations WHERE delegation_id = $1", &[&id])?
-            .is_some();
-        if taken {
-            return Ok(false);
-        }
         let is_batch = draft.children.len() != 1;
         let lone = if is_batch { None } else { lone_child_session(&draft.children) };
-        tx.execute(
+        // A taken id inserts nothing (the caller draws another).
+        let inserted = tx.execute(
             "INSERT INTO async_delegations (delegation_id, origin_session, origin_ui_session_id, \
              parent_session_id, state, dispatched_at, updated_at, delivery_state, \
              delivery_attempts, owner_pid, owner_started_at, task_json, origin_session_id, \
              child_session_id, children_json, owner_profile, owner_worker) \
              VALUES ($1, $2, $3, $4, 'running', $5, $5, 'pending', 0, $6, $7, $8, $9, $10, $11, \
-             $12, $13)",
+             $12, $13) ON CONFLICT (delegation_id) DO NOTHING",
             &[
                 &id,
                 &draft.origin_session,
@@ -718,10 +744,11 @@ impl PgStore {
                 &self.worker_id,
             ],
         )?;
-        upsert_children(tx, id, &draft.children)?;
-        for session in &draft.child_sessions {
-            insert_session(tx, session, now)?;
+        if inserted == 0 {
+            return Ok(false);
         }
+        upsert_children(tx, id, &draft.children)?;
+        insert_sessions(tx, &draft.child_sessions, now)?;
         Ok(true)
     }
 }

@@ -43,6 +43,57 @@ pub(crate) fn insert_session(tx: &mut Tx<'_>, s: &NewSession, now: f64) -> PgRes
     Ok(())
 }
 
+/// Inserts `sessions` in one statement (one round trip) when none of them
+/// names another of them as its parent; otherwise one by one, so a parent
+/// inserted first is linked as [`insert_session`] links it.
+pub(crate) fn insert_sessions(tx: &mut Tx<'_>, sessions: &[NewSession], now: f64) -> PgResult<()> {
+    let chained = sessions.iter().any(|s| {
+        s.parent_session_id
+            .as_deref()
+            .map(str::trim)
+            .is_some_and(|p| sessions.iter().any(|o| o.id == p))
+    });
+    if sessions.len() < 2 || chained {
+        for s in sessions {
+            insert_session(tx, s, now)?;
+        }
+        return Ok(());
+    }
+    let mut ids = Vec::with_capacity(sessions.len());
+    let mut configs = Vec::with_capacity(sessions.len());
+    for s in sessions {
+        if s.id.trim().is_empty() {
+            return Err(invalid("session id must not be empty"));
+        }
+        ids.push(s.id.as_str());
+        configs.push(match &s.model_config {
+            None | Some(Value::Null) => None,
+            Some(v @ Value::Object(_)) => Some(v.to_string()),
+            Some(_) => return Err(invalid("model_config must be a JSON object")),
+        });
+    }
+    let sources: Vec<&str> = sessions.iter().map(|s| s.source.as_str()).collect();
+    let models: Vec<Option<&str>> = sessions.iter().map(|s| s.model.as_deref()).collect();
+    let parents: Vec<Option<&str>> = sessions
+        .iter()
+        .map(|s| s.parent_session_id.as_deref().map(str::trim).filter(|p| !p.is_empty()))
+        .collect();
+    let started: Vec<f64> = sessions.iter().map(|s| s.started_at.unwrap_or(now)).collect();
+    let profiles: Vec<Option<&str>> = sessions.iter().map(|s| s.profile_name.as_deref()).collect();
+    // A parent that is not (yet) a row is not linked (as in SQLite).
+    tx.execute(
+        "INSERT INTO sessions (id, source, model, model_config, parent_session_id, started_at, \
+         profile_name) \
+         SELECT n.id, n.source, n.model, n.model_config, p.id, n.started_at, n.profile_name \
+         FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::float8[], \
+           $7::text[]) WITH ORDINALITY \
+           AS n(id, source, model, model_config, parent, started_at, profile_name, k) \
+         LEFT JOIN sessions p ON p.id = n.parent ORDER BY n.k",
+        &[&ids, &sources, &models, &configs, &parents, &started, &profiles],
+    )?;
+    Ok(())
+}
+
 fn read_session(r: &Row) -> PgResult<SessionRow> {
     Ok(SessionRow {
         id: r.try_get(0)?,
@@ -104,6 +155,40 @@ impl SessionGraph for PgStore {
         let hops = i64::try_from(max_hops.min(MAX_HOPS * 100)).unwrap_or(i64::MAX);
         self.pool.tx("walking the session neighbourhood", Mode::ReadOne, |tx| {
             let rows = tx.query(SQL, &[&id, &hops])?;
+            rows.iter().map(read_session).collect::<PgResult<Vec<_>>>().map(Some)
+        })
+    }
+
+    #[allow(clippy::needless_lifetimes)] // mockall needs the lifetime named
+    fn neighbourhoods<'a>(
+        &self,
+        ids: &[&'a str],
+        max_hops: usize,
+    ) -> Result<Option<Vec<SessionRow>>> {
+        // The same statement with every start at once: one round trip, one
+        // snapshot. Shared ancestors come once per start (the walk keeps
+        // the first copy of a row). Each step up is a primary-key probe: the
+        // lateral `LIMIT 1` keeps the generic plan from hashing a scan of
+        // every session per step (it guesses ten starts, not one or two).
+        const SQL: &str = "WITH RECURSIVE up(id, source, model_config, parent_session_id, \
+               started_at, ended_at, end_reason, n) AS ( \
+             SELECT id, source, model_config, parent_session_id, started_at, ended_at, \
+               end_reason, 0::BIGINT FROM sessions WHERE id = ANY ($1) \
+             UNION ALL SELECT s.id, s.source, s.model_config, s.parent_session_id, s.started_at, \
+               s.ended_at, s.end_reason, up.n + 1 FROM up CROSS JOIN LATERAL (SELECT * \
+               FROM sessions x WHERE x.id = up.parent_session_id LIMIT 1) s WHERE up.n < $2) \
+           SELECT id, source, NULL::text, model_config, parent_session_id, started_at, ended_at, \
+             end_reason, NULL::text, NULL::float8, NULL::text, NULL::text, NULL::text FROM up \
+           UNION ALL \
+           SELECT s.id, s.source, NULL::text, s.model_config, s.parent_session_id, s.started_at, \
+             s.ended_at, s.end_reason, NULL::text, NULL::float8, NULL::text, NULL::text, NULL::text \
+             FROM sessions s WHERE s.parent_session_id = ANY (ARRAY( \
+               SELECT DISTINCT parent_session_id FROM up WHERE parent_session_id IS NOT NULL)) \
+             AND s.id NOT IN (SELECT id FROM up)";
+        let hops = i64::try_from(max_hops.min(MAX_HOPS * 100)).unwrap_or(i64::MAX);
+        let ids: Vec<&str> = ids.to_vec();
+        self.pool.tx("walking session neighbourhoods", Mode::ReadOne, |tx| {
+            let rows = tx.query(SQL, &[&ids, &hops])?;
             rows.iter().map(read_session).collect::<PgResult<Vec<_>>>().map(Some)
         })
     }

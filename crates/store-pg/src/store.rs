@@ -21,6 +21,12 @@ pub const WORKER_LEASE_SECS: f64 = 60.0;
 /// next heartbeat of any worker (it is dead either way).
 pub const FORGET_WORKERS_AFTER_SECS: f64 = 3_600.0;
 
+/// The server's clock in the unit of every lease column (seconds since the
+/// epoch, `DOUBLE PRECISION`): leases are written and judged with it only.
+/// `clock_timestamp()`, not `now()`: a retried or long transaction must not
+/// judge a lease by the time it began.
+pub(crate) const SERVER_NOW: &str = "extract(epoch FROM clock_timestamp())::float8";
+
 /// The schema version this binary embeds.
 /// The schema's migrations, in order (refinery's `V<n>__<name>`).
 const MIGRATIONS: &[(&str, &str)] = &[
@@ -60,7 +66,10 @@ const SCHEMA_VERSION: i32 = MIGRATIONS.len() as i32;
 pub struct PgOptions {
     /// The retention policy (`delegation.max_retained`, `retained_ttl_hours`).
     pub retention: RetentionPolicy,
-    /// The clock of every timestamp written (and of lease expiry).
+    /// The clock of every timestamp written. Never of a lease: leases are
+    /// taken, renewed and judged on the server's clock (`clock_timestamp()`),
+    /// so a host whose clock is off neither loses its units early nor keeps
+    /// a dead worker's units late.
     pub clock: Arc<dyn Clock>,
     /// The tenant: new units' `owner_profile`; retention limits apply per profile.
     pub profile: String,
@@ -377,6 +386,13 @@ impl PgStore {
         self.retention
     }
 
+    /// Transactions this store ran again after a serialization failure or
+    /// a deadlock (SQLSTATE 40001, 40P01) since it was opened: the retries
+    /// its callers never see.
+    pub fn serialization_retries(&self) -> u64 {
+        self.pool.retries()
+    }
+
     /// The clock.
     pub fn clock(&self) -> &Arc<dyn Clock> {
         &self.clock
@@ -387,22 +403,31 @@ impl PgStore {
     /// ago: to recovery and to the budget, a worker without a row is a
     /// worker whose lease lapsed, so nothing changes but the table's size.
     pub fn heartbeat(&self) -> Result<()> {
-        let now = self.clock.now();
-        let expires = now + self.lease_secs;
-        let forget_before = now - FORGET_WORKERS_AFTER_SECS;
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
             .map(|h| h.trim().to_owned())
             .unwrap_or_default();
         let pid = i64::from(std::process::id());
+        // Every time here is the server's (`SERVER_NOW`), never this host's.
+        let sql = format!(
+            "WITH t AS (SELECT {SERVER_NOW} AS now), \
+             gone AS (DELETE FROM retinue_workers WHERE lease_expires_at < (SELECT now FROM t) - $5 \
+               AND worker_id <> $1) \
+             INSERT INTO retinue_workers (worker_id, owner_profile, host, pid, started_at, \
+             heartbeat_at, lease_expires_at) SELECT $1, $2, $3, $4, t.now, t.now, t.now + $6 FROM t \
+             ON CONFLICT (worker_id) DO UPDATE SET heartbeat_at = EXCLUDED.heartbeat_at, \
+             lease_expires_at = EXCLUDED.lease_expires_at"
+        );
         self.pool.tx("renewing the worker lease", Mode::Write, |tx| {
             tx.execute(
-                "WITH gone AS (DELETE FROM retinue_workers WHERE lease_expires_at < $7 \
-                   AND worker_id <> $1) \
-                 INSERT INTO retinue_workers (worker_id, owner_profile, host, pid, started_at, \
-                 heartbeat_at, lease_expires_at) VALUES ($1, $2, $3, $4, $5, $5, $6) \
-                 ON CONFLICT (worker_id) DO UPDATE SET heartbeat_at = EXCLUDED.heartbeat_at, \
-                 lease_expires_at = EXCLUDED.lease_expires_at",
-                &[&self.worker_id, &self.profile, &host, &pid, &now, &expires, &forget_before],
+                &sql,
+                &[
+                    &self.worker_id,
+                    &self.profile,
+                    &host,
+                    &pid,
+                    &FORGET_WORKERS_AFTER_SECS,
+                    &self.lease_secs,
+                ],
             )?;
             Ok(())
         })

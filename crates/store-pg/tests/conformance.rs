@@ -52,14 +52,15 @@ fn pg_backend(url: &str, d: DelegationConfig) -> Backend {
     let store = Arc::new(open(url, &schema, &clock, &d));
     let (url2, schema2, clock2) = (url.to_owned(), schema.clone(), clock.clone());
     let (url3, schema3, clock3) = (url.to_owned(), schema.clone(), clock.clone());
-    let died = clock.clone();
+    let (url4, schema4, worker) = (url.to_owned(), schema.clone(), store.worker_id().to_owned());
     Backend {
         seams: retinue_core::Backend::of(store),
         clock,
         probe: Arc::new(DeadPids::default()),
         owner_pid: Some(3_999_999),
-        // The worker stops renewing; its lease lapses.
-        owner_died: Box::new(move || died.advance(WORKER_LEASE_SECS + 1.0)),
+        // The worker stops renewing; its lease lapses (on the server's
+        // clock, the only one leases are judged by).
+        owner_died: Box::new(move || expire_lease(&url4, &schema4, &worker, 1.0)),
         reopen: Box::new(move || Arc::new(open(&url2, &schema2, &clock2, &d))),
         open_as: Box::new(move |profile, d| {
             let opts = PgOptions::default()
@@ -71,6 +72,24 @@ fn pg_backend(url: &str, d: DelegationConfig) -> Backend {
         }),
         guard: Box::new(Scratch { url: url.to_owned(), schema }),
     }
+}
+
+/// Moves `worker`'s lease to `ago` seconds before the server's now, as if
+/// it had stopped renewing that long ago.
+fn expire_lease(url: &str, schema: &str, worker: &str, ago: f64) {
+    let mut c = postgres::Client::connect(url, postgres::NoTls).expect("connect");
+    // The schema is ours (`scratch_schema`), never input.
+    let n = c
+        .execute(
+            &format!(
+                "UPDATE {schema}.retinue_workers \
+                 SET lease_expires_at = extract(epoch FROM clock_timestamp())::float8 - $2 \
+                 WHERE worker_id = $1"
+            ),
+            &[&worker, &ago],
+        )
+        .expect("expire the lease");
+    assert_eq!(n, 1, "no lease row for worker {worker}");
 }
 
 /// The conformance suite's factory: a fresh schema per case on the test
@@ -207,7 +226,10 @@ fn heartbeat_keeps_units_alive_across_hosts() {
     // Rows of workers long dead are forgotten at any worker's heartbeat.
     let c = open(&url, &schema, &clock, &config(10));
     let c_id = c.worker_id().to_owned();
-    clock.advance(WORKER_LEASE_SECS + retinue_store_pg::FORGET_WORKERS_AFTER_SECS + 1.0);
+    expire_lease(&url, &schema, &c_id, retinue_store_pg::FORGET_WORKERS_AFTER_SECS - 60.0);
+    host_b.heartbeat().expect("heartbeat");
+    assert!(workers(&schema).contains(&c_id), "forgotten before its time");
+    expire_lease(&url, &schema, &c_id, retinue_store_pg::FORGET_WORKERS_AFTER_SECS + 1.0);
     host_b.heartbeat().expect("heartbeat");
     let left = workers(&schema);
     assert!(!left.contains(&c_id) && left.contains(&host_b.worker_id().to_owned()), "{left:?}");
@@ -248,4 +270,99 @@ fn history_prune_keeps_the_newest_terminal_units() {
     assert_eq!(store.prune_history().expect("prune"), 2);
     assert_eq!(store.prune_history().expect("prune again"), 0);
     assert!(store.find_retained_child(&kept).expect("find").is_some(), "retained unit kept");
+}
+
+/// The server's clock, in the lease columns' unit.
+fn server_now(c: &mut postgres::Client) -> f64 {
+    c.query_one("SELECT extract(epoch FROM clock_timestamp())::float8", &[])
+        .expect("the server's clock")
+        .get(0)
+}
+
+/// Leases are taken and judged on the server's clock (issue #28): a worker
+/// whose clock runs an hour ahead is not kept alive for an hour after it
+/// stops renewing, one an hour behind is not recovered while its lease
+/// holds. Each unit is recovered exactly when its worker's lease lapses on
+/// the server: never by a recovery that ended before the expiry, always by
+/// one that began after it.
+#[test]
+fn leases_ignore_a_skewed_host_clock() {
+    let Some(url) = retinue_testkit::pg_url("PostgreSQL conformance tests") else { return };
+    let b = pg_backend(&url, config(10));
+    let schema = scratch_schema_of(&b);
+    let mut sql = postgres::Client::connect(&url, postgres::NoTls).expect("connect");
+    let wall = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
+    const LEASE: f64 = 4.0;
+    let skewed = |skew: f64| {
+        let opts = PgOptions { lease_secs: LEASE, ..PgOptions::default() }
+            .with_clock(Arc::new(ManualClock::new(wall + skew)))
+            .with_schema(&schema);
+        PgStore::open(&url, opts).expect("open a skewed worker")
+    };
+    let opened = server_now(&mut sql);
+    let workers = [skewed(3_600.0), skewed(-3_600.0)];
+    let units: Vec<String> = workers
+        .iter()
+        .map(|w| {
+            w.insert_unit(&UnitDraft {
+                children: vec![ChildManifest::default()],
+                ..UnitDraft::default()
+            })
+            .expect("insert")
+        })
+        .collect();
+    // Each lease expires a lease after the server's now, whatever the host's clock says.
+    let expiry: Vec<f64> = workers
+        .iter()
+        .map(|w| {
+            sql.query_one(
+                &format!(
+                    "SELECT lease_expires_at FROM {schema}.retinue_workers WHERE worker_id = $1"
+                ),
+                &[&w.worker_id()],
+            )
+            .expect("lease row")
+            .get(0)
+        })
+        .collect();
+    let after = server_now(&mut sql);
+    for e in &expiry {
+        assert!(*e >= opened + LEASE && *e <= after + LEASE, "lease off the server's clock: {e}");
+    }
+    let judge = open(&url, &schema, &Arc::new(ManualClock::new(wall)), &config(10));
+    let probe = DeadPids::default();
+    let unknown = |sql: &mut postgres::Client, id: &str| -> bool {
+        let state: String = sql
+            .query_one(
+                &format!("SELECT state FROM {schema}.async_delegations WHERE delegation_id = $1"),
+                &[&id],
+            )
+            .expect("unit row")
+            .get(0);
+        state == "unknown"
+    };
+    let (mut seen_alive, mut seen_dead) = ([false; 2], [false; 2]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while seen_dead != [true; 2] {
+        assert!(std::time::Instant::now() < deadline, "never recovered");
+        let t0 = server_now(&mut sql);
+        let report = judge.recover_abandoned_delegations(&probe);
+        assert_eq!(report.error, None);
+        let t1 = server_now(&mut sql);
+        for i in 0..2 {
+            let gone = unknown(&mut sql, &units[i]);
+            if t1 < expiry[i] {
+                assert!(!gone, "worker {i} recovered before its lease lapsed");
+                seen_alive[i] = true;
+            }
+            if t0 > expiry[i] {
+                assert!(gone, "worker {i} not recovered after its lease lapsed");
+                seen_dead[i] = true;
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert_eq!(seen_alive, [true; 2], "no recovery ran inside the leases: the test proved nothing");
 }

@@ -19,8 +19,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use retinue_core::{
-    AttributionDraft, ChildManifest, Claims, Completion, DeliveryFilter, ManualClock, RegistryRead,
-    ResumeClaim, Retention, TotalsUpdate, UnitDraft, UnitLifecycle, UsageLedger, UsageTotals,
+    AttributionDraft, ChildManifest, Claims, Completion, DeliveryFilter, RegistryRead, ResumeClaim,
+    Retention, TotalsUpdate, UnitDraft, UnitLifecycle, UsageLedger, UsageTotals,
 };
 use retinue_store_pg::{PgOptions, PgStore};
 use retinue_testkit::conformance::DeadPids;
@@ -338,24 +338,41 @@ fn worker_lease(url: &str, schema: &str) -> (f64, f64) {
     (row.get(0), row.get(1))
 }
 
+/// One recovery between two readings of the server's clock.
+fn timed_recovery(
+    url: &str,
+    store: &PgStore,
+    probe: &DeadPids,
+) -> (f64, retinue_core::RecoveryReport, f64) {
+    let mut client = postgres::Client::connect(url, postgres::NoTls).expect("connect");
+    let mut now = || -> f64 {
+        client
+            .query_one("SELECT extract(epoch FROM clock_timestamp())::float8", &[])
+            .expect("the server's clock")
+            .get(0)
+    };
+    let t0 = now();
+    let report = store.recover_abandoned_delegations(probe);
+    (t0, report, now())
+}
+
 static WORKER_PID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 /// A killed host's units are recovered once its lease lapses, never while
-/// it heartbeats. No sleeps around the lease: the recovering host runs on a
-/// manual clock set from the worker's own lease row, and "it heartbeats" is
-/// a barrier on that row (its heartbeat seen to advance twice).
+/// it heartbeats. Leases run on the server's clock: "it heartbeats" is a
+/// barrier on the worker's lease row (its heartbeat seen to advance twice),
+/// and each recovery is judged against the server's time read just before
+/// and just after it — one that ended before the lease's expiry must
+/// recover nothing, one that began after it everything.
 #[test]
 fn a_killed_host_is_recovered_after_its_lease() {
     let Some(url) = retinue_testkit::pg_url("PostgreSQL contention test") else { return };
     let schema = format!("kill_{}", std::process::id());
     let _ = PgStore::drop_schema(&url, &schema);
     let _scratch = Scratch(url.clone(), schema.clone());
-    let clock = Arc::new(ManualClock::new(0.0));
     let other_host = PgStore::open(
         &url,
-        PgOptions { lease_secs: 30.0, ..PgOptions::default() }
-            .with_schema(&schema)
-            .with_clock(clock.clone()),
+        PgOptions { lease_secs: 30.0, ..PgOptions::default() }.with_schema(&schema),
     )
     .expect("open");
     let ready = tempfile_dir().join("ready");
@@ -376,21 +393,33 @@ fn a_killed_host_is_recovered_after_its_lease() {
         std::thread::yield_now();
     }
     let probe = DeadPids::default();
+    let hung = size().hung_units;
     // Alive and heartbeating, checked after more than one lease of its
-    // life: inside its current lease nothing is recovered.
-    let (beat, expires) = worker_lease(&url, &schema);
-    clock.set(beat + (expires - beat) / 2.0);
-    assert_eq!(other_host.recover_abandoned_delegations(&probe).abandoned, 0);
+    // life: a recovery inside its current lease recovers nothing.
+    let (_, expires) = worker_lease(&url, &schema);
+    let (t0, report, t1) = timed_recovery(&url, &other_host, &probe);
+    assert!(t0 <= expires, "too slow to check inside the lease");
+    if t1 < expires {
+        assert_eq!(report.abandoned, 0, "recovered while its lease held");
+    }
     child.kill().expect("SIGKILL the worker");
     let _ = child.wait();
-    // Dead: at its lease's last instant nothing yet, just past it everything.
+    // Dead: nothing before its (last) lease's expiry, everything after.
     let (_, expires) = worker_lease(&url, &schema);
-    clock.set(expires);
-    assert_eq!(other_host.recover_abandoned_delegations(&probe).abandoned, 0);
-    clock.set(expires + 0.001);
-    let report = other_host.recover_abandoned_delegations(&probe);
-    let hung = size().hung_units;
-    assert_eq!((report.abandoned, report.error), (hung, None));
+    let mut recovered = 0;
+    while recovered < hung {
+        assert!(Instant::now() < deadline, "never recovered");
+        let (t0, report, t1) = timed_recovery(&url, &other_host, &probe);
+        assert_eq!(report.error, None);
+        if t1 < expires {
+            assert_eq!(report.abandoned, 0, "recovered before its lease lapsed");
+        }
+        recovered += report.abandoned;
+        if t0 > expires {
+            assert_eq!(recovered, hung, "not recovered after its lease lapsed");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
     eprintln!("kill: a SIGKILLed host's {hung} live units recovered after its lease lapsed");
     assert_eq!(other_host.recover_abandoned_delegations(&probe).abandoned, 0);
 }

@@ -77,7 +77,6 @@ fn recovery_is_scoped_to_the_tenant() {
     use std::sync::Arc;
 
     use retinue_core::{OwnerProbe, ProcessState, Retention};
-    use retinue_store_pg::WORKER_LEASE_SECS;
     struct AllAlive;
     impl OwnerProbe for AllAlive {
         fn probe(&self, _: i64) -> Option<ProcessState> {
@@ -104,9 +103,9 @@ fn recovery_is_scoped_to_the_tenant() {
         ..UnitDraft::default()
     };
     let acme_unit = acme.insert_unit(&draft("acme")).expect("unit");
+    // acme's worker is gone: it gives its lease up (as a lapse would).
+    acme.retire().expect("retire");
     drop(acme);
-    // acme's worker is gone: its lease lapses.
-    clock.advance(WORKER_LEASE_SECS + 1.0);
     let other = Arc::new(open("other"));
     let report = other.recover_abandoned_delegations(&AllAlive);
     assert_eq!(report.abandoned, 0, "another tenant's unit was recovered: {report:?}");

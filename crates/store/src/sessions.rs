@@ -143,48 +143,7 @@ impl SessionGraph for Store {
     }
 
     fn neighbourhood(&self, id: &str, max_hops: usize) -> Result<Option<Vec<SessionRow>>> {
-        // The ancestors as rows, each with how many children its parent has
-        // (an index-only count, stopped at 2), in one recursive CTE. Only the
-        // parents with more than one child — where a sibling could make the
-        // continuation ambiguous — cost a second (indexed) query for their
-        // children. Only the columns the lineage rules read are filled.
-        const SQL: &str = "WITH RECURSIVE up(id, source, model_config, parent_session_id, \
-               started_at, ended_at, end_reason, n, rid) AS ( \
-             SELECT id, source, model_config, parent_session_id, started_at, ended_at, \
-               end_reason, 0, rowid FROM sessions WHERE id = ?1 \
-             UNION ALL SELECT s.id, s.source, s.model_config, s.parent_session_id, s.started_at, \
-               s.ended_at, s.end_reason, up.n + 1, s.rowid FROM up JOIN sessions s \
-               ON s.id = up.parent_session_id WHERE up.n < ?2) \
-           SELECT id, source, NULL, model_config, parent_session_id, started_at, ended_at, \
-             end_reason, NULL, NULL, NULL, NULL, NULL, \
-             (SELECT count(*) FROM (SELECT 1 FROM sessions c \
-               WHERE c.parent_session_id = up.parent_session_id LIMIT 2)), rid FROM up";
-        const SIBLINGS: &str = "SELECT id, source, NULL, model_config, parent_session_id, \
-             started_at, ended_at, end_reason, NULL, NULL, NULL, NULL, NULL, NULL, rowid \
-             FROM sessions WHERE parent_session_id = ?1";
         let hops = i64::try_from(max_hops).unwrap_or(i64::MAX);
-        let ancestors = |conn: &Connection| -> SqlResult<(Vec<SessionRow>, Vec<String>)> {
-            let mut crowded: Vec<String> = Vec::new();
-            let mut stmt = conn.prepare_cached(SQL)?;
-            let mapped = stmt.query_map(params![id, hops], |r| {
-                let row = read_walk_session(r)?;
-                let siblings: i64 = r.get(13)?;
-                Ok((row, siblings))
-            })?;
-            let mut rows = Vec::new();
-            for item in mapped {
-                let (row, siblings) = item?;
-                let row = row.map_err(unreadable_session)?;
-                if siblings > 1
-                    && let Some(parent) = &row.parent_session_id
-                    && !crowded.contains(parent)
-                {
-                    crowded.push(parent.clone());
-                }
-                rows.push(row);
-            }
-            Ok((rows, crowded))
-        };
         // A neighbourhood this connection read while nothing has changed
         // since is answered again (the cache is provably fresh, see
         // `ConnCache`); anything else is read now.
@@ -193,30 +152,128 @@ impl SessionGraph for Store {
             if let Some(rows) = cache.neighbourhood(id, max_hops) {
                 return Ok(Some(rows.clone()));
             }
-            // Common case, one statement (atomic on its own): no parent has siblings.
-            let (mut rows, crowded) = ancestors(conn)?;
-            if !crowded.is_empty() {
-                // Otherwise read the ancestors and the siblings from one snapshot.
-                conn.prepare_cached("BEGIN DEFERRED")?.execute([])?;
-                let read = (|| -> SqlResult<Vec<SessionRow>> {
-                    let (mut rows, crowded) = ancestors(conn)?;
-                    let mut stmt = conn.prepare_cached(SIBLINGS)?;
-                    for parent in &crowded {
-                        let more = stmt.query_map([parent], read_walk_session)?;
-                        for row in more {
-                            rows.push(row?.map_err(unreadable_session)?);
-                        }
-                    }
-                    Ok(rows)
-                })();
-                let end = conn.prepare_cached("COMMIT").and_then(|mut s| s.execute([]));
-                rows = read?;
-                end?;
-            }
+            let rows = read_neighbourhood(conn, id, hops, false)?;
             cache.keep_neighbourhood(id, max_hops, rows.clone());
             Ok(Some(rows))
         })
     }
+
+    #[allow(clippy::needless_lifetimes)] // mockall needs the lifetime named
+    fn neighbourhoods<'a>(
+        &self,
+        ids: &[&'a str],
+        max_hops: usize,
+    ) -> Result<Option<Vec<SessionRow>>> {
+        let hops = i64::try_from(max_hops).unwrap_or(i64::MAX);
+        // One connection, one freshness check; those not cached are read
+        // in one read transaction (one snapshot).
+        self.pool.cached("walking session neighbourhoods", |conn, cache| {
+            cache.validate(conn)?;
+            let mut all = Vec::new();
+            let mut missing = Vec::new();
+            for id in ids {
+                match cache.neighbourhood(id, max_hops) {
+                    Some(rows) => all.extend(rows.iter().cloned()),
+                    None => missing.push(*id),
+                }
+            }
+            if missing.is_empty() {
+                return Ok(Some(all));
+            }
+            conn.prepare_cached("BEGIN DEFERRED")?.execute([])?;
+            let read = (|| -> SqlResult<Vec<(&str, Vec<SessionRow>)>> {
+                missing
+                    .iter()
+                    .map(|id| Ok((*id, read_neighbourhood(conn, id, hops, true)?)))
+                    .collect()
+            })();
+            let end = conn.prepare_cached("COMMIT").and_then(|mut s| s.execute([]));
+            let read = read?;
+            end?;
+            for (id, rows) in read {
+                all.extend(rows.iter().cloned());
+                cache.keep_neighbourhood(id, max_hops, rows);
+            }
+            Ok(Some(all))
+        })
+    }
+}
+
+/// One neighbourhood (see [`SessionGraph::neighbourhood`]): the ancestors
+/// as rows, each with how many children its parent has (an index-only
+/// count, stopped at 2), in one recursive CTE. Only the parents with more
+/// than one child — where a sibling could make the continuation ambiguous —
+/// cost a second (indexed) query for their children, read on the same
+/// snapshot (`in_tx`: the caller holds a read transaction already). Only
+/// the columns the lineage rules read are filled.
+fn read_neighbourhood(
+    conn: &Connection,
+    id: &str,
+    hops: i64,
+    in_tx: bool,
+) -> SqlResult<Vec<SessionRow>> {
+    const SQL: &str = "WITH RECURSIVE up(id, source, model_config, parent_session_id, \
+           started_at, ended_at, end_reason, n, rid) AS ( \
+         SELECT id, source, model_config, parent_session_id, started_at, ended_at, \
+           end_reason, 0, rowid FROM sessions WHERE id = ?1 \
+         UNION ALL SELECT s.id, s.source, s.model_config, s.parent_session_id, s.started_at, \
+           s.ended_at, s.end_reason, up.n + 1, s.rowid FROM up JOIN sessions s \
+           ON s.id = up.parent_session_id WHERE up.n < ?2) \
+       SELECT id, source, NULL, model_config, parent_session_id, started_at, ended_at, \
+         end_reason, NULL, NULL, NULL, NULL, NULL, \
+         (SELECT count(*) FROM (SELECT 1 FROM sessions c \
+           WHERE c.parent_session_id = up.parent_session_id LIMIT 2)), rid FROM up";
+    const SIBLINGS: &str = "SELECT id, source, NULL, model_config, parent_session_id, \
+         started_at, ended_at, end_reason, NULL, NULL, NULL, NULL, NULL, NULL, rowid \
+         FROM sessions WHERE parent_session_id = ?1";
+    let ancestors = || -> SqlResult<(Vec<SessionRow>, Vec<String>)> {
+        let mut crowded: Vec<String> = Vec::new();
+        let mut stmt = conn.prepare_cached(SQL)?;
+        let mapped = stmt.query_map(params![id, hops], |r| {
+            let row = read_walk_session(r)?;
+            let siblings: i64 = r.get(13)?;
+            Ok((row, siblings))
+        })?;
+        let mut rows = Vec::new();
+        for item in mapped {
+            let (row, siblings) = item?;
+            let row = row.map_err(unreadable_session)?;
+            if siblings > 1
+                && let Some(parent) = &row.parent_session_id
+                && !crowded.contains(parent)
+            {
+                crowded.push(parent.clone());
+            }
+            rows.push(row);
+        }
+        Ok((rows, crowded))
+    };
+    let with_siblings = || -> SqlResult<Vec<SessionRow>> {
+        let (mut rows, crowded) = ancestors()?;
+        let mut stmt = conn.prepare_cached(SIBLINGS)?;
+        for parent in &crowded {
+            let more = stmt.query_map([parent], read_walk_session)?;
+            for row in more {
+                rows.push(row?.map_err(unreadable_session)?);
+            }
+        }
+        Ok(rows)
+    };
+    if in_tx {
+        return with_siblings();
+    }
+    // Common case, one statement (atomic on its own): no parent has siblings.
+    let (rows, crowded) = ancestors()?;
+    if crowded.is_empty() {
+        return Ok(rows);
+    }
+    // Otherwise read the ancestors and the siblings from one snapshot.
+    conn.prepare_cached("BEGIN DEFERRED")?.execute([])?;
+    let read = with_siblings();
+    let end = conn.prepare_cached("COMMIT").and_then(|mut s| s.execute([]));
+    let rows = read?;
+    end?;
+    Ok(rows)
 }
 
 impl SessionStore for Store {

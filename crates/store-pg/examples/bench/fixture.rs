@@ -14,12 +14,15 @@ pub(crate) const LEDGERS: [usize; 3] = [10, 1_000, 100_000];
 /// `search_path` points at. Units `live_from..N` are live; the older ones
 /// are tombstoned by the cap, as a prune would have left them (`live_from`
 /// = N − 10 for the main fixture, 0 for the collapse's all-live copies).
-/// With `ledgers`, also the ledgers. Ends with `VACUUM ANALYZE`.
+/// With `ledgers`, also the ledgers. Ends with `VACUUM ANALYZE`. Unit `i`
+/// has `i % spread + 1` children (3: 1–3, two on average, as the SQLite
+/// bench; 5: 1–5, three on average, the scale run's 3·N children).
 pub(crate) fn populate(
     c: &mut postgres::Client,
     n: usize,
     live_from: usize,
     ledgers: bool,
+    spread: usize,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let units = format!(
         "(SELECT i, lpad(to_hex(i), 8, '0') AS h, 'p-' || (i % 64) AS p, {T0}::float8 + i AS at, \
@@ -42,8 +45,8 @@ pub(crate) fn populate(
              result_json, delivery_state, delivery_attempts, origin_session_id, child_session_id,
              children_json, retained, retained_at, tombstoned_at, owner_profile, usage_json)
            SELECT 'deleg_' || h, p, '', p, 'completed', at, at, at, pl, pl, 'delivered', 0, p,
-             CASE WHEN i % 3 = 0 THEN 'cs-' || h || '-0' END,
-             (SELECT json_agg({manifest} ORDER BY k)::text FROM generate_series(0, i % 3) k),
+             CASE WHEN i % {spread} = 0 THEN 'cs-' || h || '-0' END,
+             (SELECT json_agg({manifest} ORDER BY k)::text FROM generate_series(0, i % {spread}) k),
              1, at, tomb, '', '{{\"cost_usd\":0.01}}'
            FROM (SELECT *, '{{\"delegation_id\":\"deleg_' || h || '\",\"status\":\"completed\",\
 \"summary\":\"' || repeat('x', 440) || '\"}}' AS pl FROM {units}) s;
@@ -51,12 +54,12 @@ pub(crate) fn populate(
              model, goal, manifest_json, retained_at, tombstoned_at, tombstone_reason)
            SELECT 'deleg_' || h, k, 'sa-' || k || '-' || h, 'cs-' || h || '-' || k, 'bench/model',
              'goal', {manifest}::text, at, tomb, CASE WHEN tomb IS NOT NULL THEN 'cap' END
-           FROM {units}, generate_series(0, s.i % 3) k;
+           FROM {units}, generate_series(0, s.i % {spread}) k;
          INSERT INTO sessions (id, source, model_config, parent_session_id, started_at, ended_at,
              end_reason)
            SELECT 'cs-' || h || '-' || k, 'delegate', '{{\"_delegate_from\":\"' || p || '\"}}', p,
              at, at, 'completed'
-           FROM {units}, generate_series(0, s.i % 3) k;
+           FROM {units}, generate_series(0, s.i % {spread}) k;
          INSERT INTO retinue_profile_live (profile, units)
            SELECT '', count(*) FROM async_delegations WHERE retained = 1 AND tombstoned_at IS NULL
            ON CONFLICT (profile) DO UPDATE SET units = EXCLUDED.units;

@@ -4,12 +4,17 @@
 //! bare SQL giving the same answer on the same server (each statement
 //! prepared once on one open connection). `--quick`: N = 1,000, else
 //! 10,000; `--repeat K`: the one-shot N→10 collapse K times on fresh
-//! copies (median). Needs `RETINUE_PG_URL`; works in scratch schemas it
-//! drops at the end (`--keep`: leaves them, to look at plans with
-//! `EXPLAIN`). No assertion on time; a failing operation fails the run.
+//! copies (median); `--n N`: another N. Needs `RETINUE_PG_URL`; works in
+//! scratch schemas it drops at the end (`--keep`: leaves them). `--json
+//! FILE` writes every row. `--scale [--n 10000,100000,1000000]`: the scale
+//! rows instead (see `scale.rs`), with `--explain FILE` the plans of the
+//! hot statements at the largest N. No assertion on time; a failing
+//! operation fails the run.
 
+mod explain;
 mod fixture;
 mod limits;
+mod scale;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -82,7 +87,7 @@ fn fresh(
     let _ = PgStore::drop_schema(url, schema);
     let store = PgStore::open(url, opts.clone().with_schema(schema))?;
     let mut lim = Limits::open(url, schema)?;
-    fixture::populate(lim.client(), n, live_from, ledgers)?;
+    fixture::populate(lim.client(), n, live_from, ledgers, 3)?;
     Ok((store, lim))
 }
 
@@ -97,7 +102,21 @@ fn main() -> Res<()> {
         .and_then(|i| args.get(i + 1))
         .and_then(|v| v.parse().ok())
         .unwrap_or(1);
-    let n: usize = if quick { 1_000 } else { 10_000 };
+    let value = |flag: &str| args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1));
+    let sizes: Option<Vec<usize>> = value("--n")
+        .map(|v| v.split(',').map(str::parse).collect::<Result<Vec<usize>, _>>())
+        .transpose()?;
+    let json_out = value("--json").cloned();
+    let keep = args.iter().any(|a| a == "--keep");
+    if args.iter().any(|a| a == "--scale") {
+        let sizes = sizes.unwrap_or_else(|| vec![10_000, 100_000, 1_000_000]);
+        return scale::run(&url, &sizes, quick, json_out.as_deref(), value("--explain"), keep);
+    }
+    let n: usize =
+        sizes.and_then(|s| s.first().copied()).unwrap_or(if quick { 1_000 } else { 10_000 });
+    if n < 200 {
+        return Err("--n: at least 200 units".into());
+    }
     let (reads, writes) = if quick { (200, 20) } else { (1_000, 200) };
     let base = format!("bench_{}", std::process::id());
     let schemas: Vec<String> =
@@ -410,7 +429,26 @@ fn main() -> Res<()> {
         println!("| {} | {ours:.0} | {l} | {r} |", op.trim_start());
     }
     drop(store);
-    if args.iter().any(|a| a == "--keep") {
+    if let Some(file) = json_out {
+        let figures: Vec<serde_json::Value> = t
+            .rows
+            .iter()
+            .map(|(op, ours, limit)| {
+                json!({"n": n, "op": op.trim_start(), "median_us": ours, "limit_median_us": limit})
+            })
+            .collect();
+        let doc = json!({
+            "backend": "postgresql",
+            "quick": quick,
+            "reads": reads,
+            "writes": writes,
+            "schema_kib": size_kib,
+            "figures": figures,
+        });
+        std::fs::write(&file, serde_json::to_string_pretty(&doc)?)?;
+        eprintln!("wrote {file}");
+    }
+    if keep {
         println!("\nkept schemas {} (DROP SCHEMA … CASCADE)", schemas.join(", "));
     } else {
         for s in &schemas {
