@@ -170,8 +170,13 @@ impl UsageLedger for PgStore {
             })?;
         let pending = self.pool.tx("reading pending usage rows", Mode::ReadOne, |tx| {
             let rows = tx.query(
+                // A range of `idx_delegation_child_usage_parent` whatever
+                // the plan: the row comparisons name both its columns (a
+                // plain `id > $2` let a generic plan walk the primary key
+                // through every other parent's newer rows).
                 "SELECT id, usage_json FROM delegation_child_usage \
-                 WHERE parent_session_id = $1 AND id > $2 ORDER BY id",
+                 WHERE (parent_session_id, id) > ($1, $2) \
+                   AND (parent_session_id, id) <= ($1, 9223372036854775807) ORDER BY id",
                 &[&parent, &covered_id],
             )?;
             rows.iter()

@@ -243,9 +243,19 @@ impl Pool {
     /// A new connection with the search path set.
     pub(crate) fn connect(&self) -> PgResult<Client> {
         let mut client = self.config.connect(NoTls)?;
+        // Each statement is prepared once per connection and planned once
+        // for every value (a generic plan): PostgreSQL's default re-plans a
+        // statement on every call while its per-value estimate looks
+        // cheaper, which for the lineage walk or a skewed ledger costs more
+        // than running it. The statements are written so that their
+        // generic plans are the right ones (each kept, with its buffers, in
+        // docs/pg-plans.md).
+        let mut setup = String::from("SET plan_cache_mode = force_generic_plan");
         if let Some(schema) = &self.schema {
-            client.batch_execute(&format!("SET search_path TO {}", quote_ident(schema)))?;
+            setup.push_str("; SET search_path TO ");
+            setup.push_str(&quote_ident(schema));
         }
+        client.batch_execute(&setup)?;
         Ok(client)
     }
 
@@ -275,6 +285,24 @@ impl Pool {
         &self,
         operation: &'static str,
         mode: Mode,
+        f: impl FnMut(&mut Tx<'_>) -> PgResult<T>,
+    ) -> Result<T> {
+        self.tx_queued(operation, mode, None, f)
+    }
+
+    /// [`Pool::tx`] for a transaction that contends on one hot spot (every
+    /// retain of a tenant prunes that tenant's live units): its first
+    /// attempt runs as any other; once it failed to serialize, each retry
+    /// first takes the session advisory lock `queue` and holds it until the
+    /// transaction has ended, so retries of the same hot spot wait their
+    /// turn instead of failing each other again. The uncontended path pays
+    /// nothing; the lock is taken before `BEGIN`, so the transaction's
+    /// snapshot is taken after the wait.
+    pub(crate) fn tx_queued<T>(
+        &self,
+        operation: &'static str,
+        mode: Mode,
+        queue: Option<i64>,
         mut f: impl FnMut(&mut Tx<'_>) -> PgResult<T>,
     ) -> Result<T> {
         let started = Instant::now();
@@ -291,7 +319,21 @@ impl Pool {
                 }
                 Err(e) => return Err(waited(e.during(operation), started)),
             };
+            let queued = queue;
+            if let Some(key) = queued
+                && let Err(e) = conn.client.execute("SELECT pg_advisory_lock($1)", &[&key])
+            {
+                conn.broken = true;
+                self.give(conn);
+                return Err(waited(Fail::Pg(e).during(operation), started));
+            }
             let result = run_once(&mut conn, mode, &mut f);
+            if let Some(key) = queued
+                && conn.client.execute("SELECT pg_advisory_unlock($1)", &[&key]).is_err()
+            {
+                // A lock that may still be held must not go back to the pool.
+                conn.broken = true;
+            }
             match result {
                 Ok(v) => {
                     self.give(conn);
@@ -391,6 +433,17 @@ fn backoff(attempt: u32) {
     let mut b = [0u8; 1];
     let jitter = getrandom::fill(&mut b).map_or(0, |()| u64::from(b[0]) * step / 255);
     std::thread::sleep(Duration::from_millis(step + jitter));
+}
+
+/// The advisory-lock key of a named hot spot: FNV-1a of `name`, the same in
+/// every process and every build (std's hashers promise neither).
+pub(crate) fn lock_key(name: &str) -> i64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in name.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    i64::from_ne_bytes(h.to_ne_bytes())
 }
 
 /// `bytes` random bytes as lowercase hex.

@@ -447,10 +447,15 @@ impl Retention for PgStore {
         })? {
             return Ok(PruneCount::default());
         }
-        self.pool.tx("pruning retained children", Mode::Write, |tx| {
-            backfill(tx)?;
-            prune_in(tx, lim, profile)
-        })
+        self.pool.tx_queued(
+            "pruning retained children",
+            Mode::Write,
+            Some(self.prune_queue),
+            |tx| {
+                backfill(tx)?;
+                prune_in(tx, lim, profile)
+            },
+        )
     }
 
     fn rehydrate_retained_children(&self) -> Result<usize> {
@@ -798,8 +803,9 @@ impl UnitLifecycle for PgStore {
     #[allow(clippy::needless_lifetimes)]
     fn retain_completed_delegation<'a>(&self, id: &str, usage: Option<&'a Value>) -> Result<bool> {
         let lim = self.limits();
-        self.pool
-            .tx("retaining a unit", Mode::Write, |tx| retain_in(tx, id, usage, lim, &self.profile))
+        self.pool.tx_queued("retaining a unit", Mode::Write, Some(self.prune_queue), |tx| {
+            retain_in(tx, id, usage, lim, &self.profile)
+        })
     }
 
     fn persist_completion(&self, c: &Completion) -> Result<bool> {
@@ -809,7 +815,7 @@ impl UnitLifecycle for PgStore {
         let (status, delivery, delivered_at) =
             (plan.state.as_str(), plan.delivery_state, plan.delivered_at);
         let usage = c.usage.as_ref().map(Value::to_string);
-        self.pool.tx("persisting a completion", Mode::Write, |tx| {
+        self.pool.tx_queued("persisting a completion", Mode::Write, Some(self.prune_queue), |tx| {
             backfill(tx)?;
             let changed = tx.execute(
                 "UPDATE async_delegations SET state = $1, completed_at = $2, updated_at = $2, \

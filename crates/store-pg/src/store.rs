@@ -11,7 +11,7 @@ use postgres::Config;
 pub(crate) use retinue_core::Limits;
 use retinue_core::{Clock, Error, Result, RetentionPolicy, SystemClock};
 
-use crate::pool::{Fail, Mode, PgResult, Pool, quote_ident, random_hex};
+use crate::pool::{Fail, Mode, PgResult, Pool, lock_key, quote_ident, random_hex};
 
 /// Default lease of a worker, in seconds: a worker that has not renewed it
 /// for this long is dead, and recovery marks its live units `unknown`.
@@ -156,6 +156,9 @@ pub struct PgStore {
     pub(crate) profile: String,
     pub(crate) worker_id: String,
     pub(crate) lease_secs: f64,
+    /// The advisory lock retries of this tenant's pruning writes queue on
+    /// (see [`Pool::tx_queued`]).
+    pub(crate) prune_queue: i64,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -361,7 +364,10 @@ impl PgStore {
     /// The store over `pool` with `opts` and a fresh worker id (registered
     /// by the caller's first heartbeat, if any).
     fn over(pool: Pool, opts: PgOptions) -> Result<PgStore> {
+        let queue =
+            format!("retinue prune\0{}\0{}", opts.schema.as_deref().unwrap_or(""), opts.profile);
         Ok(PgStore {
+            prune_queue: lock_key(&queue),
             pool,
             clock: opts.clock,
             retention: opts.retention,
