@@ -138,15 +138,18 @@ fn lookup_in(tx: &mut Tx<'_>, id: &str, lim: Limits) -> PgResult<Lookup> {
 /// Every addressable child, in one statement: the live children within
 /// the TTL joined with their live retained units; a unit counts towards
 /// its profile's cap exactly when it has such a child, so `dense_rank` over
-/// these rows is the unit's cap rank (no second pass over the units).
+/// these rows is the unit's cap rank (no second pass over the units). Each
+/// unit's children are one probe of `retinue_idx_children_live_unit` (the
+/// lateral join keeps any plan from scanning every live child per unit).
 pub(crate) fn list_in(tx: &mut Tx<'_>, lim: Limits) -> PgResult<Vec<RetainedChild>> {
     // Output columns 14, 1 and 2: the unit's `retained_at`, its id, the child index.
     let sql = format!(
         "SELECT * FROM (SELECT {CHILD_COLS}, dense_rank() OVER (PARTITION BY {PROFILE_U} \
              ORDER BY u.retained_at DESC NULLS LAST, u.delegation_id DESC) AS rn \
-           FROM async_delegations u JOIN retinue_children c ON c.delegation_id = u.delegation_id \
-           WHERE u.retained = 1 AND u.tombstoned_at IS NULL AND c.tombstoned_at IS NULL \
-             AND COALESCE(c.retained_at, u.retained_at) >= $1) t \
+           FROM async_delegations u CROSS JOIN LATERAL (SELECT * FROM retinue_children c \
+             WHERE c.delegation_id = u.delegation_id AND c.tombstoned_at IS NULL \
+               AND COALESCE(c.retained_at, u.retained_at) >= $1 OFFSET 0) c \
+           WHERE u.retained = 1 AND u.tombstoned_at IS NULL) t \
          WHERE rn <= $2 ORDER BY 14 DESC NULLS LAST, 1 DESC, 2"
     );
     let mut out = Vec::new();

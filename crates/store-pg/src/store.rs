@@ -56,6 +56,10 @@ const MIGRATIONS: &[(&str, &str)] = &[
         "V8__retinue_pg_unit_controls",
         include_str!("../migrations/V8__retinue_pg_unit_controls.sql"),
     ),
+    (
+        "V9__retinue_pg_live_children_by_unit",
+        include_str!("../migrations/V9__retinue_pg_live_children_by_unit.sql"),
+    ),
 ];
 
 #[allow(clippy::cast_possible_truncation, clippy::cast_possible_wrap)] // a handful of files

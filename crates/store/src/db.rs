@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
 
 use crate::error::{Error, Result, SqlResult, is_retryable, migration, sql};
-use retinue_core::SessionRow;
 use retinue_core::{Clock, SystemClock};
 use retinue_core::{JournalMode, RetentionPolicy, Synchronous};
+use retinue_core::{RetainedChild, SessionRow};
 
 mod embedded {
     refinery::embed_migrations!("migrations");
@@ -135,6 +135,19 @@ const CACHED_NEIGHBOURHOODS: usize = 64;
 pub(crate) struct ConnCache {
     stamp: Option<(i64, u64)>,
     neighbourhoods: HashMap<(String, usize), Vec<SessionRow>>,
+    list: Option<CachedList>,
+}
+
+/// The addressable list as read at one TTL cutoff. Without a commit, time
+/// alone changes it only when a listed child's TTL clock passes the cutoff
+/// (a unit not listed enters only when a listed one leaves, and no child
+/// comes back into its TTL while the cutoff grows): it is the answer again
+/// for any later cutoff up to the oldest listed child's clock.
+struct CachedList {
+    cutoff: f64,
+    max_retained: u32,
+    oldest: f64,
+    rows: Vec<RetainedChild>,
 }
 
 impl ConnCache {
@@ -154,6 +167,26 @@ impl ConnCache {
     fn clear(&mut self) {
         self.stamp = None;
         self.neighbourhoods.clear();
+        self.list = None;
+    }
+
+    /// The cached list, if it is the answer at `cutoff` with `max_retained`.
+    pub(crate) fn list(&self, cutoff: f64, max_retained: u32) -> Option<&Vec<RetainedChild>> {
+        self.list
+            .as_ref()
+            .filter(|l| l.max_retained == max_retained && cutoff >= l.cutoff && cutoff <= l.oldest)
+            .map(|l| &l.rows)
+    }
+
+    /// Keeps a list read at `cutoff` after [`ConnCache::validate`].
+    pub(crate) fn keep_list(&mut self, cutoff: f64, max_retained: u32, rows: &[RetainedChild]) {
+        // Every listed child is within the TTL, so has a clock; one without
+        // would make the entry unusable, never wrong.
+        let oldest = rows
+            .iter()
+            .map(|r| r.retained_at.unwrap_or(f64::NEG_INFINITY))
+            .fold(f64::INFINITY, f64::min);
+        self.list = Some(CachedList { cutoff, max_retained, oldest, rows: rows.to_vec() });
     }
 
     /// The cached neighbourhood of (`id`, `max_hops`), if any.
@@ -672,27 +705,33 @@ fn open_pool_timed(
         .map_err(sql("reading the journal mode"))?;
     let wal_wanted = opts.journal_mode == JournalMode::Wal;
     let switch = wal_wanted && !journal.eq_ignore_ascii_case("wal");
-    if exists && (switch || needs_upgrade(&conn).map_err(|e| e.during("reading the schema"))?) {
+    // A file whose schema is current (every table and column, the newest
+    // migration recorded) needs neither the reconciling transactions nor
+    // the migration runner: the common open reads and writes nothing else.
+    let current = exists && !needs_upgrade(&conn).map_err(|e| e.during("reading the schema"))?;
+    if exists && (switch || !current) {
         check_intact(&conn)?;
     }
     set_journal_mode(&conn, opts.journal_mode).map_err(|e| e.during("setting the journal mode"))?;
     let mut attempt = 0;
-    loop {
-        let step = reconcile(&mut conn).and_then(|()| migrate(&mut conn)).and_then(|()| {
-            reconcile_in(&mut conn, RECONCILE_AFTER)
-                .map_err(|e| e.during("adding missing retinue columns"))
-        });
-        match step {
-            Ok(()) => break,
-            // A busy that already waited out the timeout is final: retrying
-            // would multiply the wait past what the configuration promises.
-            // Early busies (SQLite's deadlock avoidance) and races are retried.
-            Err(e) if attempt < 3 && is_retryable(&e) && started.elapsed() < timeout => {
-                attempt += 1;
-                std::thread::sleep(Duration::from_millis(20 * attempt));
-                check_not_newer(&conn)?;
+    if !current {
+        loop {
+            let step = reconcile(&mut conn).and_then(|()| migrate(&mut conn)).and_then(|()| {
+                reconcile_in(&mut conn, RECONCILE_AFTER)
+                    .map_err(|e| e.during("adding missing retinue columns"))
+            });
+            match step {
+                Ok(()) => break,
+                // A busy that already waited out the timeout is final: retrying
+                // would multiply the wait past what the configuration promises.
+                // Early busies (SQLite's deadlock avoidance) and races are retried.
+                Err(e) if attempt < 3 && is_retryable(&e) && started.elapsed() < timeout => {
+                    attempt += 1;
+                    std::thread::sleep(Duration::from_millis(20 * attempt));
+                    check_not_newer(&conn)?;
+                }
+                Err(e) => return Err(e),
             }
-            Err(e) => return Err(e),
         }
     }
     pool.idle

@@ -294,8 +294,17 @@ fn concurrent_writer(dir: &Path) -> Outcome<CaseReport> {
     let read_ms = millis(start);
     drop(ro);
     let write_start = Instant::now();
-    let write = Store::open(&path, options(timeout))
-        .and_then(|s| s.prune_retained_children(None, None).map(|_| ()));
+    // A write that must happen: a unit dispatched (opening a current file
+    // takes no lock, and a prune with nothing due writes nothing, so
+    // neither would wait).
+    let write = Store::open(&path, options(timeout)).and_then(|s| {
+        use retinue_core::UnitLifecycle;
+        let draft = retinue_core::UnitDraft {
+            children: vec![retinue_core::ChildManifest::default()],
+            ..retinue_core::UnitDraft::default()
+        };
+        s.insert_unit(&draft).map(|_| ())
+    });
     let write_ms = millis(write_start);
     writer.execute_batch("ROLLBACK").ctx("unlock")?;
     let message = match write {

@@ -187,7 +187,22 @@ pub(crate) fn list_in(tx: &Connection, lim: Limits) -> SqlResult<Vec<RetainedChi
 impl RegistryRead for Store {
     fn list_retained_children(&self) -> Result<Vec<RetainedChild>> {
         let lim = self.limits();
-        self.pool.query("listing retained children", |conn| list_in(conn, lim))
+        // A list this connection read while nothing has been committed
+        // since, and still the answer at this cutoff, is answered again
+        // (`ConnCache`); otherwise it is read now, on one snapshot.
+        self.pool.cached("listing retained children", |conn, cache| {
+            cache.validate(conn)?;
+            if let Some(rows) = cache.list(lim.cutoff(), lim.max_retained) {
+                return Ok(rows.clone());
+            }
+            conn.prepare_cached("BEGIN DEFERRED")?.execute([])?;
+            let read = list_in(conn, lim);
+            let end = conn.prepare_cached("COMMIT").and_then(|mut s| s.execute([]));
+            let rows = read?;
+            end?;
+            cache.keep_list(lim.cutoff(), lim.max_retained, &rows);
+            Ok(rows)
+        })
     }
 
     fn find_retained_child(&self, id: &str) -> Result<Option<RetainedChild>> {
