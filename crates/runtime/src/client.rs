@@ -67,6 +67,11 @@ pub(crate) struct Call {
 /// How often a waiting call looks at its cancel token.
 const CANCEL_POLL: Duration = Duration::from_millis(50);
 
+/// How long a caller yields before it sleeps on the answer: a call to a
+/// local server answers within it, and waking a sleeping thread costs more
+/// than the call (`examples/runtime.rs` in retinue-bench).
+const SPIN: Duration = Duration::from_micros(300);
+
 impl Call {
     /// `{base_url}/chat/completions`, the path joined before any query
     /// (`…/v1?api_key=K` → `…/v1/chat/completions?api_key=K`).
@@ -151,18 +156,30 @@ impl Call {
         }
     }
 
-    /// One attempt on a thread of its own: a cancel (or the deadline)
-    /// returns at once, within [`CANCEL_POLL`], even while the socket is
-    /// blocked; the abandoned attempt ends by its own timeouts and nothing it
-    /// gets is used.
+    /// One attempt on a thread of the `blocking` pool: a cancel (or the
+    /// deadline) returns at once, within [`CANCEL_POLL`], even while the
+    /// socket is blocked; the abandoned attempt ends by its own timeouts and
+    /// nothing it gets is used. The pool keeps a finished call's thread for
+    /// the next call (a new thread per call cost as much as the call to a
+    /// local server), and grows with the calls in flight (to 500 by
+    /// default, `BLOCKING_MAX_THREADS`).
     fn attempt_interruptible(&self) -> Result<Completion, Attempt> {
         let (tx, rx) = std::sync::mpsc::channel();
         let call = self.clone();
-        let spawned = std::thread::Builder::new().name("model-call".to_owned()).spawn(move || {
+        // Spawned eagerly; detached, it runs to its end unobserved.
+        blocking::unblock(move || {
             let _ = tx.send(call.attempt());
-        });
-        if spawned.is_err() {
-            return self.attempt();
+        })
+        .detach();
+        // A fast answer (a local server) is taken without going to sleep:
+        // a short yielding wait first, then the blocking one.
+        let spin_until = std::time::Instant::now() + SPIN;
+        while std::time::Instant::now() < spin_until {
+            match rx.try_recv() {
+                Ok(result) => return result,
+                Err(std::sync::mpsc::TryRecvError::Empty) => std::thread::yield_now(),
+                Err(std::sync::mpsc::TryRecvError::Disconnected) => break,
+            }
         }
         loop {
             match rx.recv_timeout(CANCEL_POLL) {

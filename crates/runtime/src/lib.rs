@@ -39,6 +39,7 @@
 mod client;
 mod config;
 mod error;
+mod resolve;
 mod runtime;
 mod spans;
 mod tools;

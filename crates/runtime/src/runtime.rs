@@ -81,8 +81,13 @@ impl ChatRuntime {
             .timeout_recv_response(Some(config.first_byte_timeout))
             .max_idle_connections(256)
             .max_idle_connections_per_host(256)
-            .build()
-            .new_agent();
+            .build();
+        // ureq's parts with one change: an IP-literal endpoint is not looked up.
+        let agent = ureq::Agent::with_parts(
+            agent,
+            ureq::unversioned::transport::DefaultConnector::new(),
+            crate::resolve::LiteralFirst::default(),
+        );
         Ok(ChatRuntime {
             shared_config: Arc::new(config.clone()),
             config,
