@@ -100,6 +100,21 @@ struct Conn {
     broken: bool,
 }
 
+impl Conn {
+    /// Runs `sql` with one `BIGINT` parameter, prepared once per connection.
+    fn run_cached(&mut self, sql: &str, param: i64) -> std::result::Result<u64, postgres::Error> {
+        let stmt = match self.stmts.get(sql) {
+            Some(s) => s.clone(),
+            None => {
+                let s = self.client.prepare(sql)?;
+                self.stmts.insert(sql.to_owned(), s.clone());
+                s
+            }
+        };
+        self.client.execute(&stmt, &[&param])
+    }
+}
+
 /// A statement to run: SQL text (prepared once per connection, then cached)
 /// or an already prepared statement.
 pub(crate) trait Sql {
@@ -331,7 +346,7 @@ impl Pool {
             };
             let mut queued = queue.filter(|_| !self.no_advisory_locks.load(Ordering::Relaxed));
             if let Some(key) = queued
-                && let Err(e) = conn.client.execute("SELECT pg_advisory_lock($1)", &[&key])
+                && let Err(e) = conn.run_cached("SELECT pg_advisory_lock($1)", key)
             {
                 if matches!(e.code(), Some(c) if *c == SqlState::UNDEFINED_FUNCTION
                     || *c == SqlState::FEATURE_NOT_SUPPORTED)
@@ -347,7 +362,7 @@ impl Pool {
             }
             let result = run_once(&mut conn, mode, &mut f);
             if let Some(key) = queued
-                && conn.client.execute("SELECT pg_advisory_unlock($1)", &[&key]).is_err()
+                && conn.run_cached("SELECT pg_advisory_unlock($1)", key).is_err()
             {
                 // A lock that may still be held must not go back to the pool.
                 conn.broken = true;
