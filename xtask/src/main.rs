@@ -40,7 +40,8 @@ tasks:
   bench   the registry benchmark on SQLite and PostgreSQL (a throwaway cluster), writing
           docs/benchmarks.json and its block in docs/benchmarks.md; then the child runtime's
           and the tools' (--quick: a smoke run, its report in target/bench/ checked against
-          docs/'s shape; --only/--n: a partial SQLite run, no report; --backend pg [--scale]
+          docs/'s shape; --render: the block again from docs/benchmarks.json; --only/--n: a
+          partial SQLite run, no report; --backend pg [--scale]
           [--explain FILE]: the PostgreSQL rows alone)
 ";
 

@@ -326,6 +326,20 @@ pub(crate) fn pg_stop(root: &Path) -> Result<(), String> {
 
 /// The URL for the tests: `RETINUE_PG_URL` when set (nothing started), else a
 /// fresh cluster that lives as long as the returned guard.
+/// The pid of a cluster of this checkout (`target/pg-cluster` or
+/// `target/pg-test-cluster`) that serves `url`, read from its
+/// `postmaster.pid` (pid on the first line, port on the fourth).
+pub(crate) fn local_postmaster(root: &Path, url: &str) -> Option<u32> {
+    [SHARED, TESTS].iter().find_map(|dir| {
+        let text =
+            std::fs::read_to_string(root.join("target").join(dir).join("postmaster.pid")).ok()?;
+        let lines: Vec<&str> = text.lines().collect();
+        let pid: u32 = lines.first()?.trim().parse().ok()?;
+        let port = lines.get(3)?.trim();
+        url.contains(&format!(":{port}/")).then_some(pid)
+    })
+}
+
 pub(crate) fn for_tests(root: &Path) -> Result<(String, Option<Cluster>), String> {
     if let Ok(url) = std::env::var(URL_VAR)
         && !url.trim().is_empty()

@@ -49,6 +49,35 @@ fn time_with_setup(
     Ok(median(v))
 }
 
+/// Medians (µs) of `fs`, each called `iters` times, in turn — the first of
+/// each round rotating — so a slow spell of the shared machine falls on all
+/// of them alike (timing one after the other made ratios swing by 3×).
+type Timed<'a> = &'a mut dyn FnMut(usize) -> Res<()>;
+
+fn interleaved(iters: usize, fs: &mut [Timed<'_>]) -> Res<Vec<f64>> {
+    let k = fs.len();
+    let mut samples = vec![Vec::with_capacity(iters); k];
+    for i in 0..iters {
+        for j in 0..k {
+            let at = (i + j) % k;
+            let t = Instant::now();
+            fs[at](i)?;
+            samples[at].push(t.elapsed().as_secs_f64() * 1e6);
+        }
+    }
+    Ok(samples.into_iter().map(median).collect())
+}
+
+/// [`interleaved`] of two: (Retinue, limit).
+fn pair(
+    iters: usize,
+    mut ours: impl FnMut(usize) -> Res<()>,
+    mut limit: impl FnMut(usize) -> Res<()>,
+) -> Res<(f64, f64)> {
+    let v = interleaved(iters, &mut [&mut ours, &mut limit])?;
+    Ok((v[0], v[1]))
+}
+
 fn time(iters: usize, f: impl FnMut(usize) -> Res<()>) -> Res<f64> {
     time_with_setup(iters, |_| Ok(()), f)
 }
@@ -136,8 +165,11 @@ fn main() -> Res<()> {
 
     // Opening an existing schema.
     let store_opts = opts.clone().with_schema(&base);
-    let ours = time(if quick { 10 } else { 50 }, |_| ok(PgStore::open(&url, store_opts.clone())))?;
-    let limit = time(50, |_| Limits::open_limit(&url, &base))?;
+    let (ours, limit) = pair(
+        if quick { 10 } else { 50 },
+        |_| ok(PgStore::open(&url, store_opts.clone())),
+        |_| Limits::open_limit(&url, &base),
+    )?;
     t.push("open existing db", ours, Some(limit));
 
     // Finds (the newest unit is live; checked before timing).
@@ -151,8 +183,11 @@ fn main() -> Res<()> {
         if hit != (op != "find miss") || lim.find(column, &id, cutoff)? != usize::from(hit) {
             return Err(format!("{op}: the fixture does not answer as expected").into());
         }
-        let ours = time(reads, |_| ok(store.find_retained_child(&id)))?;
-        let limit = time(reads, |_| ok(lim.find(column, &id, cutoff)))?;
+        let (ours, limit) = pair(
+            reads,
+            |_| ok(store.find_retained_child(&id)),
+            |_| ok(lim.find(column, &id, cutoff)),
+        )?;
         t.push(op, ours, Some(limit));
     }
 
@@ -162,12 +197,17 @@ fn main() -> Res<()> {
     if listed != lim.list(cutoff, cap)? || listed == 0 {
         return Err(format!("operator list: {listed} children, the limit disagrees").into());
     }
-    let ours = time(reads, |_| ok(store.list_retained_children()))?;
-    let limit = time(reads, |_| ok(lim.list(cutoff, cap)))?;
-    t.push("operator list", ours, Some(limit));
     let owner = parent_of(newest);
-    let ours = time(reads, |_| ok(authority.list_for(Some(&owner))))?;
-    t.push("owner-scoped list", ours, Some(limit));
+    let v = interleaved(
+        reads,
+        &mut [
+            &mut |_| ok(store.list_retained_children()),
+            &mut |_| ok(lim.list(cutoff, cap)),
+            &mut |_| ok(authority.list_for(Some(&owner))),
+        ],
+    )?;
+    t.push("operator list", v[0], Some(v[1]));
+    t.push("owner-scoped list", v[2], Some(v[1]));
 
     // Authority at lineage depths (the spawner is L0; requesters walk up).
     let entry =
@@ -181,21 +221,27 @@ fn main() -> Res<()> {
             return Err(format!("authority, depth {depth}: denied").into());
         }
         eprintln!("authority, depth {depth}: {verdict:?}");
-        let ours = time(reads, |_| {
-            let _ = authority.check_follow_up_authority(&e, Some(&requester));
-            Ok(())
-        })?;
-        let limit = time(reads, |_| ok(lim.chain(&requester)))?;
+        let (ours, limit) = pair(
+            reads,
+            |_| {
+                let _ = authority.check_follow_up_authority(&e, Some(&requester));
+                Ok(())
+            },
+            |_| ok(lim.chain(&requester)),
+        )?;
         t.push(&format!("authority, depth {depth}"), ours, Some(limit));
     }
     if authority.check_follow_up_authority(&entry, Some("stranger")).is_ok() {
         return Err("authority, foreign requester: allowed".into());
     }
-    let ours = time(reads, |_| {
-        let _ = authority.check_follow_up_authority(&entry, Some("stranger"));
-        Ok(())
-    })?;
-    let limit = time(reads, |_| ok(lim.chain("stranger")))?;
+    let (ours, limit) = pair(
+        reads,
+        |_| {
+            let _ = authority.check_follow_up_authority(&entry, Some("stranger"));
+            Ok(())
+        },
+        |_| ok(lim.chain("stranger")),
+    )?;
     t.push("authority, foreign requester", ours, Some(limit));
 
     // Ledger.
@@ -205,8 +251,11 @@ fn main() -> Res<()> {
         if (totals.cost_usd - 0.01 * size as f64).abs() > 1e-6 {
             return Err(format!("usage totals of {parent}: {}", totals.cost_usd).into());
         }
-        let ours = time(reads, |_| ok(retinue_usage::load_child_usage_totals(&*store, &parent)))?;
-        let limit = time(reads, |_| ok(lim.totals(&parent)))?;
+        let (ours, limit) = pair(
+            reads,
+            |_| ok(retinue_usage::load_child_usage_totals(&*store, &parent)),
+            |_| ok(lim.totals(&parent)),
+        )?;
         t.push(&format!("usage totals, {size} rows"), ours, Some(limit));
     }
 
@@ -214,32 +263,45 @@ fn main() -> Res<()> {
     if store.prune_retained_children(None, None)?.units != 0 {
         return Err("prune, nothing to do: the fixture had something to prune".into());
     }
-    let ours = time(reads.min(500), |_| ok(store.prune_retained_children(None, None)))?;
-    let limit = time(reads.min(500), |_| ok(lim.prune_noop(cutoff)))?;
+    let (ours, limit) = pair(
+        reads.min(500),
+        |_| ok(store.prune_retained_children(None, None)),
+        |_| ok(lim.prune_noop(cutoff)),
+    )?;
     t.push("prune, nothing to do", ours, Some(limit));
 
     // Writes (one durability setting: PostgreSQL's commit is the server's).
     let now = clock.now();
-    let ours = time(writes, |i| {
-        let id = store.insert_unit(&draft(&format!("w{i:06}"), "p-1"))?;
-        ok(store.retain_completed_delegation(&id, None))
-    })?;
-    let limit = time(writes, |i| lim.write_unit(&format!("L{i:06}"), now))?;
+    let shared = std::cell::RefCell::new(&mut lim);
+    let v = interleaved(
+        writes,
+        &mut [
+            &mut |i| {
+                let id = store.insert_unit(&draft(&format!("w{i:06}"), "p-1"))?;
+                ok(store.retain_completed_delegation(&id, None))
+            },
+            &mut |i| shared.borrow_mut().write_unit(&format!("L{i:06}"), now),
+            &mut |i| shared.borrow_mut().write_unit_two_commits(&format!("W{i:06}"), now),
+        ],
+    )?;
+    let (ours, limit, two) = (v[0], v[1], v[2]);
     t.push("write path (dispatch+manifest+retain)", ours, Some(limit));
-    let two = time(writes, |i| lim.write_unit_two_commits(&format!("W{i:06}"), now))?;
     t.push("  same, limit = two bare commits", ours, Some(two));
-    let record = time(writes, |i| {
-        let d = AttributionDraft {
-            parent_session_id: "rec".into(),
-            parent_turn_id: String::new(),
-            child_session_id: format!("c{i}"),
-            usage: json!({"cost_usd": 0.01, "tokens": {"input": 1, "output": 1}}),
-            aggregate: None,
-            key: Some(format!("rec:{i}")),
-        };
-        ok(retinue_usage::record_child_usage_attribution(&*store, &d))
-    })?;
-    let limit = time(writes, |i| lim.record(i))?;
+    let (record, limit) = pair(
+        writes,
+        |i| {
+            let d = AttributionDraft {
+                parent_session_id: "rec".into(),
+                parent_turn_id: String::new(),
+                child_session_id: format!("c{i}"),
+                usage: json!({"cost_usd": 0.01, "tokens": {"input": 1, "output": 1}}),
+                aggregate: None,
+                key: Some(format!("rec:{i}")),
+            };
+            ok(retinue_usage::record_child_usage_attribution(&*store, &d))
+        },
+        |i| lim.record(i),
+    )?;
     t.push("record attribution", record, Some(limit));
     // The limits' bare writes left live units outside the cap: settle (untimed).
     store.prune_retained_children(None, None)?;
@@ -351,15 +413,18 @@ fn main() -> Res<()> {
     clock.advance(1.0);
     let resumable = store.insert_unit(&draft("resume", "p-6"))?;
     store.retain_completed_delegation(&resumable, None)?;
-    let ours = time(reads.min(500), |_| {
-        let id = &resumable;
-        match store.claim_resume(id, 0)? {
-            ResumeClaim::Claimed { token } => ok(store.release_resume(id, 0, &token)),
-            other => Err(format!("resume claim: {other:?}").into()),
-        }
-    })?;
-    let limit = time(reads.min(500), |_| lim.claim_release(&resumable))?;
-    t.push("resume claim + release (2 commits)", ours, Some(limit));
+    let (ours, limit) = pair(
+        reads.min(500),
+        |_| {
+            let id = &resumable;
+            match store.claim_resume(id, 0)? {
+                ResumeClaim::Claimed { token } => ok(store.release_resume(id, 0, &token)),
+                other => Err(format!("resume claim: {other:?}").into()),
+            }
+        },
+        |_| lim.claim_release(&resumable),
+    )?;
+    t.push("resume claim + release, two commits", ours, Some(limit));
     let size_kib = lim.schema_kib(&base)?;
 
     // Collapse N → 10 in one call, on fresh all-live copies (ours and the

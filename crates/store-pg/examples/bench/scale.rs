@@ -19,7 +19,7 @@ use serde_json::json;
 
 use crate::fixture::T0;
 use crate::limits::{Limits, Res};
-use crate::{explain, ok, time};
+use crate::{explain, interleaved, ok, pair};
 
 /// One measured row at one N.
 struct Row {
@@ -75,12 +75,18 @@ pub(crate) fn run(
         {
             return Err(format!("N={n}: the newest child is not found").into());
         }
-        let ours = time(reads, |_| ok(store.find_retained_child(&hit)))?;
-        let limit = time(reads, |_| ok(lim.find("subagent_id", &hit, cutoff)))?;
+        let (ours, limit) = pair(
+            reads,
+            |_| ok(store.find_retained_child(&hit)),
+            |_| ok(lim.find("subagent_id", &hit, cutoff)),
+        )?;
         push("find by subagent id", ours, Some(limit));
         let miss = "sa-9-ffffffff";
-        let ours = time(reads, |_| ok(store.find_retained_child(miss)))?;
-        let limit = time(reads, |_| ok(lim.find("subagent_id", miss, cutoff)))?;
+        let (ours, limit) = pair(
+            reads,
+            |_| ok(store.find_retained_child(miss)),
+            |_| ok(lim.find("subagent_id", miss, cutoff)),
+        )?;
         push("find miss", ours, Some(limit));
 
         let listed = store.list_retained_children()?.len();
@@ -89,42 +95,56 @@ pub(crate) fn run(
                 format!("N={n}: operator list: {listed} children, the limit disagrees").into()
             );
         }
-        let ours = time(reads, |_| ok(store.list_retained_children()))?;
-        let limit = time(reads, |_| ok(lim.list(cutoff, cap)))?;
-        push("operator list", ours, Some(limit));
         let authority = Authority::new(store.clone(), store.clone(), "");
         let owner = parent_of(newest);
         if authority.list_for(Some(&owner))?.is_empty() {
             return Err(format!("N={n}: owner-scoped list is empty").into());
         }
-        let ours = time(reads, |_| ok(authority.list_for(Some(&owner))))?;
-        push("owner-scoped list", ours, Some(limit));
+        let v = interleaved(
+            reads,
+            &mut [
+                &mut |_| ok(store.list_retained_children()),
+                &mut |_| ok(lim.list(cutoff, cap)),
+                &mut |_| ok(authority.list_for(Some(&owner))),
+            ],
+        )?;
+        push("operator list", v[0], Some(v[1]));
+        push("owner-scoped list", v[2], Some(v[1]));
 
         let mut entry = store.find_retained_child(&hit)?.ok_or("fixture child missing")?;
         entry.parent_session_id = "L0".into();
         if authority.check_follow_up_authority(&entry, Some("L99")).is_err() {
             return Err(format!("N={n}: authority at depth 99 denied").into());
         }
-        let ours = time(reads, |_| {
-            let _ = authority.check_follow_up_authority(&entry, Some("L99"));
-            Ok(())
-        })?;
-        let limit = time(reads, |_| ok(lim.chain("L99")))?;
+        let (ours, limit) = pair(
+            reads,
+            |_| {
+                let _ = authority.check_follow_up_authority(&entry, Some("L99"));
+                Ok(())
+            },
+            |_| ok(lim.chain("L99")),
+        )?;
         push("authority, depth 99", ours, Some(limit));
 
         if store.prune_retained_children(None, None)?.units != 0 {
             return Err(format!("N={n}: prune, nothing to do: something was due").into());
         }
-        let ours = time(reads.min(500), |_| ok(store.prune_retained_children(None, None)))?;
-        let limit = time(reads.min(500), |_| ok(lim.prune_noop(cutoff)))?;
+        let (ours, limit) = pair(
+            reads.min(500),
+            |_| ok(store.prune_retained_children(None, None)),
+            |_| ok(lim.prune_noop(cutoff)),
+        )?;
         push("prune, nothing to do", ours, Some(limit));
 
         let now = clock.now();
-        let ours = time(writes, |i| {
-            let id = store.insert_unit(&draft(&format!("w{i:06}"), "p-1"))?;
-            ok(store.retain_completed_delegation(&id, None))
-        })?;
-        let limit = time(writes, |i| lim.write_unit_two_commits(&format!("W{i:06}"), now))?;
+        let (ours, limit) = pair(
+            writes,
+            |i| {
+                let id = store.insert_unit(&draft(&format!("w{i:06}"), "p-1"))?;
+                ok(store.retain_completed_delegation(&id, None))
+            },
+            |i| lim.write_unit_two_commits(&format!("W{i:06}"), now),
+        )?;
         push("write path (two bare commits)", ours, Some(limit));
         store.prune_retained_children(None, None)?;
 
