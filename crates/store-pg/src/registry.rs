@@ -307,58 +307,56 @@ pub(crate) fn recount_live(tx: &mut Tx<'_>) -> PgResult<()> {
 /// operator; team mode always names one) prunes every profile, each ranked
 /// among its own.
 ///
-/// Two statements, each bounded by the tenant's live units (at most the cap
-/// and the one just retained, in steady state) and the children past the
-/// TTL: the TTL's children and the units it leaves without a live child;
-/// then the cap's units and children, with the tenant's live count written
-/// from the same ranking (no recount of other tenants).
+/// One statement, bounded by the tenant's live units (at most the cap and
+/// the one just retained, in steady state) and their children: the TTL's
+/// children and the units it leaves without a live child, the cap's units
+/// and children, and the tenant's live count from the same ranking (no
+/// recount of other tenants).
 pub(crate) fn prune_in(tx: &mut Tx<'_>, lim: Limits, profile: &str) -> PgResult<PruneCount> {
     let t = lim.now;
-    let mut n = PruneCount::default();
-    // The units' update sees the snapshot before the children's: a unit
-    // goes exactly when no child of it is live and within the TTL — what
-    // the children's update leaves (it takes the others).
-    let ttl = format!(
-        "WITH live AS (SELECT delegation_id FROM async_delegations \
-           WHERE retained = 1 AND tombstoned_at IS NULL AND ($4 = '' OR {PROFILE} IN ('', $4))), \
-         c AS (UPDATE retinue_children SET tombstone_reason = 'ttl', \
+    // One statement on one snapshot. `live` is the tenant's live units, each
+    // with whether a child of it stays within the TTL (`keeps`); the TTL
+    // tombstones the other children (`ttl`, at their expiry) and the units
+    // without such a child; the cap ranks the units that keep one and
+    // tombstones, beyond `max_retained`, their children still within the
+    // TTL (`cap`) and the units; the live count is what stays. The four
+    // updates touch disjoint rows, exactly the rows the TTL pass and then
+    // the cap pass would.
+    let sql = format!(
+        "WITH live AS (SELECT delegation_id, {PROFILE} AS p, retained_at, EXISTS (SELECT 1 \
+             FROM retinue_children k WHERE k.delegation_id = u.delegation_id \
+             AND k.tombstoned_at IS NULL AND k.retained_at >= $2) AS keeps \
+           FROM async_delegations u WHERE retained = 1 AND tombstoned_at IS NULL \
+             AND ($4 = '' OR {PROFILE} IN ('', $4))), \
+         ranked AS (SELECT delegation_id, p, row_number() OVER (PARTITION BY p \
+             ORDER BY retained_at DESC NULLS LAST, delegation_id DESC) AS rn \
+           FROM live WHERE keeps), \
+         over AS (SELECT delegation_id FROM ranked WHERE rn > $5), \
+         tc AS (UPDATE retinue_children SET tombstone_reason = 'ttl', \
              tombstoned_at = LEAST($1, COALESCE(retained_at + $3, $1)) \
            WHERE delegation_id IN (SELECT delegation_id FROM live) \
              AND tombstoned_at IS NULL AND (retained_at IS NULL OR retained_at < $2) RETURNING 1), \
-         u AS (UPDATE async_delegations SET tombstoned_at = $1, updated_at = $1 \
-           WHERE delegation_id IN (SELECT delegation_id FROM live) AND NOT EXISTS (SELECT 1 FROM \
-             retinue_children k WHERE k.delegation_id = async_delegations.delegation_id \
-             AND k.tombstoned_at IS NULL AND k.retained_at >= $2) RETURNING 1) \
-         SELECT (SELECT count(*) FROM c), (SELECT count(*) FROM u)"
-    );
-    let row = tx.query_one(&ttl, &[&t, &lim.cutoff(), &lim.ttl_seconds(), &profile])?;
-    n.children += count_of(row.try_get(0)?);
-    n.units += count_of(row.try_get(1)?);
-    // The cap: the tenant's live units ranked beyond `max_retained` in
-    // their profile; the live count is what stays.
-    let cap = format!(
-        "WITH ranked AS (SELECT delegation_id, {PROFILE} AS p, row_number() OVER \
-           (PARTITION BY {PROFILE} ORDER BY retained_at DESC NULLS LAST, delegation_id DESC) AS rn \
-           FROM async_delegations WHERE retained = 1 AND tombstoned_at IS NULL \
-             AND ($3 = '' OR {PROFILE} IN ('', $3))), \
-         over AS (SELECT delegation_id FROM ranked WHERE rn > $2), \
-         c AS (UPDATE retinue_children SET tombstoned_at = $1, tombstone_reason = 'cap' \
-           WHERE tombstoned_at IS NULL AND delegation_id IN (SELECT delegation_id FROM over) \
-           RETURNING 1), \
-         u AS (UPDATE async_delegations SET tombstoned_at = $1, updated_at = $1 \
+         tu AS (UPDATE async_delegations SET tombstoned_at = $1, updated_at = $1 \
+           WHERE delegation_id IN (SELECT delegation_id FROM live WHERE NOT keeps) RETURNING 1), \
+         cc AS (UPDATE retinue_children SET tombstoned_at = $1, tombstone_reason = 'cap' \
+           WHERE tombstoned_at IS NULL AND retained_at >= $2 \
+             AND delegation_id IN (SELECT delegation_id FROM over) RETURNING 1), \
+         cu AS (UPDATE async_delegations SET tombstoned_at = $1, updated_at = $1 \
            WHERE delegation_id IN (SELECT delegation_id FROM over) RETURNING 1), \
-         cnt AS (SELECT p, count(*) FILTER (WHERE rn <= $2) AS n FROM ranked GROUP BY p), \
+         cnt AS (SELECT p, count(*) FILTER (WHERE rn <= $5) AS n FROM ranked GROUP BY p), \
          z AS (UPDATE retinue_profile_live SET units = 0 WHERE units <> 0 \
-           AND ($3 = '' OR profile IN ('', $3)) AND profile NOT IN (SELECT p FROM cnt)), \
+           AND ($4 = '' OR profile IN ('', $4)) AND profile NOT IN (SELECT p FROM cnt)), \
          w AS (INSERT INTO retinue_profile_live (profile, units) SELECT p, n FROM cnt \
            ON CONFLICT (profile) DO UPDATE SET units = EXCLUDED.units \
            WHERE retinue_profile_live.units <> EXCLUDED.units) \
-         SELECT (SELECT count(*) FROM c), (SELECT count(*) FROM u)"
+         SELECT (SELECT count(*) FROM tc) + (SELECT count(*) FROM cc), \
+           (SELECT count(*) FROM tu) + (SELECT count(*) FROM cu)"
     );
-    let row = tx.query_one(&cap, &[&t, &int(lim.max_retained), &profile])?;
-    n.children += count_of(row.try_get(0)?);
-    n.units += count_of(row.try_get(1)?);
-    Ok(n)
+    let row = tx.query_one(
+        &sql,
+        &[&t, &lim.cutoff(), &lim.ttl_seconds(), &profile, &int(lim.max_retained)],
+    )?;
+    Ok(PruneCount { children: count_of(row.try_get(0)?), units: count_of(row.try_get(1)?) })
 }
 
 /// A `count(*)` → `usize`.
