@@ -196,18 +196,18 @@ impl RegistryRead for PgStore {
 /// Child rows for `retained=1` units that have none (units copied from a
 /// hermes file), as the SQLite backend's backfill.
 fn backfill(tx: &mut Tx<'_>) -> PgResult<usize> {
+    // One statement: the TTL clock of live units' children that have none,
+    // and the live units without any child row (their rows come from
+    // `children_json`, below). The two touch different rows.
     let units = tx.query(
-        "SELECT delegation_id, children_json, child_session_id, retained_at, tombstoned_at \
+        "WITH clock AS (UPDATE retinue_children SET retained_at = (SELECT u.retained_at \
+             FROM async_delegations u WHERE u.delegation_id = retinue_children.delegation_id) \
+           WHERE delegation_id IN (SELECT delegation_id FROM async_delegations \
+                                   WHERE retained = 1 AND tombstoned_at IS NULL) \
+             AND retained_at IS NULL AND tombstoned_at IS NULL) \
+         SELECT delegation_id, children_json, child_session_id, retained_at, tombstoned_at \
          FROM async_delegations u WHERE retained = 1 AND tombstoned_at IS NULL AND NOT EXISTS \
          (SELECT 1 FROM retinue_children c WHERE c.delegation_id = u.delegation_id)",
-        &[],
-    )?;
-    tx.execute(
-        "UPDATE retinue_children SET retained_at = (SELECT u.retained_at FROM async_delegations u \
-           WHERE u.delegation_id = retinue_children.delegation_id) \
-         WHERE delegation_id IN (SELECT delegation_id FROM async_delegations \
-                                 WHERE retained = 1 AND tombstoned_at IS NULL) \
-           AND retained_at IS NULL AND tombstoned_at IS NULL",
         &[],
     )?;
     let mut inserted = 0;

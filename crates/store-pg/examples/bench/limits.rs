@@ -164,7 +164,25 @@ impl Limits {
         Ok(())
     }
 
-    /// One bare transaction writing a retained unit with two children and their sessions.
+    /// The retain's cap as bare SQL, in one statement: the live units
+    /// beyond the newest 10 of the profile (one, in steady state) and their
+    /// live children tombstoned — the rows the store's retain writes too.
+    fn cap(&mut self, now: f64) -> Res<()> {
+        self.exec(
+            "WITH o AS (UPDATE async_delegations SET tombstoned_at = $1, updated_at = $1 \
+               WHERE delegation_id IN (SELECT delegation_id FROM async_delegations \
+                 WHERE retained = 1 AND tombstoned_at IS NULL AND COALESCE(owner_profile, '') = '' \
+                 ORDER BY COALESCE(owner_profile, ''), retained_at DESC NULLS LAST, \
+                   delegation_id DESC OFFSET 10) RETURNING delegation_id) \
+             UPDATE retinue_children SET tombstoned_at = $1, tombstone_reason = 'cap' \
+             WHERE tombstoned_at IS NULL AND delegation_id IN (SELECT delegation_id FROM o)",
+            &[&now],
+        )?;
+        Ok(())
+    }
+
+    /// One bare transaction writing a retained unit with two children and
+    /// their sessions, and the cap it pushes out.
     pub(crate) fn write_unit(&mut self, tag: &str, now: f64) -> Res<()> {
         self.tx(|l| {
             l.exec(
@@ -174,13 +192,14 @@ impl Limits {
                  $2, $2, '{}', '[]', 1, $2, '')",
                 &[&format!("deleg_{tag}"), &now],
             )?;
-            l.children_and_sessions(tag, now, true)
+            l.children_and_sessions(tag, now, true)?;
+            l.cap(now)
         })
     }
 
     /// Two bare transactions, as the real flow needs (dispatch before the
     /// children run, retain after): the unit with its manifest and sessions,
-    /// then the retain.
+    /// then the retain with the cap it pushes out.
     pub(crate) fn write_unit_two_commits(&mut self, tag: &str, now: f64) -> Res<()> {
         let id = format!("deleg_{tag}");
         self.tx(|l| {
@@ -202,7 +221,7 @@ impl Limits {
                 "UPDATE retinue_children SET retained_at = $2 WHERE delegation_id = $1",
                 &[&id, &now],
             )?;
-            Ok(())
+            l.cap(now)
         })
     }
 
