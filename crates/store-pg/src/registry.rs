@@ -373,48 +373,38 @@ fn tombstone_in(tx: &mut Tx<'_>, id: &str, note: Option<&str>, lim: Limits) -> P
         return Ok(false);
     };
     let (t, unit) = (lim.now, row.entry.delegation_id.as_str());
-    let changed = if kind == 2 {
-        tx.execute(
-            &format!(
-                "UPDATE retinue_children c SET tombstoned_at = $1, tombstone_reason = 'manual', \
-                 tombstone_note = $2 FROM async_delegations u \
-                 WHERE u.delegation_id = c.delegation_id AND c.delegation_id = $3 \
-                 AND c.tombstoned_at IS NULL AND {CHILD_RETAINED_AT} >= $4"
-            ),
-            &[&t, &note, &unit, &lim.cutoff()],
-        )?
-    } else {
-        tx.execute(
-            "UPDATE retinue_children SET tombstoned_at = $1, tombstone_reason = 'manual', \
-             tombstone_note = $2 WHERE delegation_id = $3 AND child_index = $4 \
-             AND tombstoned_at IS NULL",
-            &[&t, &note, &unit, &i64::from(row.entry.child_index)],
-        )?
-    };
-    let any_live = tx
-        .query_opt(
-            &format!(
-                "SELECT 1 FROM retinue_children c JOIN async_delegations u \
-                 ON u.delegation_id = c.delegation_id WHERE c.delegation_id = $1 \
-                 AND c.tombstoned_at IS NULL AND {CHILD_RETAINED_AT} >= $2 LIMIT 1"
-            ),
-            &[&unit, &lim.cutoff()],
-        )?
-        .is_some();
-    if !any_live {
-        tx.execute(
-            "UPDATE retinue_children c SET tombstone_reason = 'ttl', tombstoned_at = \
-             LEAST($1, COALESCE(COALESCE(c.retained_at, u.retained_at) + $3, $1)) \
-             FROM async_delegations u WHERE u.delegation_id = c.delegation_id \
-             AND c.delegation_id = $2 AND c.tombstoned_at IS NULL",
-            &[&t, &unit, &lim.ttl_seconds()],
-        )?;
-        tx.execute(
-            "UPDATE async_delegations SET tombstoned_at = $1, updated_at = $1 \
-             WHERE delegation_id = $2 AND tombstoned_at IS NULL",
-            &[&t, &unit],
-        )?;
-    }
+    // One statement: the manual tombstone (one child, or for a delegation
+    // id every child within the TTL), then — when no child within the TTL
+    // is left — the unit's other live children (`ttl`, at their expiry)
+    // and the unit. The snapshot does not see `m`'s writes, so the rows it
+    // took are left out of the rest by index; the updates are disjoint.
+    let one: Option<i64> = (kind != 2).then(|| i64::from(row.entry.child_index));
+    let sql = format!(
+        "WITH m AS (UPDATE retinue_children c SET tombstoned_at = $1, \
+             tombstone_reason = 'manual', tombstone_note = $2 FROM async_delegations u \
+           WHERE u.delegation_id = c.delegation_id AND c.delegation_id = $3 \
+             AND c.tombstoned_at IS NULL \
+             AND ($5::BIGINT IS NULL AND {CHILD_RETAINED_AT} >= $4 OR c.child_index = $5) \
+           RETURNING c.child_index), \
+         left_live AS (SELECT EXISTS (SELECT 1 FROM retinue_children c \
+             JOIN async_delegations u ON u.delegation_id = c.delegation_id \
+           WHERE c.delegation_id = $3 AND c.tombstoned_at IS NULL \
+             AND {CHILD_RETAINED_AT} >= $4 \
+             AND c.child_index NOT IN (SELECT child_index FROM m)) AS yes), \
+         ttl AS (UPDATE retinue_children c SET tombstone_reason = 'ttl', tombstoned_at = \
+             LEAST($1, COALESCE(COALESCE(c.retained_at, u.retained_at) + $6, $1)) \
+           FROM async_delegations u WHERE u.delegation_id = c.delegation_id \
+             AND c.delegation_id = $3 AND c.tombstoned_at IS NULL \
+             AND c.child_index NOT IN (SELECT child_index FROM m) \
+             AND NOT (SELECT yes FROM left_live)), \
+         gone AS (UPDATE async_delegations SET tombstoned_at = $1, updated_at = $1 \
+           WHERE delegation_id = $3 AND tombstoned_at IS NULL \
+             AND NOT (SELECT yes FROM left_live)) \
+         SELECT count(*) FROM m"
+    );
+    let changed: i64 = tx
+        .query_one(&sql, &[&t, &note, &unit, &lim.cutoff(), &one, &lim.ttl_seconds()])?
+        .try_get(0)?;
     Ok(changed > 0)
 }
 

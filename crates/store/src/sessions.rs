@@ -181,12 +181,10 @@ impl SessionGraph for Store {
                 return Ok(Some(all));
             }
             conn.prepare_cached("BEGIN DEFERRED")?.execute([])?;
-            let read = (|| -> SqlResult<Vec<(&str, Vec<SessionRow>)>> {
-                missing
-                    .iter()
-                    .map(|id| Ok((*id, read_neighbourhood(conn, id, hops, true)?)))
-                    .collect()
-            })();
+            let read: SqlResult<Vec<(&str, Vec<SessionRow>)>> = missing
+                .iter()
+                .map(|id| Ok((*id, read_neighbourhood(conn, id, hops, true)?)))
+                .collect();
             let end = conn.prepare_cached("COMMIT").and_then(|mut s| s.execute([]));
             let read = read?;
             end?;

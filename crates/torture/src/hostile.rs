@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use retinue_core::{ErrorKind, NewSession, RegistryRead, Retention, SessionStore};
+use retinue_core::{ErrorKind, NewSession, RegistryRead, SessionStore};
 use retinue_store::{Store, StoreOptions};
 use serde_json::{Value, json};
 

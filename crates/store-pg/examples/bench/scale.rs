@@ -29,6 +29,9 @@ struct Row {
     limit: Option<f64>,
 }
 
+/// One explained operation.
+type Op<'a> = Box<dyn FnMut() -> Res<()> + 'a>;
+
 /// The size of one table at one N: (table, heap + TOAST KiB, indexes KiB).
 type Sizes = Vec<(String, i64, i64)>;
 
@@ -251,7 +254,7 @@ fn write_plans(
     let owner = live.parent_session_id.clone();
     let authority = Authority::new(explaining.clone(), explaining.clone(), "");
     let seq = std::cell::Cell::new(0usize);
-    let ops: Vec<(&str, Box<dyn FnMut() -> Res<()> + '_>)> = vec![
+    let ops: Vec<(&str, Op<'_>)> = vec![
         ("find by subagent id (a live hit)", Box::new(|| ok(explaining.find_retained_child(&hit)))),
         ("find miss", Box::new(|| ok(explaining.find_retained_child("sa-9-ffffffff")))),
         ("operator list", Box::new(|| ok(explaining.list_retained_children()))),
@@ -262,7 +265,7 @@ fn write_plans(
         (
             "authority at depth 99 (both walks in one statement)",
             Box::new(|| {
-                let _ = authority.check_follow_up_authority(&entry, Some("L99"));
+                let _ = authority.check_follow_up_authority(entry, Some("L99"));
                 Ok(())
             }),
         ),
