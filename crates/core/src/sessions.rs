@@ -32,25 +32,20 @@ pub trait SessionGraph: Send + Sync {
     }
 
     /// The union of the [`neighbourhood`](SessionGraph::neighbourhood)s of
-    /// every id in `ids`, for a caller about to walk several roots at once
-    /// (a scoped listing walks each listed spawner and the requester). An
-    /// implementation that can should read them in one round trip, on one
-    /// snapshot; the default asks for each in turn. `None` when the
-    /// implementation cannot prefetch one of them.
+    /// every id in `ids`, read on one snapshot, for a caller about to walk
+    /// several roots at once (a scoped listing walks each listed spawner and
+    /// the requester). `None` when the implementation cannot (the default):
+    /// callers then walk each id on its own. Reads of different moments
+    /// must never be combined here — a walk would follow rows of one state
+    /// into rows of another.
     #[allow(clippy::needless_lifetimes)] // mockall needs the lifetime named
     fn neighbourhoods<'a>(
         &self,
         ids: &[&'a str],
         max_hops: usize,
     ) -> Result<Option<Vec<SessionRow>>> {
-        let mut all = Vec::new();
-        for id in ids {
-            match self.neighbourhood(id, max_hops)? {
-                Some(rows) => all.extend(rows),
-                None => return Ok(None),
-            }
-        }
-        Ok(Some(all))
+        let _ = (ids, max_hops);
+        Ok(None)
     }
 }
 

@@ -1,6 +1,7 @@
 //! One model call over HTTP: request, retries, response and SSE parsing.
 
 use std::io::{BufRead, BufReader};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use retinue_delegate::{CancelToken, RunTokens};
@@ -66,6 +67,21 @@ pub(crate) struct Call {
 
 /// How often a waiting call looks at its cancel token.
 const CANCEL_POLL: Duration = Duration::from_millis(50);
+
+/// Attempts in flight on the `blocking` pool (whose default limit is 500).
+static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
+
+/// Most attempts on the pool at once; more get threads of their own.
+const POOLED_MAX: usize = 256;
+
+/// One attempt counted in [`IN_FLIGHT`] until dropped (also on a panic).
+struct InFlight;
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
+    }
+}
 
 /// How long a caller yields before it sleeps on the answer: a call to a
 /// local server answers within it, and waking a sleeping thread costs more
@@ -166,11 +182,28 @@ impl Call {
     fn attempt_interruptible(&self) -> Result<Completion, Attempt> {
         let (tx, rx) = std::sync::mpsc::channel();
         let call = self.clone();
-        // Spawned eagerly; detached, it runs to its end unobserved.
-        blocking::unblock(move || {
+        let job = move || {
             let _ = tx.send(call.attempt());
-        })
-        .detach();
+        };
+        // The pool while it has room: attempts abandoned by a cancel keep
+        // their thread until their own timeouts, and a full pool would queue
+        // new attempts behind them. Beyond `POOLED_MAX` in flight, a thread
+        // of its own (as before the pool), else the attempt right here.
+        if IN_FLIGHT.fetch_add(1, Ordering::SeqCst) < POOLED_MAX {
+            let slot = InFlight;
+            // Spawned eagerly; detached, it runs to its end unobserved.
+            blocking::unblock(move || {
+                let _slot = slot;
+                job();
+            })
+            .detach();
+        } else {
+            drop(InFlight);
+            let spawned = std::thread::Builder::new().name("model-call".to_owned()).spawn(job);
+            if spawned.is_err() {
+                return self.attempt();
+            }
+        }
         // A fast answer (a local server) is taken without going to sleep:
         // a short yielding wait first, then the blocking one.
         let spin_until = std::time::Instant::now() + SPIN;

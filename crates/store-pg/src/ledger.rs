@@ -9,7 +9,7 @@ use retinue_core::{
 use serde_json::Value;
 
 use crate::pool::{Mode, PgResult, Tx};
-use crate::store::PgStore;
+use crate::store::{PgStore, invalid};
 
 fn add_totals(tx: &mut Tx<'_>, parent: &str, delta: &UsageTotals, covered_id: i64) -> PgResult<()> {
     tx.execute(
@@ -139,56 +139,75 @@ impl UsageLedger for PgStore {
         if parent.is_empty() {
             return Ok(TotalsSnapshot::default());
         }
-        // Two one-statement reads in autocommit, each trivially planned
-        // (one index probe; one range of `idx_delegation_child_usage_parent`):
-        // the maintained totals, then the rows they do not cover yet. The
-        // second read may see rows folded or added after the first: ledger
-        // rows are never deleted, so the totals up to `covered_id` plus
-        // every row above it are exactly the parent's totals when the second
-        // read ran — a consistent answer without a transaction's two extra
-        // round trips. (One statement joining both was tried: PostgreSQL
-        // re-plans it on every call for a skewed ledger, ~0.1 ms, more than
-        // the round trip it saves.)
-        let (maintained, covered_id) =
-            self.pool.tx("reading usage totals", Mode::ReadOne, |tx| {
-                let row = tx.query_opt(
-                    "SELECT cost_usd, input_tokens, output_tokens, covered_id \
-                     FROM retinue_usage_totals WHERE parent_session_id = $1",
-                    &[&parent],
-                )?;
-                Ok(match row {
-                    Some(r) => (
-                        UsageTotals {
-                            cost_usd: r.try_get(0)?,
-                            input_tokens: r.try_get(1)?,
-                            output_tokens: r.try_get(2)?,
-                        },
-                        r.try_get::<_, i64>(3)?,
-                    ),
-                    None => (UsageTotals::default(), 0),
-                })
+        // Two one-statement reads in autocommit, each trivially planned:
+        // the maintained row's `covered_id`, then — in one statement, so on
+        // one snapshot — the maintained row again and the parent's ledger
+        // rows above that `covered_id` (a range of
+        // `idx_delegation_child_usage_parent`; the row comparisons name
+        // both its columns, where a plain `id > $2` let a generic plan walk
+        // the primary key through every other parent's rows). The answer is
+        // the second statement's, taken only when its `covered_id` is the
+        // one the range was read from; otherwise (a fold or a migration in
+        // between) it is read again, and after a few misses in one
+        // `REPEATABLE READ` transaction.
+        const COVERED: &str =
+            "SELECT covered_id FROM retinue_usage_totals WHERE parent_session_id = $1";
+        const SNAPSHOT: &str = "SELECT t.cost_usd, t.input_tokens, t.output_tokens, \
+               t.covered_id, p.id, p.usage_json \
+             FROM (VALUES (1)) one \
+             LEFT JOIN retinue_usage_totals t ON t.parent_session_id = $1 \
+             LEFT JOIN LATERAL (SELECT u.id, u.usage_json FROM delegation_child_usage u \
+               WHERE (u.parent_session_id, u.id) > ($1, $2) \
+                 AND (u.parent_session_id, u.id) <= ($1, 9223372036854775807)) p ON TRUE \
+             ORDER BY p.id";
+        let snapshot = |tx: &mut Tx<'_>, covered: i64| -> PgResult<Option<TotalsSnapshot>> {
+            let rows = tx.query(SNAPSHOT, &[&parent, &covered])?;
+            let mut out = TotalsSnapshot::default();
+            for (i, r) in rows.iter().enumerate() {
+                if i == 0 {
+                    let now_covered = r.try_get::<_, Option<i64>>(3)?.unwrap_or_default();
+                    if now_covered != covered {
+                        return Ok(None);
+                    }
+                    out.covered_id = now_covered;
+                    out.maintained = UsageTotals {
+                        cost_usd: r.try_get::<_, Option<f64>>(0)?.unwrap_or_default(),
+                        input_tokens: r.try_get::<_, Option<f64>>(1)?.unwrap_or_default(),
+                        output_tokens: r.try_get::<_, Option<f64>>(2)?.unwrap_or_default(),
+                    };
+                }
+                if let Some(id) = r.try_get::<_, Option<i64>>(4)? {
+                    out.pending.push(PendingUsage {
+                        id,
+                        usage_json: r.try_get::<_, Option<String>>(5)?.unwrap_or_default(),
+                    });
+                }
+            }
+            Ok(Some(out))
+        };
+        for _ in 0..3 {
+            let covered = self.pool.tx("reading usage totals", Mode::ReadOne, |tx| {
+                Ok(tx
+                    .query_opt(COVERED, &[&parent])?
+                    .map(|r| r.try_get::<_, i64>(0))
+                    .transpose()?
+                    .unwrap_or_default())
             })?;
-        let pending = self.pool.tx("reading pending usage rows", Mode::ReadOne, |tx| {
-            let rows = tx.query(
-                // A range of `idx_delegation_child_usage_parent` whatever
-                // the plan: the row comparisons name both its columns (a
-                // plain `id > $2` let a generic plan walk the primary key
-                // through every other parent's newer rows).
-                "SELECT id, usage_json FROM delegation_child_usage \
-                 WHERE (parent_session_id, id) > ($1, $2) \
-                   AND (parent_session_id, id) <= ($1, 9223372036854775807) ORDER BY id",
-                &[&parent, &covered_id],
-            )?;
-            rows.iter()
-                .map(|r| {
-                    Ok(PendingUsage {
-                        id: r.try_get(0)?,
-                        usage_json: r.try_get::<_, Option<String>>(1)?.unwrap_or_default(),
-                    })
-                })
-                .collect::<PgResult<Vec<_>>>()
-        })?;
-        Ok(TotalsSnapshot { maintained, covered_id, pending })
+            if let Some(s) =
+                self.pool.tx("reading usage totals", Mode::ReadOne, |tx| snapshot(tx, covered))?
+            {
+                return Ok(s);
+            }
+        }
+        self.pool.tx("reading usage totals", Mode::Read, |tx| {
+            let covered: i64 = tx
+                .query_opt(COVERED, &[&parent])?
+                .map(|r| r.try_get::<_, i64>(0))
+                .transpose()?
+                .unwrap_or_default();
+            snapshot(tx, covered)?
+                .ok_or_else(|| invalid("usage totals changed inside one snapshot"))
+        })
     }
 
     fn session_cost(&self, session: &str) -> Result<Option<SessionCost>> {

@@ -274,12 +274,15 @@ impl Pool {
         // than running it. The statements are written so that their
         // generic plans are the right ones (each kept, with its buffers, in
         // docs/pg-plans.md).
-        let mut setup = String::from("SET plan_cache_mode = force_generic_plan");
-        if let Some(schema) = &self.schema {
-            setup.push_str("; SET search_path TO ");
-            setup.push_str(&quote_ident(schema));
+        // (PostgreSQL 12 and later; a server without the setting plans as it likes.)
+        if let Err(e) = client.batch_execute("SET plan_cache_mode = force_generic_plan")
+            && e.code() != Some(&SqlState::UNDEFINED_OBJECT)
+        {
+            return Err(e.into());
         }
-        client.batch_execute(&setup)?;
+        if let Some(schema) = &self.schema {
+            client.batch_execute(&format!("SET search_path TO {}", quote_ident(schema)))?;
+        }
         Ok(client)
     }
 

@@ -282,7 +282,11 @@ fn prune_due(tx: &mut Tx<'_>, lim: Limits, profile: &str) -> PgResult<bool> {
 /// units that have none), then prune.
 pub(crate) fn adopt_and_prune(tx: &mut Tx<'_>, lim: Limits, profile: &str) -> PgResult<PruneCount> {
     backfill(tx)?;
-    prune_in(tx, lim, profile)
+    let n = prune_in(tx, lim, profile)?;
+    // What was copied may be any tenant's: the prune counts only its own
+    // profile, and a count too low would let a reader skip the exact rank.
+    recount_live(tx)?;
+    Ok(n)
 }
 
 /// Recounts `retinue_profile_live` exactly (every profile), in the caller's

@@ -21,8 +21,9 @@ pub const WORKER_LEASE_SECS: f64 = 60.0;
 /// next heartbeat of any worker (it is dead either way).
 pub const FORGET_WORKERS_AFTER_SECS: f64 = 3_600.0;
 
-/// The server's clock in the unit of every lease column (seconds since the
-/// epoch, `DOUBLE PRECISION`): leases are written and judged with it only.
+/// The server's clock in the unit of the worker-lease columns (seconds since
+/// the epoch, `DOUBLE PRECISION`): worker leases are written and judged with
+/// it only.
 /// `clock_timestamp()`, not `now()`: a retried or long transaction must not
 /// judge a lease by the time it began.
 pub(crate) const SERVER_NOW: &str = "extract(epoch FROM clock_timestamp())::float8";
@@ -70,10 +71,11 @@ const SCHEMA_VERSION: i32 = MIGRATIONS.len() as i32;
 pub struct PgOptions {
     /// The retention policy (`delegation.max_retained`, `retained_ttl_hours`).
     pub retention: RetentionPolicy,
-    /// The clock of every timestamp written. Never of a lease: leases are
-    /// taken, renewed and judged on the server's clock (`clock_timestamp()`),
-    /// so a host whose clock is off neither loses its units early nor keeps
-    /// a dead worker's units late.
+    /// The clock of the timestamps written, and of the delivery and resume
+    /// claims' leases. Never of a worker's lease: those are taken, renewed
+    /// and judged on the server's clock (`clock_timestamp()`), so a host
+    /// whose clock is off neither loses its units early nor keeps a dead
+    /// worker's units late.
     pub clock: Arc<dyn Clock>,
     /// The tenant: new units' `owner_profile`; retention limits apply per profile.
     pub profile: String,

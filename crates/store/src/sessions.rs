@@ -165,26 +165,21 @@ impl SessionGraph for Store {
         max_hops: usize,
     ) -> Result<Option<Vec<SessionRow>>> {
         let hops = i64::try_from(max_hops).unwrap_or(i64::MAX);
-        // One connection, one freshness check; those not cached are read
-        // in one read transaction (one snapshot).
+        // One connection, one freshness check: all from the cache when all
+        // are there; otherwise all read now, in one read transaction (one
+        // snapshot — cached rows of an older state are never mixed in).
         self.pool.cached("walking session neighbourhoods", |conn, cache| {
             cache.validate(conn)?;
             let mut all = Vec::new();
-            let mut missing = Vec::new();
-            for id in ids {
-                match cache.neighbourhood(id, max_hops) {
-                    Some(rows) => all.extend(rows.iter().cloned()),
-                    None => missing.push(*id),
+            if ids.iter().all(|id| cache.neighbourhood(id, max_hops).is_some()) {
+                for id in ids {
+                    all.extend(cache.neighbourhood(id, max_hops).into_iter().flatten().cloned());
                 }
-            }
-            if missing.is_empty() {
                 return Ok(Some(all));
             }
             conn.prepare_cached("BEGIN DEFERRED")?.execute([])?;
-            let read: SqlResult<Vec<(&str, Vec<SessionRow>)>> = missing
-                .iter()
-                .map(|id| Ok((*id, read_neighbourhood(conn, id, hops, true)?)))
-                .collect();
+            let read: SqlResult<Vec<(&str, Vec<SessionRow>)>> =
+                ids.iter().map(|id| Ok((*id, read_neighbourhood(conn, id, hops, true)?))).collect();
             let end = conn.prepare_cached("COMMIT").and_then(|mut s| s.execute([]));
             let read = read?;
             end?;
