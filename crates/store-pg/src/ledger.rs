@@ -9,7 +9,7 @@ use retinue_core::{
 use serde_json::Value;
 
 use crate::pool::{Mode, PgResult, Tx};
-use crate::store::{PgStore, invalid};
+use crate::store::PgStore;
 
 fn add_totals(tx: &mut Tx<'_>, parent: &str, delta: &UsageTotals, covered_id: i64) -> PgResult<()> {
     tx.execute(
@@ -139,37 +139,27 @@ impl UsageLedger for PgStore {
         if parent.is_empty() {
             return Ok(TotalsSnapshot::default());
         }
-        // Two one-statement reads in autocommit, each trivially planned:
-        // the maintained row's `covered_id`, then — in one statement, so on
-        // one snapshot — the maintained row again and the parent's ledger
-        // rows above that `covered_id` (a range of
-        // `idx_delegation_child_usage_parent`; the row comparisons name
-        // both its columns, where a plain `id > $2` let a generic plan walk
-        // the primary key through every other parent's rows). The answer is
-        // the second statement's, taken only when its `covered_id` is the
-        // one the range was read from; otherwise (a fold or a migration in
-        // between) it is read again, and after a few misses in one
-        // `REPEATABLE READ` transaction.
-        const COVERED: &str =
-            "SELECT covered_id FROM retinue_usage_totals WHERE parent_session_id = $1";
+        // One statement in autocommit (one round trip, one snapshot): the
+        // maintained row and the parent's ledger rows above its
+        // `covered_id`, a range of `idx_delegation_child_usage_parent`
+        // probed once per call through the lateral join. The row
+        // comparisons name both columns of the index, where a plain
+        // `id > covered_id` let a generic plan walk the primary key through
+        // every other parent's rows (docs/pg-plans.md).
         const SNAPSHOT: &str = "SELECT t.cost_usd, t.input_tokens, t.output_tokens, \
                t.covered_id, p.id, p.usage_json \
              FROM (VALUES (1)) one \
              LEFT JOIN retinue_usage_totals t ON t.parent_session_id = $1 \
              LEFT JOIN LATERAL (SELECT u.id, u.usage_json FROM delegation_child_usage u \
-               WHERE (u.parent_session_id, u.id) > ($1, $2) \
+               WHERE (u.parent_session_id, u.id) > ($1, COALESCE(t.covered_id, 0)) \
                  AND (u.parent_session_id, u.id) <= ($1, 9223372036854775807)) p ON TRUE \
              ORDER BY p.id";
-        let snapshot = |tx: &mut Tx<'_>, covered: i64| -> PgResult<Option<TotalsSnapshot>> {
-            let rows = tx.query(SNAPSHOT, &[&parent, &covered])?;
+        self.pool.tx("reading usage totals", Mode::ReadOne, |tx| {
+            let rows = tx.query(SNAPSHOT, &[&parent])?;
             let mut out = TotalsSnapshot::default();
             for (i, r) in rows.iter().enumerate() {
                 if i == 0 {
-                    let now_covered = r.try_get::<_, Option<i64>>(3)?.unwrap_or_default();
-                    if now_covered != covered {
-                        return Ok(None);
-                    }
-                    out.covered_id = now_covered;
+                    out.covered_id = r.try_get::<_, Option<i64>>(3)?.unwrap_or_default();
                     out.maintained = UsageTotals {
                         cost_usd: r.try_get::<_, Option<f64>>(0)?.unwrap_or_default(),
                         input_tokens: r.try_get::<_, Option<f64>>(1)?.unwrap_or_default(),
@@ -183,30 +173,7 @@ impl UsageLedger for PgStore {
                     });
                 }
             }
-            Ok(Some(out))
-        };
-        for _ in 0..3 {
-            let covered = self.pool.tx("reading usage totals", Mode::ReadOne, |tx| {
-                Ok(tx
-                    .query_opt(COVERED, &[&parent])?
-                    .map(|r| r.try_get::<_, i64>(0))
-                    .transpose()?
-                    .unwrap_or_default())
-            })?;
-            if let Some(s) =
-                self.pool.tx("reading usage totals", Mode::ReadOne, |tx| snapshot(tx, covered))?
-            {
-                return Ok(s);
-            }
-        }
-        self.pool.tx("reading usage totals", Mode::Read, |tx| {
-            let covered: i64 = tx
-                .query_opt(COVERED, &[&parent])?
-                .map(|r| r.try_get::<_, i64>(0))
-                .transpose()?
-                .unwrap_or_default();
-            snapshot(tx, covered)?
-                .ok_or_else(|| invalid("usage totals changed inside one snapshot"))
+            Ok(out)
         })
     }
 
@@ -228,7 +195,7 @@ impl UsageLedger for PgStore {
     }
 
     fn write_session_cost(&self, session: &str, cost: &SessionCost) -> Result<bool> {
-        self.pool.tx("writing a session cost", Mode::Write, |tx| {
+        self.pool.tx("writing a session cost", Mode::WriteOne, |tx| {
             let n = tx.execute(
                 "UPDATE sessions SET \
                  estimated_cost_usd = COALESCE($1, estimated_cost_usd), \

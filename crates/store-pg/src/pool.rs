@@ -82,6 +82,27 @@ pub(crate) enum Mode {
     /// statement on one snapshot, so no `BEGIN`/`COMMIT` round trips are
     /// needed. A second statement is refused (it would see another snapshot).
     ReadOne,
+    /// Exactly one statement (a write, or a CTE of several) in autocommit,
+    /// on a connection whose session default is `SERIALIZABLE`: the
+    /// implicit transaction of the statement is exactly [`Mode::Write`]'s
+    /// `BEGIN`, statement, `COMMIT`, in one round trip instead of three.
+    /// Retried on 40001/40P01 as [`Mode::Write`]; a second statement is refused.
+    WriteOne,
+}
+
+impl Mode {
+    /// Whether the mode runs on a connection whose session default is
+    /// `SERIALIZABLE` (only [`Mode::WriteOne`]; the others name their
+    /// isolation in `BEGIN` or are reads on the server's default), so a
+    /// process that never writes in one statement never opens one.
+    fn serial(self) -> bool {
+        matches!(self, Mode::WriteOne)
+    }
+
+    /// Whether the mode is one autocommit statement.
+    fn one(self) -> bool {
+        matches!(self, Mode::ReadOne | Mode::WriteOne)
+    }
 }
 
 /// Attempts of one transaction before a serialization failure is surfaced (as `Busy`).
@@ -98,6 +119,8 @@ struct Conn {
     stmts: HashMap<String, Statement>,
     /// A transaction could not be ended: never pooled again.
     broken: bool,
+    /// The session default is `SERIALIZABLE` (see [`Mode::WriteOne`]).
+    serial: bool,
 }
 
 impl Conn {
@@ -166,12 +189,13 @@ impl Tx<'_> {
         Ok(stmt)
     }
 
-    /// Counts a statement; a second one in [`Mode::ReadOne`] is a bug of the caller.
+    /// Counts a statement; a second one in [`Mode::ReadOne`] or
+    /// [`Mode::WriteOne`] is a bug of the caller.
     fn issue(&mut self) -> PgResult<()> {
         self.issued += 1;
-        if self.mode == Mode::ReadOne && self.issued > 1 {
+        if self.mode.one() && self.issued > 1 {
             return Err(Fail::Store(Error::Invalid(
-                "internal: a second statement in a one-statement read".to_owned(),
+                "internal: a second statement in a one-statement operation".to_owned(),
             )));
         }
         Ok(())
@@ -232,7 +256,11 @@ impl Tx<'_> {
 pub(crate) struct Pool {
     config: Config,
     schema: Option<String>,
+    /// Idle connections on the server's default isolation (reads).
     idle: Mutex<Vec<Conn>>,
+    /// Idle connections whose session default is `SERIALIZABLE` (writes).
+    idle_serial: Mutex<Vec<Conn>>,
+    /// Idle connections kept, per kind.
     max_idle: usize,
     /// Transactions run again after a serialization failure or deadlock.
     retries: AtomicU64,
@@ -258,14 +286,16 @@ impl Pool {
             config,
             schema,
             idle: Mutex::new(Vec::new()),
+            idle_serial: Mutex::new(Vec::new()),
             max_idle,
             retries: AtomicU64::new(0),
             no_advisory_locks: AtomicBool::new(false),
         }
     }
 
-    /// A new connection with the search path set.
-    pub(crate) fn connect(&self) -> PgResult<Client> {
+    /// A new connection with the search path set; `serial`: its session
+    /// default isolation is `SERIALIZABLE` (for [`Mode::WriteOne`]).
+    fn connect(&self, serial: bool) -> PgResult<Client> {
         let mut client = self.config.connect(NoTls)?;
         // Each statement is prepared once per connection and planned once
         // for every value (a generic plan): PostgreSQL's default re-plans a
@@ -283,14 +313,30 @@ impl Pool {
         if let Some(schema) = &self.schema {
             client.batch_execute(&format!("SET search_path TO {}", quote_ident(schema)))?;
         }
+        if serial {
+            client.batch_execute("SET default_transaction_isolation = 'serializable'")?;
+        }
         Ok(client)
     }
 
-    fn take(&self) -> PgResult<Conn> {
-        let pooled = self.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner).pop();
+    /// The idle list of one kind of connection.
+    fn idle_of(&self, serial: bool) -> std::sync::MutexGuard<'_, Vec<Conn>> {
+        let list = if serial { &self.idle_serial } else { &self.idle };
+        list.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// An idle connection of the kind `mode` runs on, else a new one.
+    fn take(&self, mode: Mode) -> PgResult<Conn> {
+        let serial = mode.serial();
+        let pooled = self.idle_of(serial).pop();
         match pooled {
             Some(c) if !c.client.is_closed() => Ok(c),
-            _ => Ok(Conn { client: self.connect()?, stmts: HashMap::new(), broken: false }),
+            _ => Ok(Conn {
+                client: self.connect(serial)?,
+                stmts: HashMap::new(),
+                broken: false,
+                serial,
+            }),
         }
     }
 
@@ -298,7 +344,7 @@ impl Pool {
         if conn.broken || conn.client.is_closed() {
             return;
         }
-        let mut idle = self.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut idle = self.idle_of(conn.serial);
         if idle.len() < self.max_idle {
             idle.push(conn);
         }
@@ -339,7 +385,7 @@ impl Pool {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            let mut conn = match self.take() {
+            let mut conn = match self.take(mode) {
                 Ok(c) => c,
                 // A refused connection (server restarting, too many clients) is retried briefly.
                 Err(e) if attempt < 5 => {
@@ -406,7 +452,7 @@ impl Pool {
         operation: &'static str,
         f: impl FnOnce(&mut Client) -> PgResult<T>,
     ) -> Result<T> {
-        let mut conn = self.take().map_err(|e| e.during(operation))?;
+        let mut conn = self.take(Mode::Read).map_err(|e| e.during(operation))?;
         let result = f(&mut conn.client);
         // DDL may have invalidated what was prepared.
         conn.stmts.clear();
@@ -442,7 +488,7 @@ fn run_once<T>(
     let begin = match mode {
         Mode::Write => Some("BEGIN ISOLATION LEVEL SERIALIZABLE"),
         Mode::Read => Some("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"),
-        Mode::ReadOne => None,
+        Mode::ReadOne | Mode::WriteOne => None,
     };
     let Some(begin) = begin else {
         let mut tx = Tx { client: &mut conn.client, stmts: &mut conn.stmts, mode, issued: 0 };

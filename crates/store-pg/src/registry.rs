@@ -19,7 +19,7 @@ use serde_json::Value;
 
 use crate::pool::{Fail, Mode, Params, PgResult, Tx, count, int, random_hex, u32_of};
 use crate::rows::{CHILD_COLS, CHILD_RETAINED_AT, ChildRow, PROFILE, PROFILE_U, read_child_row_at};
-use crate::sessions::insert_sessions;
+use crate::sessions::{SessionArrays, chained, insert_sessions, sessions_from_arrays};
 use crate::store::{Limits, PgStore, SERVER_NOW};
 
 // ---------------------------------------------------------------- reads
@@ -29,6 +29,10 @@ use crate::store::{Limits, PgStore, SERVER_NOW};
 const CAP_LIVE_CHILD: &str = "EXISTS (SELECT 1 FROM retinue_children k \
      WHERE k.delegation_id = a.delegation_id AND k.tombstoned_at IS NULL \
      AND COALESCE(k.retained_at, a.retained_at) >= $2)";
+
+/// A candidate row: how it matched (0 subagent id, 1 child session, 2
+/// delegation id), its cap rank when otherwise live, and the row.
+type Candidate = (u8, Option<i64>, ChildRow);
 
 /// The candidates for an id (subagent id, child session id or unit id), each
 /// with its cap rank when it is otherwise live: the number of live units of
@@ -41,11 +45,17 @@ const CAP_LIVE_CHILD: &str = "EXISTS (SELECT 1 FROM retinue_children k \
 /// `retinue_idx_async_cap_rank`, a superset of the live units above): when
 /// fewer than the cap, the exact count (which also reads each unit's
 /// children for the TTL) cannot reach it either and is skipped.
+///
+/// With `adopt`, the statement also answers whether a live retained unit
+/// has no child rows at all (a unit copied from a hermes file, which the
+/// backfill adopts): one extra leading column, and a row even when nothing
+/// matches.
 fn candidates(
     tx: &mut Tx<'_>,
     id: &str,
     lim: Limits,
-) -> PgResult<Vec<(u8, Option<i64>, ChildRow)>> {
+    adopt: bool,
+) -> PgResult<(bool, Vec<Candidate>)> {
     let same = "a.retained = 1 AND a.tombstoned_at IS NULL \
          AND COALESCE(a.owner_profile, '') = COALESCE(u.owner_profile, '')";
     let above = "a.retained_at >= u.retained_at \
@@ -70,14 +80,34 @@ fn candidates(
          JOIN async_delegations u ON u.delegation_id = c.delegation_id \
          WHERE c.subagent_id = $1 OR c.child_session_id = $1 OR c.delegation_id = $1"
     );
-    let mut out = Vec::new();
+    let (sql, o) = if adopt {
+        (
+            format!(
+                "SELECT {ORPHAN_UNIT}, k.* FROM (VALUES (1)) one LEFT JOIN LATERAL ({sql}) k ON TRUE"
+            ),
+            1,
+        )
+    } else {
+        (sql, 0)
+    };
+    let (mut orphans, mut out) = (false, Vec::new());
     for r in tx.query(&sql, &[&id, &lim.cutoff(), &int(lim.max_retained)])? {
-        let kind: i64 = r.try_get(0)?;
-        let rank: Option<i64> = r.try_get(1)?;
-        out.push((u8::try_from(kind).unwrap_or(u8::MAX), rank, read_child_row_at(&r, 2)?));
+        if adopt {
+            orphans |= r.try_get::<_, bool>(0)?;
+        }
+        // The lone row of an `adopt` statement without a match has no kind.
+        let Some(kind) = r.try_get::<_, Option<i64>>(o)? else { continue };
+        let rank: Option<i64> = r.try_get(o + 1)?;
+        out.push((u8::try_from(kind).unwrap_or(u8::MAX), rank, read_child_row_at(&r, o + 2)?));
     }
-    Ok(out)
+    Ok((orphans, out))
 }
+
+/// Whether a live retained unit has no child rows at all (the backfill's
+/// work: a unit copied from a hermes file).
+const ORPHAN_UNIT: &str = "EXISTS (SELECT 1 FROM async_delegations v \
+     WHERE v.retained = 1 AND v.tombstoned_at IS NULL AND NOT EXISTS \
+     (SELECT 1 FROM retinue_children k WHERE k.delegation_id = v.delegation_id))";
 
 /// Status without the cap rank: the store's shared rule.
 fn live_status(row: &ChildRow, lim: Limits) -> Option<Unaddressable> {
@@ -104,12 +134,34 @@ fn order(a: &Scored, b: &Scored) -> std::cmp::Ordering {
 /// subagent id, 1 child session, 2 delegation id), its status (`None`:
 /// addressable) and the row.
 fn resolve_in(tx: &mut Tx<'_>, id: &str, lim: Limits) -> PgResult<Option<Scored>> {
+    Ok(resolve_with(tx, id, lim, false)?.1)
+}
+
+/// [`resolve_in`] after the backfill, for a write: the backfill (a
+/// statement of its own) runs only when the resolving statement found a
+/// unit for it to adopt, and then the id is resolved again.
+fn resolve_adopting(tx: &mut Tx<'_>, id: &str, lim: Limits) -> PgResult<Option<Scored>> {
+    let (orphans, found) = resolve_with(tx, id, lim, true)?;
+    if !orphans {
+        return Ok(found);
+    }
+    backfill(tx)?;
+    resolve_in(tx, id, lim)
+}
+
+fn resolve_with(
+    tx: &mut Tx<'_>,
+    id: &str,
+    lim: Limits,
+    adopt: bool,
+) -> PgResult<(bool, Option<Scored>)> {
     let id = id.trim();
     if id.is_empty() {
-        return Ok(None);
+        return Ok((false, None));
     }
     let cap = i64::from(lim.max_retained);
-    let mut scored: Vec<Scored> = candidates(tx, id, lim)?
+    let (orphans, found) = candidates(tx, id, lim, adopt)?;
+    let mut scored: Vec<Scored> = found
         .into_iter()
         .map(|(kind, rank, row)| {
             let status = live_status(&row, lim).or_else(|| {
@@ -124,7 +176,7 @@ fn resolve_in(tx: &mut Tx<'_>, id: &str, lim: Limits) -> PgResult<Option<Scored>
         })
         .collect();
     scored.sort_by(order);
-    Ok(scored.into_iter().next())
+    Ok((orphans, scored.into_iter().next()))
 }
 
 fn lookup_in(tx: &mut Tx<'_>, id: &str, lim: Limits) -> PgResult<Lookup> {
@@ -373,7 +425,7 @@ fn count_of(n: i64) -> usize {
 /// unit left without a live child is tombstoned; its children already past
 /// their TTL keep `ttl` at their expiry (as lookups reported them).
 fn tombstone_in(tx: &mut Tx<'_>, id: &str, note: Option<&str>, lim: Limits) -> PgResult<bool> {
-    let Some((None, kind, row)) = resolve_in(tx, id, lim)? else {
+    let Some((None, kind, row)) = resolve_adopting(tx, id, lim)? else {
         return Ok(false);
     };
     let (t, unit) = (lim.now, row.entry.delegation_id.as_str());
@@ -425,7 +477,6 @@ impl Retention for PgStore {
         };
         let lim = self.limits();
         self.pool.tx("tombstoning a retained child", Mode::Write, |tx| {
-            backfill(tx)?;
             tombstone_in(tx, id, note.as_deref(), lim)
         })
     }
@@ -675,31 +726,74 @@ fn retain_in(
     Ok(true)
 }
 
+/// A unit's children as parallel arrays: the parameters of [`children_from_arrays`].
+struct ChildArrays<'a> {
+    index: Vec<i64>,
+    subagent: Vec<&'a str>,
+    session: Vec<&'a str>,
+    model: Vec<Option<&'a str>>,
+    provider: Vec<Option<&'a str>>,
+    goal: Vec<Option<String>>,
+    manifest: Vec<String>,
+}
+
+impl<'a> ChildArrays<'a> {
+    fn of(children: &'a [ChildManifest]) -> ChildArrays<'a> {
+        ChildArrays {
+            index: (0..children.len()).map(|i| i64::try_from(i).unwrap_or(i64::MAX)).collect(),
+            subagent: children.iter().map(|c| c.subagent_id.as_str()).collect(),
+            session: children.iter().map(|c| c.session_id.as_str()).collect(),
+            model: children.iter().map(|c| c.model.as_deref()).collect(),
+            provider: children.iter().map(|c| c.provider.as_deref()).collect(),
+            goal: children
+                .iter()
+                .map(|c| c.goal.as_deref().map(|g| truncate_chars(g, 200)))
+                .collect(),
+            manifest: children.iter().map(|c| c.to_json().to_string()).collect(),
+        }
+    }
+
+    /// The seven parameters, in [`children_from_arrays`]' order.
+    fn params(&self) -> [&(dyn postgres::types::ToSql + Sync); 7] {
+        [
+            &self.index,
+            &self.subagent,
+            &self.session,
+            &self.model,
+            &self.provider,
+            &self.goal,
+            &self.manifest,
+        ]
+    }
+}
+
+/// The upsert of [`ChildArrays`] bound as `$first` … `$first+6`, for the
+/// unit `unit` (an SQL expression) with `from` (extra `FROM` items ending in
+/// a comma) before the arrays.
+fn children_from_arrays(first: usize, unit: &str, from: &str) -> String {
+    let p: Vec<String> = (first..first + 7).map(|i| format!("${i}")).collect();
+    format!(
+        "INSERT INTO retinue_children (delegation_id, child_index, subagent_id, \
+         child_session_id, model, provider, goal, manifest_json) \
+         SELECT {unit}, n.* FROM {from}unnest({}::bigint[], {}::text[], {}::text[], {}::text[], \
+           {}::text[], {}::text[], {}::text[]) AS n \
+         ON CONFLICT (delegation_id, child_index) DO UPDATE SET \
+           subagent_id = EXCLUDED.subagent_id, child_session_id = EXCLUDED.child_session_id, \
+           model = EXCLUDED.model, provider = EXCLUDED.provider, goal = EXCLUDED.goal, \
+           manifest_json = EXCLUDED.manifest_json",
+        p[0], p[1], p[2], p[3], p[4], p[5], p[6]
+    )
+}
+
 fn upsert_children(tx: &mut Tx<'_>, id: &str, children: &[ChildManifest]) -> PgResult<()> {
     if children.is_empty() {
         return Ok(());
     }
     // Every child in one statement (one round trip), as parallel arrays.
-    let index: Vec<i64> =
-        (0..children.len()).map(|i| i64::try_from(i).unwrap_or(i64::MAX)).collect();
-    let subagent: Vec<&str> = children.iter().map(|c| c.subagent_id.as_str()).collect();
-    let session: Vec<&str> = children.iter().map(|c| c.session_id.as_str()).collect();
-    let model: Vec<Option<&str>> = children.iter().map(|c| c.model.as_deref()).collect();
-    let provider: Vec<Option<&str>> = children.iter().map(|c| c.provider.as_deref()).collect();
-    let goal: Vec<Option<String>> =
-        children.iter().map(|c| c.goal.as_deref().map(|g| truncate_chars(g, 200))).collect();
-    let manifest: Vec<String> = children.iter().map(|c| c.to_json().to_string()).collect();
-    tx.execute(
-        "INSERT INTO retinue_children (delegation_id, child_index, subagent_id, \
-         child_session_id, model, provider, goal, manifest_json) \
-         SELECT $1, * FROM unnest($2::bigint[], $3::text[], $4::text[], $5::text[], $6::text[], \
-           $7::text[], $8::text[]) \
-         ON CONFLICT (delegation_id, child_index) DO UPDATE SET \
-           subagent_id = EXCLUDED.subagent_id, child_session_id = EXCLUDED.child_session_id, \
-           model = EXCLUDED.model, provider = EXCLUDED.provider, goal = EXCLUDED.goal, \
-           manifest_json = EXCLUDED.manifest_json",
-        &[&id, &index, &subagent, &session, &model, &provider, &goal, &manifest],
-    )?;
+    let arrays = ChildArrays::of(children);
+    let mut params: Vec<&(dyn postgres::types::ToSql + Sync)> = vec![&id];
+    params.extend(arrays.params());
+    tx.execute(&children_from_arrays(2, "$1", ""), &params)?;
     Ok(())
 }
 
@@ -710,7 +804,64 @@ fn lone_child_session(children: &[ChildManifest]) -> Option<String> {
     }
 }
 
+/// The unit row's columns and values (`$1` … `$13`) of a dispatch.
+const UNIT_INSERT: &str = "INSERT INTO async_delegations (delegation_id, origin_session, \
+     origin_ui_session_id, parent_session_id, state, dispatched_at, updated_at, delivery_state, \
+     delivery_attempts, owner_pid, owner_started_at, task_json, origin_session_id, \
+     child_session_id, children_json, owner_profile, owner_worker) \
+     VALUES ($1, $2, $3, $4, 'running', $5, $5, 'pending', 0, $6, $7, $8, $9, $10, $11, \
+     $12, $13) ON CONFLICT (delegation_id) DO NOTHING";
+
 impl PgStore {
+    /// Inserts the unit `id` of `draft` with its children and sessions in
+    /// one statement (one round trip, `SERIALIZABLE` in autocommit); `false`
+    /// when the id is taken (nothing is written). Sessions naming each
+    /// other as parents are inserted by [`PgStore::insert_unit_in`] instead.
+    fn insert_unit_one(
+        &self,
+        tx: &mut Tx<'_>,
+        draft: &UnitDraft,
+        id: &str,
+        now: f64,
+    ) -> PgResult<bool> {
+        let is_batch = draft.children.len() != 1;
+        let lone = if is_batch { None } else { lone_child_session(&draft.children) };
+        let task = draft.task.to_string();
+        let cj = children_json(&draft.children);
+        let children = ChildArrays::of(&draft.children);
+        let sessions = SessionArrays::of(&draft.child_sessions, now)?;
+        let unit: [&(dyn postgres::types::ToSql + Sync); 13] = [
+            &id,
+            &draft.origin_session,
+            &draft.origin_ui_session_id,
+            &draft.parent_session_id,
+            &now,
+            &draft.owner_pid,
+            &draft.owner_started_at,
+            &task,
+            &draft.origin_session_id,
+            &lone,
+            &cj,
+            &draft.owner_profile,
+            &self.worker_id,
+        ];
+        let mut params: Vec<&(dyn postgres::types::ToSql + Sync)> = unit.to_vec();
+        params.extend(children.params());
+        params.extend(sessions.params());
+        // The CTEs see one snapshot and write disjoint tables; the children
+        // and sessions are inserted only with the unit (`FROM u`).
+        let sql = format!(
+            "WITH u AS ({UNIT_INSERT} RETURNING delegation_id), \
+             c AS ({}), s AS ({}) SELECT count(*) FROM u",
+            children_from_arrays(14, "u.delegation_id", "u, "),
+            sessions_from_arrays(21, "u, ")
+        );
+        let inserted: i64 = tx.query_one(&sql, &params)?.try_get(0)?;
+        Ok(inserted > 0)
+    }
+
+    /// [`PgStore::insert_unit_one`] as three statements of one transaction
+    /// (sessions that name each other as parents are linked in order).
     fn insert_unit_in(
         &self,
         tx: &mut Tx<'_>,
@@ -722,12 +873,7 @@ impl PgStore {
         let lone = if is_batch { None } else { lone_child_session(&draft.children) };
         // A taken id inserts nothing (the caller draws another).
         let inserted = tx.execute(
-            "INSERT INTO async_delegations (delegation_id, origin_session, origin_ui_session_id, \
-             parent_session_id, state, dispatched_at, updated_at, delivery_state, \
-             delivery_attempts, owner_pid, owner_started_at, task_json, origin_session_id, \
-             child_session_id, children_json, owner_profile, owner_worker) \
-             VALUES ($1, $2, $3, $4, 'running', $5, $5, 'pending', 0, $6, $7, $8, $9, $10, $11, \
-             $12, $13) ON CONFLICT (delegation_id) DO NOTHING",
+            UNIT_INSERT,
             &[
                 &id,
                 &draft.origin_session,
@@ -758,9 +904,16 @@ impl UnitLifecycle for PgStore {
         for _ in 0..8 {
             let id = format!("deleg_{}", random_hex(4)?);
             let now = self.clock.now();
-            if self.pool.tx("inserting a unit", Mode::Write, |tx| {
-                self.insert_unit_in(tx, draft, &id, now)
-            })? {
+            let inserted = if chained(&draft.child_sessions) {
+                self.pool.tx("inserting a unit", Mode::Write, |tx| {
+                    self.insert_unit_in(tx, draft, &id, now)
+                })?
+            } else {
+                self.pool.tx("inserting a unit", Mode::WriteOne, |tx| {
+                    self.insert_unit_one(tx, draft, &id, now)
+                })?
+            };
+            if inserted {
                 return Ok(id);
             }
         }
@@ -910,7 +1063,7 @@ impl Claims for PgStore {
 
     fn ack_delivery(&self, id: &str, token: &str) -> Result<bool> {
         let now = self.clock.now();
-        self.pool.tx("acknowledging a delivery", Mode::Write, |tx| {
+        self.pool.tx("acknowledging a delivery", Mode::WriteOne, |tx| {
             let n = tx.execute(
                 "UPDATE async_delegations SET delivery_state = 'delivered', delivered_at = $1, \
                  updated_at = $1 WHERE delegation_id = $2 AND delivery_claim = $3 \
@@ -923,41 +1076,46 @@ impl Claims for PgStore {
 
     fn claim_resume(&self, id: &str, child_index: u32) -> Result<ResumeClaim> {
         let now = self.clock.now();
-        self.pool.tx("claiming a resume", Mode::Write, |tx| {
-            let row = tx.query_opt(
-                "SELECT c.tombstoned_at, u.tombstoned_at, c.resume_claim, c.resume_claimed_at \
-                 FROM retinue_children c JOIN async_delegations u \
-                   ON u.delegation_id = c.delegation_id \
-                 WHERE c.delegation_id = $1 AND c.child_index = $2 FOR UPDATE OF c",
-                &[&id, &int(child_index)],
-            )?;
+        let token = random_hex(16)?;
+        // One statement (one round trip, `SERIALIZABLE` in autocommit): the
+        // child's row as it was, and the claim taken when the child and its
+        // unit are live and no unexpired claim holds it. A concurrent
+        // writer of the row fails the statement (40001) and it runs again.
+        const SQL: &str = "WITH cur AS (SELECT c.tombstoned_at AS ct, u.tombstoned_at AS ut, \
+               c.resume_claim AS claim, c.resume_claimed_at AS at \
+             FROM retinue_children c JOIN async_delegations u \
+               ON u.delegation_id = c.delegation_id \
+             WHERE c.delegation_id = $1 AND c.child_index = $2), \
+           upd AS (UPDATE retinue_children SET resume_claim = $3, resume_claimed_at = $4 \
+             WHERE delegation_id = $1 AND child_index = $2 AND tombstoned_at IS NULL \
+               AND (resume_claim IS NULL \
+                 OR COALESCE(resume_claimed_at, '-Infinity'::float8) + $5 <= $4) \
+               AND EXISTS (SELECT 1 FROM cur WHERE ut IS NULL) RETURNING 1) \
+         SELECT ct, ut, claim, at, EXISTS (SELECT 1 FROM upd) FROM cur";
+        self.pool.tx("claiming a resume", Mode::WriteOne, |tx| {
+            let row = tx.query_opt(SQL, &[&id, &int(child_index), &token, &now, &LEASE_SECS])?;
             let Some(row) = row else { return Ok(ResumeClaim::Unavailable) };
+            if row.try_get::<_, bool>(4)? {
+                return Ok(ResumeClaim::Claimed { token: token.clone() });
+            }
             let child_tomb: Option<f64> = row.try_get(0)?;
             let unit_tomb: Option<f64> = row.try_get(1)?;
             let claim: Option<String> = row.try_get(2)?;
             let claimed_at: Option<f64> = row.try_get(3)?;
-            if child_tomb.is_some() || unit_tomb.is_some() {
-                return Ok(ResumeClaim::Unavailable);
-            }
-            if claim.is_some() {
-                let at = claimed_at.unwrap_or(f64::NEG_INFINITY);
-                if at + LEASE_SECS > now {
-                    return Ok(ResumeClaim::Busy { claimed_at: at, expires_at: at + LEASE_SECS });
+            Ok(match claim {
+                Some(_) if child_tomb.is_none() && unit_tomb.is_none() => {
+                    let at = claimed_at.unwrap_or(f64::NEG_INFINITY);
+                    ResumeClaim::Busy { claimed_at: at, expires_at: at + LEASE_SECS }
                 }
-            }
-            let token = random_hex(16)?;
-            tx.execute(
-                "UPDATE retinue_children SET resume_claim = $1, resume_claimed_at = $2 \
-                 WHERE delegation_id = $3 AND child_index = $4",
-                &[&token, &now, &id, &int(child_index)],
-            )?;
-            Ok(ResumeClaim::Claimed { token })
+                // Tombstoned (or, failing closed, anything else not claimed).
+                _ => ResumeClaim::Unavailable,
+            })
         })
     }
 
     fn renew_resume(&self, id: &str, child_index: u32, token: &str) -> Result<bool> {
         let now = self.clock.now();
-        self.pool.tx("renewing a resume claim", Mode::Write, |tx| {
+        self.pool.tx("renewing a resume claim", Mode::WriteOne, |tx| {
             let n = tx.execute(
                 "UPDATE retinue_children SET resume_claimed_at = $1 WHERE delegation_id = $2 \
                  AND child_index = $3 AND resume_claim = $4",
@@ -968,7 +1126,7 @@ impl Claims for PgStore {
     }
 
     fn release_resume(&self, id: &str, child_index: u32, token: &str) -> Result<bool> {
-        self.pool.tx("releasing a resume claim", Mode::Write, |tx| {
+        self.pool.tx("releasing a resume claim", Mode::WriteOne, |tx| {
             release_in(tx, id, child_index, token)
         })
     }

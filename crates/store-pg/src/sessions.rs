@@ -2,6 +2,7 @@
 //! ([`SessionGraph`]) on PostgreSQL, with the SQLite backend's semantics.
 
 use postgres::Row;
+use postgres::types::ToSql;
 use retinue_core::EndReason;
 use retinue_core::{
     MAX_HOPS, Message, NewSession, Result, SessionGraph, SessionRow, SessionStore,
@@ -43,54 +44,103 @@ pub(crate) fn insert_session(tx: &mut Tx<'_>, s: &NewSession, now: f64) -> PgRes
     Ok(())
 }
 
-/// Inserts `sessions` in one statement (one round trip) when none of them
-/// names another of them as its parent; otherwise one by one, so a parent
-/// inserted first is linked as [`insert_session`] links it.
-pub(crate) fn insert_sessions(tx: &mut Tx<'_>, sessions: &[NewSession], now: f64) -> PgResult<()> {
-    let chained = sessions.iter().any(|s| {
+/// Whether a session of `sessions` names another of them as its parent
+/// (then they are inserted one by one, so that the parent is linked).
+pub(crate) fn chained(sessions: &[NewSession]) -> bool {
+    sessions.iter().any(|s| {
         s.parent_session_id
             .as_deref()
             .map(str::trim)
             .is_some_and(|p| sessions.iter().any(|o| o.id == p))
-    });
-    if sessions.len() < 2 || chained {
+    })
+}
+
+/// New sessions as parallel arrays, validated as [`insert_session`] does:
+/// the parameters of [`sessions_from_arrays`].
+pub(crate) struct SessionArrays<'a> {
+    ids: Vec<&'a str>,
+    sources: Vec<&'a str>,
+    models: Vec<Option<&'a str>>,
+    configs: Vec<Option<String>>,
+    parents: Vec<Option<&'a str>>,
+    started: Vec<f64>,
+    profiles: Vec<Option<&'a str>>,
+}
+
+impl<'a> SessionArrays<'a> {
+    /// The arrays of `sessions`, or the error [`insert_session`] would give.
+    pub(crate) fn of(sessions: &'a [NewSession], now: f64) -> PgResult<SessionArrays<'a>> {
+        let mut ids = Vec::with_capacity(sessions.len());
+        let mut configs = Vec::with_capacity(sessions.len());
+        for s in sessions {
+            if s.id.trim().is_empty() {
+                return Err(invalid("session id must not be empty"));
+            }
+            ids.push(s.id.as_str());
+            configs.push(match &s.model_config {
+                None | Some(Value::Null) => None,
+                Some(v @ Value::Object(_)) => Some(v.to_string()),
+                Some(_) => return Err(invalid("model_config must be a JSON object")),
+            });
+        }
+        Ok(SessionArrays {
+            ids,
+            sources: sessions.iter().map(|s| s.source.as_str()).collect(),
+            models: sessions.iter().map(|s| s.model.as_deref()).collect(),
+            configs,
+            parents: sessions
+                .iter()
+                .map(|s| s.parent_session_id.as_deref().map(str::trim).filter(|p| !p.is_empty()))
+                .collect(),
+            started: sessions.iter().map(|s| s.started_at.unwrap_or(now)).collect(),
+            profiles: sessions.iter().map(|s| s.profile_name.as_deref()).collect(),
+        })
+    }
+
+    /// The seven parameters, in [`sessions_from_arrays`]' order.
+    pub(crate) fn params(&self) -> [&(dyn ToSql + Sync); 7] {
+        [
+            &self.ids,
+            &self.sources,
+            &self.models,
+            &self.configs,
+            &self.parents,
+            &self.started,
+            &self.profiles,
+        ]
+    }
+}
+
+/// The `INSERT` of [`SessionArrays`] bound as parameters `$first` …
+/// `$first+6`, with `from` (extra `FROM` items ending in a comma, e.g. a CTE
+/// that must have a row) before the arrays. A parent that is not (yet) a
+/// row is not linked (as in SQLite).
+pub(crate) fn sessions_from_arrays(first: usize, from: &str) -> String {
+    let p: Vec<String> = (first..first + 7).map(|i| format!("${i}")).collect();
+    format!(
+        "INSERT INTO sessions (id, source, model, model_config, parent_session_id, started_at, \
+         profile_name) \
+         SELECT n.id, n.source, n.model, n.model_config, p.id, n.started_at, n.profile_name \
+         FROM {from}unnest({}::text[], {}::text[], {}::text[], {}::text[], {}::text[], \
+           {}::float8[], {}::text[]) WITH ORDINALITY \
+           AS n(id, source, model, model_config, parent, started_at, profile_name, k) \
+         LEFT JOIN sessions p ON p.id = n.parent ORDER BY n.k",
+        p[0], p[1], p[2], p[3], p[4], p[5], p[6]
+    )
+}
+
+/// Inserts `sessions` in one statement (one round trip) when none of them
+/// names another of them as its parent; otherwise one by one, so a parent
+/// inserted first is linked as [`insert_session`] links it.
+pub(crate) fn insert_sessions(tx: &mut Tx<'_>, sessions: &[NewSession], now: f64) -> PgResult<()> {
+    if sessions.len() < 2 || chained(sessions) {
         for s in sessions {
             insert_session(tx, s, now)?;
         }
         return Ok(());
     }
-    let mut ids = Vec::with_capacity(sessions.len());
-    let mut configs = Vec::with_capacity(sessions.len());
-    for s in sessions {
-        if s.id.trim().is_empty() {
-            return Err(invalid("session id must not be empty"));
-        }
-        ids.push(s.id.as_str());
-        configs.push(match &s.model_config {
-            None | Some(Value::Null) => None,
-            Some(v @ Value::Object(_)) => Some(v.to_string()),
-            Some(_) => return Err(invalid("model_config must be a JSON object")),
-        });
-    }
-    let sources: Vec<&str> = sessions.iter().map(|s| s.source.as_str()).collect();
-    let models: Vec<Option<&str>> = sessions.iter().map(|s| s.model.as_deref()).collect();
-    let parents: Vec<Option<&str>> = sessions
-        .iter()
-        .map(|s| s.parent_session_id.as_deref().map(str::trim).filter(|p| !p.is_empty()))
-        .collect();
-    let started: Vec<f64> = sessions.iter().map(|s| s.started_at.unwrap_or(now)).collect();
-    let profiles: Vec<Option<&str>> = sessions.iter().map(|s| s.profile_name.as_deref()).collect();
-    // A parent that is not (yet) a row is not linked (as in SQLite).
-    tx.execute(
-        "INSERT INTO sessions (id, source, model, model_config, parent_session_id, started_at, \
-         profile_name) \
-         SELECT n.id, n.source, n.model, n.model_config, p.id, n.started_at, n.profile_name \
-         FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::float8[], \
-           $7::text[]) WITH ORDINALITY \
-           AS n(id, source, model, model_config, parent, started_at, profile_name, k) \
-         LEFT JOIN sessions p ON p.id = n.parent ORDER BY n.k",
-        &[&ids, &sources, &models, &configs, &parents, &started, &profiles],
-    )?;
+    let arrays = SessionArrays::of(sessions, now)?;
+    tx.execute(&sessions_from_arrays(1, ""), &arrays.params())?;
     Ok(())
 }
 
@@ -197,7 +247,7 @@ impl SessionGraph for PgStore {
 impl SessionStore for PgStore {
     fn create_session(&self, session: &NewSession) -> Result<()> {
         let now = self.clock.now();
-        self.pool.tx("creating a session", Mode::Write, |tx| insert_session(tx, session, now))
+        self.pool.tx("creating a session", Mode::WriteOne, |tx| insert_session(tx, session, now))
     }
 
     fn append_message(&self, session_id: &str, m: &Message) -> Result<i64> {
@@ -205,44 +255,43 @@ impl SessionStore for PgStore {
         let ts = if m.timestamp > 0.0 { m.timestamp } else { now };
         let content = m.content.as_deref().map(str::as_bytes);
         let delta = tool_call_delta(m.tool_calls.as_deref());
-        self.pool.tx("appending a message", Mode::Write, |tx| {
-            let n = tx.execute(
-                "UPDATE sessions SET message_count = COALESCE(message_count, 0) + 1, \
-                 tool_call_count = COALESCE(tool_call_count, 0) + $2 WHERE id = $1",
-                &[&session_id, &delta],
+        // One statement: the session's counters and the message, inserted
+        // only when the session row exists (so both or neither).
+        self.pool.tx("appending a message", Mode::WriteOne, |tx| {
+            let row = tx.query_opt(
+                "WITH s AS (UPDATE sessions SET message_count = COALESCE(message_count, 0) + 1, \
+                   tool_call_count = COALESCE(tool_call_count, 0) + $10 WHERE id = $1 \
+                   RETURNING id) \
+                 INSERT INTO messages (session_id, role, content, timestamp, active, \
+                 tool_call_id, tool_calls, tool_name, token_count, finish_reason) \
+                 SELECT s.id, $2, $3, $4, 1, $5, $6, $7, $8, $9 FROM s RETURNING id",
+                &[
+                    &session_id,
+                    &m.role,
+                    &content,
+                    &ts,
+                    &m.tool_call_id,
+                    &m.tool_calls,
+                    &m.tool_name,
+                    &m.token_count,
+                    &m.finish_reason,
+                    &delta,
+                ],
             )?;
-            if n == 0 {
-                return Err(Fail::Store(retinue_core::Error::NotFound {
+            match row {
+                Some(r) => Ok(r.try_get(0)?),
+                None => Err(Fail::Store(retinue_core::Error::NotFound {
                     what: "session",
                     id: session_id.to_owned(),
-                }));
+                })),
             }
-            let id: i64 = tx
-                .query_one(
-                    "INSERT INTO messages (session_id, role, content, timestamp, active, \
-                     tool_call_id, tool_calls, tool_name, token_count, finish_reason) \
-                     VALUES ($1, $2, $3, $4, 1, $5, $6, $7, $8, $9) RETURNING id",
-                    &[
-                        &session_id,
-                        &m.role,
-                        &content,
-                        &ts,
-                        &m.tool_call_id,
-                        &m.tool_calls,
-                        &m.tool_name,
-                        &m.token_count,
-                        &m.finish_reason,
-                    ],
-                )?
-                .try_get(0)?;
-            Ok(id)
         })
     }
 
     fn end_session(&self, id: &str, reason: &EndReason) -> Result<bool> {
         let reason = reason.as_str();
         let now = self.clock.now();
-        self.pool.tx("ending a session", Mode::Write, |tx| {
+        self.pool.tx("ending a session", Mode::WriteOne, |tx| {
             let n = tx.execute(
                 "UPDATE sessions SET ended_at = $1, end_reason = $2 \
                  WHERE id = $3 AND ended_at IS NULL",
@@ -253,7 +302,7 @@ impl SessionStore for PgStore {
     }
 
     fn reopen_session(&self, id: &str) -> Result<bool> {
-        self.pool.tx("reopening a session", Mode::Write, |tx| {
+        self.pool.tx("reopening a session", Mode::WriteOne, |tx| {
             let n = tx.execute(
                 "UPDATE sessions SET ended_at = NULL, end_reason = NULL WHERE id = $1",
                 &[&id],

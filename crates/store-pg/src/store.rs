@@ -362,7 +362,7 @@ impl PgStore {
             }
         }
         let store = PgStore::over(pool, opts)?;
-        store.heartbeat()?;
+        store.beat(Mode::Write)?;
         store.type_usage_rows()?;
         Ok(store)
     }
@@ -415,6 +415,12 @@ impl PgStore {
     /// ago: to recovery and to the budget, a worker without a row is a
     /// worker whose lease lapsed, so nothing changes but the table's size.
     pub fn heartbeat(&self) -> Result<()> {
+        self.beat(Mode::WriteOne)
+    }
+
+    /// [`PgStore::heartbeat`] in `mode`: at open, [`Mode::Write`] on the
+    /// connection the migration left idle (no second connection just for it).
+    fn beat(&self, mode: Mode) -> Result<()> {
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
             .map(|h| h.trim().to_owned())
             .unwrap_or_default();
@@ -429,7 +435,7 @@ impl PgStore {
              ON CONFLICT (worker_id) DO UPDATE SET heartbeat_at = EXCLUDED.heartbeat_at, \
              lease_expires_at = EXCLUDED.lease_expires_at"
         );
-        self.pool.tx("renewing the worker lease", Mode::Write, |tx| {
+        self.pool.tx("renewing the worker lease", mode, |tx| {
             tx.execute(
                 &sql,
                 &[

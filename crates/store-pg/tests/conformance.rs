@@ -366,3 +366,130 @@ fn leases_ignore_a_skewed_host_clock() {
     }
     assert_eq!(seen_alive, [true; 2], "no recovery ran inside the leases: the test proved nothing");
 }
+
+/// A scratch store of its own (schema dropped at the end) and a raw client
+/// on its schema.
+fn scratch_store(url: &str) -> (PgStore, postgres::Client, Scratch) {
+    let schema = scratch_schema();
+    let clock = Arc::new(ManualClock::new(T0));
+    let store = open(url, &schema, &clock, &config(10));
+    let mut sql = postgres::Client::connect(url, postgres::NoTls).expect("connect");
+    // The schema is ours (`scratch_schema`), never input.
+    sql.batch_execute(&format!("SET search_path TO {schema}")).expect("search path");
+    (store, sql, Scratch { url: url.to_owned(), schema })
+}
+
+fn session(id: &str, parent: &str) -> retinue_core::NewSession {
+    retinue_core::NewSession {
+        id: id.into(),
+        source: "delegate".into(),
+        parent_session_id: Some(parent.into()),
+        ..retinue_core::NewSession::default()
+    }
+}
+
+fn draft_with_sessions(tag: &str, sessions: Vec<retinue_core::NewSession>) -> UnitDraft {
+    UnitDraft {
+        parent_session_id: Some("P".into()),
+        children: vec![ChildManifest {
+            subagent_id: format!("sa-0-{tag}"),
+            session_id: format!("s-{tag}"),
+            ..ChildManifest::default()
+        }],
+        child_sessions: sessions,
+        ..UnitDraft::default()
+    }
+}
+
+fn parent_of(sql: &mut postgres::Client, id: &str) -> Option<String> {
+    sql.query_one("SELECT parent_session_id FROM sessions WHERE id = $1", &[&id])
+        .expect("session row")
+        .get(0)
+}
+
+fn rows(sql: &mut postgres::Client, table: &str) -> i64 {
+    // `table` is one of this file's literals.
+    sql.query_one(&format!("SELECT count(*) FROM {table}"), &[]).expect("count").get(0)
+}
+
+/// A dispatch is one statement (unit, children, sessions) unless its
+/// sessions name each other as parents: both link every parent that is a
+/// row, and a failing dispatch writes nothing at all.
+#[test]
+fn a_dispatch_writes_unit_children_and_sessions_or_nothing() {
+    let Some(url) = retinue_testkit::pg_url("PostgreSQL dispatch") else { return };
+    let (store, mut sql, _guard) = scratch_store(&url);
+    use retinue_core::SessionStore;
+    store
+        .create_session(&retinue_core::NewSession { id: "P".into(), ..Default::default() })
+        .expect("root");
+
+    // One statement: both sessions under the existing spawner; an unknown
+    // parent is not linked (as SQLite).
+    let id = store
+        .insert_unit(&draft_with_sessions("a", vec![session("s-a", "P"), session("x", "ghost")]))
+        .expect("insert");
+    assert_eq!(parent_of(&mut sql, "s-a").as_deref(), Some("P"));
+    assert_eq!(parent_of(&mut sql, "x"), None);
+    let children: i64 = sql
+        .query_one("SELECT count(*) FROM retinue_children WHERE delegation_id = $1", &[&id])
+        .expect("children")
+        .get(0);
+    assert_eq!(children, 1);
+
+    // Chained: the second session's parent is the first, inserted first.
+    store
+        .insert_unit(&draft_with_sessions("b", vec![session("s-b", "P"), session("s-b2", "s-b")]))
+        .expect("insert chained");
+    assert_eq!(parent_of(&mut sql, "s-b2").as_deref(), Some("s-b"));
+
+    // A session id that exists fails the dispatch: no unit, child or session written.
+    let before = [rows(&mut sql, "async_delegations"), rows(&mut sql, "retinue_children")];
+    let sessions_before = rows(&mut sql, "sessions");
+    let dup = store
+        .insert_unit(&draft_with_sessions("c", vec![session("s-c", "P"), session("s-a", "P")]));
+    assert!(dup.is_err(), "a duplicate session id was accepted");
+    assert_eq!([rows(&mut sql, "async_delegations"), rows(&mut sql, "retinue_children")], before);
+    assert_eq!(rows(&mut sql, "sessions"), sessions_before);
+    // Bad input is refused before anything is sent.
+    let mut bad = session("s-d", "P");
+    bad.model_config = Some(serde_json::json!([1]));
+    assert!(matches!(
+        store.insert_unit(&draft_with_sessions("d", vec![bad, session("s-d2", "P")])),
+        Err(retinue_core::Error::Invalid(_))
+    ));
+    assert_eq!(rows(&mut sql, "async_delegations"), before[0]);
+}
+
+/// A retained unit without child rows (copied from a hermes file by a
+/// foreign writer) is adopted by a tombstone, which then finds and
+/// tombstones its child; with nothing to adopt, no backfill statement runs
+/// and the tombstone still takes exactly its child.
+#[test]
+fn a_tombstone_adopts_a_unit_without_child_rows() {
+    let Some(url) = retinue_testkit::pg_url("PostgreSQL tombstone adoption") else { return };
+    let (store, mut sql, _guard) = scratch_store(&url);
+    let kept = unit(&store, "", "kept");
+    sql.execute(
+        "INSERT INTO async_delegations (delegation_id, origin_session, parent_session_id, \
+         state, dispatched_at, updated_at, task_json, children_json, retained, retained_at, \
+         owner_profile) VALUES ('deleg_hermes', 'P', 'P', 'completed', $1, $1, '{}', $2, 1, $1, '')",
+        &[&T0, &r#"[{"subagent_id": "sa-0-hermes", "session_id": "s-hermes"}]"#],
+    )
+    .expect("a foreign unit");
+    assert!(
+        store.tombstone_retained_child("sa-0-hermes", &TombstoneReason::Manual).expect("tombstone")
+    );
+    assert!(matches!(
+        store.lookup("sa-0-hermes").expect("lookup"),
+        Lookup::NotAddressable(
+            _,
+            Unaddressable::Tombstoned { reason: TombstoneReason::Manual, .. }
+        )
+    ));
+    // The other unit was untouched, and is tombstoned on its own.
+    assert!(store.find_retained_child("sa-0-kept").expect("find").is_some());
+    assert!(store.tombstone_retained_child(&kept, &TombstoneReason::Manual).expect("tombstone"));
+    assert!(store.find_retained_child("sa-0-kept").expect("find").is_none());
+    assert!(!store.tombstone_retained_child("sa-0-kept", &TombstoneReason::Manual).expect("again"));
+}
