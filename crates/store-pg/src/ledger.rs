@@ -214,6 +214,21 @@ impl PgStore {
     /// the columns existed, or copied by an import) with the core rule, in
     /// batches; returns how many. A no-op once every row is typed.
     pub(crate) fn type_usage_rows(&self) -> Result<usize> {
+        // Nothing to type (every open after the first): one read, no transaction.
+        // (In the partial index's order: an `EXISTS` was planned as a
+        // sequential scan of the whole ledger when the statistics were stale.)
+        let untyped = self.pool.tx("typing ledger rows", Mode::ReadOne, |tx| {
+            Ok(tx
+                .query_opt(
+                    "SELECT id FROM delegation_child_usage WHERE cost_usd IS NULL \
+                     ORDER BY id LIMIT 1",
+                    &[],
+                )?
+                .is_some())
+        })?;
+        if !untyped {
+            return Ok(0);
+        }
         let mut typed = 0;
         loop {
             let n = self.pool.tx("typing ledger rows", Mode::Write, |tx| {

@@ -290,7 +290,29 @@ fn check_current(client: &mut postgres::Client, schema: Option<&str>) -> PgResul
     }
 }
 
+/// Whether the schema is exactly current, in one round trip (the simple
+/// protocol: no statement to prepare on a connection that runs it once);
+/// `false` on any doubt (no history table yet, another error), and the full
+/// migration then decides.
+fn is_current(client: &mut postgres::Client) -> bool {
+    let Ok(messages) = client.simple_query("SELECT MAX(version) FROM refinery_schema_history")
+    else {
+        return false;
+    };
+    messages.iter().any(|m| match m {
+        postgres::SimpleQueryMessage::Row(r) => {
+            r.get(0).and_then(|v| v.parse::<i32>().ok()) == Some(SCHEMA_VERSION)
+        }
+        _ => false,
+    })
+}
+
 fn migrate(client: &mut postgres::Client, schema: Option<&str>) -> PgResult<()> {
+    // A current schema is not migrated again (the connection's search path
+    // names it already): an open is then one round trip, not a dozen.
+    if is_current(client) {
+        return Ok(());
+    }
     if let Some(schema) = schema {
         client.batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {}", quote_ident(schema)))?;
         client.batch_execute(&format!("SET search_path TO {}", quote_ident(schema)))?;

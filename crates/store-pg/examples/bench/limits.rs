@@ -7,6 +7,18 @@ use std::collections::HashMap;
 use postgres::types::ToSql;
 use postgres::{Client, NoTls, Statement};
 
+/// The children of the newest `cap` ($2) live units, within the TTL ($1).
+const LIST: &str = "SELECT c.delegation_id, c.child_index, c.subagent_id, c.child_session_id, \
+             c.manifest_json, c.retained_at, u.parent_session_id, u.owner_profile, u.state, \
+             u.completed_at \
+             FROM (SELECT delegation_id, retained_at FROM async_delegations WHERE retained = 1 \
+                   AND tombstoned_at IS NULL ORDER BY retained_at DESC, delegation_id DESC \
+                   LIMIT $2) top \
+             JOIN retinue_children c ON c.delegation_id = top.delegation_id \
+             JOIN async_delegations u ON u.delegation_id = top.delegation_id \
+             WHERE c.tombstoned_at IS NULL AND c.retained_at >= $1 \
+             ORDER BY top.retained_at DESC, top.delegation_id DESC, c.child_index";
+
 pub(crate) type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
 pub(crate) struct Limits {
@@ -85,30 +97,62 @@ impl Limits {
 
     /// The children of the newest `cap` live units, within the TTL.
     pub(crate) fn list(&mut self, cutoff: f64, cap: i64) -> Res<usize> {
+        self.rows(LIST, &[&cutoff, &cap])
+    }
+
+    /// Every live child (all N units live, no cap): the old PostgreSQL list
+    /// row's limit, with the columns an answer has (as [`Limits::list`]'s).
+    pub(crate) fn list_all(&mut self) -> Res<usize> {
         self.rows(
             "SELECT c.delegation_id, c.child_index, c.subagent_id, c.child_session_id, \
              c.manifest_json, c.retained_at, u.parent_session_id, u.owner_profile, u.state, \
-             u.completed_at \
-             FROM (SELECT delegation_id, retained_at FROM async_delegations WHERE retained = 1 \
-                   AND tombstoned_at IS NULL ORDER BY retained_at DESC, delegation_id DESC \
-                   LIMIT $2) top \
-             JOIN retinue_children c ON c.delegation_id = top.delegation_id \
-             JOIN async_delegations u ON u.delegation_id = top.delegation_id \
-             WHERE c.tombstoned_at IS NULL AND c.retained_at >= $1 \
-             ORDER BY top.retained_at DESC, top.delegation_id DESC, c.child_index",
-            &[&cutoff, &cap],
-        )
-    }
-
-    /// Every live child (all N units live, no cap): the old PostgreSQL list row's limit.
-    pub(crate) fn list_all(&mut self) -> Res<usize> {
-        self.rows(
-            "SELECT c.delegation_id, c.child_index, c.manifest_json FROM async_delegations u \
+             u.completed_at FROM async_delegations u \
              JOIN retinue_children c ON c.delegation_id = u.delegation_id WHERE u.retained = 1 \
              AND u.tombstoned_at IS NULL AND c.tombstoned_at IS NULL \
              ORDER BY u.retained_at DESC, u.delegation_id DESC, c.child_index",
             &[],
         )
+    }
+
+    /// The rows an authority check must read (semantics §5.2, as the
+    /// lineage walk reads them): each start's ancestors, up to 100 links,
+    /// and their parents' children, with the columns the rule reads. (Each
+    /// step a primary-key probe: a plain join was planned as a hash join
+    /// over every session, 15 ms at depth 99.)
+    pub(crate) fn neighbourhoods(&mut self, starts: &[&str]) -> Res<usize> {
+        let starts: Vec<&str> = starts.to_vec();
+        self.rows(
+            "WITH RECURSIVE up(id, source, model_config, parent_session_id, end_reason, n) AS ( \
+               SELECT id, source, model_config, parent_session_id, end_reason, 0 FROM sessions \
+               WHERE id = ANY($1) \
+               UNION ALL SELECT s.id, s.source, s.model_config, s.parent_session_id, \
+               s.end_reason, up.n + 1 FROM up CROSS JOIN LATERAL (SELECT * FROM sessions x \
+               WHERE x.id = up.parent_session_id LIMIT 1) s WHERE up.n < 100) \
+             SELECT id, source, model_config, parent_session_id, end_reason FROM up \
+             UNION ALL SELECT s.id, s.source, s.model_config, s.parent_session_id, s.end_reason \
+             FROM sessions s WHERE s.parent_session_id = ANY (ARRAY( \
+               SELECT parent_session_id FROM up WHERE parent_session_id IS NOT NULL)) \
+             AND s.id NOT IN (SELECT id FROM up)",
+            &[&starts],
+        )
+    }
+
+    /// The floor of an owner-scoped list: [`Limits::list`], then (the
+    /// spawners are known only from its rows) the neighbourhoods of the
+    /// requester and every distinct spawner, whose lineages the rule compares.
+    pub(crate) fn list_then_lineage(&mut self, cutoff: f64, cap: i64, owner: &str) -> Res<usize> {
+        let s = self.stmt(LIST)?;
+        let rows = self.c.query(&s, &[&cutoff, &cap])?;
+        let mut starts: Vec<String> = vec![owner.to_owned()];
+        for r in &rows {
+            if let Some(p) = r.try_get::<_, Option<String>>(6)?
+                && !starts.contains(&p)
+            {
+                starts.push(p);
+            }
+        }
+        let starts: Vec<&str> = starts.iter().map(String::as_str).collect();
+        Ok(rows.len() + self.neighbourhoods(&starts)?)
     }
 
     /// The session and its ancestors, up to 100 links.
@@ -259,6 +303,32 @@ impl Limits {
             )?;
             Ok(())
         })
+    }
+
+    /// The floor of a tombstone as the contract needs it: the id resolved
+    /// (the find's bare SELECT: a tombstone takes exactly the row a lookup
+    /// shows) and the child's bare UPDATE, in one `SERIALIZABLE` transaction
+    /// (so that a concurrent retain or prune cannot interleave).
+    pub(crate) fn tombstone_resolved(
+        &mut self,
+        subagent_id: &str,
+        now: f64,
+        cutoff: f64,
+    ) -> Res<()> {
+        self.c.batch_execute("BEGIN ISOLATION LEVEL SERIALIZABLE")?;
+        let r = (|| -> Res<()> {
+            if self.find("subagent_id", subagent_id, cutoff)? != 1 {
+                return Err("tombstone floor: not found".into());
+            }
+            self.exec(
+                "UPDATE retinue_children SET tombstoned_at = $1, tombstone_reason = 'manual' \
+                 WHERE subagent_id = $2 AND tombstoned_at IS NULL",
+                &[&now, &subagent_id],
+            )?;
+            Ok(())
+        })();
+        self.c.batch_execute(if r.is_ok() { "COMMIT" } else { "ROLLBACK" })?;
+        r
     }
 
     /// Moves a unit's retention `secs` into the past (unit and children).

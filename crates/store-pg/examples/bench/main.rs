@@ -198,16 +198,23 @@ fn main() -> Res<()> {
         return Err(format!("operator list: {listed} children, the limit disagrees").into());
     }
     let owner = parent_of(newest);
+    let shared = std::cell::RefCell::new(&mut lim);
     let v = interleaved(
         reads,
         &mut [
             &mut |_| ok(store.list_retained_children()),
-            &mut |_| ok(lim.list(cutoff, cap)),
+            &mut |_| ok(shared.borrow_mut().list(cutoff, cap)),
             &mut |_| ok(authority.list_for(Some(&owner))),
+            &mut |_| ok(shared.borrow_mut().list_then_lineage(cutoff, cap, &owner)),
         ],
     )?;
     t.push("operator list", v[0], Some(v[1]));
     t.push("owner-scoped list", v[2], Some(v[1]));
+    t.push(
+        "  same, floor = the list, then the lineages it names (two statements)",
+        v[2],
+        Some(v[3]),
+    );
 
     // Authority at lineage depths (the spawner is L0; requesters walk up).
     let entry =
@@ -221,15 +228,23 @@ fn main() -> Res<()> {
             return Err(format!("authority, depth {depth}: denied").into());
         }
         eprintln!("authority, depth {depth}: {verdict:?}");
-        let (ours, limit) = pair(
+        let v = interleaved(
             reads,
-            |_| {
-                let _ = authority.check_follow_up_authority(&e, Some(&requester));
-                Ok(())
-            },
-            |_| ok(lim.chain(&requester)),
+            &mut [
+                &mut |_| {
+                    let _ = authority.check_follow_up_authority(&e, Some(&requester));
+                    Ok(())
+                },
+                &mut |_| ok(shared.borrow_mut().chain(&requester)),
+                &mut |_| ok(shared.borrow_mut().neighbourhoods(&[&requester, "L0"])),
+            ],
         )?;
-        t.push(&format!("authority, depth {depth}"), ours, Some(limit));
+        t.push(&format!("authority, depth {depth}"), v[0], Some(v[1]));
+        t.push(
+            &format!("  same, floor = both neighbourhoods as bare SQL, depth {depth}"),
+            v[0],
+            Some(v[2]),
+        );
     }
     if authority.check_follow_up_authority(&entry, Some("stranger")).is_ok() {
         return Err("authority, foreign requester: allowed".into());
@@ -326,7 +341,15 @@ fn main() -> Res<()> {
         |i| cell.borrow_mut().write_unit(&format!("T{i:06}"), now),
         |i| cell.borrow_mut().tombstone(&format!("sa-0-T{i:06}"), now),
     )?;
+    let floor = time_with_setup(
+        writes,
+        |i| cell.borrow_mut().write_unit(&format!("zF{i:06}"), clock.now()),
+        |i| cell.borrow_mut().tombstone_resolved(&format!("sa-0-zF{i:06}"), clock.now(), cutoff),
+    )?;
     t.push("tombstone one child", tomb, Some(limit));
+    t.push("  same, floor = resolve + UPDATE in one serializable transaction", tomb, Some(floor));
+    // The floor's units were retained at the clock's now: later units are newer.
+    clock.advance(1.0);
     // The limits' bare writes left live units outside the cap: settle (untimed).
     store.prune_retained_children(None, None)?;
 
@@ -444,10 +467,11 @@ fn main() -> Res<()> {
                 return Err("list every addressable child: the limit disagrees".into());
             }
             let it = (reads / 20).max(10);
-            list = Some((
-                time(it, |_| ok(mine.list_retained_children()))?,
-                time(it, |_| ok(copy.list_all()))?,
-            ));
+            let v = interleaved(
+                it,
+                &mut [&mut |_| ok(mine.list_retained_children()), &mut |_| ok(copy.list_all())],
+            )?;
+            list = Some((v[0], v[1]));
         }
         let mut run_ours = || -> Res<()> {
             let t = Instant::now();

@@ -10,7 +10,10 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Instant;
 
-use retinue_core::{Clock, ManualClock, RegistryRead, Retention, UnitLifecycle};
+use retinue_core::{
+    Claims, Clock, ManualClock, RegistryRead, ResumeClaim, Retention, TombstoneReason,
+    UnitLifecycle,
+};
 use retinue_lineage::{Authority, LineageAuthority};
 use retinue_store_pg::{PgOptions, PgStore};
 use retinue_testkit::workload::{draft, parent_of, subagent_id};
@@ -155,7 +158,7 @@ pub(crate) fn run(
         if n == largest
             && let Some(file) = explain_out
         {
-            write_plans(url, &opts, &store, &entry, n, file)?;
+            write_plans(url, &opts, &clock, &store, &entry, n, file)?;
         }
         drop((store, lim));
         if !keep {
@@ -242,6 +245,7 @@ fn print_tables(sizes: &[usize], rows: &[Row], tables: &[(usize, Sizes)]) {
 fn write_plans(
     url: &str,
     opts: &PgOptions,
+    clock: &ManualClock,
     store: &Arc<PgStore>,
     entry: &retinue_core::RetainedChild,
     n: usize,
@@ -280,6 +284,31 @@ fn write_plans(
                 seq.set(seq.get() + 1);
                 let id = explaining.insert_unit(&draft(&format!("x{:06}", seq.get()), "p-1"))?;
                 ok(explaining.retain_completed_delegation(&id, None))
+            }),
+        ),
+        (
+            "tombstone one child (of a live unit retained before, untimed, by another connection)",
+            Box::new(|| {
+                // A second later: the newest unit, within the cap.
+                seq.set(seq.get() + 1);
+                clock.advance(1.0);
+                let id = store.insert_unit(&draft(&format!("t{:06}", seq.get()), "p-2"))?;
+                store.retain_completed_delegation(&id, None)?;
+                let child = format!("sa-0-t{:06}", seq.get());
+                if explaining.tombstone_retained_child(&child, &TombstoneReason::Manual)? {
+                    Ok(())
+                } else {
+                    Err("tombstone: nothing tombstoned".into())
+                }
+            }),
+        ),
+        (
+            "resume claim + release",
+            Box::new(|| match explaining.claim_resume(&live.delegation_id, live.child_index)? {
+                ResumeClaim::Claimed { token } => {
+                    ok(explaining.release_resume(&live.delegation_id, live.child_index, &token))
+                }
+                other => Err(format!("resume claim: {other:?}").into()),
             }),
         ),
         (
