@@ -105,6 +105,11 @@ impl Mode {
     }
 }
 
+/// How long queued transactions queue from their first attempt after one
+/// of them failed to serialize (a hot spot stays hot for a while; an
+/// uncontended pool never queues, so pays no round trip for it).
+const CONTENDED_FOR_MS: u64 = 1_000;
+
 /// Attempts of one transaction before a serialization failure is surfaced (as `Busy`).
 const MAX_ATTEMPTS: u32 = 200;
 
@@ -266,6 +271,11 @@ pub(crate) struct Pool {
     retries: AtomicU64,
     /// The server has no advisory locks: queued transactions run unqueued.
     no_advisory_locks: AtomicBool,
+    /// Until when (ms since `born`) queued transactions queue from their
+    /// first attempt: set by a serialization failure of one of them.
+    contended_until_ms: AtomicU64,
+    /// The pool's creation, the origin of `contended_until_ms`.
+    born: Instant,
 }
 
 impl std::fmt::Debug for Pool {
@@ -290,6 +300,8 @@ impl Pool {
             max_idle,
             retries: AtomicU64::new(0),
             no_advisory_locks: AtomicBool::new(false),
+            contended_until_ms: AtomicU64::new(0),
+            born: Instant::now(),
         }
     }
 
@@ -366,11 +378,12 @@ impl Pool {
     /// [`Pool::tx`] for a transaction that contends on one hot spot (every
     /// retain of a tenant prunes that tenant's live units): its first
     /// attempt runs as any other (no extra round trip when nothing
-    /// contends); once it failed to serialize, each retry first takes the
-    /// session advisory lock `queue` and holds it until the transaction has
-    /// ended, so the retries of one hot spot take turns instead of failing
-    /// each other again (16 processes × 8 threads on one tenant: ~5 retries
-    /// per operation without it). The lock is taken before `BEGIN`, so the
+    /// contends); once it failed to serialize, each retry — and, for a
+    /// second after any queued transaction of this pool failed, every first
+    /// attempt too — first takes the session advisory lock `queue` and
+    /// holds it until the transaction has ended, so the writers of one hot
+    /// spot take turns instead of failing each other again (16 processes ×
+    /// 8 threads on one tenant: ~5 retries per operation without it). The lock is taken before `BEGIN`, so the
     /// snapshot is taken after the wait. It is an optimisation only: a
     /// server without advisory locks (CockroachDB) runs the same
     /// transactions unqueued, retried on 40001.
@@ -395,8 +408,9 @@ impl Pool {
                 }
                 Err(e) => return Err(waited(e.during(operation), started)),
             };
-            let mut queued =
-                queue.filter(|_| attempt > 1 && !self.no_advisory_locks.load(Ordering::Relaxed));
+            let mut queued = queue.filter(|_| {
+                (attempt > 1 || self.contended()) && !self.no_advisory_locks.load(Ordering::Relaxed)
+            });
             if let Some(key) = queued
                 && let Err(e) = conn.run_cached("SELECT pg_advisory_lock($1)", key)
             {
@@ -426,6 +440,9 @@ impl Pool {
                 }
                 Err(Fail::Pg(e)) if is_retryable(&e) && attempt < MAX_ATTEMPTS => {
                     self.retries.fetch_add(1, Ordering::Relaxed);
+                    if queue.is_some() {
+                        self.mark_contended();
+                    }
                     self.give(conn);
                     backoff(attempt);
                 }
@@ -439,6 +456,23 @@ impl Pool {
                 }
             }
         }
+    }
+
+    /// Milliseconds since the pool was created.
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.born.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Whether a queued transaction failed to serialize within the last
+    /// [`CONTENDED_FOR_MS`]: then queued transactions queue from their first
+    /// attempt (two round trips more each, instead of aborts and backoff).
+    fn contended(&self) -> bool {
+        self.now_ms() < self.contended_until_ms.load(Ordering::Relaxed)
+    }
+
+    fn mark_contended(&self) {
+        self.contended_until_ms
+            .fetch_max(self.now_ms().saturating_add(CONTENDED_FOR_MS), Ordering::Relaxed);
     }
 
     /// Transactions this pool ran again after SQLSTATE 40001 or 40P01.

@@ -974,8 +974,15 @@ impl UnitLifecycle for PgStore {
         let (status, delivery, delivered_at) =
             (plan.state.as_str(), plan.delivery_state, plan.delivered_at);
         let usage = c.usage.as_ref().map(Value::to_string);
-        self.pool.tx_queued("persisting a completion", Mode::Write, Some(self.prune_queue), |tx| {
-            backfill(tx)?;
+        // Only a retaining completion prunes (and adopts, in `retain_in`):
+        // only it queues on the tenant's hot spot; the others are one
+        // statement.
+        let (mode, queue) = if plan.retains {
+            (Mode::Write, Some(self.prune_queue))
+        } else {
+            (Mode::WriteOne, None)
+        };
+        self.pool.tx_queued("persisting a completion", mode, queue, |tx| {
             let changed = tx.execute(
                 "UPDATE async_delegations SET state = $1, completed_at = $2, updated_at = $2, \
                  event_json = $3, result_json = $4, usage_json = COALESCE($5, usage_json), \
