@@ -45,17 +45,7 @@ type Candidate = (u8, Option<i64>, ChildRow);
 /// `retinue_idx_async_cap_rank`, a superset of the live units above): when
 /// fewer than the cap, the exact count (which also reads each unit's
 /// children for the TTL) cannot reach it either and is skipped.
-///
-/// With `adopt`, the statement also answers whether a live retained unit
-/// has no child rows at all (a unit copied from a hermes file, which the
-/// backfill adopts): one extra leading column, and a row even when nothing
-/// matches.
-fn candidates(
-    tx: &mut Tx<'_>,
-    id: &str,
-    lim: Limits,
-    adopt: bool,
-) -> PgResult<(bool, Vec<Candidate>)> {
+fn candidates(tx: &mut Tx<'_>, id: &str, lim: Limits) -> PgResult<Vec<Candidate>> {
     let same = "a.retained = 1 AND a.tombstoned_at IS NULL \
          AND COALESCE(a.owner_profile, '') = COALESCE(u.owner_profile, '')";
     let above = "a.retained_at >= u.retained_at \
@@ -80,34 +70,14 @@ fn candidates(
          JOIN async_delegations u ON u.delegation_id = c.delegation_id \
          WHERE c.subagent_id = $1 OR c.child_session_id = $1 OR c.delegation_id = $1"
     );
-    let (sql, o) = if adopt {
-        (
-            format!(
-                "SELECT {ORPHAN_UNIT}, k.* FROM (VALUES (1)) one LEFT JOIN LATERAL ({sql}) k ON TRUE"
-            ),
-            1,
-        )
-    } else {
-        (sql, 0)
-    };
-    let (mut orphans, mut out) = (false, Vec::new());
+    let mut out = Vec::new();
     for r in tx.query(&sql, &[&id, &lim.cutoff(), &int(lim.max_retained)])? {
-        if adopt {
-            orphans |= r.try_get::<_, bool>(0)?;
-        }
-        // The lone row of an `adopt` statement without a match has no kind.
-        let Some(kind) = r.try_get::<_, Option<i64>>(o)? else { continue };
-        let rank: Option<i64> = r.try_get(o + 1)?;
-        out.push((u8::try_from(kind).unwrap_or(u8::MAX), rank, read_child_row_at(&r, o + 2)?));
+        let kind: i64 = r.try_get(0)?;
+        let rank: Option<i64> = r.try_get(1)?;
+        out.push((u8::try_from(kind).unwrap_or(u8::MAX), rank, read_child_row_at(&r, 2)?));
     }
-    Ok((orphans, out))
+    Ok(out)
 }
-
-/// Whether a live retained unit has no child rows at all (the backfill's
-/// work: a unit copied from a hermes file).
-const ORPHAN_UNIT: &str = "EXISTS (SELECT 1 FROM async_delegations v \
-     WHERE v.retained = 1 AND v.tombstoned_at IS NULL AND NOT EXISTS \
-     (SELECT 1 FROM retinue_children k WHERE k.delegation_id = v.delegation_id))";
 
 /// Status without the cap rank: the store's shared rule.
 fn live_status(row: &ChildRow, lim: Limits) -> Option<Unaddressable> {
@@ -134,33 +104,12 @@ fn order(a: &Scored, b: &Scored) -> std::cmp::Ordering {
 /// subagent id, 1 child session, 2 delegation id), its status (`None`:
 /// addressable) and the row.
 fn resolve_in(tx: &mut Tx<'_>, id: &str, lim: Limits) -> PgResult<Option<Scored>> {
-    Ok(resolve_with(tx, id, lim, false)?.1)
-}
-
-/// [`resolve_in`] after the backfill, for a write: the backfill (a
-/// statement of its own) runs only when the resolving statement found a
-/// unit for it to adopt, and then the id is resolved again.
-fn resolve_adopting(tx: &mut Tx<'_>, id: &str, lim: Limits) -> PgResult<Option<Scored>> {
-    let (orphans, found) = resolve_with(tx, id, lim, true)?;
-    if !orphans {
-        return Ok(found);
-    }
-    backfill(tx)?;
-    resolve_in(tx, id, lim)
-}
-
-fn resolve_with(
-    tx: &mut Tx<'_>,
-    id: &str,
-    lim: Limits,
-    adopt: bool,
-) -> PgResult<(bool, Option<Scored>)> {
     let id = id.trim();
     if id.is_empty() {
-        return Ok((false, None));
+        return Ok(None);
     }
     let cap = i64::from(lim.max_retained);
-    let (orphans, found) = candidates(tx, id, lim, adopt)?;
+    let found = candidates(tx, id, lim)?;
     let mut scored: Vec<Scored> = found
         .into_iter()
         .map(|(kind, rank, row)| {
@@ -176,7 +125,22 @@ fn resolve_with(
         })
         .collect();
     scored.sort_by(order);
-    Ok((orphans, scored.into_iter().next()))
+    Ok(scored.into_iter().next())
+}
+
+/// [`resolve_in`] for a write that takes exactly the row a lookup shows:
+/// when the id matches no row, a unit copied from a hermes file without
+/// child rows may be what it names, so the backfill adopts such units and,
+/// if it wrote any child row, the id is resolved again. (A lookup does not
+/// adopt: an id it resolves resolves the same here, without the backfill.)
+fn resolve_adopting(tx: &mut Tx<'_>, id: &str, lim: Limits) -> PgResult<Option<Scored>> {
+    if let Some(found) = resolve_in(tx, id, lim)? {
+        return Ok(Some(found));
+    }
+    if backfill(tx)? == 0 {
+        return Ok(None);
+    }
+    resolve_in(tx, id, lim)
 }
 
 fn lookup_in(tx: &mut Tx<'_>, id: &str, lim: Limits) -> PgResult<Lookup> {

@@ -462,9 +462,9 @@ fn a_dispatch_writes_unit_children_and_sessions_or_nothing() {
 }
 
 /// A retained unit without child rows (copied from a hermes file by a
-/// foreign writer) is adopted by a tombstone, which then finds and
-/// tombstones its child; with nothing to adopt, no backfill statement runs
-/// and the tombstone still takes exactly its child.
+/// foreign writer) is adopted by a tombstone of an id nothing else
+/// matches, which then finds and tombstones its child; an id that resolves
+/// takes exactly the row a lookup shows.
 #[test]
 fn a_tombstone_adopts_a_unit_without_child_rows() {
     let Some(url) = retinue_testkit::pg_url("PostgreSQL tombstone adoption") else { return };
