@@ -302,3 +302,69 @@ fn retinue_usage_totals(pg: &PgStore) -> f64 {
             .unwrap_or(0.0)
     })
 }
+
+/// A migration into one tenant counts every tenant's live units exactly:
+/// the copied units of another profile over that profile's cap are ranked
+/// (the oldest is beyond the cap) instead of read as within it, which a
+/// live count left too low would do (failing open).
+#[test]
+fn a_migration_counts_every_tenants_live_units() {
+    let Some(url) = retinue_testkit::pg_url("PostgreSQL migrate tests") else { return };
+    let home = TempHome::new();
+    let clock = manual_clock(T0);
+    let sqlite = home.open_store(clock.clone());
+    let child = |sa: &str| retinue_core::ChildManifest {
+        subagent_id: sa.into(),
+        session_id: format!("cs-{sa}"),
+        ..retinue_core::ChildManifest::default()
+    };
+    let mut theirs = Vec::new();
+    for i in 0..3 {
+        clock.advance(1.0);
+        theirs.push(retinue_testkit::retain_unit(
+            &sqlite,
+            "P",
+            "other",
+            vec![child(&format!("sa-o{i}"))],
+        ));
+    }
+    let schema = format!("mig_count_{}", std::process::id());
+    let _ = PgStore::drop_schema(&url, &schema);
+    let pg = PgStore::open(
+        &url,
+        PgOptions::default().with_clock(clock.clone()).with_schema(&schema).with_profile("acme"),
+    )
+    .expect("open");
+    pg.import_state_db(&home.db_path(), &retinue_store::StateDbReader).expect("migrate");
+    drop(pg);
+    // The other tenant, with a cap of 2: its oldest unit is beyond it.
+    let mut retention = retinue_core::RetentionPolicy::default();
+    retention.max_retained = 2;
+    let other = PgStore::open(
+        &url,
+        PgOptions::default()
+            .with_clock(clock)
+            .with_schema(&schema)
+            .with_profile("other")
+            .with_retention(retention),
+    )
+    .expect("open as the other tenant");
+    assert!(matches!(
+        other.lookup("sa-o0").expect("lookup"),
+        retinue_core::Lookup::NotAddressable(
+            _,
+            retinue_core::Unaddressable::Tombstoned {
+                reason: retinue_core::TombstoneReason::Cap,
+                ..
+            }
+        )
+    ));
+    for sa in ["sa-o1", "sa-o2"] {
+        assert!(other.find_retained_child(sa).expect("find").is_some(), "{sa}");
+    }
+    let listed: Vec<String> =
+        other.list_retained_children().expect("list").into_iter().map(|e| e.subagent_id).collect();
+    assert_eq!(listed, ["sa-o2", "sa-o1"]);
+    drop(other);
+    PgStore::drop_schema(&url, &schema).expect("drop");
+}
