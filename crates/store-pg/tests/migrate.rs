@@ -338,8 +338,10 @@ fn a_migration_counts_every_tenants_live_units() {
     pg.import_state_db(&home.db_path(), &retinue_store::StateDbReader).expect("migrate");
     drop(pg);
     // The other tenant, with a cap of 2: its oldest unit is beyond it.
-    let mut retention = retinue_core::RetentionPolicy::default();
-    retention.max_retained = 2;
+    let retention = retinue_core::RetentionPolicy {
+        max_retained: 2,
+        ..retinue_core::RetentionPolicy::default()
+    };
     let other = PgStore::open(
         &url,
         PgOptions::default()
