@@ -992,20 +992,22 @@ impl Claims for PgStore {
             let mut unreadable: Vec<String> = Vec::new();
             loop {
                 let row = tx.query_opt(
-                    "SELECT delegation_id, delivery_attempts, event_json FROM async_delegations \
+                    &format!(
+                        "SELECT delegation_id, delivery_attempts, event_json \
+                     FROM async_delegations \
                      WHERE delivery_state = 'pending' AND state NOT IN ('running', 'finalizing') \
                        AND event_json IS NOT NULL \
                        AND (delivery_claim IS NULL OR delivery_claimed_at IS NULL \
-                            OR delivery_claimed_at + $1 <= $2) \
-                       AND ($3::text IS NULL OR origin_session = $3) \
-                       AND ($4::text IS NULL OR parent_session_id = $4) \
-                       AND ($5::text IS NULL OR delegation_id = $5) \
-                       AND NOT (delegation_id = ANY($6)) \
+                            OR delivery_claimed_at + $1 <= {SERVER_NOW}) \
+                       AND ($2::text IS NULL OR origin_session = $2) \
+                       AND ($3::text IS NULL OR parent_session_id = $3) \
+                       AND ($4::text IS NULL OR delegation_id = $4) \
+                       AND NOT (delegation_id = ANY($5)) \
                      ORDER BY completed_at NULLS FIRST, delegation_id LIMIT 1 \
-                     FOR UPDATE SKIP LOCKED",
+                     FOR UPDATE SKIP LOCKED"
+                    ),
                     &[
                         &LEASE_SECS,
-                        &now,
                         &filter.origin_session,
                         &filter.parent_session_id,
                         &filter.delegation_id,
@@ -1025,9 +1027,12 @@ impl Claims for PgStore {
                 if attempts < MAX_DELIVERY_ATTEMPTS {
                     let token = random_hex(16)?;
                     tx.execute(
-                        "UPDATE async_delegations SET delivery_claim = $1, \
-                         delivery_claimed_at = $2, delivery_attempts = delivery_attempts + 1, \
-                         updated_at = $2 WHERE delegation_id = $3",
+                        &format!(
+                            "UPDATE async_delegations SET delivery_claim = $1, \
+                             delivery_claimed_at = {SERVER_NOW}, \
+                             delivery_attempts = delivery_attempts + 1, \
+                             updated_at = $2 WHERE delegation_id = $3"
+                        ),
                         &[&token, &now, &id],
                     )?;
                     let attempt = u32_of(attempts + 1);
@@ -1057,25 +1062,29 @@ impl Claims for PgStore {
     }
 
     fn claim_resume(&self, id: &str, child_index: u32) -> Result<ResumeClaim> {
-        let now = self.clock.now();
         let token = random_hex(16)?;
         // One statement (one round trip, `SERIALIZABLE` in autocommit): the
         // child's row as it was, and the claim taken when the child and its
         // unit are live and no unexpired claim holds it. A concurrent
         // writer of the row fails the statement (40001) and it runs again.
-        const SQL: &str = "WITH cur AS (SELECT c.tombstoned_at AS ct, u.tombstoned_at AS ut, \
+        // The lease is the server's (`SERVER_NOW`, read once), never a host's.
+        let sql = format!(
+            "WITH t AS (SELECT {SERVER_NOW} AS now), \
+           cur AS (SELECT c.tombstoned_at AS ct, u.tombstoned_at AS ut, \
                c.resume_claim AS claim, c.resume_claimed_at AS at \
              FROM retinue_children c JOIN async_delegations u \
                ON u.delegation_id = c.delegation_id \
              WHERE c.delegation_id = $1 AND c.child_index = $2), \
-           upd AS (UPDATE retinue_children SET resume_claim = $3, resume_claimed_at = $4 \
+           upd AS (UPDATE retinue_children SET resume_claim = $3, \
+               resume_claimed_at = (SELECT now FROM t) \
              WHERE delegation_id = $1 AND child_index = $2 AND tombstoned_at IS NULL \
-               AND (resume_claim IS NULL \
-                 OR COALESCE(resume_claimed_at, '-Infinity'::float8) + $5 <= $4) \
+               AND (resume_claim IS NULL OR COALESCE(resume_claimed_at, '-Infinity'::float8) \
+                 + $4 <= (SELECT now FROM t)) \
                AND EXISTS (SELECT 1 FROM cur WHERE ut IS NULL) RETURNING 1) \
-         SELECT ct, ut, claim, at, EXISTS (SELECT 1 FROM upd) FROM cur";
+         SELECT ct, ut, claim, at, EXISTS (SELECT 1 FROM upd) FROM cur"
+        );
         self.pool.tx("claiming a resume", Mode::WriteOne, |tx| {
-            let row = tx.query_opt(SQL, &[&id, &int(child_index), &token, &now, &LEASE_SECS])?;
+            let row = tx.query_opt(&sql, &[&id, &int(child_index), &token, &LEASE_SECS])?;
             let Some(row) = row else { return Ok(ResumeClaim::Unavailable) };
             if row.try_get::<_, bool>(4)? {
                 return Ok(ResumeClaim::Claimed { token: token.clone() });
@@ -1096,13 +1105,12 @@ impl Claims for PgStore {
     }
 
     fn renew_resume(&self, id: &str, child_index: u32, token: &str) -> Result<bool> {
-        let now = self.clock.now();
+        let sql = format!(
+            "UPDATE retinue_children SET resume_claimed_at = {SERVER_NOW} \
+             WHERE delegation_id = $1 AND child_index = $2 AND resume_claim = $3"
+        );
         self.pool.tx("renewing a resume claim", Mode::WriteOne, |tx| {
-            let n = tx.execute(
-                "UPDATE retinue_children SET resume_claimed_at = $1 WHERE delegation_id = $2 \
-                 AND child_index = $3 AND resume_claim = $4",
-                &[&now, &id, &int(child_index), &token],
-            )?;
+            let n = tx.execute(&sql, &[&id, &int(child_index), &token])?;
             Ok(n > 0)
         })
     }

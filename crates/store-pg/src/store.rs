@@ -71,11 +71,12 @@ const SCHEMA_VERSION: i32 = MIGRATIONS.len() as i32;
 pub struct PgOptions {
     /// The retention policy (`delegation.max_retained`, `retained_ttl_hours`).
     pub retention: RetentionPolicy,
-    /// The clock of the timestamps written, and of the delivery and resume
-    /// claims' leases. Never of a worker's lease: those are taken, renewed
-    /// and judged on the server's clock (`clock_timestamp()`), so a host
-    /// whose clock is off neither loses its units early nor keeps a dead
-    /// worker's units late.
+    /// The clock of the timestamps written (dispatch, completion,
+    /// retention). Never of a lease: worker leases and delivery and resume
+    /// claims are taken, renewed and judged on the server's clock
+    /// (`clock_timestamp()`), so a host whose clock is off neither loses its
+    /// units or claims early nor keeps a dead worker's units or a lapsed
+    /// claim late.
     pub clock: Arc<dyn Clock>,
     /// The tenant: new units' `owner_profile`; retention limits apply per profile.
     pub profile: String,
@@ -84,7 +85,9 @@ pub struct PgOptions {
     pub schema: Option<String>,
     /// This worker's lease, in seconds ([`WORKER_LEASE_SECS`] by default).
     pub lease_secs: f64,
-    /// Idle connections kept.
+    /// Idle connections kept, of each kind (reads and explicit transactions
+    /// on the server's default isolation; one-statement writes on
+    /// connections whose default is `SERIALIZABLE`).
     pub pool_size: usize,
     /// Read only: the schema is never migrated (a read-only or DML-only
     /// role can read when it is current; when it is behind, opening says

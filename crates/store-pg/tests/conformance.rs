@@ -53,6 +53,7 @@ fn pg_backend(url: &str, d: DelegationConfig) -> Backend {
     let (url2, schema2, clock2) = (url.to_owned(), schema.clone(), clock.clone());
     let (url3, schema3, clock3) = (url.to_owned(), schema.clone(), clock.clone());
     let (url4, schema4, worker) = (url.to_owned(), schema.clone(), store.worker_id().to_owned());
+    let (url5, schema5) = (url.to_owned(), schema.clone());
     Backend {
         seams: retinue_core::Backend::of(store),
         clock,
@@ -61,6 +62,7 @@ fn pg_backend(url: &str, d: DelegationConfig) -> Backend {
         // The worker stops renewing; its lease lapses (on the server's
         // clock, the only one leases are judged by).
         owner_died: Box::new(move || expire_lease(&url4, &schema4, &worker, 1.0)),
+        claims_expire: Box::new(move || expire_claims(&url5, &schema5)),
         reopen: Box::new(move || Arc::new(open(&url2, &schema2, &clock2, &d))),
         open_as: Box::new(move |profile, d| {
             let opts = PgOptions::default()
@@ -90,6 +92,30 @@ fn expire_lease(url: &str, schema: &str, worker: &str, ago: f64) {
         )
         .expect("expire the lease");
     assert_eq!(n, 1, "no lease row for worker {worker}");
+}
+
+/// Moves every delivery and resume claim of `schema` one lease (and a
+/// second) into the past on the server's clock.
+fn expire_claims(url: &str, schema: &str) {
+    let mut c = postgres::Client::connect(url, postgres::NoTls).expect("connect");
+    let back = retinue_core::LEASE_SECS + 1.0;
+    // The schema is ours (`scratch_schema`), never input.
+    c.execute(
+        &format!(
+            "UPDATE {schema}.async_delegations SET delivery_claimed_at = delivery_claimed_at - $1 \
+             WHERE delivery_claimed_at IS NOT NULL"
+        ),
+        &[&back],
+    )
+    .expect("expire delivery claims");
+    c.execute(
+        &format!(
+            "UPDATE {schema}.retinue_children SET resume_claimed_at = resume_claimed_at - $1 \
+             WHERE resume_claimed_at IS NOT NULL"
+        ),
+        &[&back],
+    )
+    .expect("expire resume claims");
 }
 
 /// The conformance suite's factory: a fresh schema per case on the test
@@ -492,4 +518,64 @@ fn a_tombstone_adopts_a_unit_without_child_rows() {
     assert!(store.tombstone_retained_child(&kept, &TombstoneReason::Manual).expect("tombstone"));
     assert!(store.find_retained_child("sa-0-kept").expect("find").is_none());
     assert!(!store.tombstone_retained_child("sa-0-kept", &TombstoneReason::Manual).expect("again"));
+}
+
+/// Delivery and resume claims are leased on the server's clock: a host
+/// whose clock runs two hours ahead neither takes a claim another host
+/// holds nor reports its lease from its own clock; once the lease lapses
+/// on the server, it takes it.
+#[test]
+fn claims_ignore_a_skewed_host_clock() {
+    use retinue_core::{Claims, Completion, CompletionEvent, DeliveryFilter, ResumeClaim};
+    let Some(url) = retinue_testkit::pg_url("PostgreSQL claim leases") else { return };
+    let (store, mut sql, guard) = scratch_store(&url);
+    let ahead = Arc::new(ManualClock::new(T0 + 7_200.0));
+    let other = open(&url, &guard.schema, &ahead, &config(10));
+    // A retained child to resume, and a background completion to deliver.
+    let id = unit(&store, "", "claimed");
+    let done = store
+        .insert_unit(&UnitDraft { parent_session_id: Some("P".into()), ..UnitDraft::default() })
+        .expect("insert");
+    assert!(
+        store
+            .persist_completion(&Completion {
+                delegation_id: done.clone(),
+                status: "failed".into(),
+                event: CompletionEvent::from_stored(
+                    &done,
+                    serde_json::json!({"type": "async_delegation", "delegation_id": done}),
+                ),
+                result: serde_json::json!({"status": "failed"}),
+                usage: None,
+                background: true,
+            })
+            .expect("complete")
+    );
+
+    let t0 = server_now(&mut sql);
+    let ResumeClaim::Claimed { token } = store.claim_resume(&id, 0).expect("claim") else {
+        panic!("the first claim must succeed")
+    };
+    let t1 = server_now(&mut sql);
+    match other.claim_resume(&id, 0).expect("claim") {
+        ResumeClaim::Busy { claimed_at, expires_at } => {
+            assert!((t0..=t1).contains(&claimed_at), "claimed_at {claimed_at} not in [{t0}, {t1}]");
+            assert!((expires_at - claimed_at - retinue_core::LEASE_SECS).abs() < 1e-6);
+        }
+        other => panic!("a host ahead took a held claim: {other:?}"),
+    }
+    assert!(other.renew_resume(&id, 0, "not-mine").is_ok_and(|renewed| !renewed));
+    let delivery = store.claim_delivery(&DeliveryFilter::default()).expect("claim").expect("one");
+    assert_eq!(delivery.delegation_id, done);
+    assert!(other.claim_delivery(&DeliveryFilter::default()).expect("claim").is_none());
+
+    // A renewal (on the server's clock) keeps the claim from the other host…
+    expire_claims(&url, &guard.schema);
+    assert!(store.renew_resume(&id, 0, &token).expect("renew"));
+    assert!(matches!(other.claim_resume(&id, 0).expect("claim"), ResumeClaim::Busy { .. }));
+    // …until its lease lapses on the server: then the other host takes both.
+    expire_claims(&url, &guard.schema);
+    assert!(matches!(other.claim_resume(&id, 0).expect("claim"), ResumeClaim::Claimed { .. }));
+    let again = other.claim_delivery(&DeliveryFilter::default()).expect("claim").expect("again");
+    assert_eq!((again.delegation_id.as_str(), again.attempt), (done.as_str(), 2));
 }

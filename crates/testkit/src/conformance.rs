@@ -50,6 +50,11 @@ pub struct Backend {
     /// through this backend dead (SQLite: its pid stops answering;
     /// PostgreSQL: its worker lease lapses).
     pub owner_died: Box<dyn Fn() + Send + Sync>,
+    /// Makes every delivery and resume claim taken so far older than its
+    /// lease (SQLite, one host: its clock moves past the lease; PostgreSQL:
+    /// the claims move into the past on the server's clock, the only one
+    /// claims are judged by).
+    pub claims_expire: Box<dyn Fn() + Send + Sync>,
     /// A second handle on the same storage, as another process (or host) opens it.
     pub reopen: Box<dyn Fn() -> Arc<dyn Registry> + Send + Sync>,
     /// A handle on the same storage for another tenant: that profile, with
@@ -109,6 +114,7 @@ pub fn sqlite_backend(d: DelegationConfig) -> Backend {
     let tenant_home = home.clone();
     let tenant_clock = clock.clone();
     let dead = probe.clone();
+    let lease_clock = clock.clone();
     Backend {
         seams: retinue_core::Backend::of(store),
         clock: clock.clone(),
@@ -119,6 +125,7 @@ pub fn sqlite_backend(d: DelegationConfig) -> Backend {
             dead.kill(OWNER);
             dead.kill(i64::from(std::process::id()));
         }),
+        claims_expire: Box::new(move || lease_clock.advance(LEASE_SECS + 1.0)),
         reopen: Box::new(move || Arc::new(reopen_home.open_store_with(reopen_opts.clone()))),
         open_as: Box::new(move |profile, d| {
             let opts = StoreOptions::default()
@@ -621,7 +628,7 @@ pub fn completion_and_delivery(make: Factory<'_>) {
     assert!(r.ack_delivery(&first.delegation_id, &first.token).expect("ack"));
     assert!(!r.ack_delivery(&first.delegation_id, &first.token).expect("ack twice"));
     // An unacknowledged claim comes back after its lease, as attempt 2.
-    b.clock.advance(LEASE_SECS + 1.0);
+    (b.claims_expire)();
     let again = r.claim_delivery(&DeliveryFilter::default()).expect("claim").expect("again");
     assert_eq!((again.delegation_id.as_str(), again.attempt), (done.as_str(), 2));
     assert!(!r.ack_delivery(&done, &second.token).expect("stale token"));
@@ -677,7 +684,7 @@ pub fn resume_claims_single_use(make: Factory<'_>) {
     let ResumeClaim::Claimed { token: t2 } = r.claim_resume(&id, 0).expect("claim") else {
         panic!("released claim must be claimable")
     };
-    b.clock.advance(LEASE_SECS + 1.0);
+    (b.claims_expire)();
     let ResumeClaim::Claimed { token: t3 } = r.claim_resume(&id, 0).expect("claim") else {
         panic!("an expired lease passes on")
     };
