@@ -296,7 +296,10 @@ fn check_current(client: &mut postgres::Client, schema: Option<&str>) -> PgResul
 /// Whether the schema is exactly current, in one round trip (the simple
 /// protocol: no statement to prepare on a connection that runs it once);
 /// `false` on any doubt (no history table yet, another error), and the full
-/// migration then decides.
+/// migration then decides. As the SQLite backend's open fast path, a
+/// current schema is not re-validated: refinery's checks of applied
+/// migrations (a changed checksum, a missing version) run when a migration
+/// is due, not on every open.
 fn is_current(client: &mut postgres::Client) -> bool {
     let Ok(messages) = client.simple_query("SELECT MAX(version) FROM refinery_schema_history")
     else {

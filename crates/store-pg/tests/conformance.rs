@@ -579,3 +579,41 @@ fn claims_ignore_a_skewed_host_clock() {
     let again = other.claim_delivery(&DeliveryFilter::default()).expect("claim").expect("again");
     assert_eq!((again.delegation_id.as_str(), again.attempt), (done.as_str(), 2));
 }
+
+/// A live unit another program wrote without counting it (no
+/// `retinue_profile_live` row for its profile) is ranked by the list as a
+/// lookup ranks it: beyond the cap, it is listed by neither.
+#[test]
+fn an_uncounted_profile_is_ranked_by_the_list() {
+    let Some(url) = retinue_testkit::pg_url("PostgreSQL uncounted profile") else { return };
+    let (store, mut sql, _guard) = scratch_store(&url);
+    for i in 0..12 {
+        sql.execute(
+            "INSERT INTO async_delegations (delegation_id, origin_session, parent_session_id, \
+             state, dispatched_at, updated_at, task_json, children_json, retained, retained_at, \
+             owner_profile) VALUES ($1, 'P', 'P', 'completed', $2, $2, '{}', '[]', 1, $2, 'raw')",
+            &[&format!("deleg_raw{i:02}"), &(T0 + f64::from(i))],
+        )
+        .expect("a foreign unit");
+        sql.execute(
+            "INSERT INTO retinue_children (delegation_id, child_index, subagent_id, \
+             child_session_id, manifest_json, retained_at) VALUES ($1, 0, $2, $3, '{}', $4)",
+            &[
+                &format!("deleg_raw{i:02}"),
+                &format!("sa-raw{i:02}"),
+                &format!("s-raw{i:02}"),
+                &(T0 + f64::from(i)),
+            ],
+        )
+        .expect("its child");
+    }
+    // The cap is 10: the two oldest are beyond it, for the list as for a lookup.
+    let listed: Vec<String> =
+        store.list_retained_children().expect("list").into_iter().map(|e| e.subagent_id).collect();
+    assert_eq!(listed.len(), 10, "{listed:?}");
+    assert!(!listed.contains(&"sa-raw00".to_owned()) && !listed.contains(&"sa-raw01".to_owned()));
+    for sa in ["sa-raw00", "sa-raw01"] {
+        assert!(store.find_retained_child(sa).expect("find").is_none(), "{sa}");
+    }
+    assert!(store.find_retained_child("sa-raw02").expect("find").is_some());
+}

@@ -24,6 +24,9 @@ pub(crate) type Res<T> = Result<T, Box<dyn std::error::Error>>;
 pub(crate) struct Limits {
     c: Client,
     cache: HashMap<String, Statement>,
+    /// `BEGIN` of [`Limits::tx`]: the server's default isolation, unless
+    /// set to `SERIALIZABLE` (the isolation the store's writes need).
+    begin: &'static str,
 }
 
 impl Limits {
@@ -31,7 +34,7 @@ impl Limits {
     pub(crate) fn open(url: &str, schema: &str) -> Res<Limits> {
         let mut c = Client::connect(url, NoTls)?;
         c.batch_execute(&format!("SET search_path TO {schema}"))?;
-        Ok(Limits { c, cache: HashMap::new() })
+        Ok(Limits { c, cache: HashMap::new(), begin: "BEGIN" })
     }
 
     /// The raw client (seeding, plumbing).
@@ -61,7 +64,7 @@ impl Limits {
     /// `f` in one bare transaction (`BEGIN` … `COMMIT`, the server's default
     /// isolation), rolled back on error.
     fn tx<T>(&mut self, f: impl FnOnce(&mut Limits) -> Res<T>) -> Res<T> {
-        self.c.batch_execute("BEGIN")?;
+        self.c.batch_execute(self.begin)?;
         match f(self) {
             Ok(v) => {
                 self.c.batch_execute("COMMIT")?;
@@ -267,6 +270,16 @@ impl Limits {
             )?;
             l.cap(now)
         })
+    }
+
+    /// [`Limits::write_unit_two_commits`] with both transactions
+    /// `SERIALIZABLE`, the isolation the store's writes run at (so that
+    /// concurrent retains of one tenant cannot both miss the cap).
+    pub(crate) fn write_unit_two_serializable_commits(&mut self, tag: &str, now: f64) -> Res<()> {
+        self.begin = "BEGIN ISOLATION LEVEL SERIALIZABLE";
+        let r = self.write_unit_two_commits(tag, now);
+        self.begin = "BEGIN";
+        r
     }
 
     /// One bare transaction: a ledger row, its key and the totals.

@@ -297,11 +297,15 @@ fn main() -> Res<()> {
             },
             &mut |i| shared.borrow_mut().write_unit(&format!("L{i:06}"), now),
             &mut |i| shared.borrow_mut().write_unit_two_commits(&format!("W{i:06}"), now),
+            &mut |i| {
+                shared.borrow_mut().write_unit_two_serializable_commits(&format!("S{i:06}"), now)
+            },
         ],
     )?;
-    let (ours, limit, two) = (v[0], v[1], v[2]);
+    let (ours, limit, two, serial) = (v[0], v[1], v[2], v[3]);
     t.push("write path (dispatch+manifest+retain)", ours, Some(limit));
     t.push("  same, limit = two bare commits", ours, Some(two));
+    t.push("  same, limit = two bare serializable commits", ours, Some(serial));
     let (record, limit) = pair(
         writes,
         |i| {
