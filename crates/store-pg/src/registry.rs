@@ -157,33 +157,16 @@ fn lookup_in(tx: &mut Tx<'_>, id: &str, lim: Limits) -> PgResult<Lookup> {
 /// these rows is the unit's cap rank (no second pass over the units). Each
 /// unit's children are one probe of `retinue_idx_children_live_unit` (the
 /// lateral join keeps any plan from scanning every live child per unit).
-///
-/// The rank is computed only when a profile has more live units than the
-/// cap (`retinue_profile_live`, exact, one row per profile: a unit within
-/// its profile's count is within the cap) or the counts do not add up to
-/// the live units; otherwise the other branch runs, the same rows without
-/// the window's sort. One branch runs: each is behind a one-time filter.
 pub(crate) fn list_in(tx: &mut Tx<'_>, lim: Limits) -> PgResult<Vec<RetainedChild>> {
-    let children = "async_delegations u CROSS JOIN LATERAL (SELECT * FROM retinue_children c \
-         WHERE c.delegation_id = u.delegation_id AND c.tombstoned_at IS NULL \
-           AND COALESCE(c.retained_at, u.retained_at) >= $1 OFFSET 0) c \
-         WHERE u.retained = 1 AND u.tombstoned_at IS NULL";
-    // Ranked unless every profile's count is within the cap and the counts
-    // cover every live unit (a unit whose profile has no row, written by
-    // another program, is ranked, as a lookup ranks it).
-    let over = "(EXISTS (SELECT 1 FROM retinue_profile_live WHERE units > $2) \
-         OR (SELECT count(*) FROM async_delegations WHERE retained = 1 \
-             AND tombstoned_at IS NULL) \
-           <> (SELECT COALESCE(sum(units), 0) FROM retinue_profile_live))";
-    // Output columns 14, 1 and 2: the unit's `retained_at`, its id, the
-    // child index; the last, the rank (0 where it was not computed).
+    // Output columns 14, 1 and 2: the unit's `retained_at`, its id, the child index.
     let sql = format!(
-        "SELECT {CHILD_COLS}, 0::bigint FROM {children} AND NOT {over} \
-         UNION ALL \
-         SELECT * FROM (SELECT {CHILD_COLS}, dense_rank() OVER (PARTITION BY {PROFILE_U} \
+        "SELECT * FROM (SELECT {CHILD_COLS}, dense_rank() OVER (PARTITION BY {PROFILE_U} \
              ORDER BY u.retained_at DESC NULLS LAST, u.delegation_id DESC) AS rn \
-           FROM {children} AND {over}) t WHERE rn <= $2 \
-         ORDER BY 14 DESC NULLS LAST, 1 DESC, 2"
+           FROM async_delegations u CROSS JOIN LATERAL (SELECT * FROM retinue_children c \
+             WHERE c.delegation_id = u.delegation_id AND c.tombstoned_at IS NULL \
+               AND COALESCE(c.retained_at, u.retained_at) >= $1 OFFSET 0) c \
+           WHERE u.retained = 1 AND u.tombstoned_at IS NULL) t \
+         WHERE rn <= $2 ORDER BY 14 DESC NULLS LAST, 1 DESC, 2"
     );
     let mut out = Vec::new();
     for r in tx.query(&sql, &[&lim.cutoff(), &int(lim.max_retained)])? {
