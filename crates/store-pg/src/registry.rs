@@ -341,26 +341,28 @@ pub(crate) fn prune_in(tx: &mut Tx<'_>, lim: Limits, profile: &str) -> PgResult<
     // tombstones, beyond `max_retained`, their children still within the
     // TTL (`cap`) and the units; the live count is what stays. The four
     // updates touch disjoint rows, exactly the rows the TTL pass and then
-    // the cap pass would.
+    // the cap pass would. A child without a TTL clock of its own (written
+    // by another program) is judged by its unit's, as every read judges it.
     let sql = format!(
         "WITH live AS (SELECT delegation_id, {PROFILE} AS p, retained_at, EXISTS (SELECT 1 \
              FROM retinue_children k WHERE k.delegation_id = u.delegation_id \
-             AND k.tombstoned_at IS NULL AND k.retained_at >= $2) AS keeps \
+             AND k.tombstoned_at IS NULL \
+             AND COALESCE(k.retained_at, u.retained_at) >= $2) AS keeps \
            FROM async_delegations u WHERE retained = 1 AND tombstoned_at IS NULL \
              AND ($4 = '' OR {PROFILE} IN ('', $4))), \
-         ranked AS (SELECT delegation_id, p, row_number() OVER (PARTITION BY p \
+         ranked AS (SELECT delegation_id, p, retained_at, row_number() OVER (PARTITION BY p \
              ORDER BY retained_at DESC NULLS LAST, delegation_id DESC) AS rn \
            FROM live WHERE keeps), \
-         over AS (SELECT delegation_id FROM ranked WHERE rn > $5), \
-         tc AS (UPDATE retinue_children SET tombstone_reason = 'ttl', \
-             tombstoned_at = LEAST($1, COALESCE(retained_at + $3, $1)) \
-           WHERE delegation_id IN (SELECT delegation_id FROM live) \
-             AND tombstoned_at IS NULL AND (retained_at IS NULL OR retained_at < $2) RETURNING 1), \
+         over AS (SELECT delegation_id, retained_at FROM ranked WHERE rn > $5), \
+         tc AS (UPDATE retinue_children c SET tombstone_reason = 'ttl', \
+             tombstoned_at = LEAST($1, COALESCE(COALESCE(c.retained_at, l.retained_at) + $3, $1)) \
+           FROM live l WHERE l.delegation_id = c.delegation_id AND c.tombstoned_at IS NULL \
+             AND (COALESCE(c.retained_at, l.retained_at) < $2) IS NOT FALSE RETURNING 1), \
          tu AS (UPDATE async_delegations SET tombstoned_at = $1, updated_at = $1 \
            WHERE delegation_id IN (SELECT delegation_id FROM live WHERE NOT keeps) RETURNING 1), \
-         cc AS (UPDATE retinue_children SET tombstoned_at = $1, tombstone_reason = 'cap' \
-           WHERE tombstoned_at IS NULL AND retained_at >= $2 \
-             AND delegation_id IN (SELECT delegation_id FROM over) RETURNING 1), \
+         cc AS (UPDATE retinue_children c SET tombstoned_at = $1, tombstone_reason = 'cap' \
+           FROM over o WHERE o.delegation_id = c.delegation_id AND c.tombstoned_at IS NULL \
+             AND COALESCE(c.retained_at, o.retained_at) >= $2 RETURNING 1), \
          cu AS (UPDATE async_delegations SET tombstoned_at = $1, updated_at = $1 \
            WHERE delegation_id IN (SELECT delegation_id FROM over) RETURNING 1), \
          cnt AS (SELECT p, count(*) FILTER (WHERE rn <= $5) AS n FROM ranked GROUP BY p), \
@@ -650,11 +652,13 @@ fn retain_in(
 ) -> PgResult<bool> {
     let now = lim.now;
     let usage = usage.map(Value::to_string);
-    // One statement: the unit, its children's TTL clock, the backfill's
-    // clock for other live units' children, and whether this unit or any
-    // live unit has no child rows at all (a unit copied from a hermes file:
-    // only then does the backfill's insert run, after this statement, so it
-    // sees this unit retained). The three updates touch disjoint rows.
+    // One statement: the unit, its children's TTL clock, and whether this
+    // unit or any live unit has no child rows at all (a unit copied from a
+    // hermes file: only then does the backfill's insert run, after this
+    // statement, so it sees this unit retained). Other live units' children
+    // without a clock of their own are judged by their unit's (the prune,
+    // as every read), so no retain scans them (they include every running
+    // unit's children: a scan of them grew with the work in flight).
     let row = tx.query_one(
         &format!(
             "WITH u AS (UPDATE async_delegations SET retained = 1, retained_at = $1, \
@@ -662,12 +666,7 @@ fn retain_in(
                WHERE delegation_id = $3 AND tombstoned_at IS NULL RETURNING {PROFILE} AS p), \
              c AS (UPDATE retinue_children SET retained_at = $1 WHERE delegation_id = $3 \
                AND tombstoned_at IS NULL AND (retained_at IS NULL OR retained_at >= $4) \
-               AND EXISTS (SELECT 1 FROM u)), \
-             b AS (UPDATE retinue_children SET retained_at = (SELECT v.retained_at \
-                 FROM async_delegations v WHERE v.delegation_id = retinue_children.delegation_id) \
-               WHERE delegation_id IN (SELECT delegation_id FROM async_delegations \
-                                       WHERE retained = 1 AND tombstoned_at IS NULL) \
-                 AND delegation_id <> $3 AND retained_at IS NULL AND tombstoned_at IS NULL) \
+               AND EXISTS (SELECT 1 FROM u)) \
              SELECT (SELECT p FROM u), (EXISTS (SELECT 1 FROM u) AND NOT EXISTS (SELECT 1 \
                FROM retinue_children k WHERE k.delegation_id = $3)) \
                OR EXISTS (SELECT 1 FROM async_delegations v \

@@ -617,3 +617,46 @@ fn an_uncounted_profile_is_ranked_by_the_list() {
     }
     assert!(store.find_retained_child("sa-raw02").expect("find").is_some());
 }
+
+/// A live unit's child without a TTL clock of its own (written by another
+/// program) is judged by its unit's clock when a retain prunes: kept while
+/// the unit is within the TTL, tombstoned `ttl` at the unit's expiry after.
+#[test]
+fn a_child_without_a_clock_is_judged_by_its_units() {
+    let Some(url) = retinue_testkit::pg_url("PostgreSQL clockless child") else { return };
+    let schema = scratch_schema();
+    let clock = Arc::new(ManualClock::new(T0));
+    let d = config(10);
+    let store = open(&url, &schema, &clock, &d);
+    let _guard = Scratch { url: url.clone(), schema: schema.clone() };
+    let mut sql = postgres::Client::connect(&url, postgres::NoTls).expect("connect");
+    sql.batch_execute(&format!("SET search_path TO {schema}")).expect("search path");
+    sql.execute(
+        "INSERT INTO async_delegations (delegation_id, origin_session, parent_session_id, \
+         state, dispatched_at, updated_at, task_json, children_json, retained, retained_at, \
+         owner_profile) VALUES ('deleg_raw', 'P', 'P', 'completed', $1, $1, '{}', '[]', 1, $1, '')",
+        &[&T0],
+    )
+    .expect("a foreign unit");
+    sql.execute(
+        "INSERT INTO retinue_children (delegation_id, child_index, subagent_id, \
+         child_session_id, manifest_json) VALUES ('deleg_raw', 0, 'sa-raw', 's-raw', '{}')",
+        &[],
+    )
+    .expect("its clockless child");
+    sql.execute("UPDATE retinue_profile_live SET units = units + 1 WHERE profile = ''", &[])
+        .expect("counted");
+    clock.advance(10.0);
+    unit(&store, "", "a");
+    assert!(store.find_retained_child("sa-raw").expect("find").is_some(), "pruned while fresh");
+    let ttl = d.clone().retention().ttl_hours * 3600.0;
+    clock.advance(ttl);
+    unit(&store, "", "b");
+    match store.lookup("sa-raw").expect("lookup") {
+        Lookup::NotAddressable(_, Unaddressable::Tombstoned { reason, at, .. }) => {
+            assert_eq!(reason, TombstoneReason::Ttl);
+            assert!((at - (T0 + ttl)).abs() < 1e-6, "tombstoned at {at}, not at its unit's expiry");
+        }
+        other => panic!("a clockless child of an expired unit: {other:?}"),
+    }
+}

@@ -248,6 +248,13 @@ impl Limits {
     /// children run, retain after): the unit with its manifest and sessions,
     /// then the retain with the cap it pushes out.
     pub(crate) fn write_unit_two_commits(&mut self, tag: &str, now: f64) -> Res<()> {
+        self.dispatch(tag, now)?;
+        self.retain(tag, now)
+    }
+
+    /// The first of [`Limits::write_unit_two_commits`]' transactions: the
+    /// unit, its manifest and its sessions.
+    pub(crate) fn dispatch(&mut self, tag: &str, now: f64) -> Res<()> {
         let id = format!("deleg_{tag}");
         self.tx(|l| {
             l.exec(
@@ -257,7 +264,12 @@ impl Limits {
                 &[&id, &now],
             )?;
             l.children_and_sessions(tag, now, false)
-        })?;
+        })
+    }
+
+    /// The second: the retain and the cap it pushes out.
+    pub(crate) fn retain(&mut self, tag: &str, now: f64) -> Res<()> {
+        let id = format!("deleg_{tag}");
         self.tx(|l| {
             l.exec(
                 "UPDATE async_delegations SET retained = 1, retained_at = $2, updated_at = $2 \

@@ -306,6 +306,21 @@ fn main() -> Res<()> {
     t.push("write path (dispatch+manifest+retain)", ours, Some(limit));
     t.push("  same, limit = two bare commits", ours, Some(two));
     t.push("  same, limit = two bare serializable commits", ours, Some(serial));
+    // Each half on its own (the other untimed): dispatch, then retain.
+    let ids = std::cell::RefCell::new(Vec::new());
+    let dispatch = time(writes, |i| {
+        ids.borrow_mut().push(store.insert_unit(&draft(&format!("d{i:06}"), "p-1"))?);
+        Ok(())
+    })?;
+    let bare = time(writes, |i| shared.borrow_mut().dispatch(&format!("D{i:06}"), now))?;
+    t.push("  dispatch alone, limit = its bare commit", dispatch, Some(bare));
+    let mut pending = ids.into_inner().into_iter();
+    let retain = time(writes, |_| {
+        let id = pending.next().ok_or("no unit left to retain")?;
+        ok(store.retain_completed_delegation(&id, None))
+    })?;
+    let bare = time(writes, |i| shared.borrow_mut().retain(&format!("D{i:06}"), now))?;
+    t.push("  retain alone, limit = its bare commit", retain, Some(bare));
     let (record, limit) = pair(
         writes,
         |i| {
