@@ -689,6 +689,111 @@ fn retain_in(
     Ok(true)
 }
 
+/// Whether a live retained unit has no child rows at all (the backfill's
+/// work: a unit copied from a hermes file).
+const ORPHAN_UNIT: &str = "EXISTS (SELECT 1 FROM async_delegations v \
+     WHERE v.retained = 1 AND v.tombstoned_at IS NULL AND NOT EXISTS \
+     (SELECT 1 FROM retinue_children k WHERE k.delegation_id = v.delegation_id))";
+
+/// [`retain_in`] and the prune it runs, in one statement (one round trip:
+/// `SERIALIZABLE` in autocommit, or one statement of the caller's
+/// transaction), for the usual case; `None` (nothing written) when the
+/// unit is another tenant's (its count is then recounted) or a unit needs
+/// adopting first (a backfill): the caller runs [`retain_in`] instead.
+///
+/// `live` is the tenant's live units on the statement's snapshot with the
+/// retained unit as it will be (retained now, keeping a child when one of
+/// its live children is fresh); the prune is [`prune_in`]'s over it. The
+/// retained unit's own rows are written once each: its row by `u` (its
+/// tombstone too, when the prune takes it), its fresh children by `c` (the
+/// clock, and the cap's tombstone), its expired children by `tc`; the
+/// prune's other updates leave it out. Every update touches rows no other
+/// one does.
+fn retain_one(
+    tx: &mut Tx<'_>,
+    id: &str,
+    usage: Option<&str>,
+    lim: Limits,
+    profile: &str,
+) -> PgResult<Option<bool>> {
+    let tenant = |p: &str| format!("($4 = '' OR {p} IN ('', $4))");
+    let sql = format!(
+        "WITH g AS (SELECT NOT EXISTS (SELECT 1 FROM retinue_children k \
+               WHERE k.delegation_id = $6) \
+             OR {ORPHAN_UNIT} \
+             OR EXISTS (SELECT 1 FROM async_delegations WHERE delegation_id = $6 \
+               AND tombstoned_at IS NULL AND NOT {t_unit}) AS fallback), \
+         x AS (SELECT delegation_id FROM async_delegations WHERE delegation_id = $6 \
+           AND tombstoned_at IS NULL AND NOT (SELECT fallback FROM g)), \
+         live AS (SELECT delegation_id, {PROFILE} AS p, retained_at, EXISTS (SELECT 1 \
+             FROM retinue_children k WHERE k.delegation_id = u.delegation_id \
+             AND k.tombstoned_at IS NULL \
+             AND COALESCE(k.retained_at, u.retained_at) >= $2) AS keeps \
+           FROM async_delegations u WHERE retained = 1 AND tombstoned_at IS NULL \
+             AND {t_unit} AND delegation_id <> $6 AND EXISTS (SELECT 1 FROM x) \
+           UNION ALL \
+           SELECT v.delegation_id, COALESCE(v.owner_profile, ''), $1::float8, EXISTS (SELECT 1 \
+             FROM retinue_children k WHERE k.delegation_id = v.delegation_id \
+             AND k.tombstoned_at IS NULL AND (k.retained_at IS NULL OR k.retained_at >= $2)) \
+           FROM async_delegations v WHERE v.delegation_id IN (SELECT delegation_id FROM x)), \
+         ranked AS (SELECT delegation_id, p, retained_at, row_number() OVER (PARTITION BY p \
+             ORDER BY retained_at DESC NULLS LAST, delegation_id DESC) AS rn \
+           FROM live WHERE keeps), \
+         over AS (SELECT delegation_id, retained_at FROM ranked WHERE rn > $5), \
+         gone AS (SELECT delegation_id FROM over UNION ALL \
+           SELECT delegation_id FROM live WHERE NOT keeps), \
+         u AS (UPDATE async_delegations SET retained = 1, retained_at = $1, updated_at = $1, \
+             usage_json = COALESCE($7, usage_json), tombstoned_at = CASE WHEN \
+               delegation_id IN (SELECT delegation_id FROM gone) THEN $1 END \
+           WHERE delegation_id IN (SELECT delegation_id FROM x) RETURNING 1), \
+         c AS (UPDATE retinue_children SET retained_at = $1, \
+             tombstoned_at = CASE WHEN $6 IN (SELECT delegation_id FROM over) THEN $1 END, \
+             tombstone_reason = CASE WHEN $6 IN (SELECT delegation_id FROM over) THEN 'cap' \
+               ELSE tombstone_reason END \
+           WHERE delegation_id IN (SELECT delegation_id FROM x) AND tombstoned_at IS NULL \
+             AND (retained_at IS NULL OR retained_at >= $2) RETURNING 1), \
+         tc AS (UPDATE retinue_children c SET tombstone_reason = 'ttl', \
+             tombstoned_at = LEAST($1, COALESCE(COALESCE(c.retained_at, l.retained_at) + $3, $1)) \
+           FROM live l WHERE l.delegation_id = c.delegation_id AND c.tombstoned_at IS NULL \
+             AND (COALESCE(c.retained_at, l.retained_at) < $2) IS NOT FALSE RETURNING 1), \
+         tu AS (UPDATE async_delegations SET tombstoned_at = $1, updated_at = $1 \
+           WHERE delegation_id IN (SELECT delegation_id FROM live WHERE NOT keeps) \
+             AND delegation_id <> $6 RETURNING 1), \
+         cc AS (UPDATE retinue_children c SET tombstoned_at = $1, tombstone_reason = 'cap' \
+           FROM over o WHERE o.delegation_id = c.delegation_id AND o.delegation_id <> $6 \
+             AND c.tombstoned_at IS NULL AND COALESCE(c.retained_at, o.retained_at) >= $2 \
+           RETURNING 1), \
+         cu AS (UPDATE async_delegations SET tombstoned_at = $1, updated_at = $1 \
+           WHERE delegation_id IN (SELECT delegation_id FROM over) AND delegation_id <> $6 \
+           RETURNING 1), \
+         cnt AS (SELECT p, count(*) FILTER (WHERE rn <= $5) AS n FROM ranked GROUP BY p), \
+         z AS (UPDATE retinue_profile_live SET units = 0 WHERE units <> 0 \
+           AND {t_profile} AND profile NOT IN (SELECT p FROM cnt) AND EXISTS (SELECT 1 FROM x)), \
+         w AS (INSERT INTO retinue_profile_live (profile, units) SELECT p, n FROM cnt \
+           ON CONFLICT (profile) DO UPDATE SET units = EXCLUDED.units \
+           WHERE retinue_profile_live.units <> EXCLUDED.units) \
+         SELECT (SELECT fallback FROM g), (SELECT count(*) FROM u)",
+        t_unit = tenant(PROFILE),
+        t_profile = tenant("profile"),
+    );
+    let row = tx.query_one(
+        &sql,
+        &[
+            &lim.now,
+            &lim.cutoff(),
+            &lim.ttl_seconds(),
+            &profile,
+            &int(lim.max_retained),
+            &id,
+            &usage,
+        ],
+    )?;
+    if row.try_get::<_, bool>(0)? {
+        return Ok(None);
+    }
+    Ok(Some(row.try_get::<_, i64>(1)? > 0))
+}
+
 /// A unit's children as parallel arrays: the parameters of [`children_from_arrays`].
 struct ChildArrays<'a> {
     index: Vec<i64>,
@@ -914,9 +1019,21 @@ impl UnitLifecycle for PgStore {
     #[allow(clippy::needless_lifetimes)]
     fn retain_completed_delegation<'a>(&self, id: &str, usage: Option<&'a Value>) -> Result<bool> {
         let lim = self.limits();
-        self.pool.tx_queued("retaining a unit", Mode::Write, Some(self.prune_queue), |tx| {
-            retain_in(tx, id, usage, lim, &self.profile)
-        })
+        let text = usage.map(Value::to_string);
+        let one = self.pool.tx_queued(
+            "retaining a unit",
+            Mode::WriteOne,
+            Some(self.prune_queue),
+            |tx| retain_one(tx, id, text.as_deref(), lim, &self.profile),
+        )?;
+        match one {
+            Some(retained) => Ok(retained),
+            None => {
+                self.pool.tx_queued("retaining a unit", Mode::Write, Some(self.prune_queue), |tx| {
+                    retain_in(tx, id, usage, lim, &self.profile)
+                })
+            }
+        }
     }
 
     fn persist_completion(&self, c: &Completion) -> Result<bool> {
@@ -953,7 +1070,8 @@ impl UnitLifecycle for PgStore {
             if changed == 0 {
                 return Ok(false);
             }
-            if plan.retains {
+            if plan.retains && retain_one(tx, &c.delegation_id, None, lim, &self.profile)?.is_none()
+            {
                 retain_in(tx, &c.delegation_id, None, lim, &self.profile)?;
             }
             Ok(true)

@@ -660,3 +660,89 @@ fn a_child_without_a_clock_is_judged_by_its_units() {
         other => panic!("a clockless child of an expired unit: {other:?}"),
     }
 }
+
+/// The one-statement retain when the prune takes the retained unit itself:
+/// a unit retained behind two newer ones (another host's clock ran ahead)
+/// is beyond a cap of 2 at once, and one re-retained after its child's TTL
+/// lapsed has no child left within it; each is written once, as the
+/// two-statement retain and prune wrote it.
+#[test]
+fn a_retain_whose_prune_takes_the_retained_unit() {
+    let Some(url) = retinue_testkit::pg_url("PostgreSQL retain pruning itself") else { return };
+    let schema = scratch_schema();
+    let clock = Arc::new(ManualClock::new(T0));
+    let d = config(2);
+    let store = open(&url, &schema, &clock, &d);
+    let _guard = Scratch { url: url.clone(), schema: schema.clone() };
+    let mut sql = postgres::Client::connect(&url, postgres::NoTls).expect("connect");
+    sql.batch_execute(&format!("SET search_path TO {schema}")).expect("search path");
+    let live = |sql: &mut postgres::Client| -> i64 {
+        sql.query_one("SELECT units FROM retinue_profile_live WHERE profile = ''", &[])
+            .expect("count")
+            .get(0)
+    };
+
+    clock.advance(100.0);
+    let a = unit(&store, "", "a");
+    clock.advance(1.0);
+    let b = unit(&store, "", "b");
+    // Back in time: the third unit is the oldest of three, beyond the cap.
+    clock.advance(-50.0);
+    let c = unit(&store, "", "c");
+    let at = retinue_core::Clock::now(&*clock);
+    match store.lookup("sa-0-c").expect("lookup") {
+        Lookup::NotAddressable(e, Unaddressable::Tombstoned { reason, .. }) => {
+            assert_eq!(reason, TombstoneReason::Cap);
+            assert_eq!(e.delegation_id, c);
+        }
+        other => panic!("the retained unit beyond the cap: {other:?}"),
+    }
+    let (unit_tomb, child_tomb, reason, retained_at): (
+        Option<f64>,
+        Option<f64>,
+        Option<String>,
+        Option<f64>,
+    ) = {
+        let r = sql
+            .query_one(
+                "SELECT u.tombstoned_at, k.tombstoned_at, k.tombstone_reason, k.retained_at \
+                 FROM async_delegations u JOIN retinue_children k USING (delegation_id) \
+                 WHERE u.delegation_id = $1",
+                &[&c],
+            )
+            .expect("rows");
+        (r.get(0), r.get(1), r.get(2), r.get(3))
+    };
+    assert_eq!(
+        (unit_tomb, child_tomb, reason.as_deref(), retained_at),
+        (Some(at), Some(at), Some("cap"), Some(at))
+    );
+    for (id, sa) in [(&a, "sa-0-a"), (&b, "sa-0-b")] {
+        let e = store.find_retained_child(sa).expect("find").expect("within the cap");
+        assert_eq!(&e.delegation_id, id);
+    }
+    assert_eq!(live(&mut sql), 2);
+
+    // `b` re-retained after its child's TTL lapsed (no prune in between):
+    // its child is tombstoned `ttl` at its expiry, and the unit with it.
+    let ttl = d.clone().retention().ttl_hours * 3600.0;
+    let b_clock = T0 + 101.0;
+    clock.advance(50.0 + ttl + 10.0);
+    assert!(store.retain_completed_delegation(&b, None).expect("retain"));
+    let r = sql
+        .query_one(
+            "SELECT u.tombstoned_at, k.tombstoned_at, k.tombstone_reason \
+             FROM async_delegations u JOIN retinue_children k USING (delegation_id) \
+             WHERE u.delegation_id = $1",
+            &[&b],
+        )
+        .expect("rows");
+    let (u_t, k_t, why): (Option<f64>, Option<f64>, Option<String>) =
+        (r.get(0), r.get(1), r.get(2));
+    assert_eq!(u_t, Some(retinue_core::Clock::now(&*clock)));
+    assert_eq!(k_t, Some(b_clock + ttl));
+    assert_eq!(why.as_deref(), Some("ttl"));
+    // `a`'s child lapsed too: the prune of that retain took it (and `a`).
+    assert!(store.find_retained_child("sa-0-a").expect("find").is_none());
+    assert_eq!(live(&mut sql), 0);
+}
