@@ -892,28 +892,10 @@ impl PgStore {
         id: &str,
         now: f64,
     ) -> PgResult<bool> {
-        let is_batch = draft.children.len() != 1;
-        let lone = if is_batch { None } else { lone_child_session(&draft.children) };
-        let task = draft.task.to_string();
-        let cj = children_json(&draft.children);
+        let row = UnitRow::of(draft, id, now, &self.worker_id);
         let children = ChildArrays::of(&draft.children);
         let sessions = SessionArrays::of(&draft.child_sessions, now)?;
-        let unit: [&(dyn postgres::types::ToSql + Sync); 13] = [
-            &id,
-            &draft.origin_session,
-            &draft.origin_ui_session_id,
-            &draft.parent_session_id,
-            &now,
-            &draft.owner_pid,
-            &draft.owner_started_at,
-            &task,
-            &draft.origin_session_id,
-            &lone,
-            &cj,
-            &draft.owner_profile,
-            &self.worker_id,
-        ];
-        let mut params: Vec<&(dyn postgres::types::ToSql + Sync)> = unit.to_vec();
+        let mut params = row.params().to_vec();
         params.extend(children.params());
         params.extend(sessions.params());
         // The CTEs see one snapshot and write disjoint tables; the children
@@ -937,33 +919,60 @@ impl PgStore {
         id: &str,
         now: f64,
     ) -> PgResult<bool> {
-        let is_batch = draft.children.len() != 1;
-        let lone = if is_batch { None } else { lone_child_session(&draft.children) };
+        let row = UnitRow::of(draft, id, now, &self.worker_id);
         // A taken id inserts nothing (the caller draws another).
-        let inserted = tx.execute(
-            UNIT_INSERT,
-            &[
-                &id,
-                &draft.origin_session,
-                &draft.origin_ui_session_id,
-                &draft.parent_session_id,
-                &now,
-                &draft.owner_pid,
-                &draft.owner_started_at,
-                &draft.task.to_string(),
-                &draft.origin_session_id,
-                &lone,
-                &children_json(&draft.children),
-                &draft.owner_profile,
-                &self.worker_id,
-            ],
-        )?;
-        if inserted == 0 {
+        if tx.execute(UNIT_INSERT, &row.params())? == 0 {
             return Ok(false);
         }
         upsert_children(tx, id, &draft.children)?;
         insert_sessions(tx, &draft.child_sessions, now)?;
         Ok(true)
+    }
+}
+
+/// A dispatch's unit row: the parameters of [`UNIT_INSERT`].
+struct UnitRow<'a> {
+    draft: &'a UnitDraft,
+    id: &'a str,
+    now: f64,
+    worker: &'a str,
+    task: String,
+    children_json: String,
+    lone: Option<String>,
+}
+
+impl<'a> UnitRow<'a> {
+    fn of(draft: &'a UnitDraft, id: &'a str, now: f64, worker: &'a str) -> UnitRow<'a> {
+        let is_batch = draft.children.len() != 1;
+        UnitRow {
+            draft,
+            id,
+            now,
+            worker,
+            task: draft.task.to_string(),
+            children_json: children_json(&draft.children),
+            lone: if is_batch { None } else { lone_child_session(&draft.children) },
+        }
+    }
+
+    /// `$1` … `$13` of [`UNIT_INSERT`].
+    fn params(&self) -> [&(dyn postgres::types::ToSql + Sync); 13] {
+        let d = self.draft;
+        [
+            &self.id,
+            &d.origin_session,
+            &d.origin_ui_session_id,
+            &d.parent_session_id,
+            &self.now,
+            &d.owner_pid,
+            &d.owner_started_at,
+            &self.task,
+            &d.origin_session_id,
+            &self.lone,
+            &self.children_json,
+            &d.owner_profile,
+            &self.worker,
+        ]
     }
 }
 
