@@ -1113,7 +1113,8 @@ impl Claims for PgStore {
                      WHERE delivery_state = 'pending' AND state NOT IN ('running', 'finalizing') \
                        AND event_json IS NOT NULL \
                        AND (delivery_claim IS NULL OR delivery_claimed_at IS NULL \
-                            OR delivery_claimed_at + $1 <= {SERVER_NOW}) \
+                            OR delivery_claimed_at + $1 <= {SERVER_NOW} \
+                            OR delivery_claimed_at > {SERVER_NOW} + $1) \
                        AND ($2::text IS NULL OR origin_session = $2) \
                        AND ($3::text IS NULL OR parent_session_id = $3) \
                        AND ($4::text IS NULL OR delegation_id = $4) \
@@ -1183,6 +1184,8 @@ impl Claims for PgStore {
         // unit are live and no unexpired claim holds it. A concurrent
         // writer of the row fails the statement (40001) and it runs again.
         // The lease is the server's (`SERVER_NOW`, read once), never a host's.
+        // A lease that cannot be the server's (taken after now plus a lease,
+        // NaN, infinite: a row another program planted) holds nothing.
         let sql = format!(
             "WITH t AS (SELECT {SERVER_NOW} AS now), \
            cur AS (SELECT c.tombstoned_at AS ct, u.tombstoned_at AS ut, \
@@ -1194,7 +1197,7 @@ impl Claims for PgStore {
                resume_claimed_at = (SELECT now FROM t) \
              WHERE delegation_id = $1 AND child_index = $2 AND tombstoned_at IS NULL \
                AND (resume_claim IS NULL OR COALESCE(resume_claimed_at, '-Infinity'::float8) \
-                 + $4 <= (SELECT now FROM t)) \
+                 + $4 <= (SELECT now FROM t) OR resume_claimed_at > (SELECT now FROM t) + $4) \
                AND EXISTS (SELECT 1 FROM cur WHERE ut IS NULL) RETURNING 1) \
          SELECT ct, ut, claim, at, EXISTS (SELECT 1 FROM upd) FROM cur"
         );

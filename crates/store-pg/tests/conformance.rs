@@ -746,3 +746,59 @@ fn a_retain_whose_prune_takes_the_retained_unit() {
     assert!(store.find_retained_child("sa-0-a").expect("find").is_none());
     assert_eq!(live(&mut sql), 0);
 }
+
+/// A claim whose lease cannot be the server's — taken a day from now, NaN,
+/// infinite: a row another program planted — holds nothing: the child is
+/// claimed and the completion delivered, instead of being held forever.
+#[test]
+fn a_planted_impossible_claim_holds_nothing() {
+    use retinue_core::{Claims, Completion, CompletionEvent, DeliveryFilter, ResumeClaim};
+    let Some(url) = retinue_testkit::pg_url("PostgreSQL planted claims") else { return };
+    let (store, mut sql, _guard) = scratch_store(&url);
+    let id = unit(&store, "", "planted");
+    let done = store
+        .insert_unit(&UnitDraft { parent_session_id: Some("P".into()), ..UnitDraft::default() })
+        .expect("insert");
+    assert!(
+        store
+            .persist_completion(&Completion {
+                delegation_id: done.clone(),
+                status: "failed".into(),
+                event: CompletionEvent::from_stored(
+                    &done,
+                    serde_json::json!({"type": "async_delegation", "delegation_id": done}),
+                ),
+                result: serde_json::json!({"status": "failed"}),
+                usage: None,
+                background: true,
+            })
+            .expect("complete")
+    );
+    for planted in ["extract(epoch FROM clock_timestamp())::float8 + 86400", "'NaN'", "'Infinity'"]
+    {
+        // `planted` is one of this test's literals.
+        sql.execute(
+            &format!(
+                "UPDATE retinue_children SET resume_claim = 'planted', \
+                 resume_claimed_at = {planted} WHERE delegation_id = $1"
+            ),
+            &[&id],
+        )
+        .expect("plant a resume claim");
+        sql.execute(
+            &format!(
+                "UPDATE async_delegations SET delivery_state = 'pending', \
+                 delivery_claim = 'planted', delivery_claimed_at = {planted} \
+                 WHERE delegation_id = $1"
+            ),
+            &[&done],
+        )
+        .expect("plant a delivery claim");
+        let ResumeClaim::Claimed { token } = store.claim_resume(&id, 0).expect("claim") else {
+            panic!("a planted claim ({planted}) held the child")
+        };
+        assert!(store.release_resume(&id, 0, &token).expect("release"));
+        let taken = store.claim_delivery(&DeliveryFilter::default()).expect("claim");
+        assert_eq!(taken.map(|c| c.delegation_id), Some(done.clone()), "{planted}");
+    }
+}
