@@ -70,6 +70,7 @@ fn main() {
         terminal: TerminalConfig::default(),
         sandbox_helper: Some(helper),
         mcp_servers: Vec::new(),
+        protected: Default::default(),
     });
     let child = ChildHandle {
         subagent_id: "sa-0-bench".into(),

@@ -291,6 +291,10 @@ pub(crate) struct McpArgs {
     /// The OpenAI-compatible endpoint (overrides delegation.base_url)
     #[arg(long, value_name = "URL", value_parser = non_blank)]
     pub(crate) base_url: Option<String>,
+
+    /// The project directory the children work in (default: the working directory; it also keys the project's session)
+    #[arg(long, value_name = "DIR")]
+    pub(crate) workspace: Option<std::path::PathBuf>,
 }
 
 fn finite_seconds(s: &str) -> Result<f64, String> {

@@ -584,11 +584,27 @@ pub(crate) fn configured_runtime(
         terminal: config.terminal.clone(),
         sandbox_helper: sandbox_helper(),
         mcp_servers: loaded.mcp_servers,
+        protected: protected(env),
     }));
     let tools: Arc<dyn retinue_runtime::ToolExecutor> = toolbox.clone();
     let runtime =
         ChatRuntime::new(runtime_config, tools).map_err(|e| CliError::Usage(e.to_string()))?;
     Ok((runtime, config, toolbox))
+}
+
+/// What no child of this process may reach: the home and the database
+/// file (with SQLite's journal files beside it).
+pub(crate) fn protected(env: &Env) -> retinue_tools::workspace::Protected {
+    let mut hidden = vec![env.home.clone()];
+    if env.pg_url.is_none() {
+        let db = env.db.as_os_str();
+        for suffix in ["", "-wal", "-shm", "-journal"] {
+            let mut p = db.to_owned();
+            p.push(suffix);
+            hidden.push(std::path::PathBuf::from(p));
+        }
+    }
+    retinue_tools::workspace::Protected { hidden }
 }
 
 /// The terminal's sandbox helper: this binary's hidden `__sandbox` mode.
@@ -625,6 +641,12 @@ fn workspace_of(args: &DelegateArgs) -> Result<std::path::PathBuf> {
         .map_err(|e| CliError::Usage(format!("--workspace {}: {e}", dir.display())))?;
     if !real.is_dir() {
         return Err(CliError::Usage(format!("--workspace {} is not a directory", dir.display())));
+    }
+    if let Some(why) = retinue_tools::workspace::refusal(&real) {
+        let given = if args.workspace.is_some() { "" } else { " (the current directory)" };
+        return Err(CliError::Usage(format!(
+            "--workspace{given}: {why}; pass --workspace DIR naming a project directory"
+        )));
     }
     Ok(real)
 }

@@ -77,12 +77,19 @@ pub(crate) fn run(env: &Env, args: &McpArgs) -> Result<Output> {
     let choice = match (&args.session, args.new_session) {
         (Some(id), _) => SessionChoice::Existing(id.clone()),
         (None, true) => SessionChoice::New,
-        (None, false) => SessionChoice::Project(std::env::current_dir().map_err(|e| {
-            CliError::Usage(format!(
-                "the working directory cannot be read ({e}); it names this project's session: \
-                 cd to an existing directory, or pass --session ID or --new-session"
-            ))
-        })?),
+        (None, false) => match &args.workspace {
+            Some(dir) => SessionChoice::Project(
+                std::fs::canonicalize(dir)
+                    .map_err(|e| CliError::Usage(format!("--workspace {}: {e}", dir.display())))?,
+            ),
+            None => SessionChoice::Project(std::env::current_dir().map_err(|e| {
+                CliError::Usage(format!(
+                    "the working directory cannot be read ({e}); it names this project's \
+                     session: cd to an existing directory, or pass --workspace DIR, --session \
+                     ID or --new-session"
+                ))
+            })?),
+        },
     };
     let parent =
         retinue_mcp::resolve_session(&*store.sessions, &choice, &env.profile).map_err(mcp_error)?;
@@ -100,6 +107,23 @@ pub(crate) fn run(env: &Env, args: &McpArgs) -> Result<Output> {
             Err(Arc::new(e) as retinue_mcp::Unavailable)
         }
     };
+    // The children work in the project directory the session is keyed
+    // on (or the server's working directory) — never `/`, a system
+    // directory or the user's home.
+    let mut workspace = args
+        .workspace
+        .clone()
+        .or_else(|| parent.project.clone())
+        .or_else(|| std::env::current_dir().ok())
+        .and_then(|p| std::fs::canonicalize(p).ok());
+    let workspace_refused = workspace.as_deref().and_then(retinue_tools::workspace::refusal);
+    if let Some(why) = &workspace_refused {
+        eprintln!(
+            "retinue mcp: warning: {why}; the read, file and terminal toolsets are refused until \
+             the host starts `retinue mcp` in a project directory (its `cwd`)"
+        );
+        workspace = None;
+    }
     let parts = McpParts {
         profile: env.profile.clone(),
         backend: store.seams.clone(),
@@ -110,13 +134,8 @@ pub(crate) fn run(env: &Env, args: &McpArgs) -> Result<Output> {
             env.profile.as_str(),
         )),
         delegator,
-        // The children work in the project directory the session is keyed
-        // on (or the server's working directory).
-        workspace: parent
-            .project
-            .clone()
-            .or_else(|| std::env::current_dir().ok())
-            .and_then(|p| std::fs::canonicalize(p).ok()),
+        workspace,
+        workspace_refused,
         toolsets: parent_toolsets,
     };
     let project = parent.project.as_ref().map(|p| p.display().to_string());

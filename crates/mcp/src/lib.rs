@@ -67,6 +67,10 @@ pub struct McpParts {
     pub delegator: Result<Delegator, Unavailable>,
     /// The directory the children's tools work in.
     pub workspace: Option<std::path::PathBuf>,
+    /// Why the server's directory cannot be a workspace (`/`, a system
+    /// directory, the user's home): `delegate_task` then refuses the
+    /// workspace-bound toolsets with this text.
+    pub workspace_refused: Option<String>,
     /// The toolsets this session grants its children (narrowed per call by
     /// `delegate_task`'s `toolsets`).
     pub toolsets: Vec<String>,

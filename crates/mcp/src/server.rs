@@ -233,6 +233,17 @@ impl RetinueServer {
             Ok(d) => d.clone(),
             Err(why) => return error_result(&why.to_string()).into(),
         };
+        if let Some(why) = &self.shared.parts.workspace_refused
+            && wants_workspace(&args)
+        {
+            return error_result(&format!(
+                "{why}. The file and terminal toolsets (read, file, terminal) need a project \
+                 directory: start `retinue mcp` with the host's `cwd` set to the project, or pass \
+                 `--workspace DIR`; toolsets without a workspace (mcp-*) still work when named \
+                 in `toolsets`"
+            ))
+            .into();
+        }
         let request = match DelegateRequest::from_json(&Value::Object(args)) {
             Ok(r) => r,
             Err(e) => return delegate_error_result(&e).into(),
@@ -572,4 +583,31 @@ impl ServerHandler for RetinueServer {
         .await
         .map_err(|e| McpError::internal_error(format!("tasks/cancel did not finish: {e}"), None))?
     }
+}
+
+/// Whether a `delegate_task` call would give a child a workspace-bound
+/// toolset: one that names none (the default is `read`), or names `read`,
+/// `file` or `terminal` (at the top or in any task).
+fn wants_workspace(args: &Map<String, Value>) -> bool {
+    let bound =
+        |v: Option<&Value>| match v {
+            None | Some(Value::Null) => None,
+            Some(Value::Array(items)) => Some(items.iter().any(|t| {
+                t.as_str().is_some_and(|t| matches!(t.trim(), "read" | "file" | "terminal"))
+            })),
+            Some(_) => Some(true),
+        };
+    if args.get("follow_up").is_some_and(|v| !v.is_null()) {
+        // A follow-up runs with the child's recorded toolsets.
+        return false;
+    }
+    let top = bound(args.get("toolsets"));
+    let tasks: Vec<Option<bool>> = match args.get("tasks") {
+        Some(Value::Array(tasks)) => tasks.iter().map(|t| bound(t.get("toolsets"))).collect(),
+        _ => Vec::new(),
+    };
+    if tasks.is_empty() {
+        return top.unwrap_or(true);
+    }
+    tasks.iter().any(|t| t.or(top).unwrap_or(true))
 }

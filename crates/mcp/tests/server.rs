@@ -125,6 +125,7 @@ fn server(
     });
     let parent = retinue_mcp::resolve_session(store.as_ref(), choice, "").unwrap();
     let parts = McpParts {
+        workspace_refused: None,
         profile: String::new(),
         backend: retinue_core::Backend::of(store.clone()),
         budget: config_budget,

@@ -96,6 +96,7 @@ pub fn patch(ws: &Workspace, args: &Args<'_>) -> Result<String, ToolError> {
     }
     let replace_all = args.boolean("replace_all", false)?;
     let inside = ws.inside(path)?;
+    ws.guard_write(&inside)?;
     let (file, size) = ws.open_file(&inside)?;
     if size > PATCH_MAX_BYTES {
         return Err(ToolError::Refused(format!(

@@ -33,7 +33,7 @@ use serde_json::{Value, json};
 use crate::args::Args;
 use crate::mcp::McpServers;
 use crate::terminal::{Helper, Terminal};
-use crate::workspace::Workspace;
+use crate::workspace::{Protected, Workspace};
 
 pub use retinue_delegate::toolsets::{DELEGATION, FILE, READ, TERMINAL};
 
@@ -47,6 +47,8 @@ pub struct ToolboxConfig {
     pub sandbox_helper: Option<Helper>,
     /// The `mcp_servers:` section.
     pub mcp_servers: Vec<McpServerConfig>,
+    /// What no child may reach (the home, the database).
+    pub protected: Protected,
 }
 
 /// The children's tools: every toolset, for each child only those it was
@@ -55,6 +57,7 @@ pub struct Toolbox {
     terminal: Terminal,
     mcp: McpServers,
     delegator: OnceLock<Delegator>,
+    protected: Protected,
     workspaces: std::sync::Mutex<std::collections::HashMap<std::path::PathBuf, Workspace>>,
 }
 
@@ -79,6 +82,7 @@ impl Toolbox {
             terminal: Terminal::new(config.terminal, config.sandbox_helper),
             mcp: McpServers::new(config.mcp_servers),
             delegator: OnceLock::new(),
+            protected: config.protected,
             workspaces: Default::default(),
         }
     }
@@ -111,7 +115,7 @@ impl Toolbox {
         if let Some(ws) = open.get(root).filter(|ws| ws.is_current()) {
             return Ok(ws.clone());
         }
-        let ws = Workspace::open(root)?;
+        let ws = Workspace::open_protected(root, &self.protected)?;
         if open.len() >= MAX_OPEN_WORKSPACES {
             open.clear();
         }

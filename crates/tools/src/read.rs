@@ -322,6 +322,7 @@ pub fn search_files(ws: &Workspace, args: &Args<'_>) -> Result<String, ToolError
     // symlink or a huge file is skipped), so the walk never reads outside
     // the workspace or blocks.
     let ignores = Ignores { ws: ws.clone(), cache: Default::default() };
+    let guard = ws.clone();
     let walker = ignore::WalkBuilder::new(&walk_root)
         .follow_links(false)
         .hidden(true)
@@ -334,11 +335,13 @@ pub fn search_files(ws: &Workspace, args: &Args<'_>) -> Result<String, ToolError
         .max_filesize(if target == "content" { Some(SEARCH_MAX_FILESIZE) } else { None })
         .sort_by_file_path(|a, b| a.cmp(b))
         .filter_entry(move |e| {
-            !ignores.ignored(e.path(), e.file_type().is_some_and(|t| t.is_dir()))
+            // The home and the database are never listed.
+            let hidden = e.path().strip_prefix(guard.root()).is_ok_and(|rel| guard.is_hidden(rel));
+            !hidden && !ignores.ignored(e.path(), e.file_type().is_some_and(|t| t.is_dir()))
         })
         .build();
     let rel_of = |p: &std::path::Path| -> Option<String> {
-        p.strip_prefix(ws.root()).ok().map(|r| r.to_string_lossy().into_owned())
+        p.strip_prefix(ws.root()).ok().map(|r| crate::workspace::escaped(r.as_os_str()))
     };
     let mut out = Map::new();
     if target == "files" {

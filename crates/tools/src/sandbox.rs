@@ -8,10 +8,15 @@
 //!    killed by the kernel, `setsid` or not) and — unless the network is
 //!    allowed — network (only a downed loopback: no route anywhere,
 //!    127.0.0.1 included; abstract unix sockets are per network namespace);
-//! 3. private mounts: a fresh size-limited tmpfs on `/tmp` (the command's
-//!    `HOME` and `TMPDIR`), and empty ones over `/run`, `/var/run`,
-//!    `/var/tmp` and `/dev/shm`, so no unix socket of the host's services
-//!    (D-Bus, systemd, Docker, an SSH agent in `/tmp`) can be reached;
+//! 3. a root of its own (`pivot_root` into a fresh tmpfs): the system
+//!    directories read-only ([`SYSTEM_READ`]), a few devices, a fresh
+//!    size-limited tmpfs on `/tmp` (the command's `HOME` and `TMPDIR`) and
+//!    the workspace read-write at its own path — nothing else exists in
+//!    its mount namespace (`$HOME`, `/root`, `/home`, `/var`, `/run`, and
+//!    every unix socket under them, are absent). Inside the workspace the
+//!    hidden paths (`--hide`: Retinue's home and database) are covered by
+//!    empty read-only mounts, and the read-only ones (`--read-only`: `.git`,
+//!    `.envrc`, …) are bound read-only;
 //! 4. Landlock (up to ABI 6): reads and execution only under the system
 //!    directories, the workspace and `/tmp`; writes only under the
 //!    workspace, `/tmp` and `/dev/null`; no TCP bind or connect without the
@@ -23,7 +28,7 @@
 //!
 //! The helper is the `retinue` binary (`retinue __sandbox …`) or the
 //! `retinue-sandbox` binary of this crate. Its arguments:
-//! `--workspace DIR [--network] [--probe] -- COMMAND`. `--probe` sets
+//! `--workspace DIR [--network] [--probe] [--hide PATH]… [--read-only PATH]… -- COMMAND`. `--probe` sets
 //! everything up and reports in one JSON line instead of running a command.
 //! A setup failure exits [`SETUP_FAILED`] with the reason on stderr,
 //! prefixed by [`SETUP_PREFIX`].
@@ -69,8 +74,13 @@ const MAX_FILE_BYTES: u64 = 1 << 30;
 const MAX_ADDRESS_SPACE: u64 = 8 << 30;
 /// The size of the private `/tmp`.
 const TMP_SIZE: &str = "size=512m,mode=1777";
-/// Host directories hidden behind an empty tmpfs (their unix sockets with them).
-const HIDDEN: &[&str] = &["/run", "/var/run", "/var/tmp", "/dev/shm"];
+/// Symbolic links of `/dev` a shell expects.
+const DEVICE_LINKS: &[(&str, &str)] = &[
+    ("/dev/fd", "/proc/self/fd"),
+    ("/dev/stdin", "/proc/self/fd/0"),
+    ("/dev/stdout", "/proc/self/fd/1"),
+    ("/dev/stderr", "/proc/self/fd/2"),
+];
 
 /// What the helper was asked to do.
 #[derive(Debug, Default)]
@@ -78,6 +88,8 @@ struct Plan {
     workspace: PathBuf,
     network: bool,
     probe: bool,
+    hide: Vec<PathBuf>,
+    read_only: Vec<PathBuf>,
     command: Option<OsString>,
 }
 
@@ -90,6 +102,8 @@ fn parse(args: Vec<OsString>) -> Result<Plan, String> {
                 plan.workspace = it.next().map(PathBuf::from).unwrap_or_default()
             }
             Some("--network") => plan.network = true,
+            Some("--hide") => plan.hide.extend(it.next().map(PathBuf::from)),
+            Some("--read-only") => plan.read_only.extend(it.next().map(PathBuf::from)),
             Some("--probe") => plan.probe = true,
             Some("--") => {
                 plan.command = it.next();
@@ -120,7 +134,7 @@ pub fn helper_main(args: Vec<OsString>) -> i32 {
     };
     // The process cap is set up first, on the host's cgroup tree.
     let cap = cap_processes();
-    if let Err(e) = isolate(plan.network, &plan.workspace) {
+    if let Err(e) = isolate(&plan) {
         return fail(e);
     }
     if let Err(e) = limits() {
@@ -143,7 +157,7 @@ pub fn helper_main(args: Vec<OsString>) -> i32 {
     let Some(command) = plan.command else { return fail("no command".to_owned()) };
     // The shell is PID 1 of the new PID namespace: when it exits, the
     // kernel kills whatever it left behind.
-    let status = std::process::Command::new("/bin/sh").arg("-c").arg(command).status();
+    let status = std::process::Command::new("/bin/sh").arg("-c").arg("--").arg(command).status();
     match status {
         Ok(s) => s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(9)),
         Err(e) => fail(format!("cannot run /bin/sh: {e}")),
@@ -264,16 +278,15 @@ fn limits() -> Result<(), String> {
 }
 
 /// Fresh user, mount, PID and (without the network) network namespaces,
-/// then the private mounts.
-fn isolate(network: bool, workspace: &Path) -> Result<(), String> {
-    use nix::mount::{MsFlags, mount};
+/// then a root of the sandbox's own.
+fn isolate(plan: &Plan) -> Result<(), String> {
+    use nix::mount::MsFlags;
     use nix::sched::{CloneFlags, unshare};
-    use std::os::unix::fs::MetadataExt;
 
     let uid = nix::unistd::getuid().as_raw();
     let gid = nix::unistd::getgid().as_raw();
     let mut flags = CloneFlags::CLONE_NEWUSER | CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_NEWPID;
-    if !network {
+    if !plan.network {
         flags |= CloneFlags::CLONE_NEWNET;
     }
     unshare(flags).map_err(|e| {
@@ -285,42 +298,162 @@ fn isolate(network: bool, workspace: &Path) -> Result<(), String> {
         .map_err(|e| format!("uid_map: {e}"))?;
     std::fs::write("/proc/self/gid_map", format!("{gid} {gid} 1"))
         .map_err(|e| format!("gid_map: {e}"))?;
-    let none: Option<&str> = None;
-    mount(none, "/", none, MsFlags::MS_REC | MsFlags::MS_PRIVATE, none)
+    mount(None, Path::new("/"), None, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None)
         .map_err(|e| format!("making mounts private: {e}"))?;
-    // Held (opened in the new mount namespace) open across the mounts: a workspace under a hidden directory
-    // (`/tmp/…`) is bound back at its own path.
-    let held = std::fs::File::open(workspace)
-        .map_err(|e| format!("the workspace {}: {e}", workspace.display()))?;
-    let id = held.metadata().map(|m| (m.dev(), m.ino())).map_err(|e| format!("workspace: {e}"))?;
-    let tmpfs = |target: &str, data: &str| {
-        mount(
-            Some("tmpfs"),
-            target,
-            Some("tmpfs"),
-            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-            Some(data),
-        )
-        .map_err(|e| format!("tmpfs on {target}: {e}"))
-    };
-    tmpfs("/tmp", TMP_SIZE)?;
-    for dir in HIDDEN {
-        // A symlink (`/var/run` → `/run`) is covered by its target.
-        let real_dir = std::fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir());
-        if real_dir {
-            tmpfs(dir, "size=1m,mode=755")?;
+    // The command's directory, at the same path inside.
+    let cwd = std::env::current_dir().map_err(|e| format!("the working directory: {e}"))?;
+    // Held open across the mounts: a workspace under `/tmp` is bound from it.
+    let held = std::fs::File::open(&plan.workspace)
+        .map_err(|e| format!("the workspace {}: {e}", plan.workspace.display()))?;
+    let held_path =
+        PathBuf::from(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&held)));
+    // A staging tmpfs on the host's `/tmp` (private to this namespace),
+    // holding the new root, itself a tmpfs.
+    tmpfs(Path::new("/tmp"), "size=1m,mode=700", MsFlags::empty())?;
+    let root = Path::new("/tmp/root");
+    mkdir(root)?;
+    tmpfs(root, "size=1m,mode=755", MsFlags::empty())?;
+    let empty_file = Path::new("/tmp/empty");
+    std::fs::write(empty_file, b"").map_err(|e| format!("staging: {e}"))?;
+    let inner = |p: &Path| root.join(p.strip_prefix("/").unwrap_or(p));
+    for dir in SYSTEM_READ {
+        let host = Path::new(dir);
+        let Ok(meta) = std::fs::symlink_metadata(host) else { continue };
+        let at = inner(host);
+        if meta.file_type().is_symlink() {
+            let target = std::fs::read_link(host).map_err(|e| format!("{dir}: {e}"))?;
+            if let Some(parent) = at.parent() {
+                mkdir(parent)?;
+            }
+            std::os::unix::fs::symlink(&target, &at).map_err(|e| format!("{dir}: {e}"))?;
+        } else if meta.is_dir() {
+            mkdir(&at)?;
+            bind_read_only(host, &at)?;
         }
     }
-    let same = std::fs::metadata(workspace).is_ok_and(|m| (m.dev(), m.ino()) == id);
-    if !same {
-        std::fs::create_dir_all(workspace)
-            .map_err(|e| format!("re-creating the workspace path {}: {e}", workspace.display()))?;
-        let source = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&held));
-        mount(Some(source.as_str()), workspace, none, MsFlags::MS_BIND | MsFlags::MS_REC, none)
-            .map_err(|e| format!("binding the workspace back at {}: {e}", workspace.display()))?;
+    mkdir(&inner(Path::new("/dev")))?;
+    for dev in DEVICES_READ {
+        let host = Path::new(dev);
+        if host.exists() {
+            let at = inner(host);
+            std::fs::write(&at, b"").map_err(|e| format!("{dev}: {e}"))?;
+            mount(Some(host), &at, None, MsFlags::MS_BIND, None)
+                .map_err(|e| format!("binding {dev}: {e}"))?;
+        }
     }
+    for (link, target) in DEVICE_LINKS {
+        let _ = std::os::unix::fs::symlink(target, inner(Path::new(link)));
+    }
+    let tmp = inner(Path::new("/tmp"));
+    mkdir(&tmp)?;
+    tmpfs(&tmp, TMP_SIZE, MsFlags::empty())?;
+    // The workspace, read-write, at its own path.
+    let ws = inner(&plan.workspace);
+    std::fs::create_dir_all(&ws)
+        .map_err(|e| format!("the workspace path {}: {e}", plan.workspace.display()))?;
+    mount(Some(&held_path), &ws, None, MsFlags::MS_BIND | MsFlags::MS_REC, None)
+        .map_err(|e| format!("binding the workspace at {}: {e}", plan.workspace.display()))?;
     drop(held);
+    for path in &plan.hide {
+        if !path.starts_with(&plan.workspace) {
+            continue;
+        }
+        let at = inner(path);
+        match std::fs::symlink_metadata(&at) {
+            Ok(m) if m.is_dir() => tmpfs(&at, "size=4k,mode=000", MsFlags::MS_RDONLY)?,
+            Ok(_) => {
+                mount(Some(empty_file), &at, None, MsFlags::MS_BIND, None)
+                    .map_err(|e| format!("hiding {}: {e}", path.display()))?;
+                remount_read_only(&at)?;
+            }
+            Err(_) => {}
+        }
+    }
+    for path in &plan.read_only {
+        if !path.starts_with(&plan.workspace) {
+            continue;
+        }
+        let at = inner(path);
+        if std::fs::symlink_metadata(&at).is_ok_and(|m| !m.file_type().is_symlink()) {
+            bind_read_only(&at, &at)?;
+        }
+    }
+    // Nothing more is made at the new root's top.
+    mount(
+        None,
+        root,
+        None,
+        MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        None,
+    )
+    .map_err(|e| format!("the root read-only: {e}"))?;
+    std::env::set_current_dir(root).map_err(|e| format!("entering the new root: {e}"))?;
+    nix::unistd::pivot_root(".", ".").map_err(|e| format!("pivot_root: {e}"))?;
+    nix::mount::umount2(".", nix::mount::MntFlags::MNT_DETACH)
+        .map_err(|e| format!("detaching the host's root: {e}"))?;
+    std::env::set_current_dir("/").map_err(|e| format!("entering /: {e}"))?;
+    // The command's directory when it is in the workspace, else the workspace.
+    let dir = if cwd.starts_with(&plan.workspace) { cwd } else { plan.workspace.clone() };
+    std::env::set_current_dir(&dir)
+        .map_err(|e| format!("the working directory {}: {e}", dir.display()))?;
     Ok(())
+}
+
+fn mount(
+    source: Option<&Path>,
+    target: &Path,
+    fstype: Option<&str>,
+    flags: nix::mount::MsFlags,
+    data: Option<&str>,
+) -> nix::Result<()> {
+    nix::mount::mount(source, target, fstype, flags, data)
+}
+
+fn mkdir(p: &Path) -> Result<(), String> {
+    std::fs::create_dir_all(p).map_err(|e| format!("mkdir {}: {e}", p.display()))
+}
+
+fn tmpfs(target: &Path, data: &str, extra: nix::mount::MsFlags) -> Result<(), String> {
+    use nix::mount::MsFlags;
+    mount(
+        Some(Path::new("tmpfs")),
+        target,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | extra,
+        Some(data),
+    )
+    .map_err(|e| format!("tmpfs on {}: {e}", target.display()))
+}
+
+/// Binds `source` (recursively) at `target`, read-only.
+fn bind_read_only(source: &Path, target: &Path) -> Result<(), String> {
+    use nix::mount::MsFlags;
+    mount(Some(source), target, None, MsFlags::MS_BIND | MsFlags::MS_REC, None)
+        .map_err(|e| format!("binding {}: {e}", source.display()))?;
+    remount_read_only(target)
+}
+
+/// Makes the bind mount at `target` read-only, keeping the flags the host
+/// locked on it (a user namespace may add flags, never drop them).
+fn remount_read_only(target: &Path) -> Result<(), String> {
+    use nix::mount::MsFlags;
+    use rustix::fs::StatVfsMountFlags as F;
+    let have = rustix::fs::statvfs(target).map(|s| s.f_flag).unwrap_or(F::empty());
+    let mut flags = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY;
+    for (f, m) in [
+        (F::NOSUID, MsFlags::MS_NOSUID),
+        (F::NODEV, MsFlags::MS_NODEV),
+        (F::NOEXEC, MsFlags::MS_NOEXEC),
+        (F::NOATIME, MsFlags::MS_NOATIME),
+        (F::NODIRATIME, MsFlags::MS_NODIRATIME),
+        (F::RELATIME, MsFlags::MS_RELATIME),
+    ] {
+        if have.contains(f) {
+            flags |= m;
+        }
+    }
+    mount(None, target, None, flags, None)
+        .map_err(|e| format!("read-only {}: {e}", target.display()))
 }
 
 /// The paths that cover `roots` (those that exist) minus `secrets`: a root

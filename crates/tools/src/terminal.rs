@@ -168,7 +168,7 @@ impl Terminal {
         }
         let timeout = Duration::from_secs(timeout.max(1));
         let workdir = ws.inside(args.str_or("workdir", ".")?)?;
-        // Beneath the root with no symlink on the way.
+        // Beneath the root with no symlink on the way (and not hidden).
         ws.check(&workdir)?;
         let cwd = ws.root().join(workdir.rel());
         if !cwd.is_dir() {
@@ -209,12 +209,19 @@ impl Terminal {
                 if self.config.network {
                     c.arg("--network");
                 }
+                for p in ws.hidden() {
+                    c.arg("--hide").arg(p);
+                }
+                for p in ws.read_only_present() {
+                    c.arg("--read-only").arg(p);
+                }
                 c.arg("--").arg(command);
                 c
             }
             _ => {
                 let mut c = Command::new("/bin/sh");
-                c.arg("-c").arg(command);
+                // `--`: a command that starts with `-` is a command, not an option.
+                c.arg("-c").arg("--").arg(command);
                 c
             }
         };
@@ -235,6 +242,18 @@ impl Terminal {
         let writer2 =
             writer.try_clone().map_err(|e| ToolError::Failed(format!("terminal: pipe: {e}")))?;
         cmd.stdout(writer).stderr(writer2);
+        // Read-only names the command might create where none was (the
+        // sandbox can bind only what exists): removed after it, below.
+        let absent: Vec<PathBuf> = if sandboxed {
+            let present = ws.read_only_present();
+            crate::workspace::READ_ONLY_NAMES
+                .iter()
+                .map(|n| ws.root().join(n))
+                .filter(|p| !present.contains(p))
+                .collect()
+        } else {
+            Vec::new()
+        };
         let mut child = cmd
             .spawn()
             .map_err(|e| ToolError::Failed(format!("terminal: cannot start the command: {e}")))?;
@@ -313,6 +332,14 @@ impl Terminal {
             ));
         }
         let mut out = json!({"output": output.trim(), "exit_code": if timed_out { 124 } else { code }, "error": null});
+        let removed = remove_created(&absent);
+        if !removed.is_empty() {
+            out["warning"] = json!(format!(
+                "removed what the command created at read-only names ({}): files there make \
+                 code run later outside the sandbox",
+                removed.join(", ")
+            ));
+        }
         if timed_out {
             out["error"] = json!(format!(
                 "the command timed out after {} s; its process group was killed",
@@ -334,6 +361,20 @@ impl Terminal {
         }
         Ok(out.to_string())
     }
+}
+
+/// Removes each of `paths` that exists now (a file, a link or a whole
+/// directory, links never followed); returns their names.
+fn remove_created(paths: &[PathBuf]) -> Vec<String> {
+    let mut out = Vec::new();
+    for p in paths {
+        let Ok(meta) = std::fs::symlink_metadata(p) else { continue };
+        let gone = if meta.is_dir() { std::fs::remove_dir_all(p) } else { std::fs::remove_file(p) };
+        if gone.is_ok() {
+            out.push(p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default());
+        }
+    }
+    out
 }
 
 /// The most processes one sandboxed command may have at once (the watch's

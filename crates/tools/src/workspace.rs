@@ -16,11 +16,82 @@ use rustix::io::Errno;
 
 use retinue_runtime::ToolError;
 
-/// A child's workspace: its root directory, held open. Cheap to clone.
+/// A child's workspace: its root directory, held open, and what of it a
+/// child may never reach or write ([`Protected`]). Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Workspace {
     root: PathBuf,
     fd: std::sync::Arc<OwnedFd>,
+    guard: std::sync::Arc<Guard>,
+}
+
+/// Names that make code run later, outside the sandbox (git hooks and
+/// `core.hooksPath`/`core.fsmonitor`, direnv, editors' tasks, agents'
+/// configuration): read-only for children wherever they appear in a path.
+pub const READ_ONLY_NAMES: &[&str] = &[".git", ".envrc", ".vscode", ".idea", ".hermes", ".retinue"];
+
+/// Directories that are never a workspace: the file system's root, the
+/// system's directories and the places users' homes live (the user's own
+/// home is refused too, see [`refusal`]).
+pub const REFUSED_ROOTS: &[&str] = &[
+    "/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/libx32", "/opt",
+    "/proc", "/root", "/run", "/sbin", "/srv", "/sys", "/tmp", "/usr", "/var",
+];
+
+/// What a child may never reach: the home (the directory of `state.db` and
+/// `config.yaml`) and the database file, by absolute path. Those inside a
+/// workspace are hidden from the file tools and from the sandbox.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Protected {
+    /// Absolute paths hidden from children.
+    pub hidden: Vec<PathBuf>,
+}
+
+/// The protection of one open workspace, relative to its root.
+#[derive(Debug, Default)]
+struct Guard {
+    /// Hidden paths inside the root (relative, normalised).
+    hidden: Vec<PathBuf>,
+    /// The hidden files' identities (a hard link to one is hidden too).
+    hidden_ids: Vec<(u64, u64)>,
+}
+
+/// Why `root` (canonical) cannot be a workspace, if it cannot: it is `/`,
+/// a system directory, or the user's home directory itself.
+pub fn refusal(root: &Path) -> Option<String> {
+    let canonical = std::fs::canonicalize(root).unwrap_or_else(|_| root.to_path_buf());
+    if REFUSED_ROOTS.iter().any(|r| canonical == Path::new(r)) {
+        return Some(format!(
+            "{} is refused as a workspace: children may work in a project directory, never in \
+             `/`, a system directory or a home directory",
+            canonical.display()
+        ));
+    }
+    let homes = [std::env::var_os("HOME").map(PathBuf::from), user_home()];
+    if homes.iter().flatten().filter_map(|h| std::fs::canonicalize(h).ok()).any(|h| h == canonical)
+    {
+        return Some(format!(
+            "{} is refused as a workspace: it is the user's home directory (its keys, sockets \
+             and dotfiles); use a project directory",
+            canonical.display()
+        ));
+    }
+    None
+}
+
+/// The current user's home directory from the password database.
+fn user_home() -> Option<PathBuf> {
+    nix::unistd::User::from_uid(nix::unistd::getuid()).ok().flatten().map(|u| u.dir)
+}
+
+/// `path` made absolute and canonical as far as it exists (a file that is
+/// not there yet keeps its name under its canonical parent).
+fn canonical_lenient(path: &Path) -> Option<PathBuf> {
+    if let Ok(p) = std::fs::canonicalize(path) {
+        return Some(p);
+    }
+    let parent = canonical_lenient(path.parent()?)?;
+    Some(parent.join(path.file_name()?))
 }
 
 const BENEATH: ResolveFlags =
@@ -37,15 +108,61 @@ impl Inside {
         &self.0
     }
 
-    /// The path as shown to the model (relative, `/`-separated).
+    /// The path as shown to the model (relative, `/`-separated; bytes that
+    /// are not UTF-8 as `\xNN`, which [`Workspace::inside`] accepts back).
     pub fn shown(&self) -> String {
-        self.0.to_string_lossy().into_owned()
+        escaped(self.0.as_os_str())
     }
 }
 
+/// A name as shown to the model: UTF-8 as it is, every other byte as
+/// `\xNN` (so the name can be given back to a file tool).
+pub fn escaped(name: &std::ffi::OsStr) -> String {
+    let mut out = String::new();
+    for chunk in name.as_encoded_bytes().utf8_chunks() {
+        out.push_str(chunk.valid());
+        for b in chunk.invalid() {
+            out.push_str(&format!("\\x{b:02x}"));
+        }
+    }
+    out
+}
+
+/// The bytes `\xNN` escapes stand for (`None`: no escape in `path`).
+fn unescaped(path: &str) -> Option<std::ffi::OsString> {
+    use std::os::unix::ffi::OsStringExt;
+    if !path.contains("\\x") {
+        return None;
+    }
+    let bytes = path.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\'
+            && bytes.get(i + 1) == Some(&b'x')
+            && let Some(hex) = path.get(i + 2..i + 4)
+            && let Ok(b) = u8::from_str_radix(hex, 16)
+        {
+            out.push(b);
+            i += 4;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    Some(std::ffi::OsString::from_vec(out))
+}
+
 impl Workspace {
-    /// Opens `root` (it must be an existing directory).
+    /// Opens `root` (it must be an existing directory) with nothing
+    /// hidden but the read-only names ([`READ_ONLY_NAMES`]).
     pub fn open(root: &Path) -> Result<Workspace, ToolError> {
+        Workspace::open_protected(root, &Protected::default())
+    }
+
+    /// Opens `root` with `protected` hidden beneath it. A root that
+    /// [`refusal`] names is refused.
+    pub fn open_protected(root: &Path, protected: &Protected) -> Result<Workspace, ToolError> {
         let real = std::fs::canonicalize(root).map_err(|e| {
             ToolError::Refused(format!("the workspace {} cannot be opened: {e}", root.display()))
         })?;
@@ -57,7 +174,80 @@ impl Workspace {
         .map_err(|e| {
             ToolError::Refused(format!("the workspace {} cannot be opened: {e}", real.display()))
         })?;
-        Ok(Workspace { root: real, fd: std::sync::Arc::new(fd) })
+        if let Some(why) = refusal(&real) {
+            return Err(ToolError::Refused(why));
+        }
+        let mut guard = Guard::default();
+        for p in &protected.hidden {
+            let Some(abs) = canonical_lenient(p) else { continue };
+            if let Ok(rel) = abs.strip_prefix(&real) {
+                if rel.as_os_str().is_empty() {
+                    return Err(ToolError::Refused(format!(
+                        "the workspace {} is Retinue's own home: use a project directory",
+                        real.display()
+                    )));
+                }
+                guard.hidden.push(rel.to_path_buf());
+            }
+            if let Ok(st) = rustix::fs::stat(&abs) {
+                guard.hidden_ids.push((st.st_dev, st.st_ino));
+            }
+        }
+        Ok(Workspace { root: real, fd: std::sync::Arc::new(fd), guard: std::sync::Arc::new(guard) })
+    }
+
+    /// The hidden paths inside the root, absolute (the sandbox covers them).
+    pub fn hidden(&self) -> Vec<PathBuf> {
+        self.guard.hidden.iter().map(|r| self.root.join(r)).collect()
+    }
+
+    /// The read-only names present at the root, absolute (the sandbox
+    /// binds them read-only).
+    pub fn read_only_present(&self) -> Vec<PathBuf> {
+        READ_ONLY_NAMES
+            .iter()
+            .filter(|n| {
+                rustix::fs::statat(self.fd.as_fd(), **n, rustix::fs::AtFlags::SYMLINK_NOFOLLOW)
+                    .is_ok()
+            })
+            .map(|n| self.root.join(n))
+            .collect()
+    }
+
+    /// Whether `rel` (relative to the root) is hidden or beneath a hidden path.
+    pub fn is_hidden(&self, rel: &Path) -> bool {
+        self.guard.hidden.iter().any(|h| rel.starts_with(h))
+    }
+
+    /// Refuses `p` when it is hidden (the home, the database).
+    pub fn guard_read(&self, p: &Inside) -> Result<(), ToolError> {
+        if self.is_hidden(p.rel()) {
+            return Err(ToolError::Refused(format!(
+                "path `{}` refused: it is Retinue's home or database, which children never reach",
+                p.shown()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Refuses `p` when it is hidden or read-only (a part of it is one of
+    /// [`READ_ONLY_NAMES`]).
+    pub fn guard_write(&self, p: &Inside) -> Result<(), ToolError> {
+        self.guard_read(p)?;
+        if let Some(name) = p
+            .rel()
+            .components()
+            .filter_map(|c| c.as_os_str().to_str())
+            .find(|c| READ_ONLY_NAMES.contains(c))
+        {
+            return Err(ToolError::Refused(format!(
+                "path `{}` refused: `{name}` is read-only for children (files there make code \
+                 run later outside the sandbox: git hooks and config, direnv, editor tasks, \
+                 agent settings)",
+                p.shown()
+            )));
+        }
+        Ok(())
     }
 
     /// The root's canonical path.
@@ -86,7 +276,29 @@ impl Workspace {
         if trimmed.starts_with('~') {
             return Err(refuse("`~` paths are outside the workspace"));
         }
-        let given = Path::new(if trimmed.is_empty() { "." } else { trimmed });
+        let literal = self.lexical(std::ffi::OsStr::new(trimmed), &refuse)?;
+        // A name shown escaped (not UTF-8) is taken back when the literal
+        // name does not exist.
+        if let Some(raw) = unescaped(trimmed)
+            && rustix::fs::statat(
+                self.fd.as_fd(),
+                literal.rel(),
+                rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+            )
+            .is_err()
+        {
+            return self.lexical(&raw, &refuse);
+        }
+        Ok(literal)
+    }
+
+    /// The lexical part of [`Workspace::inside`].
+    fn lexical(
+        &self,
+        given: &std::ffi::OsStr,
+        refuse: &dyn Fn(&str) -> ToolError,
+    ) -> Result<Inside, ToolError> {
+        let given = Path::new(if given.is_empty() { std::ffi::OsStr::new(".") } else { given });
         let relative: &Path = if given.is_absolute() {
             given.strip_prefix(&self.root).map_err(|_| {
                 refuse(&format!("it is outside the workspace {}", self.root.display()))
@@ -122,9 +334,16 @@ impl Workspace {
     /// Opens a regular file for reading (FIFOs, devices and directories are
     /// refused without blocking), with its size.
     pub fn open_file(&self, p: &Inside) -> Result<(File, u64), ToolError> {
+        self.guard_read(p)?;
         let fd =
             self.open_at(p, OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOFOLLOW, Mode::empty())?;
         let stat = rustix::fs::fstat(&fd).map_err(|e| open_error(p, e))?;
+        if self.guard.hidden_ids.contains(&(stat.st_dev, stat.st_ino)) {
+            return Err(ToolError::Refused(format!(
+                "path `{}` refused: it is Retinue's home or database, which children never reach",
+                p.shown()
+            )));
+        }
         match FileType::from_raw_mode(stat.st_mode) {
             FileType::RegularFile => {}
             FileType::Directory => {
@@ -148,6 +367,7 @@ impl Workspace {
     /// Checks that `p` exists beneath the root with no symlink on the way
     /// (itself included).
     pub fn check(&self, p: &Inside) -> Result<(), ToolError> {
+        self.guard_read(p)?;
         self.open_at(p, OFlags::PATH, Mode::empty()).map(drop)
     }
 
@@ -206,6 +426,7 @@ impl Workspace {
     /// directory was created.
     pub fn replace_file(&self, p: &Inside, bytes: &[u8]) -> Result<bool, ToolError> {
         use std::io::Write;
+        self.guard_write(p)?;
         let (dir, name, created) = self.parent_dir(p)?;
         let mut mode = Mode::from_raw_mode(0o644);
         match rustix::fs::statat(dir.as_fd(), name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW) {

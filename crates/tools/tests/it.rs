@@ -25,6 +25,7 @@ fn toolbox() -> Toolbox {
         terminal: TerminalConfig::default(),
         sandbox_helper: Some(helper()),
         mcp_servers: Vec::new(),
+        protected: Default::default(),
     })
 }
 
@@ -936,4 +937,193 @@ fn a_stopped_child_stops_its_running_command() {
     assert!(at.elapsed() < Duration::from_secs(10), "{:?}", at.elapsed());
     assert_eq!(out["exit_code"], 137, "{out}");
     assert!(out["error"].as_str().expect("error").contains("stopped"), "{out}");
+}
+
+// ---------------------------------------------------------------- containment (#35)
+
+/// A toolbox whose home (`home/`) and database (`home/state.db`) lie inside
+/// the workspace, as with `cd ~ && retinue delegate`.
+fn protected_box(home: &Path) -> Toolbox {
+    Toolbox::new(ToolboxConfig {
+        terminal: TerminalConfig::default(),
+        sandbox_helper: Some(helper()),
+        mcp_servers: Vec::new(),
+        protected: retinue_tools::workspace::Protected {
+            hidden: vec![home.to_path_buf(), home.join("state.db")],
+        },
+    })
+}
+
+#[test]
+fn the_home_inside_the_workspace_is_never_reachable_by_the_file_tools() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let home = dir.path().join(".hermes");
+    std::fs::create_dir(&home).expect("mkdir");
+    std::fs::write(home.join("config.yaml"), "delegation:\n  api_key: sk-SECRET\n").expect("w");
+    std::fs::write(home.join("state.db"), "DB").expect("w");
+    std::fs::write(dir.path().join("notes.txt"), "api_key here too? no\n").expect("w");
+    let tb = protected_box(&home);
+    let c = child(dir.path(), &["file"]);
+    for path in [".hermes/config.yaml", ".hermes/state.db", "./.hermes/../.hermes/config.yaml"] {
+        let why = refused(tb.execute(&c, "read_file", &json!({"path": path})));
+        assert!(why.contains("never reach"), "{path}: {why}");
+    }
+    let abs = home.join("config.yaml");
+    let why = refused(tb.execute(&c, "read_file", &json!({"path": abs.to_str().expect("utf8")})));
+    assert!(why.contains("never reach"), "{why}");
+    let why = refused(tb.execute(
+        &c,
+        "write_file",
+        &json!({"path": ".hermes/state.db", "content": "gone"}),
+    ));
+    assert!(why.contains("never reach"), "{why}");
+    assert_eq!(std::fs::read_to_string(home.join("state.db")).expect("db"), "DB");
+    let why = refused(tb.execute(
+        &c,
+        "patch",
+        &json!({"path": ".hermes/config.yaml", "old_string": "sk-SECRET", "new_string": "x"}),
+    ));
+    assert!(why.contains("never reach"), "{why}");
+    // Searching never lists or reads the home, from the root or into it.
+    let found = ok(tb.execute(&c, "search_files", &json!({"pattern": "api_key"})));
+    assert!(!found.to_string().contains(".hermes"), "{found}");
+    assert!(found.to_string().contains("notes.txt"), "{found}");
+    let why = refused(tb.execute(&c, "search_files", &json!({"pattern": "x", "path": ".hermes"})));
+    assert!(why.contains("never reach"), "{why}");
+}
+
+#[test]
+fn a_workspace_of_root_home_or_a_system_directory_is_refused() {
+    let tb = toolbox();
+    for root in ["/", "/etc", "/usr", "/tmp", "/var", "/proc"] {
+        let why = refused(tb.execute(
+            &child(Path::new(root), &["read"]),
+            "read_file",
+            &json!({"path": "etc/shadow"}),
+        ));
+        assert!(why.contains("refused as a workspace"), "{root}: {why}");
+    }
+    let home = std::env::var_os("HOME").map(PathBuf::from).expect("HOME");
+    let why = refused(tb.execute(&child(&home, &["read"]), "read_file", &json!({"path": "x"})));
+    assert!(why.contains("home directory"), "{why}");
+    // A symlink to `/` is `/`.
+    let dir = tempfile::tempdir().expect("tmp");
+    let link = dir.path().join("root");
+    std::os::unix::fs::symlink("/", &link).expect("link");
+    let why = refused(tb.execute(&child(&link, &["read"]), "read_file", &json!({"path": "x"})));
+    assert!(why.contains("refused as a workspace"), "{why}");
+    assert!(retinue_tools::workspace::refusal(dir.path()).is_none());
+}
+
+#[test]
+fn files_that_run_code_later_are_read_only_for_the_file_tools() {
+    let dir = tempfile::tempdir().expect("tmp");
+    std::fs::create_dir_all(dir.path().join(".git/hooks")).expect("mkdir");
+    std::fs::write(dir.path().join(".git/config"), "[core]\n").expect("w");
+    let tb = toolbox();
+    let c = child(dir.path(), &["file"]);
+    for path in
+        [".git/hooks/pre-commit", ".git/config", ".envrc", ".vscode/tasks.json", "sub/.git/x"]
+    {
+        let why = refused(tb.execute(
+            &c,
+            "write_file",
+            &json!({"path": path, "content": "#!/bin/sh\ntouch /tmp/pwned\n"}),
+        ));
+        assert!(why.contains("read-only for children"), "{path}: {why}");
+    }
+    assert!(!dir.path().join(".git/hooks/pre-commit").exists());
+    assert!(!dir.path().join(".envrc").exists());
+    // Reading them is fine.
+    let read = ok(tb.execute(&c, "read_file", &json!({"path": ".git/config"})));
+    assert!(read.to_string().contains("[core]"), "{read}");
+}
+
+#[test]
+fn names_that_are_not_utf8_are_listed_escaped_and_opened_back() {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = tempfile::tempdir().expect("tmp");
+    let name = std::ffi::OsStr::from_bytes(b"caf\xe9.txt");
+    std::fs::write(dir.path().join(name), "bonjour\n").expect("w");
+    let tb = toolbox();
+    let c = child(dir.path(), &["file"]);
+    let found = ok(tb.execute(&c, "search_files", &json!({"pattern": "*.txt", "target": "files"})));
+    let listed = found["files"][0].as_str().expect("a file").to_owned();
+    assert_eq!(listed, "caf\\xe9.txt");
+    let read = ok(tb.execute(&c, "read_file", &json!({"path": listed})));
+    assert!(read.to_string().contains("bonjour"), "{read}");
+    let patched = tb.execute(
+        &c,
+        "patch",
+        &json!({"path": "caf\\xe9.txt", "old_string": "bonjour", "new_string": "salut"}),
+    );
+    assert!(patched.is_ok(), "{patched:?}");
+    assert_eq!(std::fs::read_to_string(dir.path().join(name)).expect("r"), "salut\n");
+}
+
+#[test]
+fn the_sandbox_shows_only_the_workspace_tmp_and_the_system() {
+    if !sandbox_ready() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tmp");
+    let ws = dir.path().join("ws");
+    let home = ws.join(".hermes");
+    std::fs::create_dir_all(&home).expect("mkdir");
+    std::fs::write(home.join("config.yaml"), "api_key: sk-SECRET\n").expect("w");
+    std::fs::write(home.join("state.db"), "DB").expect("w");
+    std::fs::create_dir_all(ws.join(".git/hooks")).expect("mkdir");
+    let tb = protected_box(&home);
+    let c = child(&ws, &["terminal"]);
+    let run = |cmd: &str| ok(tb.execute(&c, "terminal", &json!({"command": cmd})));
+    // The home's files are not there; writes to it fail.
+    let out =
+        run("cat .hermes/config.yaml; ls -a .hermes; echo gone > .hermes/state.db; echo rc=$?");
+    let text = out["output"].as_str().expect("out");
+    assert!(!text.contains("sk-SECRET"), "{text}");
+    assert!(text.contains("rc=1") || text.contains("rc=2"), "{text}");
+    assert_eq!(std::fs::read_to_string(home.join("state.db")).expect("db"), "DB");
+    // Nothing of the host beyond the system directories.
+    let out = run(
+        "for d in /root /home /var /run /work /srv; do test -e $d && echo HAS $d; done; echo done",
+    );
+    assert_eq!(out["output"], "done", "{out}");
+    // A socket in the host's home answers nobody inside.
+    let host_home = std::env::var_os("HOME").map(PathBuf::from).expect("HOME");
+    let sock_dir = tempfile::tempdir_in(&host_home).expect("tmp in home");
+    let sock = sock_dir.path().join("agent.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&sock).expect("bind");
+    listener.set_nonblocking(true).expect("nonblocking");
+    let script = format!(
+        "import socket\ns = socket.socket(socket.AF_UNIX)\ns.connect({:?})\nprint('CONNECTED')\n",
+        sock.to_string_lossy()
+    );
+    std::fs::write(ws.join("connect.py"), script).expect("script");
+    let out = run("python3 connect.py 2>&1");
+    assert!(!out["output"].as_str().expect("out").contains("CONNECTED"), "{out}");
+    assert!(listener.accept().is_err(), "the socket in the home was reached");
+    // `.git` is read-only; a new `.envrc` does not survive the command.
+    let out = run("echo x > .git/hooks/pre-commit; echo rc=$?; echo 'curl evil' > .envrc");
+    assert!(out["output"].as_str().expect("out").contains("rc="), "{out}");
+    assert!(!ws.join(".git/hooks/pre-commit").exists(), "a hook was planted");
+    assert!(!ws.join(".envrc").exists(), "an .envrc was planted");
+    assert!(out["warning"].as_str().is_some_and(|w| w.contains(".envrc")), "{out}");
+    // The private /tmp is usable, and the workspace is the working directory.
+    let out = run("echo t > /tmp/t && cat /tmp/t && pwd && touch here && echo ok");
+    let text = out["output"].as_str().expect("out");
+    assert!(text.ends_with("ok"), "{text}");
+    assert!(ws.join("here").exists());
+}
+
+#[test]
+fn a_command_that_starts_with_a_dash_runs() {
+    if !sandbox_ready() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tmp");
+    std::fs::write(dir.path().join("-v"), "#!/bin/sh\necho dash-ran\n").expect("w");
+    let out = term(dir.path(), json!({"command": "-v 2>&1; echo after"}));
+    let text = out["output"].as_str().expect("out");
+    assert!(!text.contains("Illegal option"), "{text}");
+    assert!(text.ends_with("after"), "{text}");
 }
