@@ -25,6 +25,10 @@ pub(crate) struct Backend {
     pub(crate) config: LoadedConfig,
     /// The process profile (in team mode, never empty).
     pub(crate) profile: String,
+    /// The tenant this process acts for (decided once, from the profile):
+    /// every read a command makes of sessions, units, children and the
+    /// ledger goes through [`Backend::scoped`].
+    pub(crate) scope: retinue_core::Scope,
     /// Team mode: the store, whose worker lease is given up when the command ends.
     pg: Option<Arc<PgStore>>,
 }
@@ -38,10 +42,9 @@ impl std::ops::Deref for Backend {
 }
 
 impl Backend {
-    /// Whether this is team mode (PostgreSQL): reads and writes are then
-    /// scoped to the caller's tenant.
-    pub(crate) fn is_team(&self) -> bool {
-        self.pg.is_some()
+    /// The reads of this backend inside the process's tenant scope.
+    pub(crate) fn scoped(&self) -> retinue_core::Scoped<'_> {
+        self.scope.reads(&self.seams)
     }
 }
 
@@ -72,6 +75,7 @@ impl Backend {
     pub(crate) fn from_sqlite(store: Arc<Store>, config: LoadedConfig) -> Backend {
         Backend {
             config,
+            scope: retinue_core::Scope::of(store.profile()),
             profile: store.profile().to_owned(),
             seams: retinue_core::Backend::of(store),
             pg: None,
@@ -96,6 +100,7 @@ impl Backend {
         let store = Arc::new(PgStore::open(url, opts)?);
         Ok(Backend {
             config,
+            scope: retinue_core::Scope::of(&env.profile),
             profile: env.profile.clone(),
             seams: retinue_core::Backend::of(store.clone()),
             pg: Some(store),

@@ -384,7 +384,7 @@ pub(crate) fn running_units(
     env: &Env,
     owner: Option<&str>,
 ) -> Result<Vec<retinue_core::UnitView>> {
-    let profile = (!env.all_profiles).then_some(env.profile.as_str());
+    let profile = if env.all_profiles { None } else { store.scope.filter() };
     let units = store.controls.running_units(profile)?;
     Ok(match owner {
         None => units,

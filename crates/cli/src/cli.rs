@@ -103,6 +103,9 @@ pub(crate) enum Command {
         /// The token remote requests present [default: $RETINUE_WEB_TOKEN, else a random one, printed]
         #[arg(long, value_name = "TOKEN", value_parser = non_blank, requires = "allow_remote")]
         token: Option<String>,
+        /// A host name remote browsers reach the view by (repeatable; no port or wildcard): requests with any other Host are refused
+        #[arg(long = "host-name", value_name = "NAME", requires = "allow_remote", value_parser = host_name)]
+        host_name: Vec<String>,
     },
 
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell)
@@ -302,6 +305,10 @@ fn finite_seconds(s: &str) -> Result<f64, String> {
         Ok(v) if v.is_finite() && (0.0..=31_536_000.0).contains(&v) => Ok(v),
         _ => Err("must be a number of seconds from 0 to 31536000".to_owned()),
     }
+}
+
+fn host_name(s: &str) -> Result<String, String> {
+    retinue_web::host_name(s)
 }
 
 fn non_blank(s: &str) -> Result<String, String> {

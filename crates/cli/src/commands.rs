@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use retinue_config::{DelegationConfig, LoadedConfig};
 use retinue_core::{
-    Clock, Lookup, NewSession, ProcProbe, RegistryRead, RetainedChild, SessionStore, SystemClock,
+    Clock, Lookup, NewSession, ProcProbe, RetainedChild, Scope, SessionStore, SystemClock,
     TombstoneReason, Unaddressable, UsageAttribution, UsageTotals, iso8601,
 };
 use retinue_delegate::{
@@ -93,10 +93,12 @@ fn entry_block(e: &RetainedChild) -> String {
     ])
 }
 
-/// Why `id` cannot be addressed, as a not-found error naming the status.
-fn not_addressable(store: &dyn RegistryRead, id: &str) -> Result<CliError> {
+/// Why `id` cannot be addressed, as a not-found error naming the status;
+/// an id outside `scope` (another tenant's) is answered as a missing one,
+/// byte for byte.
+fn not_addressable(store: &Backend, scope: &Scope, id: &str) -> Result<CliError> {
     let id = id.trim();
-    Ok(CliError::NotFound(match store.lookup(id)? {
+    Ok(CliError::NotFound(match scope.reads(store).lookup(id)? {
         Lookup::Unknown | Lookup::Addressable(_) => {
             format!("no retained child, child session or delegation '{id}'")
         }
@@ -113,34 +115,10 @@ fn not_addressable(store: &dyn RegistryRead, id: &str) -> Result<CliError> {
     }))
 }
 
-/// Whether `entry` is the caller's to see and touch: in team mode every
-/// read and write is scoped to the caller's tenant (its profile, plus the
-/// unprofiled units hermes wrote before profiles existed), unless
-/// `--all-profiles`; a hermes home (SQLite, one user) is the operator's.
-fn in_tenant(store: &Backend, env: &Env, entry: &RetainedChild) -> bool {
-    !store.is_team()
-        || env.all_profiles
-        || entry.owner_profile.is_empty()
-        || entry.owner_profile == env.profile
-}
-
-/// The error of an id that does not exist — also given for another
-/// tenant's ids, byte for byte.
-fn missing(id: &str) -> CliError {
-    let id = id.trim();
-    CliError::NotFound(format!("no retained child, child session or delegation '{id}'"))
-}
-
-/// [`not_addressable`], with another tenant's ids answered as missing.
-fn not_addressable_in(store: &Backend, env: &Env, id: &str) -> Result<CliError> {
-    match store.registry.lookup(id)? {
-        Lookup::Addressable(entry) | Lookup::NotAddressable(entry, _)
-            if !in_tenant(store, env, &entry) =>
-        {
-            Ok(missing(id))
-        }
-        _ => not_addressable(&*store.registry, id),
-    }
+/// The scope of the registry views (`children *`): the process's tenant,
+/// or every profile under `--all-profiles`.
+fn view_scope(store: &Backend, env: &Env) -> Scope {
+    if env.all_profiles { Scope::Operator } else { store.scope.clone() }
 }
 
 /// `retinue children list [--owner SESSION] [--running]`: the retained
@@ -161,12 +139,13 @@ pub(crate) fn children_list(env: &Env, owner: Option<&str>, running: bool) -> Re
         };
         return Ok(Output::ok(Value::Array(live), human));
     }
+    let scope = view_scope(&store, env);
     let entries = match owner {
-        Some(owner) => list_for(&*store.registry, &*store.graph, Some(owner), &env.profile)?,
+        Some(owner) => list_for(&*store.registry, &*store.graph, Some(owner), scope.profile())?,
         None => store.registry.list_retained_children()?,
     };
     let entries: Vec<RetainedChild> =
-        entries.into_iter().filter(|e| in_tenant(&store, env, e)).collect();
+        entries.into_iter().filter(|e| scope.admits(Some(&e.owner_profile))).collect();
     let json = Value::Array(entries.iter().map(RetainedChild::to_json).collect());
     let mut human = children_table(&entries);
     if !live.is_empty() {
@@ -179,24 +158,18 @@ pub(crate) fn children_list(env: &Env, owner: Option<&str>, running: bool) -> Re
 /// (with its elapsed time and usage so far).
 pub(crate) fn children_show(env: &Env, id: &str) -> Result<Output> {
     let store = open_read(env)?;
-    match store.registry.find_retained_child(id)? {
-        Some(entry) if in_tenant(&store, env, &entry) => {
-            Ok(Output::ok(entry.to_json(), entry_block(&entry)))
-        }
-        Some(_) => Err(missing(id)),
+    let scope = view_scope(&store, env);
+    match scope.reads(&store).find_retained_child(id)? {
+        Some(entry) => Ok(Output::ok(entry.to_json(), entry_block(&entry))),
         None => {
-            let running = store.controls.unit_view(id)?.filter(|u| {
-                !u.is_finished()
-                    && (env.all_profiles
-                        || u.owner_profile.as_deref().unwrap_or_default() == env.profile)
-            });
+            let running = scope.reads(&store).unit_view(id)?.filter(|u| !u.is_finished());
             match running {
                 Some(u) => {
                     let v = crate::background::running_json(&store, &u, SystemClock.now());
                     let human = crate::background::running_table(std::slice::from_ref(&v));
                     Ok(Output::ok(v, human))
                 }
-                None => Err(not_addressable_in(&store, env, id)?),
+                None => Err(not_addressable(&store, &scope, id)?),
             }
         }
     }
@@ -205,15 +178,16 @@ pub(crate) fn children_show(env: &Env, id: &str) -> Result<Output> {
 /// `retinue children tombstone ID [--reason TEXT]`.
 pub(crate) fn children_tombstone(env: &Env, id: &str, reason: Option<&str>) -> Result<Output> {
     let store = open_write(env)?;
-    let entry = match store.registry.lookup(id)? {
-        Lookup::Addressable(entry) if in_tenant(&store, env, &entry) => entry,
-        _ => return Err(not_addressable_in(&store, env, id)?),
+    let scope = view_scope(&store, env);
+    let entry = match scope.reads(&store).lookup(id)? {
+        Lookup::Addressable(entry) => entry,
+        _ => return Err(not_addressable(&store, &scope, id)?),
     };
     // The reason is `manual`; `--reason` is the tombstone's note.
     let note = reason.map(str::trim).filter(|r| !r.is_empty());
     let reason = note.map_or(TombstoneReason::Manual, |r| TombstoneReason::Other(r.to_owned()));
     if !store.registry.tombstone_retained_child(id, &reason)? {
-        return Err(not_addressable(&*store.registry, id)?);
+        return Err(not_addressable(&store, &scope, id)?);
     }
     let what = if id.trim() == entry.delegation_id {
         format!("every live child of {}", entry.delegation_id)
@@ -258,9 +232,10 @@ pub(crate) fn denial_kind(d: &Denial) -> &'static str {
 /// `retinue authority ID --caller SESSION`.
 pub(crate) fn authority(env: &Env, id: &str, caller: &str) -> Result<Output> {
     let store = open_read(env)?;
-    let entry = match store.registry.lookup(id)? {
+    // Another tenant's id is missing (exit 4), never "denied (profile)".
+    let entry = match store.scoped().lookup(id)? {
         Lookup::Addressable(entry) => entry,
-        _ => return Err(not_addressable(&*store.registry, id)?),
+        _ => return Err(not_addressable(&store, &store.scope, id)?),
     };
     let decision = check_follow_up_authority(&*store.graph, &entry, Some(caller), &env.profile);
     Ok(match decision {
@@ -291,7 +266,7 @@ pub(crate) fn authority(env: &Env, id: &str, caller: &str) -> Result<Output> {
 pub(crate) fn lineage(env: &Env, session: &str) -> Result<Output> {
     let store = open_read(env)?;
     let session = session.trim();
-    if session.is_empty() || store.sessions.session(session)?.is_none() {
+    if session.is_empty() || store.scoped().session(session)?.is_none() {
         return Err(CliError::NotFound(format!("no session '{}'", clip(session, 128))));
     }
     let (root, chain, why) = match lineage_chain(&*store.graph, session) {
@@ -366,6 +341,15 @@ pub(crate) fn usage_human(
 pub(crate) fn usage(env: &Env, session: &str, lineage: bool) -> Result<Output> {
     let store = open_read(env)?;
     let session = session.trim();
+    // Another tenant's session is missing, before its ledger is read; so
+    // is, for a tenant, a session with no row (its tenant is unknown:
+    // fail closed).
+    let row = store.scoped().session(session)?;
+    let no_row =
+        row.is_none() && (!store.scope.is_operator() || store.sessions.session(session)?.is_some());
+    if session.is_empty() || no_row {
+        return Err(CliError::NotFound(format!("no session '{}'", clip(session, 128))));
+    }
     let (totals, sessions, resolved) = if lineage {
         let walk = retinue_lineage::CompressionWalk::new(&*store.graph);
         let lt = load_lineage_usage_totals(&*store.ledger, &walk, session)?;
@@ -652,7 +636,7 @@ fn workspace_of(args: &DelegateArgs) -> Result<std::path::PathBuf> {
 }
 
 /// A new top-level session (source `cli`) to act as the parent.
-fn new_parent(store: &dyn SessionStore) -> Result<String> {
+fn new_parent(store: &dyn SessionStore, profile: &str) -> Result<String> {
     let mut bytes = [0u8; 6];
     getrandom::fill(&mut bytes)
         .map_err(|e| CliError::Failed(format!("secure random source failed: {e}")))?;
@@ -661,6 +645,8 @@ fn new_parent(store: &dyn SessionStore) -> Result<String> {
         id: id.clone(),
         source: "cli".to_owned(),
         started_at: Some(SystemClock.now()),
+        // The tenant's own: another tenant never sees it.
+        profile_name: Some(profile.trim().to_owned()).filter(|p| !p.is_empty()),
         ..NewSession::default()
     })?;
     Ok(id)
@@ -725,7 +711,8 @@ pub(crate) fn delegate(env: &Env, args: &DelegateArgs) -> Result<Output> {
             ))
         };
         let known = match Backend::open(env, Arc::new(SystemClock), Access::Read) {
-            Ok(reader) => reader.sessions.session(p)?.is_some(),
+            // Another tenant's session is unknown: no spawn, no billing under it.
+            Ok(reader) => reader.scoped().session(p)?.is_some(),
             Err(CliError::NotFound(_)) => false,
             Err(e) => return Err(e),
         };
@@ -737,7 +724,7 @@ pub(crate) fn delegate(env: &Env, args: &DelegateArgs) -> Result<Output> {
     store.keep_alive();
     let (parent_id, created) = match &args.parent {
         Some(p) => (p.trim().to_owned(), false),
-        None => (new_parent(&*store.sessions)?, true),
+        None => (new_parent(&*store.sessions, &env.profile)?, true),
     };
     if args.background && !args.detached_worker {
         // The children run in a detached worker; this process only starts it.

@@ -93,7 +93,7 @@ impl Env {
                 return Err(CliError::Usage(format!(
                     "--db {}: unsupported database URL scheme '{scheme}://' (--db takes a file \
                  path to a SQLite state.db)",
-                    crate::table::clip(&db.to_string_lossy(), 128)
+                    redact_url(&db.to_string_lossy())
                 )));
             }
         }
@@ -175,42 +175,11 @@ fn quiet_database_config(home: &Path) -> retinue_config::DatabaseConfig {
     database
 }
 
-/// `url` with its password hidden (`postgres://user:***@host/db`, and
-/// `password=***` in the query), for every message that names it.
+/// `url` as every message shows it: [`retinue_core::redact_endpoint`]
+/// (the one redaction of model, MCP, OTLP and PostgreSQL URLs: userinfo
+/// and query values masked), clipped.
 pub(crate) fn redact_url(url: &str) -> String {
-    let url = url.trim();
-    let (head, rest) = match url.split_once("://") {
-        Some((scheme, rest)) => (format!("{scheme}://"), rest),
-        None => (String::new(), url),
-    };
-    // The userinfo runs to its last `@` (a password may hold `/` or `@`).
-    let (userinfo, rest) = match retinue_core::userinfo_at(rest) {
-        Some(at) => (
-            match rest[..at].split_once(':') {
-                Some((user, _)) => format!("{user}:***@"),
-                None => format!("{}@", &rest[..at]),
-            },
-            &rest[at + 1..],
-        ),
-        None => (String::new(), rest),
-    };
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (host, tail) = rest.split_at(authority_end);
-    let authority = format!("{userinfo}{host}");
-    let tail = match tail.split_once('?') {
-        Some((path, query)) => {
-            let params: Vec<String> = query
-                .split('&')
-                .map(|kv| match kv.split_once('=') {
-                    Some((k, _)) if k.eq_ignore_ascii_case("password") => format!("{k}=***"),
-                    _ => kv.to_owned(),
-                })
-                .collect();
-            format!("{path}?{}", params.join("&"))
-        }
-        None => tail.to_owned(),
-    };
-    crate::table::clip(&format!("{head}{authority}{tail}"), 128)
+    crate::table::clip(&retinue_core::redact_endpoint(url), 128)
 }
 
 /// Opens `db` with `<home>/config.yaml`, `profile`, `clock` and `access`;
@@ -254,17 +223,17 @@ mod tests {
 
     #[test]
     fn passwords_are_redacted() {
-        assert_eq!(redact_url("postgres://u:hunter2@h:5432/db"), "postgres://u:***@h:5432/db");
-        assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
+        assert_eq!(redact_url("postgres://u:hunter2@h:5432/db"), "postgres://***@h:5432/db");
+        assert_eq!(redact_url("postgres://u@h/db"), "postgres://***@h/db");
         assert_eq!(
             redact_url("postgresql://h/db?user=u&password=hunter2&x=1"),
-            "postgresql://h/db?user=u&password=***&x=1"
+            "postgresql://h/db?user=***&password=***&x=***"
         );
         assert!(!redact_url("postgres://u:p@ss:w@rd@h/db").contains("rd@h"));
         for raw in ["postgres://u:pa/ss@h/db", "postgres://u:a/b@c/d@h:5432/db?sslmode=require"] {
             let shown = redact_url(raw);
             assert!(!shown.contains("pa/ss") && !shown.contains("a/b"), "{raw} -> {shown}");
-            assert!(shown.starts_with("postgres://u:***@h"), "{raw} -> {shown}");
+            assert!(shown.starts_with("postgres://***@h"), "{raw} -> {shown}");
         }
     }
 

@@ -98,8 +98,8 @@ fn run(cli: &Cli) -> error::Result<Output> {
                 stderr: None,
             })
         }
-        Command::Serve { http, allow_remote, token } => {
-            serve::run(&env, *http, *allow_remote, token.as_deref())
+        Command::Serve { http, allow_remote, token, host_name } => {
+            serve::run(&env, *http, *allow_remote, token.as_deref(), host_name)
         }
         Command::Wait { ids, parent, timeout, peek } => {
             background::wait(&env, ids, parent, *timeout, *peek)

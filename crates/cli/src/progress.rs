@@ -75,7 +75,8 @@ fn draw(seams: &retinue_core::Backend, parent: &str, profile: &str, stop: &Atomi
     let mut shown: HashMap<String, ProgressBar> = HashMap::new();
     while !stop.load(Ordering::SeqCst) {
         let now = SystemClock.now();
-        let units = seams.controls.running_units(Some(profile)).unwrap_or_default();
+        let scope = retinue_core::Scope::of(profile);
+        let units = seams.controls.running_units(scope.filter()).unwrap_or_default();
         let mut live = Vec::new();
         for u in units.iter().filter(|u| u.parent_session_id.as_deref() == Some(parent)) {
             for c in &u.children {

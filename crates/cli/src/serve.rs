@@ -29,11 +29,18 @@ pub(crate) fn run(
     addr: SocketAddr,
     allow_remote: bool,
     token: Option<&str>,
+    host_names: &[String],
 ) -> Result<Output> {
     if !addr.ip().is_loopback() && !allow_remote {
         return Err(CliError::Usage(format!(
             "{addr} is not a loopback address: the view shows every subagent's transcript; \
              pass --allow-remote (a token is then required) to serve it beyond this machine"
+        )));
+    }
+    if addr.ip().is_unspecified() && host_names.is_empty() {
+        return Err(CliError::Usage(format!(
+            "{addr} listens on every address: pass --host-name NAME (repeatable) with the host \
+             names or IPs browsers use to reach it; requests with any other Host are refused"
         )));
     }
     let usable = |t: &str| {
@@ -72,7 +79,10 @@ pub(crate) fn run(
         all_profiles: env.all_profiles,
     };
     let bound = retinue_web::bind(addr).map_err(|e| CliError::Failed(e.to_string()))?;
-    let base = format!("http://{}/", bound.addr());
+    let base = match host_names.first() {
+        Some(name) => format!("http://{name}:{}/", bound.addr().port()),
+        None => format!("http://{}/", bound.addr()),
+    };
     let url = match &token {
         Some(t) => format!("{base}?token={t}"),
         None => base.clone(),
@@ -95,7 +105,7 @@ pub(crate) fn run(
             shutdown.stop();
         })
     };
-    let served = retinue_web::serve(bound, parts, token, &shutdown);
+    let served = retinue_web::serve_as(bound, parts, token, host_names, &shutdown);
     cancel.cancel();
     let _ = stopper.join();
     served.map_err(|e| CliError::Failed(e.to_string()))?;

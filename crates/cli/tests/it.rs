@@ -452,19 +452,25 @@ fn authority_decisions() {
     assert_eq!(itself["denial"], "itself");
     insta::assert_json_snapshot!("authority_denied_itself", itself);
 
-    let profile = fx.ok(
-        3,
-        &[
-            "--profile",
-            "personal",
-            "authority",
-            fx.fx.solo_subagent,
-            "--caller",
-            fx.fx.continuation,
-        ],
+    // Another tenant's child is answered exactly as a missing id (#35).
+    let (code, foreign, _) = fx.json(&[
+        "--profile",
+        "personal",
+        "authority",
+        fx.fx.solo_subagent,
+        "--caller",
+        fx.fx.continuation,
+    ]);
+    assert_eq!((code, foreign["code"].clone()), (4, json!("not_found")), "{foreign}");
+    let text = foreign.to_string();
+    assert!(!text.contains("work") && !text.contains("profile"), "{text}");
+    assert!(
+        text.contains(&format!(
+            "no retained child, child session or delegation '{}'",
+            fx.fx.solo_subagent
+        )),
+        "{text}"
     );
-    assert_eq!(profile["denial"], "profile");
-    insta::assert_json_snapshot!("authority_denied_profile", profile);
 
     let (code, v, _) = fx.json(&["authority", "nope", "--caller", fx.fx.root]);
     assert_eq!((code, v["code"].clone()), (4, json!("not_found")));
@@ -483,9 +489,10 @@ fn authority_profile_from_the_environment() {
     let mut c =
         fx.cmd(&["--json", "authority", fx.fx.solo_subagent, "--caller", fx.fx.continuation]);
     let out = c.env("HERMES_PROFILE", "personal").output().expect("run");
-    assert_eq!(out.status.code(), Some(3));
+    // Another tenant's child: missing (#35), never "denied (profile)".
+    assert_eq!(out.status.code(), Some(4));
     let v: Value = serde_json::from_slice(&out.stdout).expect("json");
-    assert_eq!(v["denial"], "profile");
+    assert_eq!(v["code"], "not_found");
     // An explicit --profile wins over the environment.
     let mut c = fx.cmd(&[
         "--json",
@@ -1532,7 +1539,7 @@ fn hostile_paths_get_a_clear_answer_at_once() {
         let text = String::from_utf8_lossy(&out.stdout).into_owned()
             + &String::from_utf8_lossy(&out.stderr);
         assert!(text.contains("needs an explicit profile"), "{text}");
-        assert!(text.contains("postgres://u:***@127.0.0.1:1/db") && !text.contains("hunter2"));
+        assert!(text.contains("postgres://***@127.0.0.1:1/db") && !text.contains("hunter2"));
     }
     assert!(!cwd.join("postgres:").exists());
     // A home that is a file.
@@ -2065,4 +2072,76 @@ fn the_no_price_warning_is_given_once() {
         .expect("run");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(stderr.matches("no price for model").count(), 1, "{stderr}");
+}
+
+// ---------------------------------------------------------------- containment (#35)
+
+#[test]
+fn another_tenants_session_child_and_ledger_are_answered_as_missing() {
+    let fx = Fx::new();
+    let v = fx.ok(0, &["--profile", "a", "delegate", "--goal", "a's work"]);
+    let parent = v["parent_session_id"].as_str().expect("parent").to_owned();
+    let child = v["results"][0]["subagent_id"].as_str().expect("child").to_owned();
+    let requests = fx.model.requests().len();
+    // Tenant b cannot spawn (or bill) under a's session: "no session", exit 4,
+    // the text of a session that does not exist.
+    let (code, foreign, _) =
+        fx.json(&["--profile", "b", "delegate", "--parent", &parent, "--goal", "steal"]);
+    let (code_missing, missing, _) =
+        fx.json(&["--profile", "b", "delegate", "--parent", "cli_nope", "--goal", "steal"]);
+    assert_eq!((code, code_missing), (4, 4), "{foreign} / {missing}");
+    assert_eq!(
+        foreign["error"].as_str().map(|t| t.replace(&parent, "ID")),
+        missing["error"].as_str().map(|t| t.replace("cli_nope", "ID"))
+    );
+    assert_eq!(fx.model.requests().len(), requests, "no child ran for b");
+    // usage, lineage, authority, children show: exactly as missing.
+    for (args, ghost) in [
+        (vec!["usage", parent.as_str()], vec!["usage", "cli_nope"]),
+        (vec!["lineage", parent.as_str()], vec!["lineage", "cli_nope"]),
+        (vec!["children", "show", child.as_str()], vec!["children", "show", "sa-nope"]),
+        (
+            vec!["authority", child.as_str(), "--caller", parent.as_str()],
+            vec!["authority", "sa-nope", "--caller", parent.as_str()],
+        ),
+    ] {
+        let mut b = vec!["--profile", "b"];
+        b.extend(&args);
+        let (code, out, _) = fx.json(&b);
+        let mut g = vec!["--profile", "b"];
+        g.extend(&ghost);
+        let (code_g, out_g, _) = fx.json(&g);
+        assert_eq!((code, code_g), (4, 4), "{args:?}: {out} / {out_g}");
+        let shown = out.to_string().replace(&parent, "ID").replace(&child, "ID");
+        let shown_g = out_g.to_string().replace("cli_nope", "ID").replace("sa-nope", "ID");
+        assert_eq!(shown, shown_g, "{args:?}");
+        assert!(!shown.contains("\"a\"") && !shown.contains("profile 'a'"), "{shown}");
+    }
+    // Tenant a still sees its own.
+    assert_eq!(
+        fx.ok(0, &["--profile", "a", "usage", &parent])["records"].as_array().map(Vec::len),
+        Some(1)
+    );
+    fx.ok(0, &["--profile", "a", "children", "show", &child]);
+    // A tenant name with SQL metacharacters is just a name.
+    fx.ok(4, &["--profile", "a' OR '1'='1", "usage", &parent]);
+}
+
+#[test]
+fn a_workspace_of_root_or_the_home_directory_is_refused_naming_the_flag() {
+    let fx = Fx::new();
+    let dir = tempfile::tempdir().expect("tmp");
+    let link = dir.path().join("to-root");
+    std::os::unix::fs::symlink("/", &link).expect("link");
+    let home = std::env::var("HOME").expect("HOME");
+    for ws in ["/", "/etc", "/tmp", link.to_str().expect("utf8"), home.as_str()] {
+        let (code, _, err) = fx.human(&["delegate", "--workspace", ws, "--goal", "x"]);
+        assert_eq!(code, 2, "{ws}: {err}");
+        assert!(err.contains("--workspace"), "{ws}: {err}");
+    }
+    // Run from `/` with no --workspace: refused too, never a silent `/`.
+    let out = fx.cmd(&["delegate", "--goal", "x"]).current_dir("/").output().expect("run");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("the current directory"));
+    assert!(fx.model.requests().is_empty(), "no child ran");
 }

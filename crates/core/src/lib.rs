@@ -40,6 +40,7 @@ mod options;
 mod probe;
 mod registry;
 mod rules;
+mod scope;
 mod sessions;
 mod spend;
 mod status;
@@ -72,6 +73,7 @@ pub use registry::{
 pub use rules::{
     ChildFacts, Limits, LookupKey, RetentionPolicy, child_status, covered_status, lookup_order,
 };
+pub use scope::{Scope, Scoped};
 pub use sessions::{
     LineageWalk, MAX_HOPS, SessionGraph, SessionStore, compression_tip_walk, has_lineage_marker,
     tool_call_delta,

@@ -400,7 +400,7 @@ impl Collector {
                 return Err(denied());
             }
         };
-        if view.owner_profile.as_deref().unwrap_or_default() != self.profile {
+        if !retinue_core::Scope::of(&self.profile).admits(view.owner_profile.as_deref()) {
             return Err(denied());
         }
         let Some(owner) = view.parent_session_id.clone().filter(|p| !p.trim().is_empty()) else {
@@ -414,7 +414,7 @@ impl Collector {
         let entry = RetainedChild {
             delegation_id: view.delegation_id.clone(),
             parent_session_id: owner,
-            owner_profile: self.profile.clone(),
+            owner_profile: view.owner_profile.clone().unwrap_or_default(),
             state: view.state.clone(),
             retained_at: None,
             completed_at: view.completed_at,

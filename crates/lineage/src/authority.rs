@@ -87,11 +87,12 @@ impl RootMemo {
     }
 }
 
-/// The profile check (semantics §5.1 step 1): denied iff both profiles are
-/// non-empty and differ.
+/// The profile check (semantics §5.1 step 1): denied iff the entry lies
+/// outside the current profile's [`retinue_core::Scope`] (both profiles
+/// non-empty and different).
 pub fn check_profile(entry: &RetainedChild, current_profile: &str) -> Result<(), Denial> {
     let owner = entry.owner_profile.as_str();
-    if !owner.is_empty() && !current_profile.is_empty() && owner != current_profile {
+    if !retinue_core::Scope::of(current_profile).admits(Some(owner)) {
         return Err(Denial::Profile {
             owner: owner.to_owned(),
             current: current_profile.to_owned(),

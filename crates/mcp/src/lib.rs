@@ -126,6 +126,12 @@ fn shut_down(server: &RetinueServer, rt: tokio::runtime::Runtime) {
     server.wait_background();
 }
 
+/// The loopback authorities (`host:port`) of a server bound to `bound`.
+fn loopback_authorities(bound: SocketAddr) -> Vec<String> {
+    let p = bound.port();
+    vec![format!("127.0.0.1:{p}"), format!("localhost:{p}"), format!("[::1]:{p}")]
+}
+
 /// Serves MCP over stdin/stdout until the client closes stdin (or the
 /// process gets Ctrl-C or SIGTERM). Blocks the calling thread.
 pub fn serve_stdio(server: RetinueServer) -> Result<(), Error> {
@@ -193,8 +199,16 @@ pub fn serve_http(
             .map_err(|source| Error::Bind { addr, source })?;
         let bound = listener.local_addr().map_err(|source| Error::Bind { addr, source })?;
         on_listening(bound);
-        let config =
-            StreamableHttpServerConfig::default().with_cancellation_token(stop.child_token());
+        let config = StreamableHttpServerConfig::default()
+            .with_cancellation_token(stop.child_token())
+            // Only this server's own loopback names, with its port (DNS
+            // rebinding reaches nothing); an `Origin`, when present, must be
+            // a loopback page of this same port (the transport's MUST).
+            .with_allowed_hosts(loopback_authorities(bound))
+            .with_allowed_origins(
+                loopback_authorities(bound).into_iter().map(|a| format!("http://{a}")),
+            )
+            .enforce_origin_validation();
         let service = TowerToHyperService::new(StreamableHttpService::new(
             move || Ok(handler.clone()),
             Arc::new(LocalSessionManager::default()),

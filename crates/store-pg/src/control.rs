@@ -95,7 +95,7 @@ impl Controls for PgStore {
             let sql = format!(
                 "SELECT {UNIT_COLUMNS} FROM async_delegations u \
                  WHERE u.state IN ('pending', 'running', 'finalizing') \
-                   AND ($1::TEXT IS NULL OR COALESCE(u.owner_profile, '') = $1) \
+                   AND ($1::TEXT IS NULL OR COALESCE(u.owner_profile, '') IN ('', $1)) \
                  ORDER BY u.dispatched_at DESC, u.delegation_id"
             );
             let rows = tx.query(sql.as_str(), &[&profile])?;
@@ -184,7 +184,7 @@ impl Controls for PgStore {
         self.pool.tx("listing units", Mode::Read, |tx| {
             let sql = format!(
                 "SELECT {UNIT_COLUMNS} FROM async_delegations u \
-                 WHERE ($1::TEXT IS NULL OR COALESCE(u.owner_profile, '') = $1) \
+                 WHERE ($1::TEXT IS NULL OR COALESCE(u.owner_profile, '') IN ('', $1)) \
                  ORDER BY u.dispatched_at DESC, u.delegation_id LIMIT $2"
             );
             let rows = tx.query(sql.as_str(), &[&profile, &limit])?;
@@ -197,17 +197,15 @@ impl Controls for PgStore {
     }
 
     fn change_marker(&self) -> Result<String> {
+        // The sequence's last value and the newest message: O(1) (V10).
         self.pool.tx("reading the change marker", Mode::ReadOne, |tx| {
             let r = tx.query_one(
-                "SELECT (SELECT count(*) FROM async_delegations), \
-                 (SELECT COALESCE(max(updated_at), 0) FROM async_delegations), \
-                 (SELECT COALESCE(max(id), 0) FROM messages), \
-                 (SELECT count(*) FROM retinue_children WHERE tombstoned_at IS NOT NULL)",
+                "SELECT (SELECT last_value FROM retinue_change_clock), \
+                 (SELECT COALESCE(max(id), 0) FROM messages)",
                 &[],
             )?;
-            let (units, updated, messages, tombs): (i64, f64, i64, i64) =
-                (r.get(0), r.get(1), r.get(2), r.get(3));
-            Ok(format!("{units}-{updated}-{messages}-{tombs}"))
+            let (tick, messages): (i64, i64) = (r.get(0), r.get(1));
+            Ok(format!("{tick}-{messages}"))
         })
     }
 

@@ -141,8 +141,28 @@ impl McpServers {
         }
     }
 
-    /// The tool definitions of the servers named by `toolsets`.
+    /// The tool definitions of the servers named by `toolsets`, at most
+    /// [`MAX_TOOLS`] of them and [`MAX_SCHEMA_BYTES`] of JSON in all (every
+    /// model call carries them): the rest are left out, with a warning
+    /// naming them.
     pub fn definitions(&self, toolsets: &[String]) -> Vec<Value> {
+        let all = self.all_definitions(toolsets);
+        let (kept, dropped) = cap_definitions(all);
+        if !dropped.is_empty() {
+            let shown: Vec<&str> = dropped.iter().take(20).map(String::as_str).collect();
+            let more = dropped.len().saturating_sub(shown.len());
+            log::warn!(
+                "{} MCP tool(s) left out for this child: the list is capped at {MAX_TOOLS} tools \
+                 and {MAX_SCHEMA_BYTES} bytes of schema; dropped: {}{}",
+                dropped.len(),
+                shown.join(", "),
+                if more > 0 { format!(" (and {more} more)") } else { String::new() }
+            );
+        }
+        kept
+    }
+
+    fn all_definitions(&self, toolsets: &[String]) -> Vec<Value> {
         let mut out = Vec::new();
         let mut seen = std::collections::HashSet::new();
         for t in toolsets {
@@ -252,11 +272,15 @@ impl McpServers {
                             State::Failed { why: format!("it stopped ({e})"), at: Instant::now() };
                     }
                     drop(state);
-                    return Err(ToolError::Failed(format!(
-                        "the MCP server `{server_name}` stopped during the call: {e}"
+                    return Err(ToolError::Failed(scrub(
+                        &format!("the MCP server `{server_name}` stopped during the call: {e}"),
+                        server.config.url.as_deref(),
                     )));
                 }
-                return Err(ToolError::Failed(format!("the MCP server `{server_name}`: {e}")));
+                return Err(ToolError::Failed(scrub(
+                    &format!("the MCP server `{server_name}`: {e}"),
+                    server.config.url.as_deref(),
+                )));
             }
             Ok(Ok(r)) => r,
         };
@@ -295,7 +319,54 @@ impl Drop for McpServers {
     }
 }
 
+/// `text` with the server's URL (and each of its query values) masked, as
+/// every message shows it.
+fn scrub(text: &str, url: Option<&str>) -> String {
+    let Some(url) = url.map(str::trim).filter(|u| !u.is_empty()) else { return text.to_owned() };
+    let mut out = text.replace(url, &retinue_core::redact_endpoint(url));
+    if let Some((_, query)) = url.split_once('?') {
+        for v in query.split('&').filter_map(|kv| kv.split_once('=').map(|(_, v)| v)) {
+            if v.len() >= 4 {
+                out = out.replace(v, "***");
+            }
+        }
+    }
+    out
+}
+
+/// The most MCP tools offered to one child.
+pub const MAX_TOOLS: usize = 128;
+/// The most bytes of MCP tool definitions (JSON) offered to one child.
+pub const MAX_SCHEMA_BYTES: usize = 512 << 10;
+
+/// `defs` cut to [`MAX_TOOLS`] and [`MAX_SCHEMA_BYTES`], in order (a tool
+/// too big to fit is skipped, a smaller later one may still fit); returns
+/// the kept ones and the names of the dropped ones.
+pub fn cap_definitions(defs: Vec<Value>) -> (Vec<Value>, Vec<String>) {
+    let (mut kept, mut dropped, mut bytes) = (Vec::new(), Vec::new(), 0usize);
+    for d in defs {
+        let size = d.to_string().len();
+        if kept.len() < MAX_TOOLS && bytes.saturating_add(size) <= MAX_SCHEMA_BYTES {
+            bytes += size;
+            kept.push(d);
+        } else {
+            dropped.push(d["function"]["name"].as_str().unwrap_or("?").to_owned());
+        }
+    }
+    (kept, dropped)
+}
+
+/// The largest MCP response read (a JSON body or an SSE event of the
+/// streamable HTTP transport): a larger one fails that call only.
+pub const MAX_RESPONSE_BYTES: usize = 8 << 20;
+
 async fn start(
+    config: &McpServerConfig,
+) -> Result<(RunningService<RoleClient, ()>, Vec<Tool>), String> {
+    start_unscrubbed(config).await.map_err(|e| scrub(&e, config.url.as_deref()))
+}
+
+async fn start_unscrubbed(
     config: &McpServerConfig,
 ) -> Result<(RunningService<RoleClient, ()>, Vec<Tool>), String> {
     let service = if let Some(command) = &config.command {
@@ -335,8 +406,21 @@ async fn start(
                 .map_err(|_| format!("header `{k}` has an invalid value"))?;
             headers.insert(name, value);
         }
-        let mut cfg =
-            StreamableHttpClientTransportConfig::with_uri(url.as_str()).custom_headers(headers);
+        // Userinfo in the URL is never sent (it would go as Basic auth):
+        // credentials belong in `headers`.
+        let (url, had_userinfo) = retinue_core::strip_userinfo(url);
+        if had_userinfo {
+            log::warn!(
+                "MCP server `{}`: the credentials in its URL {} are not sent; put them in \
+                 `headers` (e.g. Authorization)",
+                config.name,
+                retinue_core::redact_endpoint(&url)
+            );
+        }
+        let mut cfg = StreamableHttpClientTransportConfig::with_uri(url.as_str())
+            .custom_headers(headers)
+            .max_json_response_size(MAX_RESPONSE_BYTES)
+            .max_sse_event_size(MAX_RESPONSE_BYTES);
         if let Some(a) = auth {
             cfg = cfg.auth_header(a);
         }

@@ -1127,3 +1127,20 @@ fn a_command_that_starts_with_a_dash_runs() {
     assert!(!text.contains("Illegal option"), "{text}");
     assert!(text.ends_with("after"), "{text}");
 }
+
+#[test]
+fn the_mcp_tool_list_is_capped_by_count_and_bytes() {
+    use retinue_tools::mcp::{MAX_SCHEMA_BYTES, MAX_TOOLS, cap_definitions};
+    let def = |i: usize, pad: usize| {
+        json!({"type": "function", "function": {"name": format!("mcp__s__t{i}"),
+            "description": "x".repeat(pad), "parameters": {"type": "object"}}})
+    };
+    let (kept, dropped) = cap_definitions((0..5000).map(|i| def(i, 10)).collect());
+    assert_eq!(kept.len(), MAX_TOOLS);
+    assert_eq!(dropped.len(), 5000 - MAX_TOOLS);
+    assert_eq!(dropped[0], format!("mcp__s__t{MAX_TOOLS}"));
+    let (kept, dropped) = cap_definitions((0..40).map(|i| def(i, 100 << 10)).collect());
+    let bytes: usize = kept.iter().map(|d| d.to_string().len()).sum();
+    assert!(bytes <= MAX_SCHEMA_BYTES && !kept.is_empty(), "{bytes}");
+    assert_eq!(kept.len() + dropped.len(), 40);
+}

@@ -156,7 +156,7 @@ impl Drop for Tracing {
                 "{} span(s) could not be exported to {} and {} were dropped from a full \
                  queue ({} exported)",
                 s.failed,
-                self.endpoint,
+                retinue_core::redact_endpoint(&self.endpoint),
                 s.unaccounted(),
                 s.exported
             );
@@ -193,7 +193,9 @@ pub fn init(endpoint: &str, service: &str) -> Option<Tracing> {
     {
         Ok(e) => e,
         Err(e) => {
-            log::warn!("tracing is off: the OTLP exporter for {endpoint} cannot be built: {e}");
+            let shown = retinue_core::redact_endpoint(&endpoint);
+            let why = e.to_string().replace(&endpoint, &shown);
+            log::warn!("tracing is off: the OTLP exporter for {shown} cannot be built: {why}");
             return None;
         }
     };

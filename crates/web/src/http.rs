@@ -27,6 +27,23 @@ const TOKEN_COOKIE: &str = "retinue_token";
 pub(crate) struct Site {
     pub(crate) parts: WebParts,
     pub(crate) token: Option<String>,
+    /// The `Host` values answered (lowercase `name:port`): anything else is
+    /// 403 before any read, so a rebound DNS name reads nothing.
+    pub(crate) hosts: Vec<String>,
+}
+
+/// Whether the request's `Host` (or its absolute URI's authority) is one
+/// the site answers.
+fn host_allowed<B>(site: &Site, req: &Request<B>) -> bool {
+    let given = req
+        .headers()
+        .get(hyper::header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+        .or_else(|| req.uri().authority().map(|a| a.as_str().to_owned()));
+    let Some(given) = given else { return false };
+    let given = given.trim().to_ascii_lowercase();
+    site.hosts.iter().any(|h| *h == given)
 }
 
 fn now() -> f64 {
@@ -88,6 +105,9 @@ fn query_token(query: Option<&str>) -> Option<String> {
 
 /// Answers one request (blocking reads run on tokio's blocking pool).
 pub(crate) async fn handle<B>(site: Arc<Site>, req: Request<B>) -> Response<Full<Bytes>> {
+    if !host_allowed(&site, &req) {
+        return respond(StatusCode::FORBIDDEN, "text/plain", "unknown Host\n");
+    }
     if req.method() != Method::GET && req.method() != Method::HEAD {
         return respond(StatusCode::METHOD_NOT_ALLOWED, "text/plain", "read-only view\n");
     }

@@ -161,13 +161,81 @@ pub fn serve(
     token: Option<String>,
     shutdown: &Shutdown,
 ) -> Result<(), Error> {
+    serve_as(bound, parts, token, &[], shutdown)
+}
+
+/// The `Host` values a view bound to `addr` answers: its IP and port
+/// (`[v6]:port`), `localhost:port` on loopback, and each of `names` (host
+/// names checked by [`host_name`]) with the port — lowercase.
+pub fn accepted_hosts(addr: std::net::SocketAddr, names: &[String]) -> Vec<String> {
+    let port = addr.port();
+    let mut out = Vec::new();
+    if !addr.ip().is_unspecified() {
+        out.push(match addr.ip() {
+            std::net::IpAddr::V4(ip) => format!("{ip}:{port}"),
+            std::net::IpAddr::V6(ip) => format!("[{ip}]:{port}"),
+        });
+    }
+    if addr.ip().is_loopback() {
+        out.push(format!("localhost:{port}"));
+    }
+    for n in names {
+        let n = n.trim().to_ascii_lowercase();
+        out.push(format!("{n}:{port}"));
+        if port == 80 {
+            out.push(n);
+        }
+    }
+    out
+}
+
+/// Checks a `--host-name`: a DNS name or an IP literal, with no port, no
+/// wildcard, no scheme and no trailing dot.
+pub fn host_name(name: &str) -> Result<String, String> {
+    let n = name.trim().to_ascii_lowercase();
+    if n.parse::<std::net::Ipv4Addr>().is_ok() {
+        return Ok(n);
+    }
+    if let Some(v6) = n.strip_prefix('[').and_then(|r| r.strip_suffix(']'))
+        && v6.parse::<std::net::Ipv6Addr>().is_ok()
+    {
+        return Ok(n);
+    }
+    let label_ok = |l: &str| {
+        !l.is_empty()
+            && l.len() <= 63
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+            && l.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+    };
+    if n.len() > 253 || n.is_empty() || !n.split('.').all(label_ok) {
+        return Err(format!(
+            "`{}` is not a host name (letters, digits, `-` and `.`; no port, wildcard, scheme or \
+             trailing dot; an IPv6 literal in brackets)",
+            name.escape_debug()
+        ));
+    }
+    Ok(n)
+}
+
+/// [`serve`], answering the `Host` values of the bound address and of
+/// `host_names` ([`accepted_hosts`]) — every other request is 403 before
+/// anything is read.
+pub fn serve_as(
+    bound: Bound,
+    parts: WebParts,
+    token: Option<String>,
+    host_names: &[String],
+    shutdown: &Shutdown,
+) -> Result<(), Error> {
+    let hosts = accepted_hosts(bound.addr, host_names);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .thread_name("retinue-web")
         .build()
         .map_err(Error::Runtime)?;
-    let site = Arc::new(http::Site { parts, token });
+    let site = Arc::new(http::Site { parts, token, hosts });
     let addr = bound.addr;
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::from_std(bound.listener)

@@ -202,7 +202,8 @@ impl Builder<'_> {
 /// The tree as it stands now.
 pub fn tree(parts: &WebParts, now: f64) -> Result<Tree, Error> {
     let backend = &parts.backend;
-    let profile = (!parts.all_profiles).then_some(parts.profile.as_str());
+    let scope = retinue_core::Scope::of(&parts.profile);
+    let profile = if parts.all_profiles { None } else { scope.filter() };
     let units =
         backend.controls.list_units(profile, MAX_UNITS).map_err(|e| Error::Read(e.to_string()))?;
     let count = units.len();
@@ -278,7 +279,9 @@ pub fn child_page(parts: &WebParts, id: &str, now: f64) -> Result<Option<ChildPa
     let Some(unit) = backend.controls.unit_view(id).map_err(|e| Error::Read(e.to_string()))? else {
         return Ok(None);
     };
-    if !parts.all_profiles && unit.owner_profile.as_deref().unwrap_or_default() != parts.profile {
+    if !parts.all_profiles
+        && !retinue_core::Scope::of(&parts.profile).admits(unit.owner_profile.as_deref())
+    {
         return Ok(None);
     }
     let Some(c) = unit.children.iter().find(|c| c.subagent_id == id || c.child_session_id == id)

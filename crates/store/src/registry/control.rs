@@ -98,7 +98,7 @@ impl Controls for Store {
             let sql = format!(
                 "SELECT {UNIT_COLUMNS} FROM async_delegations u \
                  WHERE u.state IN ('pending', 'running', 'finalizing') \
-                   AND (?1 IS NULL OR COALESCE(u.owner_profile, '') = ?1) \
+                   AND (?1 IS NULL OR COALESCE(u.owner_profile, '') IN ('', ?1)) \
                  ORDER BY u.dispatched_at DESC, u.delegation_id"
             );
             let mut units = conn
@@ -202,7 +202,7 @@ impl Controls for Store {
         self.pool.read("listing units", |conn| {
             let sql = format!(
                 "SELECT {UNIT_COLUMNS} FROM async_delegations u \
-                 WHERE (?1 IS NULL OR COALESCE(u.owner_profile, '') = ?1) \
+                 WHERE (?1 IS NULL OR COALESCE(u.owner_profile, '') IN ('', ?1)) \
                  ORDER BY u.dispatched_at DESC, u.delegation_id LIMIT ?2"
             );
             let mut units = conn
@@ -217,16 +217,15 @@ impl Controls for Store {
     }
 
     fn change_marker(&self) -> Result<String> {
+        // Two reads of one row each: O(1) in the number of units (V12).
         self.pool.query("reading the change marker", |conn| {
-            let (units, updated, messages, tombs): (i64, f64, i64, i64) = conn
+            let (tick, messages): (i64, i64) = conn
                 .prepare_cached(
-                    "SELECT (SELECT count(*) FROM async_delegations), \
-                     (SELECT COALESCE(max(updated_at), 0) FROM async_delegations), \
-                     (SELECT COALESCE(max(id), 0) FROM messages), \
-                     (SELECT count(*) FROM retinue_children WHERE tombstoned_at IS NOT NULL)",
+                    "SELECT (SELECT COALESCE(max(tick), 0) FROM retinue_change_clock), \
+                     (SELECT COALESCE(max(id), 0) FROM messages)",
                 )?
-                .query_row([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?;
-            Ok(format!("{units}-{updated}-{messages}-{tombs}"))
+                .query_row([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+            Ok(format!("{tick}-{messages}"))
         })
     }
 
