@@ -53,6 +53,24 @@ struct Shared {
     /// that stops stops them (they end `interrupted`, their results wait in
     /// the registry), instead of outliving its host.
     background: Mutex<HashMap<String, CancelToken>>,
+    /// The least severe `notifications/message` the client wants
+    /// (`logging/setLevel`; [`level_rank`]): everything until it says.
+    log_level: std::sync::atomic::AtomicU8,
+}
+
+/// The severity rank of a logging level (debug 0 … emergency 7).
+#[allow(deprecated)] // logging: see `announce_when_done`
+fn level_rank(level: LoggingLevel) -> u8 {
+    match level {
+        LoggingLevel::Debug => 0,
+        LoggingLevel::Info => 1,
+        LoggingLevel::Notice => 2,
+        LoggingLevel::Warning => 3,
+        LoggingLevel::Error => 4,
+        LoggingLevel::Critical => 5,
+        LoggingLevel::Alert => 6,
+        LoggingLevel::Emergency => 7,
+    }
 }
 
 /// The MCP server acting as one parent session. Cheap to clone (the HTTP
@@ -130,6 +148,7 @@ impl RetinueServer {
                 next_call: AtomicU64::new(0),
                 collector,
                 background: Mutex::new(HashMap::new()),
+                log_level: std::sync::atomic::AtomicU8::new(0),
             }),
         }
     }
@@ -374,6 +393,10 @@ impl RetinueServer {
                     "note": "Collect the result with wait_subagents; otherwise it is attached \
                              to this session's next tool result.",
                 });
+                if level_rank(LoggingLevel::Notice) < shared.log_level.load(Ordering::Relaxed) {
+                    // Below the level the client set: not sent.
+                    return;
+                }
                 let mut note = LoggingMessageNotificationParam::new(LoggingLevel::Notice, data);
                 note.logger = Some("retinue".to_owned());
                 if let Err(e) = peer.notify_logging_message(note).await {
@@ -488,6 +511,18 @@ impl ServerHandler for RetinueServer {
         )
         .with_server_info(implementation)
         .with_instructions(self.instructions())
+    }
+
+    /// `logging/setLevel`: the capability is declared, so it is answered;
+    /// the level filters the `notifications/message` this server sends.
+    #[allow(deprecated)] // logging: see `announce_when_done`
+    async fn set_level(
+        &self,
+        request: rmcp::model::SetLevelRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        self.shared.log_level.store(level_rank(request.level), Ordering::Relaxed);
+        Ok(())
     }
 
     async fn list_tools(

@@ -605,3 +605,42 @@ async fn mcp_tasks_create_poll_cancel_and_survive_a_restart() {
     other.cancel().await.unwrap();
     again.cancel().await.unwrap();
 }
+
+/// `logging` is declared, so `logging/setLevel` is answered (#35: the MCP
+/// Inspector sets it right after connecting) and honoured: above `notice`,
+/// the completion notice is not sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[allow(deprecated)]
+async fn logging_set_level_is_answered_and_honoured() {
+    let home = TempHome::new();
+    let model = fake_model();
+    let dir = tempfile::tempdir().unwrap();
+    let recorder = Recorder::default();
+    let client =
+        connect_with(server(&home, &model, &project(dir.path()), false), recorder.clone()).await;
+    client
+        .peer()
+        .set_level(rmcp::model::SetLevelRequestParams::new(rmcp::model::LoggingLevel::Warning))
+        .await
+        .expect("logging/setLevel is answered");
+    let d = ok(&call(&client, "delegate_task", json!({"goal": "Quiet", "background": true})).await);
+    let id = d["delegation_id"].as_str().unwrap().to_owned();
+    let got =
+        ok(&call(&client, "wait_subagents", json!({"ids": [id], "timeout_seconds": 30})).await);
+    assert_eq!(got["results"][0]["status"], "delivered", "{got}");
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(recorder.logged.lock().unwrap().is_empty(), "a notice went out above the level");
+    // Back to debug: the next completion is announced.
+    client
+        .peer()
+        .set_level(rmcp::model::SetLevelRequestParams::new(rmcp::model::LoggingLevel::Debug))
+        .await
+        .expect("set again");
+    let d = ok(&call(&client, "delegate_task", json!({"goal": "Loud", "background": true})).await);
+    let id = d["delegation_id"].as_str().unwrap().to_owned();
+    eventually("the completion is announced", || {
+        recorder.logged.lock().unwrap().iter().any(|l| l["delegation_id"] == id.as_str())
+    })
+    .await;
+    client.cancel().await.unwrap();
+}

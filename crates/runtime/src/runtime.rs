@@ -265,6 +265,49 @@ pub(crate) fn wire_history(history: &[Message]) -> Vec<Value> {
     out
 }
 
+/// The longest tool call id kept as the model gave it (OpenAI's limit).
+const MAX_CALL_ID: usize = 40;
+
+/// The tool call ids `history` already holds.
+fn known_call_ids(history: &[Message]) -> std::collections::HashSet<String> {
+    let mut out = std::collections::HashSet::new();
+    for m in history {
+        out.extend(m.tool_call_id.clone());
+        if let Some(calls) = m.tool_calls.as_deref()
+            && let Ok(Value::Array(calls)) = serde_json::from_str::<Value>(calls)
+        {
+            out.extend(calls.iter().filter_map(|c| c["id"].as_str().map(str::to_owned)));
+        }
+    }
+    out
+}
+
+/// Gives every call a unique id: a model's empty, over-long, oddly
+/// spelled or repeated id (within the answer or with the history) is
+/// replaced by `call_r<N>`, so each call's result is stored and replayed
+/// under its own id.
+fn unique_call_ids(
+    calls: &mut [crate::client::ToolCall],
+    seen: &mut std::collections::HashSet<String>,
+) {
+    for c in calls {
+        let well_formed = !c.id.is_empty()
+            && c.id.len() <= MAX_CALL_ID
+            && c.id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+        if well_formed && seen.insert(c.id.clone()) {
+            continue;
+        }
+        let mut n = seen.len();
+        c.id = loop {
+            let id = format!("call_r{n}");
+            if seen.insert(id.clone()) {
+                break id;
+            }
+            n += 1;
+        };
+    }
+}
+
 fn add(total: &mut RunTokens, t: &RunTokens) {
     total.input = total.input.saturating_add(t.input);
     total.output = total.output.saturating_add(t.output);
@@ -353,6 +396,7 @@ impl Run<'_> {
         let mut messages = opening_messages(input);
         let max = self.settings.max_iterations.max(1);
         let mut calls: u32 = 0;
+        let mut call_ids = known_call_ids(&input.history);
         loop {
             if self.fold_steers(&mut messages).is_break() {
                 return;
@@ -367,9 +411,13 @@ impl Run<'_> {
                 );
             }
             calls += 1;
-            let ControlFlow::Continue(completion) = self.call_model(&messages, &definitions) else {
+            let ControlFlow::Continue(mut completion) = self.call_model(&messages, &definitions)
+            else {
                 return;
             };
+            // Before anything is stored or run: every call its own id, and
+            // the provider sees the same ids in the history it is sent.
+            unique_call_ids(&mut completion.tool_calls, &mut call_ids);
             if self.record_answer(&completion, &mut messages).is_break() {
                 return;
             }

@@ -1144,3 +1144,42 @@ fn the_mcp_tool_list_is_capped_by_count_and_bytes() {
     assert!(bytes <= MAX_SCHEMA_BYTES && !kept.is_empty(), "{bytes}");
     assert_eq!(kept.len() + dropped.len(), 40);
 }
+
+#[test]
+fn duplicate_tool_call_ids_are_replaced_so_each_result_is_replayed_as_its_own() {
+    let dir = tempfile::tempdir().expect("tmp");
+    std::fs::write(dir.path().join("a"), "alpha\n").expect("write");
+    std::fs::write(dir.path().join("b"), "beta\n").expect("write");
+    let server = FakeModel::start();
+    let long = "x".repeat(300);
+    server.push(Reply::tool_calls(vec![
+        FakeToolCall::new("same", "read_file", &json!({"path": "a"})),
+        FakeToolCall::new("same", "read_file", &json!({"path": "b"})),
+        FakeToolCall::new(&long, "read_file", &json!({"path": "a"})),
+    ]));
+    server.push(Reply::text("first done"));
+    let (rows, exit) = run_child(&server, dir.path(), &["read"], false);
+    assert_eq!(exit, ExitReason::Completed);
+    let results: Vec<&Message> = rows.iter().filter(|m| m.role == "tool").collect();
+    let ids: Vec<&str> = results.iter().filter_map(|m| m.tool_call_id.as_deref()).collect();
+    assert_eq!(ids.len(), 3);
+    assert_eq!(ids[0], "same");
+    assert!(ids[1] != "same" && ids[2] != long && ids[2] != ids[1], "{ids:?}");
+    assert!(ids.iter().all(|i| i.len() <= 40));
+    // The assistant row carries the same replacements.
+    let assistant = rows.iter().find(|m| m.tool_calls.is_some()).expect("calls");
+    let stored: Value =
+        serde_json::from_str(assistant.tool_calls.as_deref().expect("c")).expect("j");
+    let stored_ids: Vec<&str> =
+        stored.as_array().expect("array").iter().filter_map(|c| c["id"].as_str()).collect();
+    assert_eq!(stored_ids, ids);
+    // The provider's second request pairs each id with its own result.
+    let requests = server.requests();
+    let second = requests[1].messages();
+    let tool_msgs: Vec<&Value> = second.iter().filter(|m| m["role"] == "tool").collect();
+    assert_eq!(tool_msgs.len(), 3);
+    assert_eq!(tool_msgs[1]["tool_call_id"], ids[1]);
+    assert!(tool_msgs[0]["content"].as_str().expect("c").contains("alpha"));
+    assert!(tool_msgs[1]["content"].as_str().expect("c").contains("beta"), "{second:?}");
+    assert!(!second.iter().any(|m| m.to_string().contains("no result")), "{second:?}");
+}

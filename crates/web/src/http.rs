@@ -43,7 +43,7 @@ fn host_allowed<B>(site: &Site, req: &Request<B>) -> bool {
         .or_else(|| req.uri().authority().map(|a| a.as_str().to_owned()));
     let Some(given) = given else { return false };
     let given = given.trim().to_ascii_lowercase();
-    site.hosts.iter().any(|h| *h == given)
+    site.hosts.contains(&given)
 }
 
 fn now() -> f64 {
