@@ -55,6 +55,23 @@ fn log_path(env: &Env) -> Result<PathBuf> {
     Ok(dir.join(format!("worker-{secs}-{rand}.log")))
 }
 
+/// `args` without `--db VALUE` / `--db=VALUE`.
+fn without_db_flag(args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    let mut out = Vec::with_capacity(args.len());
+    let mut it = args.into_iter();
+    while let Some(a) = it.next() {
+        if a == "--db" {
+            it.next();
+            continue;
+        }
+        if a.as_encoded_bytes().starts_with(b"--db=") {
+            continue;
+        }
+        out.push(a);
+    }
+    out
+}
+
 /// `retinue delegate --background`: starts this same command as a detached
 /// worker (its own session and process group via `setsid`, stdin closed, stderr to a
 /// log under the home), reads the one line it reports once the unit is
@@ -67,6 +84,12 @@ pub(crate) fn launch(env: &Env, parent_id: &str, created: bool) -> Result<Output
     let log_file = std::fs::File::create(&log)
         .map_err(|e| CliError::Failed(format!("cannot create {}: {e}", log.display())))?;
     let mut args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    // A PostgreSQL URL (its password) never sits in the worker's argv, which
+    // every local user can read in /proc: it goes by the environment.
+    let db_url = if env.db_is_url { env.pg_url.clone() } else { None };
+    if db_url.is_some() {
+        args = without_db_flag(args);
+    }
     args.push("--detached-worker".into());
     if created {
         args.push("--parent".into());
@@ -76,6 +99,9 @@ pub(crate) fn launch(env: &Env, parent_id: &str, created: bool) -> Result<Output
     command.args(&args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::from(log_file));
     if std::env::var_os("RETINUE_LOG").is_none() {
         command.env("RETINUE_LOG", "info");
+    }
+    if let Some(url) = &db_url {
+        command.env(crate::env::DB_URL_VAR, url);
     }
     let mut child = command
         .spawn()
@@ -423,4 +449,29 @@ pub(crate) fn running_table(rows: &[Value]) -> String {
         }
     }
     format!("running\n{}", t.render())
+}
+
+#[cfg(test)]
+mod argv_tests {
+    use super::without_db_flag;
+
+    #[test]
+    fn the_database_url_leaves_the_workers_argv() {
+        let args: Vec<std::ffi::OsString> = [
+            "--db",
+            "postgres://u:PASSWORD@h/db",
+            "--profile",
+            "a",
+            "delegate",
+            "--db=postgres://u:PASSWORD@h/db",
+            "--goal",
+            "g",
+        ]
+        .iter()
+        .map(Into::into)
+        .collect();
+        let kept = without_db_flag(args);
+        let joined = kept.iter().map(|a| a.to_string_lossy().into_owned()).collect::<Vec<_>>();
+        assert_eq!(joined, ["--profile", "a", "delegate", "--goal", "g"]);
+    }
 }

@@ -65,6 +65,10 @@ impl Env {
     /// else `''`). A `--db` URL with an unsupported scheme, a home that is
     /// not a directory, or no home at all is a usage error.
     pub(crate) fn from_cli(cli: &Cli) -> Result<Env> {
+        // A background worker gets its PostgreSQL URL by the environment
+        // (never in its argv: /proc shows that to every local user).
+        let worker_db = std::env::var_os(DB_URL_VAR).filter(|v| !v.is_empty());
+        let db_arg: Option<PathBuf> = cli.db.clone().or_else(|| worker_db.map(PathBuf::from));
         let home = match &cli.home {
             Some(h) => h.clone(),
             None => try_hermes_home().ok_or_else(|| {
@@ -84,7 +88,7 @@ impl Env {
         }
         let explicit = cli.profile.clone().or_else(|| std::env::var("HERMES_PROFILE").ok());
         let mut pg_url = None;
-        if let Some(db) = &cli.db
+        if let Some(db) = &db_arg
             && let Some(scheme) = db_url_scheme(db.as_os_str())
         {
             if scheme == "postgres" || scheme == "postgresql" {
@@ -98,12 +102,12 @@ impl Env {
             }
         }
         // `database.url` / `database.profile` (team mode) when no --db is given.
-        let database = if cli.db.is_none() || pg_url.is_some() {
+        let database = if db_arg.is_none() || pg_url.is_some() {
             quiet_database_config(&home)
         } else {
             retinue_config::DatabaseConfig::default()
         };
-        if cli.db.is_none()
+        if db_arg.is_none()
             && let Some(url) = database.url.as_deref()
         {
             if !retinue_store_pg::is_postgres_url(url) {
@@ -116,7 +120,7 @@ impl Env {
             }
             pg_url = Some(url.trim().to_owned());
         }
-        let db = match (&cli.db, &pg_url) {
+        let db = match (&db_arg, &pg_url) {
             (Some(db), None) => db.clone(),
             _ => home.join("state.db"),
         };
@@ -126,7 +130,7 @@ impl Env {
                 explicit.filter(|p| !p.trim().is_empty()).or(database.profile).unwrap_or_default()
             }
         };
-        let db_is_url = cli.db.is_some() && pg_url.is_some();
+        let db_is_url = db_arg.is_some() && pg_url.is_some();
         Ok(Env {
             home,
             db,
@@ -174,6 +178,9 @@ fn quiet_database_config(home: &Path) -> retinue_config::DatabaseConfig {
     log::set_max_level(level);
     database
 }
+
+/// The variable a background worker reads its `--db` PostgreSQL URL from.
+pub(crate) const DB_URL_VAR: &str = "RETINUE_WORKER_DB_URL";
 
 /// `url` as every message shows it: [`retinue_core::redact_endpoint`]
 /// (the one redaction of model, MCP, OTLP and PostgreSQL URLs: userinfo
