@@ -23,12 +23,13 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("retinue-usage", &["retinue-core"]),
     ("retinue-delegate", &["retinue-core", "retinue-config", "retinue-lineage", "retinue-usage"]),
     ("retinue-runtime", &["retinue-core", "retinue-config", "retinue-delegate"]),
-    ("retinue-tools", &["retinue-config", "retinue-delegate", "retinue-runtime"]),
+    ("retinue-tools", &["retinue-core", "retinue-config", "retinue-delegate", "retinue-runtime"]),
     ("retinue-mcp", &["retinue-core", "retinue-lineage", "retinue-usage", "retinue-delegate"]),
     // The web view reads the seams only: no delegation, no runtime, no engine.
     ("retinue-web", &["retinue-core", "retinue-lineage", "retinue-usage"]),
-    // OpenTelemetry's SDK and exporter, for the binary to install.
-    ("retinue-trace", &[]),
+    // OpenTelemetry's SDK and exporter, for the binary to install (core:
+    // the one URL redaction, for the export warning).
+    ("retinue-trace", &["retinue-core"]),
     (
         "retinue-cli",
         &[

@@ -207,6 +207,39 @@ fn close_stdout() {
     }
 }
 
+/// The session `wait`, `steer` and `cancel` act as: `--parent`, else — for
+/// the home's operator on a `state.db` only — the units' recorded parent
+/// (they must agree). In team mode, or for a profile, `--parent` is
+/// required (exit 2).
+fn caller(store: &Backend, env: &Env, ids: &[String], parent: Option<&str>) -> Result<String> {
+    if let Some(p) = parent {
+        return Ok(p.to_owned());
+    }
+    if env.pg_url.is_some() || !store.scope.is_operator() {
+        return Err(CliError::Usage(
+            "--parent SESSION is required in team mode and for a profile: name the session the \
+             units belong to"
+                .to_owned(),
+        ));
+    }
+    let mut found: Option<String> = None;
+    for id in ids {
+        let Some(p) = store.scoped().unit_view(id)?.and_then(|u| u.parent_session_id) else {
+            continue;
+        };
+        match &found {
+            Some(f) if *f != p => {
+                return Err(CliError::Usage(
+                    "these units have different parent sessions: pass --parent SESSION".to_owned(),
+                ));
+            }
+            _ => found = Some(p),
+        }
+    }
+    // No unit found: answered as missing by the collector.
+    Ok(found.unwrap_or_default())
+}
+
 fn collector(store: &Backend, env: &Env) -> Collector {
     let authority =
         Arc::new(Authority::new(store.registry.clone(), store.graph.clone(), &env.profile));
@@ -262,11 +295,12 @@ fn wait_human(report: &WaitReport, json: &Value) -> String {
 pub(crate) fn wait(
     env: &Env,
     ids: &[String],
-    parent: &str,
+    parent: Option<&str>,
     timeout: f64,
     peek: bool,
 ) -> Result<Output> {
     let store = Backend::open(env, Arc::new(SystemClock), Access::WriteExisting)?;
+    let parent = &caller(&store, env, ids, parent)?;
     let c = collector(&store, env);
     let cancel = CancelToken::new();
     let _interrupts = crate::interrupt::Interrupts::watch(&cancel);
@@ -308,8 +342,9 @@ pub(crate) fn wait(
 /// `retinue steer ID --message TEXT --parent SESSION`: exit 0 when the
 /// running child took the message (or it is queued for it), 1 with
 /// `missed_steer` when the child had finished.
-pub(crate) fn steer(env: &Env, id: &str, message: &str, parent: &str) -> Result<Output> {
+pub(crate) fn steer(env: &Env, id: &str, message: &str, parent: Option<&str>) -> Result<Output> {
     let store = Backend::open(env, Arc::new(SystemClock), Access::WriteExisting)?;
+    let parent = &caller(&store, env, std::slice::from_ref(&id.to_owned()), parent)?;
     let c = collector(&store, env);
     let report = match c.steer(id, message, &parent_of(parent)) {
         Ok(r) => r,
@@ -338,8 +373,9 @@ pub(crate) fn steer(env: &Env, id: &str, message: &str, parent: &str) -> Result<
 
 /// `retinue cancel ID --parent SESSION`: the unit's children stop (exit
 /// reason `cancelled`); a finished unit exits 1.
-pub(crate) fn cancel(env: &Env, id: &str, parent: &str) -> Result<Output> {
+pub(crate) fn cancel(env: &Env, id: &str, parent: Option<&str>) -> Result<Output> {
     let store = Backend::open(env, Arc::new(SystemClock), Access::WriteExisting)?;
+    let parent = &caller(&store, env, std::slice::from_ref(&id.to_owned()), parent)?;
     let c = collector(&store, env);
     let report = match c.cancel_unit(id, &parent_of(parent)) {
         Ok(r) => r,

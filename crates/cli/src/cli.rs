@@ -123,9 +123,9 @@ pub(crate) enum Command {
         /// Delegation ids or subagent ids
         #[arg(value_name = "ID", required = true, value_parser = non_blank)]
         ids: Vec<String>,
-        /// The parent session the units belong to (authority as for a follow-up)
+        /// The parent session the units belong to (authority as for a follow-up) [default on a state.db's operator: the units' recorded parent; required in team mode]
         #[arg(long, value_name = "SESSION", value_parser = non_blank)]
-        parent: String,
+        parent: Option<String>,
         /// Seconds to wait at most
         #[arg(long, value_name = "S", default_value_t = 600.0, value_parser = finite_seconds)]
         timeout: f64,
@@ -142,9 +142,9 @@ pub(crate) enum Command {
         /// The message
         #[arg(long, value_name = "TEXT", value_parser = non_blank)]
         message: String,
-        /// The parent session the child belongs to
+        /// The parent session the child belongs to [default on a state.db's operator: its recorded parent; required in team mode]
         #[arg(long, value_name = "SESSION", value_parser = non_blank)]
-        parent: String,
+        parent: Option<String>,
     },
 
     /// Cancel a running unit: its children stop (exit reason cancelled) and bill what they spent
@@ -152,9 +152,9 @@ pub(crate) enum Command {
         /// A delegation id or subagent id
         #[arg(value_name = "ID", value_parser = non_blank)]
         id: String,
-        /// The parent session the unit belongs to
+        /// The parent session the unit belongs to [default on a state.db's operator: its recorded parent; required in team mode]
         #[arg(long, value_name = "SESSION", value_parser = non_blank)]
-        parent: String,
+        parent: Option<String>,
     },
 
     /// Serve MCP (stdio, or --http on loopback): delegate_task and the registry tools for an agent host
@@ -308,7 +308,7 @@ fn finite_seconds(s: &str) -> Result<f64, String> {
 }
 
 fn host_name(s: &str) -> Result<String, String> {
-    retinue_web::host_name(s)
+    retinue_web::host_name(s).map_err(|e| e.to_string())
 }
 
 fn non_blank(s: &str) -> Result<String, String> {

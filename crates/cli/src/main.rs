@@ -102,10 +102,12 @@ fn run(cli: &Cli) -> error::Result<Output> {
             serve::run(&env, *http, *allow_remote, token.as_deref(), host_name)
         }
         Command::Wait { ids, parent, timeout, peek } => {
-            background::wait(&env, ids, parent, *timeout, *peek)
+            background::wait(&env, ids, parent.as_deref(), *timeout, *peek)
         }
-        Command::Steer { id, message, parent } => background::steer(&env, id, message, parent),
-        Command::Cancel { id, parent } => background::cancel(&env, id, parent),
+        Command::Steer { id, message, parent } => {
+            background::steer(&env, id, message, parent.as_deref())
+        }
+        Command::Cancel { id, parent } => background::cancel(&env, id, parent.as_deref()),
         Command::Mcp(args) => mcp::run(&env, args),
         Command::Migrate { to } => migrate::migrate(&env, to),
         Command::Demo => {

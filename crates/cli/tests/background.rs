@@ -308,3 +308,25 @@ fn delegate_draws_live_status_lines_only_on_a_terminal() {
     assert_eq!(code, 0);
     assert!(!err.contains("call(s)"), "{err}");
 }
+
+/// #35: `retinue delegate --background` then `retinue wait ID` works on a
+/// single-user home (the caller is the unit's recorded parent); a profile
+/// (and team mode) still names `--parent`.
+#[test]
+fn wait_steer_and_cancel_without_parent_act_as_the_recorded_parent_for_the_operator() {
+    let model = FakeModel::start();
+    model.set_default(Reply::text("Done").with_usage(Usage::new(10, 5)));
+    let fx = Fx::new(&model, "");
+    let d = fx.background("Quick job");
+    let unit = id(&d);
+    let got = fx.ok(0, &["wait", &unit, "--timeout", "60"]);
+    assert_eq!(got["results"][0]["status"], "delivered", "{got}");
+    let (code, _, err) = fx.run(&["cancel", &unit]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("already finished"), "{err}");
+    let missing = fx.ok(4, &["wait", "deleg_nope", "--timeout", "0"]);
+    assert_eq!(missing["results"][0]["status"], "not_found");
+    let (code, _, err) = fx.run(&["--profile", "p", "wait", &unit, "--timeout", "0"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--parent"), "{err}");
+}

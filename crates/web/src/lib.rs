@@ -74,6 +74,9 @@ pub enum Error {
     /// The async runtime could not start.
     #[error("cannot start the server runtime: {0}")]
     Runtime(#[source] std::io::Error),
+    /// A `--host-name` that is not a host name.
+    #[error("{0}")]
+    HostName(String),
 }
 
 /// Stops a running [`serve`] from another thread.
@@ -191,7 +194,7 @@ pub fn accepted_hosts(addr: std::net::SocketAddr, names: &[String]) -> Vec<Strin
 
 /// Checks a `--host-name`: a DNS name or an IP literal, with no port, no
 /// wildcard, no scheme and no trailing dot.
-pub fn host_name(name: &str) -> Result<String, String> {
+pub fn host_name(name: &str) -> Result<String, Error> {
     let n = name.trim().to_ascii_lowercase();
     if n.parse::<std::net::Ipv4Addr>().is_ok() {
         return Ok(n);
@@ -209,11 +212,11 @@ pub fn host_name(name: &str) -> Result<String, String> {
             && l.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
     };
     if n.len() > 253 || n.is_empty() || !n.split('.').all(label_ok) {
-        return Err(format!(
+        return Err(Error::HostName(format!(
             "`{}` is not a host name (letters, digits, `-` and `.`; no port, wildcard, scheme or \
              trailing dot; an IPv6 literal in brackets)",
             name.escape_debug()
-        ));
+        )));
     }
     Ok(n)
 }

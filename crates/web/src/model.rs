@@ -202,8 +202,9 @@ impl Builder<'_> {
 /// The tree as it stands now.
 pub fn tree(parts: &WebParts, now: f64) -> Result<Tree, Error> {
     let backend = &parts.backend;
-    let scope = retinue_core::Scope::of(&parts.profile);
-    let profile = if parts.all_profiles { None } else { scope.filter() };
+    // The view shows its own profile's units and the unprofiled ones (the
+    // empty profile: only those) unless `--all-profiles`.
+    let profile = (!parts.all_profiles).then_some(parts.profile.as_str());
     let units =
         backend.controls.list_units(profile, MAX_UNITS).map_err(|e| Error::Read(e.to_string()))?;
     let count = units.len();
@@ -273,15 +274,21 @@ pub struct ChildPage {
     pub transcript: Vec<Message>,
 }
 
+/// Whether the view of `profile` shows a unit owned by `owner`: the same
+/// rule as [`retinue_core::Scope`] for a tenant, and for the empty profile
+/// only the unprofiled units (the tree's listing filters alike).
+fn view_admits(profile: &str, owner: Option<&str>) -> bool {
+    let owner = owner.map(str::trim).unwrap_or("");
+    owner.is_empty() || owner == profile.trim()
+}
+
 /// The child whose subagent id or child session id is `id`, or `None`.
 pub fn child_page(parts: &WebParts, id: &str, now: f64) -> Result<Option<ChildPage>, Error> {
     let backend = &parts.backend;
     let Some(unit) = backend.controls.unit_view(id).map_err(|e| Error::Read(e.to_string()))? else {
         return Ok(None);
     };
-    if !parts.all_profiles
-        && !retinue_core::Scope::of(&parts.profile).admits(unit.owner_profile.as_deref())
-    {
+    if !parts.all_profiles && !view_admits(&parts.profile, unit.owner_profile.as_deref()) {
         return Ok(None);
     }
     let Some(c) = unit.children.iter().find(|c| c.subagent_id == id || c.child_session_id == id)

@@ -310,3 +310,39 @@ fn the_change_marker_moves_with_the_registry() {
     complete(&store, &id);
     assert_ne!(after_turn, marker(), "a completion moves it");
 }
+
+/// #35: DNS rebinding reads nothing — only the view's own Host is answered.
+#[test]
+fn a_foreign_host_header_is_refused_before_any_read() {
+    use std::io::{Read, Write};
+    let (_home, store) = fixture();
+    let served = serve(&store, "", None);
+    let authority = served.base.trim_start_matches("http://").trim_end_matches('/').to_owned();
+    let port = authority.rsplit(':').next().expect("port").to_owned();
+    let ask = |host: &str| {
+        let mut s = std::net::TcpStream::connect(&authority).expect("connect");
+        write!(s, "GET / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").expect("send");
+        let mut out = String::new();
+        s.read_to_string(&mut out).expect("read");
+        out
+    };
+    for bad in [
+        format!("evil.example:{port}"),
+        format!("localhost.:{port}"),
+        format!("127.0.0.1:{}", port.parse::<u16>().expect("n").wrapping_add(1)),
+        "localhost".to_owned(),
+        format!("[::2]:{port}"),
+    ] {
+        let r = ask(&bad);
+        assert!(r.starts_with("HTTP/1.1 403"), "{bad}: {r}");
+        assert!(!r.contains("sa-0-"), "{bad}: a read happened");
+    }
+    for good in [format!("127.0.0.1:{port}"), format!("LOCALHOST:{port}")] {
+        let r = ask(&good);
+        assert!(r.starts_with("HTTP/1.1 200"), "{good}: {r}");
+    }
+    assert!(retinue_web::host_name("*.example.com").is_err());
+    assert!(retinue_web::host_name("box.lan:8080").is_err());
+    assert!(retinue_web::host_name("box.lan.").is_err());
+    assert_eq!(retinue_web::host_name("Box.LAN").expect("ok"), "box.lan");
+}
