@@ -9,7 +9,7 @@
 //!    allowed — network (only a downed loopback: no route anywhere,
 //!    127.0.0.1 included; abstract unix sockets are per network namespace);
 //! 3. a root of its own (`pivot_root` into a fresh tmpfs): the system
-//!    directories read-only ([`SYSTEM_READ`]), a few devices, a fresh
+//!    directories read-only (`SYSTEM_READ`), a few devices, a fresh
 //!    size-limited tmpfs on `/tmp` (the command's `HOME` and `TMPDIR`) and
 //!    the workspace read-write at its own path — nothing else exists in
 //!    its mount namespace (`$HOME`, `/root`, `/home`, `/var`, `/run`, and
