@@ -9,6 +9,7 @@
 mod bench;
 mod interop;
 mod mcp_e2e;
+mod mcp_inspector;
 mod pg;
 mod reliability;
 mod seams;

@@ -1,5 +1,6 @@
-//! `cargo xtask mcp-e2e`: `retinue mcp` driven by an independent client, the
-//! official Python MCP SDK.
+//! `cargo xtask mcp-e2e`: `retinue mcp` driven by two independent clients,
+//! the official Python MCP SDK, then the MCP Inspector CLI (the TypeScript
+//! SDK; [`crate::mcp_inspector`]).
 //!
 //! 1. Creates a venv under `target/mcp-e2e/venv` (once) and installs the
 //!    pinned `mcp` release from PyPI into it.
@@ -123,16 +124,20 @@ pub(crate) fn run(root: &Path) -> Result<(), String> {
         .stderr(Stdio::inherit())
         .output()
         .map_err(|e| format!("cannot run the Python MCP client: {e}"))?;
-    drop(model);
     let transcript = String::from_utf8_lossy(&output.stdout);
     eprint!("{transcript}");
     let path = base.join("transcript.txt");
     fs::write(&path, transcript.as_bytes())
         .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-    if output.status.success() {
-        eprintln!("mcp-e2e: ok with mcp {MCP_VERSION} (transcript in {})", path.display());
-        Ok(())
-    } else {
-        Err(format!("the Python MCP client failed ({})", output.status))
+    if !output.status.success() {
+        return Err(format!("the Python MCP client failed ({})", output.status));
     }
+    eprintln!("mcp-e2e: ok with mcp {MCP_VERSION} (transcript in {})", path.display());
+    // The second independent client, on the TypeScript SDK (its own project:
+    // its own session).
+    let d = run_dir.join("project-inspector");
+    fs::create_dir_all(&d).map_err(|e| format!("cannot create {}: {e}", d.display()))?;
+    let result = crate::mcp_inspector::run(&base, &retinue, &home, &d);
+    drop(model);
+    result
 }
