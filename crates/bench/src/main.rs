@@ -196,6 +196,11 @@ fn run_size(b: &mut Bench, n: usize) -> Result<(), Box<dyn std::error::Error>> {
             let _ = authority.list_for(Some(&owner));
         });
         b.push(n, "owner-scoped list", scoped, Some(time(reads, |_| lim.list(cutoff))));
+        // The web view's poll (#35: O(1), goal <= 1 ms at 10^5 units).
+        let marker = time(reads, |_| {
+            let _ = retinue_core::Controls::change_marker(&*store);
+        });
+        b.push(n, "web view change marker", marker, None);
     }
 
     // Authority at lineage depths (the spawner is L0; requesters walk up).

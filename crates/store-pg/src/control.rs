@@ -197,19 +197,16 @@ impl Controls for PgStore {
     }
 
     fn change_marker(&self) -> Result<String> {
-        // NaN and infinite clocks (a planted row) are skipped, never the marker.
+        // The sequence's last value and the newest message (V10): O(1); no
+        // stored clock is read, so a planted NaN cannot freeze it.
         self.pool.tx("reading the change marker", Mode::ReadOne, |tx| {
             let r = tx.query_one(
-                "SELECT (SELECT count(*) FROM async_delegations), \
-                 (SELECT COALESCE(max(updated_at), 0) FROM async_delegations \
-                  WHERE updated_at < 'Infinity'::float8 AND updated_at > '-Infinity'::float8), \
-                 (SELECT COALESCE(max(id), 0) FROM messages), \
-                 (SELECT count(*) FROM retinue_children WHERE tombstoned_at IS NOT NULL)",
+                "SELECT (SELECT last_value FROM retinue_change_clock), \
+                 (SELECT COALESCE(max(id), 0) FROM messages)",
                 &[],
             )?;
-            let (units, updated, messages, tombs): (i64, f64, i64, i64) =
-                (r.get(0), r.get(1), r.get(2), r.get(3));
-            Ok(format!("{units}-{updated}-{messages}-{tombs}"))
+            let (tick, messages): (i64, i64) = (r.get(0), r.get(1));
+            Ok(format!("{tick}-{messages}"))
         })
     }
 

@@ -61,6 +61,10 @@ const MIGRATIONS: &[(&str, &str)] = &[
         "V9__retinue_pg_live_children_by_unit",
         include_str!("../migrations/V9__retinue_pg_live_children_by_unit.sql"),
     ),
+    (
+        "V10__retinue_pg_change_clock",
+        include_str!("../migrations/V10__retinue_pg_change_clock.sql"),
+    ),
 ];
 
 #[allow(clippy::cast_possible_truncation, clippy::cast_possible_wrap)] // a handful of files

@@ -311,6 +311,30 @@ fn the_change_marker_moves_with_the_registry() {
     assert_ne!(after_turn, marker(), "a completion moves it");
 }
 
+/// #35: the marker is one counter, so a planted non-numeric `updated_at`
+/// (another program's row) neither fails it (it was 503 for good) nor
+/// stops it moving.
+#[test]
+fn a_planted_nan_updated_at_does_not_break_the_change_marker() {
+    let (home, store) = fixture();
+    let served = serve(&store, "", None);
+    let marker = || {
+        let (status, body, _) = get(&format!("{}/api/marker", served.base));
+        assert_eq!(status, 200, "{body}");
+        serde_json::from_str::<serde_json::Value>(&body).unwrap()["marker"].clone()
+    };
+    let id = unit(&store, "root", "sa-0-13131313", "child-n", "g", "");
+    home.exec("UPDATE async_delegations SET updated_at = 'NaN'");
+    let planted = marker();
+    home.exec(&format!(
+        "UPDATE async_delegations SET updated_at = 'x' WHERE delegation_id = '{id}'"
+    ));
+    assert_ne!(planted, marker(), "a write still moves it");
+    complete(&store, &id);
+    let done = marker();
+    assert_eq!(done, marker(), "stable while nothing changes");
+}
+
 /// #35: DNS rebinding reads nothing — only the view's own Host is answered.
 #[test]
 fn a_foreign_host_header_is_refused_before_any_read() {

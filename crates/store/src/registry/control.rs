@@ -217,20 +217,17 @@ impl Controls for Store {
     }
 
     fn change_marker(&self) -> Result<String> {
-        // Only numeric clocks count: a planted text or NaN `updated_at`
-        // (another program's row) never fails the marker.
+        // Two one-row reads: O(1) in the number of units (V12's counter and
+        // the newest message); no stored clock is read, so a planted
+        // `updated_at` cannot break it.
         self.pool.query("reading the change marker", |conn| {
-            let (units, updated, messages, tombs): (i64, Option<f64>, i64, i64) = conn
+            let (tick, messages): (i64, i64) = conn
                 .prepare_cached(
-                    "SELECT (SELECT count(*) FROM async_delegations), \
-                     (SELECT max(updated_at) FROM async_delegations \
-                      WHERE typeof(updated_at) IN ('integer', 'real') \
-                        AND updated_at = updated_at), \
-                     (SELECT COALESCE(max(id), 0) FROM messages), \
-                     (SELECT count(*) FROM retinue_children WHERE tombstoned_at IS NOT NULL)",
+                    "SELECT (SELECT COALESCE(max(tick), 0) FROM retinue_change_clock), \
+                     (SELECT COALESCE(max(id), 0) FROM messages)",
                 )?
-                .query_row([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?;
-            Ok(format!("{units}-{}-{messages}-{tombs}", updated.unwrap_or(0.0)))
+                .query_row([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+            Ok(format!("{tick}-{messages}"))
         })
     }
 
