@@ -195,8 +195,11 @@ pub(crate) enum ChildrenCommand {
         #[arg(long, value_name = "SESSION", value_parser = non_blank)]
         owner: Option<String>,
         /// Only the delegations still running, with elapsed time and usage so far
-        #[arg(long)]
+        #[arg(long, conflicts_with = "all")]
         running: bool,
+        /// Every unit in any state (cancelled, interrupted, failed, unknown, tombstoned too), read-only, with why each child stopped and its usage
+        #[arg(long, conflicts_with = "owner")]
+        all: bool,
     },
 
     /// One addressable child by subagent id, child session id or delegation id (exit 4 if none)
@@ -204,6 +207,9 @@ pub(crate) enum ChildrenCommand {
         /// Subagent id, child session id or delegation id
         #[arg(value_name = "ID", value_parser = non_blank)]
         id: String,
+        /// Also a unit or child that is not addressable (never was, or no longer is): its state, exit reason, reason text and usage, read-only
+        #[arg(long)]
+        all: bool,
     },
 
     /// Tombstone one child, or every live child of a delegation id (exit 4 if not addressable)

@@ -156,9 +156,20 @@ pub(crate) fn children_list(env: &Env, owner: Option<&str>, running: bool) -> Re
 
 /// `retinue children show ID`: a retained child, or a unit still running
 /// (with its elapsed time and usage so far).
-pub(crate) fn children_show(env: &Env, id: &str) -> Result<Output> {
+pub(crate) fn children_show(env: &Env, id: &str, all: bool) -> Result<Output> {
     let store = open_read(env)?;
     let scope = view_scope(&store, env);
+    if all && scope.reads(&store).find_retained_child(id)?.is_none() {
+        // Any state, read-only: why it stopped, or that it was tombstoned.
+        return match scope.reads(&store).unit_view(id)? {
+            Some(u) => {
+                let v = unit_json(&store, &scope, &u, Some(id));
+                let human = units_table(std::slice::from_ref(&v));
+                Ok(Output::ok(v, human))
+            }
+            None => Err(not_addressable(&store, &scope, id)?),
+        };
+    }
     match scope.reads(&store).find_retained_child(id)? {
         Some(entry) => Ok(Output::ok(entry.to_json(), entry_block(&entry))),
         None => {
@@ -173,6 +184,124 @@ pub(crate) fn children_show(env: &Env, id: &str) -> Result<Output> {
             }
         }
     }
+}
+
+/// `retinue children list --all`: every unit inside the scope, any state,
+/// newest first (at most [`UNITS_LISTED`]).
+pub(crate) fn units_list(env: &Env) -> Result<Output> {
+    let store = open_read(env)?;
+    let scope = view_scope(&store, env);
+    let units = store.controls.list_units(scope.filter(), UNITS_LISTED)?;
+    let json: Vec<Value> = units.iter().map(|u| unit_json(&store, &scope, u, None)).collect();
+    let human = if json.is_empty() { "no delegations\n".to_owned() } else { units_table(&json) };
+    Ok(Output::ok(Value::Array(json), human))
+}
+
+/// The most units `children list --all` shows.
+const UNITS_LISTED: usize = 1000;
+
+/// A unit in any state as `children show --all` and `list --all` show it:
+/// its state and, per child, its status, exit reason, reason text (the
+/// error, or the tombstone's reason), tombstone and usage. `only`: the
+/// child named by that id alone (a delegation id keeps every child).
+fn unit_json(
+    store: &Backend,
+    scope: &Scope,
+    u: &retinue_core::UnitView,
+    only: Option<&str>,
+) -> Value {
+    let results: Vec<Value> = u
+        .result
+        .as_ref()
+        .and_then(|r| r.get("results"))
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let usage = store.registry.unit_usage(&u.delegation_id).ok().flatten();
+    let usage_of = |sa: &str| {
+        usage
+            .as_ref()
+            .and_then(|v| v.get("children"))
+            .and_then(Value::as_array)
+            .and_then(|cs| cs.iter().find(|c| c["subagent_id"] == sa).cloned())
+            .unwrap_or(Value::Null)
+    };
+    let whole_unit = only.is_none_or(|id| id.trim() == u.delegation_id);
+    let children: Vec<Value> = u
+        .children
+        .iter()
+        .filter(|c| {
+            whole_unit || only.is_some_and(|id| id == c.subagent_id || id == c.child_session_id)
+        })
+        .map(|c| {
+            let r = results
+                .iter()
+                .find(|r| r["subagent_id"] == c.subagent_id.as_str())
+                .or_else(|| results.get(c.child_index as usize))
+                .cloned()
+                .unwrap_or(Value::Null);
+            let reason = r["error"]
+                .as_str()
+                .map(str::to_owned)
+                .or_else(|| c.tombstone_reason.as_ref().map(|t| format!("tombstoned ({t})")));
+            let addressable = !c.subagent_id.is_empty()
+                && matches!(scope.reads(store).lookup(&c.subagent_id), Ok(Lookup::Addressable(_)));
+            json!({
+                "subagent_id": c.subagent_id,
+                "child_session_id": c.child_session_id,
+                "goal": c.goal,
+                "addressable": addressable,
+                "status": r["status"],
+                "exit_reason": r["exit_reason"],
+                "reason": reason,
+                "tombstoned_at": c.tombstoned_at,
+                "tombstone_reason": c.tombstone_reason,
+                "usage": usage_of(&c.subagent_id),
+            })
+        })
+        .collect();
+    json!({
+        "delegation_id": u.delegation_id,
+        "state": u.state.as_str(),
+        "parent_session_id": u.parent_session_id,
+        "dispatched_at": u.dispatched_at,
+        "completed_at": u.completed_at,
+        "tombstoned_at": u.tombstoned_at,
+        "children": children,
+        "usage": usage.as_ref().map(|v| json!({
+            "cost_usd": v["cost_usd"], "tokens": v["tokens"], "api_calls": v["api_calls"],
+        })),
+    })
+}
+
+/// `children list --all`'s table: a row per child.
+fn units_table(units: &[Value]) -> String {
+    let mut t = Table::new(&[
+        "DELEGATION",
+        "STATE",
+        "SUBAGENT",
+        "STATUS",
+        "EXIT REASON",
+        "COST USD",
+        "REASON",
+    ]);
+    let text = |v: &Value| v.as_str().unwrap_or("-").to_owned();
+    for u in units {
+        for c in u["children"].as_array().into_iter().flatten() {
+            t.row(vec![
+                text(&u["delegation_id"]),
+                text(&u["state"]),
+                text(&c["subagent_id"]),
+                text(&c["status"]),
+                text(&c["exit_reason"]),
+                c["usage"]["cost_usd"]
+                    .as_f64()
+                    .map_or_else(|| "-".to_owned(), |x| format!("{x:.4}")),
+                clip(c["reason"].as_str().unwrap_or("-"), 60),
+            ]);
+        }
+    }
+    t.render()
 }
 
 /// `retinue children tombstone ID [--reason TEXT]`.

@@ -57,10 +57,11 @@ fn run(cli: &Cli) -> error::Result<Output> {
     let env = Env::from_cli(cli)?;
     match &cli.command {
         Command::Children(sub) => match sub {
-            ChildrenCommand::List { owner, running } => {
+            ChildrenCommand::List { owner, running, all: false } => {
                 commands::children_list(&env, owner.as_deref(), *running)
             }
-            ChildrenCommand::Show { id } => commands::children_show(&env, id),
+            ChildrenCommand::List { all: true, .. } => commands::units_list(&env),
+            ChildrenCommand::Show { id, all } => commands::children_show(&env, id, *all),
             ChildrenCommand::Tombstone { id, reason } => {
                 commands::children_tombstone(&env, id, reason.as_deref())
             }

@@ -330,3 +330,39 @@ fn wait_steer_and_cancel_without_parent_act_as_the_recorded_parent_for_the_opera
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("--parent"), "{err}");
 }
+
+/// #35: a cancelled unit is not addressable (`children show` exit 4, naming
+/// why), yet `children show --all` and `children list --all` show it,
+/// read-only: its state, each child's exit reason, reason text and usage.
+#[test]
+fn children_show_all_shows_a_cancelled_unit_with_why_and_what_it_spent() {
+    let model = FakeModel::start();
+    model.set_default(
+        Reply::text("never").with_usage(Usage::new(1, 1)).delayed(Duration::from_secs(60)),
+    );
+    let fx = Fx::new(&model, "");
+    let d = fx.background("Never finishes");
+    let (unit, sa) = (id(&d), subagent(&d));
+    wait_for_requests(&model, 1);
+    let c = fx.ok(0, &["cancel", &unit]);
+    assert_eq!(c["status"], "cancelled", "{c}");
+    fx.ok(0, &["wait", &unit, "--timeout", "30"]);
+    let (code, v, err) = fx.run(&["children", "show", &sa]);
+    assert_eq!(code, 4, "{v} {err}");
+    assert!(err.contains("not addressable"), "{err}");
+    let shown = fx.ok(0, &["children", "show", &sa, "--all"]);
+    assert_eq!(shown["delegation_id"], unit.as_str(), "{shown}");
+    assert_eq!(shown["state"], "interrupted", "{shown}");
+    let child = &shown["children"][0];
+    assert_eq!(child["subagent_id"], sa.as_str());
+    assert_eq!(child["exit_reason"], "cancelled", "{shown}");
+    assert_eq!(child["addressable"], false);
+    assert!(child["usage"].is_object(), "{shown}");
+    let all = fx.ok(0, &["children", "list", "--all"]);
+    let listed =
+        all.as_array().expect("array").iter().find(|u| u["delegation_id"] == unit.as_str());
+    assert_eq!(listed.expect("listed")["children"][0]["exit_reason"], "cancelled", "{all}");
+    // Nothing was written by the reads; a missing id is still exit 4.
+    let (code, _, _) = fx.run(&["children", "show", "sa-nope", "--all"]);
+    assert_eq!(code, 4);
+}
