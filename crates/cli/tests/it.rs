@@ -2117,6 +2117,29 @@ fn another_tenants_session_child_and_ledger_are_answered_as_missing() {
         assert_eq!(shown, shown_g, "{args:?}");
         assert!(!shown.contains("\"a\"") && !shown.contains("profile 'a'"), "{shown}");
     }
+    // wait / steer / cancel: another tenant's unit is not found, as a missing one.
+    let unit = v["delegation_id"].as_str().expect("unit").to_owned();
+    let (code, w, _) =
+        fx.json(&["--profile", "b", "wait", &unit, "--parent", &parent, "--timeout", "0"]);
+    assert_eq!((code, w["results"][0]["status"].clone()), (4, json!("not_found")), "{w}");
+    let (c1, s1, _) =
+        fx.json(&["--profile", "b", "steer", &child, "--message", "x", "--parent", &parent]);
+    let (c2, s2, _) =
+        fx.json(&["--profile", "b", "steer", "sa-nope", "--message", "x", "--parent", &parent]);
+    assert_eq!(c1, c2, "{s1} / {s2}");
+    assert_eq!(s1.to_string().replace(&child, "ID"), s2.to_string().replace("sa-nope", "ID"));
+    let (c1, s1, _) = fx.json(&["--profile", "b", "cancel", &unit, "--parent", &parent]);
+    let (c2, s2, _) = fx.json(&["--profile", "b", "cancel", "deleg_nope", "--parent", &parent]);
+    assert_eq!(c1, c2, "{s1} / {s2}");
+    assert_eq!(s1.to_string().replace(&unit, "ID"), s2.to_string().replace("deleg_nope", "ID"));
+    // children list / list --all: not listed.
+    for args in [
+        vec!["--profile", "b", "children", "list"],
+        vec!["--profile", "b", "children", "list", "--all"],
+    ] {
+        let listed = fx.ok(0, &args);
+        assert!(!listed.to_string().contains(&child), "{args:?}: {listed}");
+    }
     // Tenant a still sees its own.
     assert_eq!(
         fx.ok(0, &["--profile", "a", "usage", &parent])["records"].as_array().map(Vec::len),

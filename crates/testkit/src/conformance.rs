@@ -183,6 +183,11 @@ pub const CASES: &[(&str, Case)] = &[
     ("unit_views_and_controls", unit_views_and_controls),
     ("controls_taken_exactly_once_concurrently", controls_taken_exactly_once_concurrently),
     ("unit_listing_and_change_marker", unit_listing_and_change_marker),
+    ("tenant_scope_sessions", tenant_scope_sessions),
+    ("tenant_scope_usage", tenant_scope_usage),
+    ("tenant_scope_lookup", tenant_scope_lookup),
+    ("tenant_scope_children", tenant_scope_children),
+    ("tenant_scope_units", tenant_scope_units),
 ];
 
 /// Makes each conformance case its own `#[test]` (filterable with nextest:
@@ -220,6 +225,11 @@ macro_rules! conformance_suite {
             unit_views_and_controls,
             controls_taken_exactly_once_concurrently,
             unit_listing_and_change_marker,
+            tenant_scope_sessions,
+            tenant_scope_usage,
+            tenant_scope_lookup,
+            tenant_scope_children,
+            tenant_scope_units,
         );
     };
     (@each $f:expr; $($name:ident),+ $(,)?) => {
@@ -1340,4 +1350,159 @@ pub fn unit_listing_and_change_marker(make: Factory<'_>) {
         )
         .expect("append");
     assert_ne!(m2, marker(), "a transcript turn moves it");
+}
+
+// ------------------------------------------------------------ the tenant scope (#35)
+
+/// Tenant a's rows: its session (profile `tenant-a`), a retained unit it
+/// owns with one child (whose session is a's too), a ledger row on its
+/// session. Returns (session, unit, subagent id, child session).
+fn tenant_rows(b: &Backend) -> (String, String, String, String) {
+    let seq = SEQ.fetch_add(1, Ordering::Relaxed);
+    let session = format!("TA-{seq}");
+    b.sessions
+        .create_session(&NewSession {
+            id: session.clone(),
+            source: "cli".into(),
+            profile_name: Some("tenant-a".into()),
+            ..NewSession::default()
+        })
+        .expect("a's session");
+    let child = ChildManifest {
+        subagent_id: format!("sa-0-a{seq:07x}"),
+        session_id: format!("child-a-{seq}"),
+        model: Some("test/model".into()),
+        goal: Some("a's goal".into()),
+        ..ChildManifest::default()
+    };
+    let draft = UnitDraft {
+        origin_session: session.clone(),
+        parent_session_id: Some(session.clone()),
+        owner_pid: b.owner_pid,
+        task: json!({"goal": "g"}),
+        owner_profile: "tenant-a".into(),
+        child_sessions: vec![NewSession {
+            id: child.session_id.clone(),
+            source: "delegate".into(),
+            parent_session_id: Some(session.clone()),
+            profile_name: Some("tenant-a".into()),
+            ..NewSession::default()
+        }],
+        children: vec![child.clone()],
+        ..UnitDraft::default()
+    };
+    let unit = b.registry.insert_unit(&draft).expect("insert");
+    let tenant = (b.open_as)("tenant-a", default_config());
+    assert!(tenant.retain_completed_delegation(&unit, None).expect("retain"));
+    let row = AttributionDraft {
+        parent_session_id: session.clone(),
+        parent_turn_id: "turn".into(),
+        child_session_id: child.session_id.clone(),
+        usage: json!({"cost_usd": 0.25}),
+        aggregate: None,
+        key: Some(format!("k-{seq}")),
+    };
+    assert!(b.ledger.record_usage(&row, &delta(0.25, 10.0)).expect("bill a"));
+    (session, unit, child.subagent_id, child.session_id)
+}
+
+fn tenant(p: &str) -> retinue_core::Scope {
+    retinue_core::Scope::of(p)
+}
+
+/// `delegate --parent` and `lineage`: another tenant's session (and its
+/// children's sessions) read as missing; its own tenant and the operator
+/// see them.
+pub fn tenant_scope_sessions(make: Factory<'_>) {
+    let b = make(default_config());
+    let (session, _, _, child_session) = tenant_rows(&b);
+    let (a, other, op) = (tenant("tenant-a"), tenant("tenant-b"), tenant(""));
+    for id in [&session, &child_session] {
+        assert!(other.reads(&b.seams).session(id).expect("read").is_none(), "{id}");
+        assert!(a.reads(&b.seams).session(id).expect("read").is_some(), "{id}");
+        assert!(op.reads(&b.seams).session(id).expect("read").is_some(), "{id}");
+    }
+    let hostile = tenant("tenant-a' OR '1'='1");
+    assert!(hostile.reads(&b.seams).session(&session).expect("read").is_none());
+}
+
+/// `usage`: another tenant's ledger reads as empty.
+pub fn tenant_scope_usage(make: Factory<'_>) {
+    let b = make(default_config());
+    let (session, _, _, _) = tenant_rows(&b);
+    assert!(tenant("tenant-b").reads(&b.seams).usage_attributions(&session).expect("r").is_empty());
+    assert_eq!(
+        tenant("tenant-a").reads(&b.seams).usage_attributions(&session).expect("r").len(),
+        1
+    );
+}
+
+/// `authority`, `delegate --follow-up`, `children tombstone`: another
+/// tenant's ids look up exactly as ids that do not exist.
+pub fn tenant_scope_lookup(make: Factory<'_>) {
+    let b = make(default_config());
+    let (_, unit, sa, child_session) = tenant_rows(&b);
+    let other = tenant("tenant-b");
+    for id in [&unit, &sa, &child_session] {
+        assert!(
+            matches!(other.reads(&b.seams).lookup(id).expect("lookup"), Lookup::Unknown),
+            "{id}"
+        );
+        assert!(
+            matches!(
+                tenant("tenant-a").reads(&b.seams).lookup(id).expect("lookup"),
+                Lookup::Addressable(_)
+            ),
+            "{id}"
+        );
+    }
+    assert!(matches!(other.reads(&b.seams).lookup("sa-nope").expect("lookup"), Lookup::Unknown));
+    // A tombstoned child of another tenant: still unknown (no tombstone text leaks).
+    assert!(b.registry.tombstone_retained_child(&sa, &TombstoneReason::Manual).expect("tomb"));
+    assert!(matches!(other.reads(&b.seams).lookup(&sa).expect("lookup"), Lookup::Unknown));
+    assert!(matches!(
+        tenant("tenant-a").reads(&b.seams).lookup(&sa).expect("lookup"),
+        Lookup::NotAddressable(_, Unaddressable::Tombstoned { .. })
+    ));
+}
+
+/// `children list` and `children show`: another tenant's children are not
+/// listed and not found.
+pub fn tenant_scope_children(make: Factory<'_>) {
+    let b = make(default_config());
+    let (_, unit, sa, _) = tenant_rows(&b);
+    let (mine, _) = retained(&b, "P", 1);
+    let other = tenant("tenant-b");
+    let listed = other.reads(&b.seams).list_retained_children().expect("list");
+    assert!(listed.iter().all(|e| e.delegation_id != unit), "a's child listed for b");
+    assert!(listed.iter().any(|e| e.delegation_id == mine), "unprofiled rows are every tenant's");
+    assert!(other.reads(&b.seams).find_retained_child(&sa).expect("find").is_none());
+    assert!(tenant("tenant-a").reads(&b.seams).find_retained_child(&sa).expect("find").is_some());
+}
+
+/// `wait`, `steer`, `cancel`, `children show --all`: another tenant's unit
+/// has no view; the listings `children list --running|--all` and `serve`
+/// read filter it out in SQL.
+pub fn tenant_scope_units(make: Factory<'_>) {
+    let b = make(default_config());
+    let (_, unit, sa, _) = tenant_rows(&b);
+    let (running, _) = insert(&b, "P2", "tenant-a", 1);
+    let (unprofiled, _) = insert(&b, "P3", "", 1);
+    let other = tenant("tenant-b");
+    for id in [&unit, &sa, &running] {
+        assert!(other.reads(&b.seams).unit_view(id).expect("view").is_none(), "{id}");
+        assert!(tenant("tenant-a").reads(&b.seams).unit_view(id).expect("view").is_some(), "{id}");
+    }
+    let ids = |units: Vec<retinue_core::UnitView>| -> Vec<String> {
+        units.into_iter().map(|u| u.delegation_id).collect()
+    };
+    for p in ["tenant-b", "tenant-b' OR '1'='1", "%"] {
+        let listed = ids(b.controls.list_units(Some(p), 100).expect("list"));
+        assert!(!listed.contains(&unit) && !listed.contains(&running), "{p}: {listed:?}");
+        assert!(listed.contains(&unprofiled), "{p}");
+        let live = ids(b.controls.running_units(Some(p)).expect("running"));
+        assert!(!live.contains(&running) && live.contains(&unprofiled), "{p}: {live:?}");
+    }
+    let theirs = ids(b.controls.list_units(Some("tenant-a"), 100).expect("list"));
+    assert!(theirs.contains(&unit) && theirs.contains(&running) && theirs.contains(&unprofiled));
 }
