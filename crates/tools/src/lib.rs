@@ -20,6 +20,7 @@ pub mod file;
 pub mod mcp;
 pub mod read;
 pub mod sandbox;
+mod stdio;
 pub mod terminal;
 pub mod workspace;
 

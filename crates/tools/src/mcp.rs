@@ -381,10 +381,13 @@ async fn start_unscrubbed(
         if let Some(cwd) = &config.cwd {
             cmd.current_dir(cwd);
         }
-        let (transport, _stderr) = rmcp_client::transport::TokioChildProcess::builder(cmd)
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .map_err(|e| format!("cannot start `{command}`: {e}"))?;
+        cmd.stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null());
+        let child = cmd.spawn().map_err(|e| format!("cannot start `{command}`: {e}"))?;
+        // Its messages bounded: an over-long answer fails its call only.
+        let transport = crate::stdio::BoundedChildStdio::new(child, crate::stdio::MAX_LINE_BYTES)
+            .ok_or_else(|| format!("cannot start `{command}`: no stdio pipes"))?;
         ().serve(transport).await.map_err(|e| format!("initialization failed: {e}"))?
     } else if let Some(url) = &config.url {
         use rmcp_client::transport::StreamableHttpClientTransport;

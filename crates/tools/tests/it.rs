@@ -553,7 +553,7 @@ fn fake_server(name: &str) -> McpServerConfig {
 fn an_mcp_server_offers_its_tools_and_a_crash_leaves_them_unavailable() {
     let dir = tempfile::tempdir().expect("tmp");
     let mut config = fake_server("fake.srv");
-    config.exclude = vec!["fail".into()];
+    config.exclude = vec!["fail".into(), "big".into()];
     let tb = mcp_box(vec![config]);
     assert_eq!(tb.mcp_toolsets(), ["mcp-fake.srv"]);
     let c = child(dir.path(), &["mcp-fake.srv"]);
@@ -1182,4 +1182,32 @@ fn duplicate_tool_call_ids_are_replaced_so_each_result_is_replayed_as_its_own() 
     assert!(tool_msgs[0]["content"].as_str().expect("c").contains("alpha"));
     assert!(tool_msgs[1]["content"].as_str().expect("c").contains("beta"), "{second:?}");
     assert!(!second.iter().any(|m| m.to_string().contains("no result")), "{second:?}");
+}
+
+#[test]
+fn an_mcp_result_over_the_limit_fails_at_once_and_the_server_stays_usable() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let mut config = fake_server("big");
+    config.timeout_seconds = 60.0;
+    let tb = mcp_box(vec![config]);
+    let c = child(dir.path(), &["mcp-big"]);
+    let small = tb.execute(&c, "mcp__big__big", &json!({"mb": 1})).expect("1 MB");
+    assert!(small.len() >= 99_000, "{}", small.len());
+    for mb in [20, 60] {
+        let started = std::time::Instant::now();
+        let r = tb.execute(&c, "mcp__big__big", &json!({"mb": mb}));
+        assert!(
+            matches!(&r, Err(ToolError::Failed(t)) if t.contains(&format!("too large: {mb} MB, limit 8 MB"))),
+            "{mb} MB: {r:?}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "answered at once, not at the timeout"
+        );
+        // The same connection still answers.
+        assert_eq!(
+            tb.execute(&c, "mcp__big__echo", &json!({"text": "still here"})).expect("echo"),
+            "still here"
+        );
+    }
 }

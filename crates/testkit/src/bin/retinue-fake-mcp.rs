@@ -1,6 +1,7 @@
 //! `retinue-fake-mcp`: a small MCP server on stdio (rmcp) for the tools
 //! tests. Tools: `echo` (returns its `text`), `add` (sums `a` and `b`),
-//! `fail` (an `isError` result) and `crash` (the process exits mid-call).
+//! `fail` (an `isError` result), `crash` (the process exits mid-call) and
+//! `big` (`mb` megabytes of text).
 
 use std::sync::Arc;
 
@@ -36,6 +37,11 @@ fn tools() -> Vec<Tool> {
         ),
         Tool::new("fail", "Always fails", schema(json!({"type": "object"}))),
         Tool::new("crash", "Exits the server mid-call", schema(json!({"type": "object"}))),
+        Tool::new(
+            "big",
+            "Returns `mb` megabytes of text",
+            schema(json!({"type": "object", "properties": {"mb": {"type": "number"}}})),
+        ),
     ]
 }
 
@@ -70,6 +76,12 @@ impl ServerHandler for Fake {
                 CallToolResult::error(vec![ContentBlock::text("the fake tool failed".to_owned())])
             }
             "crash" => std::process::exit(3),
+            "big" => {
+                let mb = args.get("mb").and_then(Value::as_f64).unwrap_or(1.0).clamp(0.0, 100.0);
+                #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+                let n = (mb * 1_000_000.0) as usize;
+                CallToolResult::success(vec![ContentBlock::text("x".repeat(n))])
+            }
             other => return Err(ErrorData::invalid_params(format!("no tool {other}"), None)),
         };
         Ok(CallToolResponse::Complete(result))
