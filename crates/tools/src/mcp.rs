@@ -256,6 +256,15 @@ impl McpServers {
                     timeout.as_secs()
                 )));
             }
+            Ok(Err(e)) if e.to_string().contains("exceeded the maximum size") => {
+                // An HTTP answer over the limit: this call fails, the
+                // connection stays (rmcp read no more than the limit).
+                return Err(ToolError::Failed(format!(
+                    "the MCP server `{server_name}`: too large: over {} MB, limit {} MB",
+                    MAX_RESPONSE_BYTES / 1_000_000,
+                    MAX_RESPONSE_BYTES / 1_000_000
+                )));
+            }
             Ok(Err(e)) => {
                 let gone = matches!(
                     e,
@@ -357,8 +366,9 @@ pub fn cap_definitions(defs: Vec<Value>) -> (Vec<Value>, Vec<String>) {
 }
 
 /// The largest MCP response read (a JSON body or an SSE event of the
-/// streamable HTTP transport): a larger one fails that call only.
-pub const MAX_RESPONSE_BYTES: usize = 8 << 20;
+/// streamable HTTP transport; a stdio line, see `stdio`): a larger one
+/// fails that call only.
+pub const MAX_RESPONSE_BYTES: usize = 8_000_000;
 
 async fn start(
     config: &McpServerConfig,

@@ -115,6 +115,9 @@ fn parse(args: Vec<OsString>) -> Result<Plan, String> {
     if plan.workspace.as_os_str().is_empty() {
         return Err("--workspace is required".to_owned());
     }
+    if let Some(why) = crate::workspace::refusal(&plan.workspace) {
+        return Err(why);
+    }
     if plan.command.is_none() && !plan.probe {
         return Err("no command".to_owned());
     }

@@ -500,6 +500,9 @@ fn open_error(p: &Inside, e: Errno) -> ToolError {
         }
         Errno::ISDIR => ToolError::Failed(format!("`{path}` is a directory")),
         Errno::ACCESS | Errno::PERM => ToolError::Failed(format!("`{path}`: permission denied")),
+        Errno::ROFS => ToolError::Failed(format!(
+            "`{path}`: the workspace is on a read-only file system; nothing was written"
+        )),
         Errno::NOSYS => ToolError::Refused(
             "this kernel lacks openat2 (Linux 5.6+), which the file tools need to stay inside the \
              workspace"
