@@ -606,6 +606,23 @@ impl ServerHandler for RetinueServer {
         .map_err(|e| McpError::internal_error(format!("tasks/get did not finish: {e}"), None))?
     }
 
+    /// `tasks/update` (the tasks capability implies it): Retinue's tasks never
+    /// ask for input, so there is nothing to answer — a clear error naming
+    /// the task, never "method not found".
+    async fn update_task(
+        &self,
+        request: rmcp::model::UpdateTaskParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        Err(McpError::invalid_params(
+            format!(
+                "task {} is not waiting for input: Retinue's tasks never ask for it",
+                request.task_id
+            ),
+            None,
+        ))
+    }
+
     async fn cancel_task(
         &self,
         request: CancelTaskParams,

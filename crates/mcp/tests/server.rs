@@ -589,6 +589,13 @@ async fn mcp_tasks_create_poll_cancel_and_survive_a_restart() {
     task_request(&client, cancel).await;
     let cancelled = get_task(&client, &slow_id).await.unwrap();
     assert_eq!(cancelled["status"], "cancelled", "{cancelled}");
+    // `tasks/update` is implied by the tasks capability (#35): answered
+    // with a clear error, never "method not found".
+    let update = ClientRequest::UpdateTaskRequest(Request::new(
+        rmcp::model::UpdateTaskParams::new(task_id.clone(), Default::default()),
+    ));
+    let refused = client.send_request(update).await.expect_err("nothing to update");
+    assert!(refused.to_string().contains("not waiting for input"), "{refused}");
     client.cancel().await.unwrap();
 
     // A restarted server (same project, same session) answers for both.
