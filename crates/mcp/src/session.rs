@@ -88,7 +88,10 @@ pub fn resolve_session(
     match choice {
         SessionChoice::Existing(id) => {
             let id = id.trim();
-            if id.is_empty() || sessions.session(id)?.is_none() {
+            // Another tenant's session is answered as a missing one (#35).
+            let scope = retinue_core::Scope::of(profile);
+            let row = if id.is_empty() { None } else { sessions.session(id)? };
+            if !row.is_some_and(|r| scope.admits(r.profile_name.as_deref())) {
                 return Err(Error::NoSession(id.to_owned()));
             }
             Ok(ParentSession { id: id.to_owned(), project: None, created: false })

@@ -416,6 +416,19 @@ fn sessions_resolve_as_documented() {
     let missing =
         retinue_mcp::resolve_session(store.as_ref(), &SessionChoice::Existing("nope".into()), "");
     assert!(matches!(missing, Err(retinue_mcp::Error::NoSession(_))));
+    // Another tenant's session (#35): exactly as a missing one.
+    let foreign = retinue_mcp::resolve_session(
+        store.as_ref(),
+        &SessionChoice::Existing(profiled.id.clone()),
+        "other",
+    );
+    assert!(matches!(foreign, Err(retinue_mcp::Error::NoSession(_))), "{foreign:?}");
+    let own = retinue_mcp::resolve_session(
+        store.as_ref(),
+        &SessionChoice::Existing(profiled.id.clone()),
+        "coder",
+    );
+    assert!(own.is_ok());
 }
 
 async fn connect_with(server: RetinueServer, recorder: Recorder) -> Client {
