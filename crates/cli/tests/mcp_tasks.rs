@@ -182,3 +182,44 @@ async fn an_mcp_requests_traceparent_parents_the_delegation_spans() {
     assert_eq!(call.parent_span_id, "b7ad6b7169203331");
     client.cancel().await.expect("close");
 }
+
+/// #35: `retinue mcp` started in `/` (or the user's home) never makes it the
+/// workspace: `delegate_task` refuses the workspace-bound toolsets, saying
+/// how to set the project directory; the registry tools still work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mcp_server_started_in_root_refuses_the_workspace_toolsets() {
+    let home = TempHome::new();
+    let model = FakeModel::start();
+    model.set_default(Reply::text("should not run").with_usage(Usage::new(1, 1)));
+    std::fs::write(
+        home.path().join("config.yaml"),
+        format!("delegation:\n  model: m\n  base_url: {}\n", model.base_url()),
+    )
+    .expect("config");
+    let mut cmd = tokio::process::Command::new(BIN);
+    cmd.arg("--home").arg(home.path()).args(["mcp", "--new-session"]).current_dir("/");
+    cmd.env_remove("HERMES_HOME").env_remove("HERMES_PROFILE").kill_on_drop(true);
+    let (transport, _stderr) = TokioChildProcess::builder(cmd)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start retinue mcp");
+    let client = ().serve(transport).await.expect("initialize");
+    let call = |args: Value| {
+        let params = CallToolRequestParams::new("delegate_task")
+            .with_arguments(args.as_object().expect("object").clone());
+        client.call_tool(params)
+    };
+    let refused = call(json!({"goal": "read /etc"})).await.expect("answered");
+    assert_eq!(refused.is_error, Some(true));
+    let text = serde_json::to_string(&refused.content).expect("json");
+    assert!(text.contains("refused as a workspace") && text.contains("--workspace"), "{text}");
+    let refused = call(json!({"goal": "x", "toolsets": ["terminal"]})).await.expect("answered");
+    assert_eq!(refused.is_error, Some(true));
+    assert_eq!(model.request_count(), 0, "no child ran");
+    let listed = client
+        .call_tool(CallToolRequestParams::new("list_subagents"))
+        .await
+        .expect("list_subagents");
+    assert_ne!(listed.is_error, Some(true));
+    client.cancel().await.expect("close");
+}
