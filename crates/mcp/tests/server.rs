@@ -664,3 +664,59 @@ async fn logging_set_level_is_answered_and_honoured() {
     .await;
     client.cancel().await.unwrap();
 }
+
+/// #35: `mcp --http` answers only its own loopback Host with its port, and an
+/// `Origin` only when it is a loopback page of that port (the transport's
+/// MUST against DNS rebinding); no `Origin` is a non-browser client.
+#[test]
+fn mcp_over_http_validates_host_and_origin() {
+    use std::io::{Read, Write};
+    let home = TempHome::new();
+    let model = fake_model();
+    let dir = tempfile::tempdir().unwrap();
+    let srv = server(&home, &model, &project(dir.path()), false);
+    let shutdown = retinue_mcp::Shutdown::new();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stopper = shutdown.clone();
+    let thread = std::thread::spawn(move || {
+        retinue_mcp::serve_http(srv, "127.0.0.1:0".parse().unwrap(), &stopper, |bound| {
+            tx.send(bound).unwrap();
+        })
+    });
+    let addr = rx.recv_timeout(Duration::from_secs(10)).expect("listening");
+    let port = addr.port();
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#;
+    let status = |host: &str, origin: Option<&str>| {
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        let origin = origin.map(|o| format!("Origin: {o}\r\n")).unwrap_or_default();
+        write!(
+            s,
+            "POST /mcp HTTP/1.1\r\nHost: {host}\r\n{origin}Content-Type: application/json\r\n\
+             Accept: application/json, text/event-stream\r\nContent-Length: {}\r\n\
+             Connection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut head = [0u8; 12];
+        s.read_exact(&mut head).unwrap();
+        String::from_utf8_lossy(&head[9..12]).into_owned()
+    };
+    let here = format!("127.0.0.1:{port}");
+    assert_eq!(status(&here, None), "200");
+    assert_eq!(status(&here, Some(&format!("http://127.0.0.1:{port}"))), "200");
+    assert_eq!(
+        status(&format!("localhost:{port}"), Some(&format!("http://localhost:{port}"))),
+        "200"
+    );
+    for origin in [
+        "http://evil.example".to_owned(),
+        format!("http://evil.example:{port}"),
+        format!("http://127.0.0.1:{}", port.wrapping_add(1)),
+        "null".to_owned(),
+    ] {
+        assert_eq!(status(&here, Some(&origin)), "403", "{origin}");
+    }
+    assert_eq!(status(&format!("evil.example:{port}"), None), "403");
+    shutdown.stop();
+    thread.join().unwrap().unwrap();
+}
