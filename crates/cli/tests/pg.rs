@@ -376,3 +376,61 @@ fn tenants_cannot_touch_each_other() {
         run(o, &other(&["--all-profiles", "mcp"]).iter().map(String::as_str).collect::<Vec<_>>());
     assert_eq!(refused.status.code(), Some(2));
 }
+
+/// #35 on PostgreSQL: tenant b can neither spawn nor bill under tenant a's
+/// session; a's session, ledger and lineage answer b as missing ones; a
+/// background worker never holds the connection's password in its argv.
+#[test]
+fn another_tenants_session_is_missing_and_no_worker_argv_holds_the_password() {
+    let Some(url) = retinue_testkit::pg_url("team-mode CLI tests") else { return };
+    let scratch = Scratch::new(&url);
+    let db = scratch.cli_url.as_str();
+    let model = done_model();
+    let home = TempHome::new();
+    write_config(home.path(), &model, "");
+    let h = home.path();
+    let a = |args: &[&str]| -> Vec<String> {
+        ["--db", db, "--profile", "a"].iter().chain(args).map(|s| (*s).to_owned()).collect()
+    };
+    let b = |args: &[&str]| -> Vec<String> {
+        ["--db", db, "--profile", "b"].iter().chain(args).map(|s| (*s).to_owned()).collect()
+    };
+    let call = |code: i32, args: Vec<String>| {
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        expect(code, h, &refs)
+    };
+    let spawned = call(0, a(&["delegate", "--goal", "a's work"]));
+    let parent = s(&spawned, &["parent_session_id"]).to_owned();
+    let before = model.request_count();
+    let stolen = call(4, b(&["delegate", "--parent", &parent, "--goal", "steal"]));
+    let ghost = call(4, b(&["delegate", "--parent", "cli_000000000000", "--goal", "steal"]));
+    assert_eq!(
+        stolen.to_string().replace(&parent, "ID"),
+        ghost.to_string().replace("cli_000000000000", "ID")
+    );
+    assert_eq!(model.request_count(), before, "nothing ran under a's session for b");
+    for cmd in ["usage", "lineage"] {
+        let foreign = call(4, b(&[cmd, &parent]));
+        let missing = call(4, b(&[cmd, "cli_000000000000"]));
+        assert_eq!(
+            foreign.to_string().replace(&parent, "ID"),
+            missing.to_string().replace("cli_000000000000", "ID"),
+            "{cmd}"
+        );
+    }
+    assert_eq!(call(0, a(&["usage", &parent]))["records"].as_array().map(Vec::len), Some(1));
+    // A background worker: the URL (and any password in it) is not in its argv.
+    let bg = call(0, a(&["delegate", "--background", "--goal", "in the background"]));
+    let pid = bg["worker"]["pid"].as_u64().expect("worker pid");
+    if let Ok(argv) = std::fs::read(format!("/proc/{pid}/cmdline")) {
+        let argv = String::from_utf8_lossy(&argv);
+        assert!(!argv.contains("postgres://"), "the database URL is in the worker's argv: {argv}");
+    }
+    let bg_parent = s(&bg, &["parent_session_id"]).to_owned();
+    let unit = s(&bg, &["delegation_id"]).to_owned();
+    // In team mode `wait` names its parent (exit 2 without).
+    call(2, a(&["wait", &unit, "--timeout", "0"]));
+    let got = call(0, a(&["wait", &unit, "--parent", &bg_parent, "--timeout", "60"]));
+    assert_eq!(got["results"][0]["status"], "delivered", "{got}");
+    drop(scratch);
+}

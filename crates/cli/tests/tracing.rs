@@ -142,3 +142,29 @@ fn nothing_is_exported_unless_configured_and_a_dead_collector_changes_nothing() 
     assert_eq!(out["results"][0]["status"], "completed", "{out}");
     assert_eq!(out["results"][0]["summary"], "Traced answer");
 }
+
+/// #35: a collector URL's credentials never show — userinfo and query
+/// values are masked in the export warning (it printed
+/// `http://bob:PASS@…/v1/traces?k=…` in clear).
+#[test]
+fn the_export_warning_never_shows_the_collectors_credentials() {
+    let model = model();
+    let (home, root) = home(&model);
+    let dead = OtlpReceiver::dead_endpoint();
+    let hostport = dead.trim_start_matches("http://").trim_end_matches('/').to_owned();
+    let endpoint = format!("http://bob:PASSWORD-1234@{hostport}/v1/traces?k=QUERYSECRET");
+    let out = Command::new(BIN)
+        .arg("--home")
+        .arg(home.path())
+        .args(["--json", "delegate", "--parent", &root, "--goal", "Collector down"])
+        .env_remove("HERMES_HOME")
+        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+        .env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", &endpoint)
+        .output()
+        .expect("run");
+    assert!(out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("could not be exported"), "no export warning: {stderr}");
+    assert!(!stderr.contains("PASSWORD-1234") && !stderr.contains("QUERYSECRET"), "{stderr}");
+    assert!(stderr.contains("***@"), "{stderr}");
+}

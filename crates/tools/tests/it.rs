@@ -1218,3 +1218,40 @@ fn an_mcp_result_over_the_limit_fails_at_once_and_the_server_stays_usable() {
         );
     }
 }
+
+/// #35: an MCP server URL's userinfo is never sent (it went out as
+/// `Authorization: Basic`), and neither it nor a `?token=` value shows in
+/// any message.
+#[test]
+fn an_mcp_url_never_sends_its_userinfo_and_messages_mask_its_secrets() {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().take(4) {
+            let Ok(mut s) = stream else { continue };
+            let mut buf = vec![0u8; 16 << 10];
+            let n = s.read(&mut buf).unwrap_or(0);
+            let _ = tx.send(String::from_utf8_lossy(&buf[..n]).into_owned());
+            let _ = s.write_all(b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 0\r\n\r\n");
+        }
+    });
+    let dir = tempfile::tempdir().expect("tmp");
+    let tb = mcp_box(vec![McpServerConfig {
+        name: "remote".into(),
+        url: Some(format!("http://alice:PW-SECRET-9@127.0.0.1:{port}/mcp?token=TOKEN-SECRET-9")),
+        timeout_seconds: 5.0,
+        ..McpServerConfig::default()
+    }]);
+    let c = child(dir.path(), &["mcp-remote"]);
+    assert!(tb.definitions(&c).is_empty());
+    let r = tb.execute(&c, "mcp__remote__anything", &json!({}));
+    let text = format!("{r:?}");
+    assert!(matches!(&r, Err(ToolError::Failed(_))), "{text}");
+    assert!(!text.contains("PW-SECRET-9") && !text.contains("TOKEN-SECRET-9"), "{text}");
+    let request = rx.recv_timeout(Duration::from_secs(10)).expect("a request reached the server");
+    let lower = request.to_ascii_lowercase();
+    assert!(!lower.contains("authorization: basic"), "{request}");
+    assert!(!request.contains("PW-SECRET-9") && !request.contains("alice"), "{request}");
+}
