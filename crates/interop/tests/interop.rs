@@ -105,6 +105,7 @@ const RETINUE_TABLES: &[&str] = &[
     "retinue_adoption_queue",
     "retinue_budget_members",
     "retinue_budget_reservations",
+    "retinue_change_clock",
     "retinue_children",
     "retinue_clock_guard",
     "retinue_unit_controls",
@@ -223,6 +224,8 @@ fn upgrade_keeps_every_row_and_object() {
         let want = match table.as_str() {
             "refinery_schema_history" => migration_count(),
             "retinue_usage_columns" => ledger_rows,
+            // The web view's change counter: its one row (#35).
+            "retinue_change_clock" => 1,
             _ => 0,
         };
         assert_eq!(**n, want, "rows of {table}");
