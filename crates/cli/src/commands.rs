@@ -740,8 +740,22 @@ pub(crate) fn parent_toolsets(config: &DelegationConfig, toolbox: &Toolbox) -> V
     t
 }
 
+/// Why `dir` (canonical) cannot be a child's workspace: `/`, a system
+/// directory, the user's home ([`retinue_tools::workspace::refusal`]), or
+/// Retinue's own home.
+pub(crate) fn workspace_refusal(dir: &std::path::Path, env: &Env) -> Option<String> {
+    retinue_tools::workspace::refusal(dir).or_else(|| {
+        (std::fs::canonicalize(&env.home).ok().as_deref() == Some(dir)).then(|| {
+            format!(
+                "{} is refused as a workspace: it is Retinue's home (state.db, config.yaml)",
+                dir.display()
+            )
+        })
+    })
+}
+
 /// The `--workspace` directory (default: the current one), canonical.
-fn workspace_of(args: &DelegateArgs) -> Result<std::path::PathBuf> {
+fn workspace_of(env: &Env, args: &DelegateArgs) -> Result<std::path::PathBuf> {
     let dir = match &args.workspace {
         Some(d) => d.clone(),
         None => std::env::current_dir().map_err(|e| {
@@ -755,7 +769,7 @@ fn workspace_of(args: &DelegateArgs) -> Result<std::path::PathBuf> {
     if !real.is_dir() {
         return Err(CliError::Usage(format!("--workspace {} is not a directory", dir.display())));
     }
-    if let Some(why) = retinue_tools::workspace::refusal(&real) {
+    if let Some(why) = workspace_refusal(&real, env) {
         let given = if args.workspace.is_some() { "" } else { " (the current directory)" };
         return Err(CliError::Usage(format!(
             "--workspace{given}: {why}; pass --workspace DIR naming a project directory"
@@ -817,7 +831,7 @@ pub(crate) fn delegate(env: &Env, args: &DelegateArgs) -> Result<Output> {
         crate::background::become_detached();
     }
     let (runtime, config, toolbox) = configured_runtime(env, args)?;
-    let workspace = workspace_of(args)?;
+    let workspace = workspace_of(env, args)?;
     // The arguments are checked before anything is written.
     let request = match delegate_request(args) {
         Ok(r) => r,

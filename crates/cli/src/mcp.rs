@@ -116,7 +116,8 @@ pub(crate) fn run(env: &Env, args: &McpArgs) -> Result<Output> {
         .or_else(|| parent.project.clone())
         .or_else(|| std::env::current_dir().ok())
         .and_then(|p| std::fs::canonicalize(p).ok());
-    let workspace_refused = workspace.as_deref().and_then(retinue_tools::workspace::refusal);
+    let workspace_refused =
+        workspace.as_deref().and_then(|w| crate::commands::workspace_refusal(w, env));
     if let Some(why) = &workspace_refused {
         eprintln!(
             "retinue mcp: warning: {why}; the read, file and terminal toolsets are refused until \

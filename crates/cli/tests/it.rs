@@ -2162,6 +2162,16 @@ fn a_workspace_of_root_or_the_home_directory_is_refused_naming_the_flag() {
         assert_eq!(code, 2, "{ws}: {err}");
         assert!(err.contains("--workspace"), "{ws}: {err}");
     }
+    // Retinue's own home is never a workspace either.
+    let (code, _, err) = fx.human(&[
+        "delegate",
+        "--workspace",
+        fx.home.path().to_str().expect("utf8"),
+        "--goal",
+        "x",
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("Retinue's home"), "{err}");
     // Run from `/` with no --workspace: refused too, never a silent `/`.
     let out = fx.cmd(&["delegate", "--goal", "x"]).current_dir("/").output().expect("run");
     assert_eq!(out.status.code(), Some(2));
