@@ -479,7 +479,7 @@ pub(crate) fn usage(env: &Env, session: &str, lineage: bool) -> Result<Output> {
     if session.is_empty() || no_row {
         return Err(CliError::NotFound(format!("no session '{}'", clip(session, 128))));
     }
-    let (totals, sessions, resolved) = if lineage {
+    let (mut totals, sessions, resolved) = if lineage {
         let walk = retinue_lineage::CompressionWalk::new(&*store.graph);
         let lt = load_lineage_usage_totals(&*store.ledger, &walk, session)?;
         (lt.totals, lt.sessions, Some(lt.lineage_resolved))
@@ -487,8 +487,21 @@ pub(crate) fn usage(env: &Env, session: &str, lineage: bool) -> Result<Output> {
         (load_child_usage_totals(&*store.ledger, session)?, vec![session.to_owned()], None)
     };
     let mut records = Vec::new();
+    let mut filtered = false;
     for s in &sessions {
-        records.extend(load_child_usage_attributions(&*store.ledger, s)?);
+        let all = load_child_usage_attributions(&*store.ledger, s)?;
+        if store.scope.is_operator() {
+            records.extend(all);
+        } else {
+            // A shared session's rows of another tenant's children are left out.
+            let kept = store.scoped().usage_attributions(s)?;
+            filtered |= kept.len() != all.len();
+            records.extend(kept);
+        }
+    }
+    if filtered {
+        totals =
+            records.iter().fold(UsageTotals::default(), |acc, r| acc.plus(fold_usage(&r.usage)));
     }
     // A session that exists nowhere (no session row, no ledger row) is not found.
     if records.is_empty() && store.sessions.session(session)?.is_none() {
@@ -696,8 +709,8 @@ pub(crate) fn configured_runtime(
     let toolbox = Arc::new(Toolbox::new(ToolboxConfig {
         terminal: config.terminal.clone(),
         sandbox_helper: sandbox_helper(),
+        protected: protected(env, &loaded.mcp_servers),
         mcp_servers: loaded.mcp_servers,
-        protected: protected(env),
     }));
     let tools: Arc<dyn retinue_runtime::ToolExecutor> = toolbox.clone();
     let runtime =
@@ -705,16 +718,30 @@ pub(crate) fn configured_runtime(
     Ok((runtime, config, toolbox))
 }
 
-/// What no child of this process may reach: the home and the database
-/// file (with SQLite's journal files beside it).
-pub(crate) fn protected(env: &Env) -> retinue_tools::workspace::Protected {
+/// What no child of this process may reach: the home, the directory of
+/// the database (so its `-wal`, `-shm` and `-journal` files, present or
+/// not, are out of reach too), this binary (the sandbox helper: replaced,
+/// it would run unconfined) and the configured MCP servers' programs.
+pub(crate) fn protected(
+    env: &Env,
+    mcp: &[retinue_config::McpServerConfig],
+) -> retinue_tools::workspace::Protected {
     let mut hidden = vec![env.home.clone()];
-    if env.pg_url.is_none() {
-        let db = env.db.as_os_str();
-        for suffix in ["", "-wal", "-shm", "-journal"] {
-            let mut p = db.to_owned();
-            p.push(suffix);
-            hidden.push(std::path::PathBuf::from(p));
+    if env.pg_url.is_none()
+        && let Ok(db) = std::path::absolute(&env.db)
+        && let Some(dir) = db.parent()
+    {
+        hidden.push(dir.to_path_buf());
+    }
+    hidden.extend(std::env::current_exe().ok());
+    for server in mcp {
+        if let Some(command) = &server.command {
+            let path = std::path::Path::new(command);
+            if path.is_absolute() {
+                hidden.push(path.to_path_buf());
+            } else if command.contains('/') {
+                hidden.extend(server.cwd.as_ref().map(|cwd| std::path::Path::new(cwd).join(path)));
+            }
         }
     }
     retinue_tools::workspace::Protected { hidden }

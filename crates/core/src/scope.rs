@@ -118,7 +118,34 @@ impl Scoped<'_> {
         if self.session(session)?.is_none() {
             return Ok(Vec::new());
         }
-        self.backend.ledger.usage_attributions(session)
+        let rows = self.backend.ledger.usage_attributions(session)?;
+        if self.scope.is_operator() {
+            return Ok(rows);
+        }
+        // A shared (unprofiled) session may have billed several tenants'
+        // children: only this tenant's (and unprofiled ones) are shown.
+        let mut admitted = std::collections::HashMap::new();
+        let mut keep = Vec::with_capacity(rows.len());
+        for r in rows {
+            let child = r.child_session_id.clone();
+            let ok = match admitted.get(&child) {
+                Some(ok) => *ok,
+                None => {
+                    let ok = child.is_empty()
+                        || self
+                            .backend
+                            .graph
+                            .session(&child)?
+                            .is_none_or(|s| self.scope.admits(s.profile_name.as_deref()));
+                    admitted.insert(child, ok);
+                    ok
+                }
+            };
+            if ok {
+                keep.push(r);
+            }
+        }
+        Ok(keep)
     }
 
     fn admits(&self, e: &RetainedChild) -> bool {

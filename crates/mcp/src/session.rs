@@ -104,6 +104,13 @@ pub fn resolve_session(
         SessionChoice::Project(dir) => {
             let dir = dir.canonicalize().map_err(Error::WorkingDir)?;
             let id = project_session_id(&dir, profile);
+            // A row of that id another tenant made (a hash collision, or
+            // a planted row) is never adopted.
+            if let Some(row) = sessions.session(&id)?
+                && !retinue_core::Scope::of(profile).admits(row.profile_name.as_deref())
+            {
+                return Err(Error::NoSession(id));
+            }
             let created = if sessions.session(&id)?.is_none() {
                 match create(sessions, &id, profile) {
                     Ok(()) => true,

@@ -429,6 +429,23 @@ fn sessions_resolve_as_documented() {
         "coder",
     );
     assert!(own.is_ok());
+    // A project session row another tenant planted under this tenant's id
+    // is never adopted.
+    let dir2 = tempfile::tempdir().unwrap();
+    let canonical = dir2.path().canonicalize().unwrap();
+    let id = retinue_mcp::project_session_id(&canonical, "victim");
+    retinue_core::SessionStore::create_session(
+        store.as_ref(),
+        &retinue_core::NewSession {
+            id: id.clone(),
+            source: "mcp".into(),
+            profile_name: Some("attacker".into()),
+            ..retinue_core::NewSession::default()
+        },
+    )
+    .unwrap();
+    let planted = retinue_mcp::resolve_session(store.as_ref(), &project(dir2.path()), "victim");
+    assert!(matches!(planted, Err(retinue_mcp::Error::NoSession(_))), "{planted:?}");
 }
 
 async fn connect_with(server: RetinueServer, recorder: Recorder) -> Client {

@@ -265,8 +265,9 @@ pub(crate) fn wire_history(history: &[Message]) -> Vec<Value> {
     out
 }
 
-/// The longest tool call id kept as the model gave it (OpenAI's limit).
-const MAX_CALL_ID: usize = 40;
+/// The longest tool call id kept as the model gave it (providers' ids run
+/// to 43 characters: DeepSeek's `call_0_<uuid>`, vLLM's `chatcmpl-tool-…`).
+const MAX_CALL_ID: usize = 64;
 
 /// The tool call ids `history` already holds.
 fn known_call_ids(history: &[Message]) -> std::collections::HashSet<String> {
@@ -282,10 +283,12 @@ fn known_call_ids(history: &[Message]) -> std::collections::HashSet<String> {
     out
 }
 
-/// Gives every call a unique id: a model's empty, over-long, oddly
-/// spelled or repeated id (within the answer or with the history) is
-/// replaced by `call_r<N>`, so each call's result is stored and replayed
-/// under its own id.
+/// Gives every call a unique id: a model's empty, over-long (64+), control
+/// character or repeated id (within the answer or with the history) is
+/// replaced by `rNNNNNNNN` (nine alphanumerics, which every provider takes,
+/// Mistral's exact-nine rule included), so each call's result is stored
+/// and replayed under its own id. Well-formed ids (Kimi's
+/// `functions.name:0` too) are kept.
 fn unique_call_ids(
     calls: &mut [crate::client::ToolCall],
     seen: &mut std::collections::HashSet<String>,
@@ -293,13 +296,13 @@ fn unique_call_ids(
     for c in calls {
         let well_formed = !c.id.is_empty()
             && c.id.len() <= MAX_CALL_ID
-            && c.id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+            && c.id.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-.:".contains(&b));
         if well_formed && seen.insert(c.id.clone()) {
             continue;
         }
         let mut n = seen.len();
         c.id = loop {
-            let id = format!("call_r{n}");
+            let id = format!("r{:08}", n % 100_000_000);
             if seen.insert(id.clone()) {
                 break id;
             }

@@ -1435,6 +1435,43 @@ pub fn tenant_scope_usage(make: Factory<'_>) {
         tenant("tenant-a").reads(&b.seams).usage_attributions(&session).expect("r").len(),
         1
     );
+    // A shared (unprofiled) session billed by both tenants' children: each
+    // tenant sees its own child's row only; the operator both.
+    let shared = format!("SHARED-{}", SEQ.fetch_add(1, Ordering::Relaxed));
+    root(&b, &shared);
+    for t in ["tenant-a", "tenant-b"] {
+        let child = format!("{shared}-{t}");
+        b.sessions
+            .create_session(&NewSession {
+                id: child.clone(),
+                source: "delegate".into(),
+                parent_session_id: Some(shared.clone()),
+                profile_name: Some(t.into()),
+                ..NewSession::default()
+            })
+            .expect("child session");
+        let row = AttributionDraft {
+            parent_session_id: shared.clone(),
+            parent_turn_id: "turn".into(),
+            child_session_id: child.clone(),
+            usage: json!({"cost_usd": 0.5}),
+            aggregate: None,
+            key: Some(child),
+        };
+        assert!(b.ledger.record_usage(&row, &delta(0.5, 1.0)).expect("bill"));
+    }
+    let seen = |p: &str| -> Vec<String> {
+        tenant(p)
+            .reads(&b.seams)
+            .usage_attributions(&shared)
+            .expect("rows")
+            .into_iter()
+            .map(|r| r.child_session_id)
+            .collect()
+    };
+    assert_eq!(seen("tenant-b"), vec![format!("{shared}-tenant-b")]);
+    assert_eq!(seen("tenant-a"), vec![format!("{shared}-tenant-a")]);
+    assert_eq!(seen("").len(), 2);
 }
 
 /// `authority`, `delegate --follow-up`, `children tombstone`: another

@@ -34,6 +34,7 @@
 //! prefixed by [`SETUP_PREFIX`].
 
 use std::ffi::OsString;
+use std::os::fd::AsFd;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 
@@ -160,7 +161,19 @@ pub fn helper_main(args: Vec<OsString>) -> i32 {
     let Some(command) = plan.command else { return fail("no command".to_owned()) };
     // The shell is PID 1 of the new PID namespace: when it exits, the
     // kernel kills whatever it left behind.
-    let status = std::process::Command::new("/bin/sh").arg("-c").arg("--").arg(command).status();
+    // The command writes its stdout and stderr to the helper's stdout; the
+    // helper's stderr (the setup-failure channel) is never the command's, so
+    // a command cannot pass itself off as a failed setup.
+    let stderr = match std::io::stdout().as_fd().try_clone_to_owned() {
+        Ok(fd) => std::process::Stdio::from(fd),
+        Err(e) => return fail(format!("cannot share the output: {e}")),
+    };
+    let status = std::process::Command::new("/bin/sh")
+        .arg("-c")
+        .arg("--")
+        .arg(command)
+        .stderr(stderr)
+        .status();
     match status {
         Ok(s) => s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(9)),
         Err(e) => fail(format!("cannot run /bin/sh: {e}")),
@@ -215,6 +228,33 @@ pub fn remove_process_cgroups(pid: u32) {
             if owner.parse::<u32>().is_ok() && !Path::new("/proc").join(owner).exists() {
                 let _ = std::fs::remove_dir(e.path());
             }
+        }
+    }
+}
+
+/// Kills every process left in the pids cgroups of helper `pid` (a
+/// command's processes, `setsid` or not: cgroup membership is inherited and
+/// the sandbox cannot leave it) and waits a moment for them to go.
+pub fn kill_process_cgroups(pid: u32) {
+    for dir in process_cgroups(pid) {
+        if !dir.exists() {
+            continue;
+        }
+        // cgroup v2 kills the whole cgroup at once.
+        let _ = std::fs::write(dir.join("cgroup.kill"), "1");
+        for _ in 0..100 {
+            let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+            let pids: Vec<i32> = procs.lines().filter_map(|l| l.trim().parse().ok()).collect();
+            if pids.is_empty() {
+                break;
+            }
+            for p in pids {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(p),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
         }
     }
 }

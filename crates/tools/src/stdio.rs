@@ -165,6 +165,9 @@ struct IdScan {
     /// The id's JSON text being read.
     value: Option<Vec<u8>>,
     found: Option<Vec<u8>>,
+    /// A top-level `method` key: a request or notification of the server,
+    /// never an answer to ours.
+    method: bool,
 }
 
 impl IdScan {
@@ -196,6 +199,17 @@ impl IdScan {
                 if self.reading_key {
                     self.key.pop();
                     self.reading_key = false;
+                    // The key as JSON decodes it (`"\u0069d"` is `id`).
+                    let mut raw = Vec::with_capacity(self.key.len() + 2);
+                    raw.push(b'"');
+                    raw.extend_from_slice(&self.key);
+                    raw.push(b'"');
+                    if let Ok(key) = serde_json::from_slice::<String>(&raw) {
+                        self.key = key.into_bytes();
+                    }
+                    if self.key == b"method" {
+                        self.method = true;
+                    }
                 } else if self.value.is_some() {
                     self.finish();
                 }
@@ -244,16 +258,19 @@ impl IdScan {
     }
 
     fn finish(&mut self) {
-        if let Some(v) = self.value.take()
-            && self.found.is_none()
-        {
+        // The last `id` wins, as a JSON parser reads duplicate keys.
+        if let Some(v) = self.value.take() {
             self.found = Some(v);
         }
     }
 
-    /// The id's JSON text, if it is a valid number or string.
+    /// The id's JSON text, if it is a valid number or string and the
+    /// message answers a request (it has no `method`).
     fn id(mut self) -> Option<String> {
         self.finish();
+        if self.method {
+            return None;
+        }
         let text = String::from_utf8(self.found?).ok()?;
         match serde_json::from_str::<serde_json::Value>(&text).ok()? {
             serde_json::Value::Number(_) | serde_json::Value::String(_) => Some(text),
@@ -288,5 +305,9 @@ mod tests {
         assert_eq!(id_of(r#"{"method":"notifications/message","params":{"id":1}}"#), None);
         assert_eq!(id_of(r#"{"id":null}"#), None);
         assert_eq!(id_of(r#"{"id":"a\"b"}"#).as_deref(), Some(r#""a\"b""#));
+        // A server's own request carries a method: never taken for an answer.
+        assert_eq!(id_of(r#"{"jsonrpc":"2.0","id":0,"method":"sampling/createMessage"}"#), None);
+        assert_eq!(id_of(r#"{"\u0069d":4,"result":{}}"#).as_deref(), Some("4"));
+        assert_eq!(id_of(r#"{"id":1,"result":{},"id":2}"#).as_deref(), Some("2"));
     }
 }

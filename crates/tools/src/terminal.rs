@@ -73,6 +73,9 @@ pub struct Terminal {
     config: TerminalConfig,
     helper: Option<Helper>,
     probe: Mutex<Option<(Result<String, String>, std::time::Instant)>>,
+    /// One command at a time per workspace (the read-only names' binds and
+    /// sweep assume no other command of this process runs there).
+    locks: Mutex<std::collections::HashMap<PathBuf, std::sync::Arc<Mutex<()>>>>,
 }
 
 /// How long a failed sandbox probe is trusted before it is tried again
@@ -83,7 +86,7 @@ impl Terminal {
     /// A terminal running commands through `helper` (`None`: no helper, so
     /// commands run only with `sandbox: off`).
     pub fn new(config: TerminalConfig, helper: Option<Helper>) -> Terminal {
-        Terminal { config, helper, probe: Mutex::new(None) }
+        Terminal { config, helper, probe: Mutex::new(None), locks: Mutex::new(Default::default()) }
     }
 
     /// The configuration.
@@ -167,6 +170,25 @@ impl Terminal {
             )));
         }
         let timeout = Duration::from_secs(timeout.max(1));
+        let lock = {
+            let mut locks = self.locks.lock().unwrap_or_else(PoisonError::into_inner);
+            if locks.len() > 256 {
+                locks.retain(|_, l| std::sync::Arc::strong_count(l) > 1);
+            }
+            locks.entry(ws.root().to_path_buf()).or_default().clone()
+        };
+        let _one_at_a_time = lock.lock().unwrap_or_else(PoisonError::into_inner);
+        ws.hidden_intact()?;
+        // A read-only name that is a symbolic link cannot be bound read-only.
+        for name in crate::workspace::READ_ONLY_NAMES {
+            let at = ws.root().join(name);
+            if std::fs::symlink_metadata(&at).is_ok_and(|m| m.file_type().is_symlink()) {
+                return Err(ToolError::Refused(format!(
+                    "`{name}` at the top of the workspace is a symbolic link, so the terminal \
+                     cannot keep it read-only; commands are refused in this workspace"
+                )));
+            }
+        }
         let workdir = ws.inside(args.str_or("workdir", ".")?)?;
         // Beneath the root with no symlink on the way (and not hidden).
         ws.check(&workdir)?;
@@ -239,9 +261,20 @@ impl Terminal {
             .stdin(Stdio::null());
         let (reader, writer) =
             std::io::pipe().map_err(|e| ToolError::Failed(format!("terminal: pipe: {e}")))?;
-        let writer2 =
-            writer.try_clone().map_err(|e| ToolError::Failed(format!("terminal: pipe: {e}")))?;
-        cmd.stdout(writer).stderr(writer2);
+        // Sandboxed, the helper's stderr is its setup channel (the command's
+        // stderr goes to the output pipe, see the helper); unconfined, the
+        // shell's stderr is the output.
+        let (control, control_writer) =
+            std::io::pipe().map_err(|e| ToolError::Failed(format!("terminal: pipe: {e}")))?;
+        if sandboxed {
+            cmd.stdout(writer).stderr(control_writer);
+        } else {
+            let writer2 = writer
+                .try_clone()
+                .map_err(|e| ToolError::Failed(format!("terminal: pipe: {e}")))?;
+            drop(control_writer);
+            cmd.stdout(writer).stderr(writer2);
+        }
         // Read-only names the command might create where none was (the
         // sandbox can bind only what exists): removed after it, below.
         let absent: Vec<PathBuf> = if sandboxed {
@@ -267,6 +300,15 @@ impl Terminal {
                 let _ = tx.send(read_capped(reader));
             })
             .map_err(|e| ToolError::Failed(format!("terminal: {e}")))?;
+        let (ctl_tx, ctl_rx) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .name("terminal-setup".into())
+            .spawn(move || {
+                let mut text = String::new();
+                let _ = control.take(64 << 10).read_to_string(&mut text);
+                let _ = ctl_tx.send(text);
+            })
+            .map_err(|e| ToolError::Failed(format!("terminal: {e}")))?;
         let started = Instant::now();
         let mut timed_out = false;
         // Wait for the leader to exit without reaping it, so its process
@@ -276,6 +318,17 @@ impl Terminal {
         // (RLIMIT_NPROC does not bind root; this watch does).
         let helper_pid = child.id();
         let mut pid_ns = None;
+        if sandboxed {
+            // The helper unshares at once: its namespace is known before the
+            // command can do anything, so it can be killed whatever it does.
+            for _ in 0..50 {
+                pid_ns = namespace_of(helper_pid);
+                if pid_ns.is_some() || matches!(child.try_wait(), Ok(Some(_))) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
         let mut last_count = Instant::now();
         let mut too_many = false;
         let mut stopped = false;
@@ -307,21 +360,32 @@ impl Terminal {
             }
             std::thread::sleep(Duration::from_millis(5));
         }
-        // Whatever the command left running in its group goes too (in the
-        // sandbox the PID namespace has already taken it).
+        // Whatever the command left running in its group goes too, and —
+        // sandboxed — everything in its cgroup and its PID namespace (a
+        // shell that left the group with `setsid` would outlive the call).
         let _ = killpg(group, Signal::SIGKILL);
         let status = child.wait().ok();
+        if sandboxed {
+            crate::sandbox::kill_process_cgroups(helper_pid);
+            if let Some(ns) = &pid_ns {
+                kill_namespace(ns);
+            }
+        }
         // The helper's pids cgroup (empty now) goes too.
         crate::sandbox::remove_process_cgroups(helper_pid);
+        // Nothing of the command runs any more: what it made at read-only
+        // names goes, whatever the outcome.
+        let removed = remove_created(&absent);
+        let setup = ctl_rx.recv_timeout(Duration::from_secs(5)).unwrap_or_default();
         let (bytes, total) = rx.recv_timeout(Duration::from_secs(5)).unwrap_or_else(|_| {
             (b"[output unavailable: a process outside the group kept it open]".to_vec(), 0)
         });
         let code = status.and_then(|s| s.code()).unwrap_or(-1);
         let text = String::from_utf8_lossy(&bytes);
-        if sandboxed && code == SETUP_FAILED && text.starts_with(SETUP_PREFIX) {
+        if sandboxed && code == SETUP_FAILED && setup.starts_with(SETUP_PREFIX) {
             return Err(ToolError::Refused(format!(
                 "the terminal sandbox could not be set up: {}",
-                text.trim().trim_start_matches(SETUP_PREFIX)
+                setup.trim().trim_start_matches(SETUP_PREFIX)
             )));
         }
         let mut output = cap_output(&strip_ansi(&text));
@@ -332,7 +396,6 @@ impl Terminal {
             ));
         }
         let mut out = json!({"output": output.trim(), "exit_code": if timed_out { 124 } else { code }, "error": null});
-        let removed = remove_created(&absent);
         if !removed.is_empty() {
             out["warning"] = json!(format!(
                 "removed what the command created at read-only names ({}): files there make \
@@ -389,6 +452,26 @@ fn namespace_of(pid: u32) -> Option<PathBuf> {
     let own = std::fs::read_link("/proc/self/ns/pid").ok()?;
     // Not yet unshared: nothing to count.
     (link != own).then_some(link)
+}
+
+/// Kills every process living in the PID namespace `ns` (its init first:
+/// the kernel then kills the rest) and waits a moment for them to go.
+fn kill_namespace(ns: &std::path::Path) {
+    for _ in 0..100 {
+        let Ok(dir) = std::fs::read_dir("/proc") else { return };
+        let pids: Vec<i32> = dir
+            .flatten()
+            .filter(|e| std::fs::read_link(e.path().join("ns/pid")).is_ok_and(|l| l == ns))
+            .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse().ok()))
+            .collect();
+        if pids.is_empty() {
+            return;
+        }
+        for p in pids {
+            let _ = nix::sys::signal::kill(Pid::from_raw(p), Signal::SIGKILL);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 /// Processes living in the PID namespace `ns`.

@@ -50,29 +50,57 @@ pub struct Protected {
 /// The protection of one open workspace, relative to its root.
 #[derive(Debug, Default)]
 struct Guard {
-    /// Hidden paths inside the root (relative, normalised).
-    hidden: Vec<PathBuf>,
+    /// Hidden paths inside the root (relative, normalised), with the
+    /// identity each had when the workspace was opened (if it existed).
+    hidden: Vec<(PathBuf, Option<(u64, u64)>)>,
     /// The hidden files' identities (a hard link to one is hidden too).
     hidden_ids: Vec<(u64, u64)>,
 }
 
-/// Why `root` (canonical) cannot be a workspace, if it cannot: it is `/`,
-/// a system directory, or the user's home directory itself.
+/// Whether `path` starts with `prefix`, component by component, ignoring
+/// ASCII case (a case-insensitive file system would open either).
+fn starts_with_ci(path: &Path, prefix: &Path) -> bool {
+    let mut p = path.components();
+    for want in prefix.components() {
+        match p.next() {
+            Some(got) if got.as_os_str().eq_ignore_ascii_case(want.as_os_str()) => {}
+            _ => return false,
+        }
+    }
+    true
+}
+
+/// Directories nothing beneath which is a workspace (the system's own).
+pub const REFUSED_TREES: &[&str] = &["/usr", "/etc", "/boot", "/proc", "/sys", "/dev", "/run"];
+
+/// Why `root` cannot be a workspace, if it cannot: it is `/`, a system
+/// directory ([`REFUSED_ROOTS`], compared canonically: `/bin` is `/usr/bin`
+/// on a merged-usr system), lies beneath one of [`REFUSED_TREES`], or is
+/// the user's home directory or one of its ancestors.
 pub fn refusal(root: &Path) -> Option<String> {
     let canonical = std::fs::canonicalize(root).unwrap_or_else(|_| root.to_path_buf());
-    if REFUSED_ROOTS.iter().any(|r| canonical == Path::new(r)) {
+    let homes = [std::env::var_os("HOME").map(PathBuf::from), user_home()];
+    if homes
+        .iter()
+        .flatten()
+        .filter_map(|h| std::fs::canonicalize(h).ok())
+        .any(|h| h.starts_with(&canonical) && canonical != Path::new("/"))
+    {
         return Some(format!(
-            "{} is refused as a workspace: children may work in a project directory, never in \
-             `/`, a system directory or a home directory",
+            "{} is refused as a workspace: it is the user's home directory or holds it (its \
+             keys, sockets and dotfiles); use a project directory",
             canonical.display()
         ));
     }
-    let homes = [std::env::var_os("HOME").map(PathBuf::from), user_home()];
-    if homes.iter().flatten().filter_map(|h| std::fs::canonicalize(h).ok()).any(|h| h == canonical)
-    {
+    let canon = |p: &str| std::fs::canonicalize(p).unwrap_or_else(|_| PathBuf::from(p));
+    let system = REFUSED_ROOTS.iter().any(|r| canonical == canon(r))
+        || REFUSED_TREES
+            .iter()
+            .any(|t| canonical.starts_with(canon(t)) || canonical.starts_with(t));
+    if system {
         return Some(format!(
-            "{} is refused as a workspace: it is the user's home directory (its keys, sockets \
-             and dotfiles); use a project directory",
+            "{} is refused as a workspace: children may work in a project directory, never in \
+             `/` or a system directory",
             canonical.display()
         ));
     }
@@ -180,25 +208,46 @@ impl Workspace {
         let mut guard = Guard::default();
         for p in &protected.hidden {
             let Some(abs) = canonical_lenient(p) else { continue };
+            let id = rustix::fs::stat(&abs).ok().map(|st| (st.st_dev, st.st_ino));
             if let Ok(rel) = abs.strip_prefix(&real) {
                 if rel.as_os_str().is_empty() {
                     return Err(ToolError::Refused(format!(
-                        "the workspace {} is Retinue's own home: use a project directory",
+                        "the workspace {} is Retinue's own home or holds its database: use a \
+                         project directory",
                         real.display()
                     )));
                 }
-                guard.hidden.push(rel.to_path_buf());
+                guard.hidden.push((rel.to_path_buf(), id));
             }
-            if let Ok(st) = rustix::fs::stat(&abs) {
-                guard.hidden_ids.push((st.st_dev, st.st_ino));
-            }
+            guard.hidden_ids.extend(id);
         }
         Ok(Workspace { root: real, fd: std::sync::Arc::new(fd), guard: std::sync::Arc::new(guard) })
     }
 
     /// The hidden paths inside the root, absolute (the sandbox covers them).
     pub fn hidden(&self) -> Vec<PathBuf> {
-        self.guard.hidden.iter().map(|r| self.root.join(r)).collect()
+        self.guard.hidden.iter().map(|(r, _)| self.root.join(r)).collect()
+    }
+
+    /// Refuses when a hidden path is no longer where it was when the
+    /// workspace was opened (a child renamed a directory above it): its
+    /// files could no longer be kept from the child.
+    pub fn hidden_intact(&self) -> Result<(), ToolError> {
+        for (rel, id) in &self.guard.hidden {
+            let Some(id) = id else { continue };
+            let now =
+                rustix::fs::statat(self.fd.as_fd(), rel, rustix::fs::AtFlags::SYMLINK_NOFOLLOW)
+                    .ok()
+                    .map(|st| (st.st_dev, st.st_ino));
+            if now != Some(*id) {
+                return Err(ToolError::Refused(format!(
+                    "Retinue's home or database was moved or replaced inside the workspace (at \
+                     `{}`); the tools are refused here until the workspace is opened again",
+                    rel.display()
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// The read-only names present at the root, absolute (the sandbox
@@ -216,11 +265,12 @@ impl Workspace {
 
     /// Whether `rel` (relative to the root) is hidden or beneath a hidden path.
     pub fn is_hidden(&self, rel: &Path) -> bool {
-        self.guard.hidden.iter().any(|h| rel.starts_with(h))
+        self.guard.hidden.iter().any(|(h, _)| starts_with_ci(rel, h))
     }
 
     /// Refuses `p` when it is hidden (the home, the database).
     pub fn guard_read(&self, p: &Inside) -> Result<(), ToolError> {
+        self.hidden_intact()?;
         if self.is_hidden(p.rel()) {
             return Err(ToolError::Refused(format!(
                 "path `{}` refused: it is Retinue's home or database, which children never reach",
@@ -238,7 +288,7 @@ impl Workspace {
             .rel()
             .components()
             .filter_map(|c| c.as_os_str().to_str())
-            .find(|c| READ_ONLY_NAMES.contains(c))
+            .find(|c| READ_ONLY_NAMES.iter().any(|n| n.eq_ignore_ascii_case(c)))
         {
             return Err(ToolError::Refused(format!(
                 "path `{}` refused: `{name}` is read-only for children (files there make code \

