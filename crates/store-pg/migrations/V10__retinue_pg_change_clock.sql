@@ -4,6 +4,8 @@
 -- sequence never conflicts: concurrent serializable writers do not queue
 -- on it. The trigger names the sequence in its table's own schema, so a
 -- connection with another search_path finds it. Claims do not advance it.
+-- Row-level: a statement that changes no row (a prune with nothing to do)
+-- costs nothing.
 CREATE SEQUENCE IF NOT EXISTS retinue_change_clock;
 
 CREATE OR REPLACE FUNCTION retinue_change_tick() RETURNS trigger
@@ -20,11 +22,11 @@ AFTER INSERT OR DELETE OR UPDATE OF state, completed_at, updated_at, result_json
     delivered_at, retained, retained_at, tombstoned_at, children_json, usage_json,
     child_session_id
 ON async_delegations
-FOR EACH STATEMENT EXECUTE FUNCTION retinue_change_tick();
+FOR EACH ROW EXECUTE FUNCTION retinue_change_tick();
 
 DROP TRIGGER IF EXISTS retinue_change_children ON retinue_children;
 CREATE TRIGGER retinue_change_children
 AFTER INSERT OR DELETE OR UPDATE OF retained_at, tombstoned_at, tombstone_reason,
     tombstone_note, manifest_json, child_session_id
 ON retinue_children
-FOR EACH STATEMENT EXECUTE FUNCTION retinue_change_tick();
+FOR EACH ROW EXECUTE FUNCTION retinue_change_tick();
