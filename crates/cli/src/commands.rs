@@ -733,6 +733,8 @@ pub(crate) fn protected(
     {
         hidden.push(dir.to_path_buf());
     }
+    // The binary, by path: the sandbox cannot replace it (the helper itself
+    // is run as /proc/self/exe, the running inode, whatever the path holds).
     hidden.extend(std::env::current_exe().ok());
     for server in mcp {
         if let Some(command) = &server.command {
@@ -748,8 +750,12 @@ pub(crate) fn protected(
 }
 
 /// The terminal's sandbox helper: this binary's hidden `__sandbox` mode.
+/// It is started as `/proc/self/exe`: always the binary that is running,
+/// never what its path holds by then (a child that swapped the file would
+/// otherwise run unconfined).
 fn sandbox_helper() -> Option<retinue_tools::terminal::Helper> {
-    std::env::current_exe().ok().map(|program| retinue_tools::terminal::Helper {
+    let program = std::path::PathBuf::from("/proc/self/exe");
+    program.exists().then(|| retinue_tools::terminal::Helper {
         program,
         prefix: vec![crate::SANDBOX_SUBCOMMAND.into()],
     })
@@ -771,10 +777,14 @@ pub(crate) fn parent_toolsets(config: &DelegationConfig, toolbox: &Toolbox) -> V
 /// directory, the user's home ([`retinue_tools::workspace::refusal`]), or
 /// Retinue's own home.
 pub(crate) fn workspace_refusal(dir: &std::path::Path, env: &Env) -> Option<String> {
+    let db_dir = (env.pg_url.is_none())
+        .then(|| std::path::absolute(&env.db).ok()?.parent()?.canonicalize().ok())
+        .flatten();
     retinue_tools::workspace::refusal(dir).or_else(|| {
-        (std::fs::canonicalize(&env.home).ok().as_deref() == Some(dir)).then(|| {
+        let home = std::fs::canonicalize(&env.home).ok();
+        (home.as_deref() == Some(dir) || db_dir.as_deref() == Some(dir)).then(|| {
             format!(
-                "{} is refused as a workspace: it is Retinue's home (state.db, config.yaml)",
+                "{} is refused as a workspace: it is Retinue's home or holds its database",
                 dir.display()
             )
         })

@@ -104,10 +104,14 @@ pub fn resolve_session(
         SessionChoice::Project(dir) => {
             let dir = dir.canonicalize().map_err(Error::WorkingDir)?;
             let id = project_session_id(&dir, profile);
-            // A row of that id another tenant made (a hash collision, or
-            // a planted row) is never adopted.
+            // A project session is this profile's own: a row of that id of
+            // any other profile (a hash collision, a planted row) is never
+            // adopted, not even by the operator.
+            let own = |row: &retinue_core::SessionRow| {
+                row.profile_name.as_deref().unwrap_or("").trim() == profile.trim()
+            };
             if let Some(row) = sessions.session(&id)?
-                && !retinue_core::Scope::of(profile).admits(row.profile_name.as_deref())
+                && !own(&row)
             {
                 return Err(Error::NoSession(id));
             }
@@ -115,7 +119,7 @@ pub fn resolve_session(
                 match create(sessions, &id, profile) {
                     Ok(()) => true,
                     // Another server in the same project created it first.
-                    Err(_) if sessions.session(&id)?.is_some() => false,
+                    Err(_) if sessions.session(&id)?.is_some_and(|r| own(&r)) => false,
                     Err(e) => return Err(e),
                 }
             } else {

@@ -177,7 +177,30 @@ impl Terminal {
             }
             locks.entry(ws.root().to_path_buf()).or_default().clone()
         };
-        let _one_at_a_time = lock.lock().unwrap_or_else(PoisonError::into_inner);
+        // Waiting for another command there: bounded by this call's timeout
+        // and its child's stop.
+        let waiting = Instant::now();
+        let _one_at_a_time = loop {
+            match lock.try_lock() {
+                Ok(g) => break g,
+                Err(std::sync::TryLockError::Poisoned(p)) => break p.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => {
+                    if cancel.is_cancelled() {
+                        return Err(ToolError::Failed(
+                            "terminal: the child was stopped before its command started".to_owned(),
+                        ));
+                    }
+                    if waiting.elapsed() >= timeout {
+                        return Err(ToolError::Failed(format!(
+                            "terminal: another command is running in this workspace; none ran \
+                             (waited {} s)",
+                            timeout.as_secs()
+                        )));
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
+        };
         ws.hidden_intact()?;
         // A read-only name that is a symbolic link cannot be bound read-only.
         for name in crate::workspace::READ_ONLY_NAMES {
@@ -275,6 +298,24 @@ impl Terminal {
             drop(control_writer);
             cmd.stdout(writer).stderr(writer2);
         }
+        // The readers start before the command: no error path after its start
+        // can leave it running unswept.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .name("terminal-output".into())
+            .spawn(move || {
+                let _ = tx.send(read_capped(reader));
+            })
+            .map_err(|e| ToolError::Failed(format!("terminal: {e}")))?;
+        let (ctl_tx, ctl_rx) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .name("terminal-setup".into())
+            .spawn(move || {
+                let mut text = String::new();
+                let _ = control.take(64 << 10).read_to_string(&mut text);
+                let _ = ctl_tx.send(text);
+            })
+            .map_err(|e| ToolError::Failed(format!("terminal: {e}")))?;
         // Read-only names the command might create where none was (the
         // sandbox can bind only what exists): removed after it, below.
         let absent: Vec<PathBuf> = if sandboxed {
@@ -293,22 +334,6 @@ impl Terminal {
         // The pipe's write ends now live only in the command's group.
         drop(cmd);
         let group = Pid::from_raw(i32::try_from(child.id()).unwrap_or(i32::MAX));
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::Builder::new()
-            .name("terminal-output".into())
-            .spawn(move || {
-                let _ = tx.send(read_capped(reader));
-            })
-            .map_err(|e| ToolError::Failed(format!("terminal: {e}")))?;
-        let (ctl_tx, ctl_rx) = std::sync::mpsc::channel();
-        std::thread::Builder::new()
-            .name("terminal-setup".into())
-            .spawn(move || {
-                let mut text = String::new();
-                let _ = control.take(64 << 10).read_to_string(&mut text);
-                let _ = ctl_tx.send(text);
-            })
-            .map_err(|e| ToolError::Failed(format!("terminal: {e}")))?;
         let started = Instant::now();
         let mut timed_out = false;
         // Wait for the leader to exit without reaping it, so its process
@@ -317,13 +342,22 @@ impl Terminal {
         // The sandbox's PID namespace, to count what the command started
         // (RLIMIT_NPROC does not bind root; this watch does).
         let helper_pid = child.id();
-        let mut pid_ns = None;
+        // The namespace is held open while it is used, so its number cannot
+        // pass to another namespace (whose processes would then be killed).
+        let mut pid_ns: Option<(PathBuf, std::fs::File)> = None;
         if sandboxed {
             // The helper unshares at once: its namespace is known before the
             // command can do anything, so it can be killed whatever it does.
             for _ in 0..50 {
-                pid_ns = namespace_of(helper_pid);
-                if pid_ns.is_some() || matches!(child.try_wait(), Ok(Some(_))) {
+                pid_ns = hold_namespace(helper_pid);
+                let exited = !matches!(
+                    waitid(
+                        Id::Pid(group),
+                        WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT
+                    ),
+                    Ok(WaitStatus::StillAlive)
+                );
+                if pid_ns.is_some() || exited {
                     break;
                 }
                 std::thread::sleep(Duration::from_millis(1));
@@ -349,9 +383,9 @@ impl Terminal {
             if sandboxed && last_count.elapsed() >= PROCESS_WATCH {
                 last_count = Instant::now();
                 if pid_ns.is_none() {
-                    pid_ns = namespace_of(helper_pid);
+                    pid_ns = hold_namespace(helper_pid);
                 }
-                if let Some(ns) = &pid_ns
+                if let Some((ns, _)) = &pid_ns
                     && processes_in(ns) > MAX_PROCESSES
                 {
                     too_many = true;
@@ -367,7 +401,7 @@ impl Terminal {
         let status = child.wait().ok();
         if sandboxed {
             crate::sandbox::kill_process_cgroups(helper_pid);
-            if let Some(ns) = &pid_ns {
+            if let Some((ns, _held)) = &pid_ns {
                 kill_namespace(ns);
             }
         }
@@ -389,6 +423,9 @@ impl Terminal {
             )));
         }
         let mut output = cap_output(&strip_ansi(&text));
+        if sandboxed && code != 0 && !setup.trim().is_empty() {
+            output.push_str(&format!("\n[sandbox helper: {}]", cap_output(setup.trim())));
+        }
         if total > bytes.len() {
             output.push_str(&format!(
                 "\n\n[output cut: the command wrote {total} bytes; the first {} were read]",
@@ -452,6 +489,16 @@ fn namespace_of(pid: u32) -> Option<PathBuf> {
     let own = std::fs::read_link("/proc/self/ns/pid").ok()?;
     // Not yet unshared: nothing to count.
     (link != own).then_some(link)
+}
+
+/// The PID namespace the helper `pid` starts its command in, held open
+/// (its link text and an open handle on it).
+fn hold_namespace(pid: u32) -> Option<(PathBuf, std::fs::File)> {
+    let link = namespace_of(pid)?;
+    let file = std::fs::File::open(format!("/proc/{pid}/ns/pid_for_children")).ok()?;
+    // The same namespace as the link named (the helper may have gone).
+    let again = std::fs::read_link(format!("/proc/{pid}/ns/pid_for_children")).ok()?;
+    (again == link).then_some((link, file))
 }
 
 /// Kills every process living in the PID namespace `ns` (its init first:

@@ -70,8 +70,27 @@ fn starts_with_ci(path: &Path, prefix: &Path) -> bool {
     true
 }
 
-/// Directories nothing beneath which is a workspace (the system's own).
-pub const REFUSED_TREES: &[&str] = &["/usr", "/etc", "/boot", "/proc", "/sys", "/dev", "/run"];
+/// Directories nothing beneath which is a workspace (the system's own;
+/// `/usr/src`, `/usr/local/src` and the like stay possible).
+pub const REFUSED_TREES: &[&str] = &[
+    "/etc",
+    "/boot",
+    "/proc",
+    "/sys",
+    "/dev",
+    "/usr/bin",
+    "/usr/sbin",
+    "/usr/lib",
+    "/usr/lib32",
+    "/usr/lib64",
+    "/usr/libexec",
+    "/usr/include",
+    "/usr/share",
+    "/usr/local/bin",
+    "/usr/local/sbin",
+    "/usr/local/lib",
+    "/usr/local/share",
+];
 
 /// Why `root` cannot be a workspace, if it cannot: it is `/`, a system
 /// directory ([`REFUSED_ROOTS`], compared canonically: `/bin` is `/usr/bin`
@@ -83,6 +102,7 @@ pub fn refusal(root: &Path) -> Option<String> {
     if homes
         .iter()
         .flatten()
+        .filter(|h| h.is_absolute())
         .filter_map(|h| std::fs::canonicalize(h).ok())
         .any(|h| h.starts_with(&canonical) && canonical != Path::new("/"))
     {
@@ -208,7 +228,13 @@ impl Workspace {
         let mut guard = Guard::default();
         for p in &protected.hidden {
             let Some(abs) = canonical_lenient(p) else { continue };
-            let id = rustix::fs::stat(&abs).ok().map(|st| (st.st_dev, st.st_ino));
+            let st = rustix::fs::stat(&abs).ok();
+            let id = st.as_ref().map(|st| (st.st_dev, st.st_ino));
+            // Only a directory's place is checked on every call (a rename
+            // of a directory above it would uncover it); a file may be
+            // replaced by an ordinary save or upgrade.
+            let is_dir =
+                st.is_some_and(|st| FileType::from_raw_mode(st.st_mode) == FileType::Directory);
             if let Ok(rel) = abs.strip_prefix(&real) {
                 if rel.as_os_str().is_empty() {
                     return Err(ToolError::Refused(format!(
@@ -217,7 +243,7 @@ impl Workspace {
                         real.display()
                     )));
                 }
-                guard.hidden.push((rel.to_path_buf(), id));
+                guard.hidden.push((rel.to_path_buf(), id.filter(|_| is_dir)));
             }
             guard.hidden_ids.extend(id);
         }

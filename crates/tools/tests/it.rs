@@ -1327,7 +1327,7 @@ fn a_home_moved_inside_the_workspace_refuses_the_tools() {
 #[test]
 fn refused_workspaces_are_compared_canonically_and_by_home_ancestry() {
     use retinue_tools::workspace::refusal;
-    for bad in ["/bin", "/usr/src", "/usr/local/lib", "/etc/cron.d", "/dev/shm"] {
+    for bad in ["/bin", "/usr/bin", "/usr/local/lib", "/etc/cron.d", "/dev/shm", "/usr/share/doc"] {
         if Path::new(bad).exists() {
             assert!(refusal(Path::new(bad)).is_some(), "{bad}");
         }
