@@ -43,7 +43,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 // The seams' methods are called on `Backend`'s trait objects: no trait import.
 use retinue_core::{
-    Backend, ChildManifest, Completion, CompletionEvent, NewSession, UnitDraft, UnitState,
+    Backend, ChildManifest, Completion, CompletionEvent, NewSession, RetentionPolicy, UnitDraft,
+    UnitState,
 };
 use retinue_store::{Store, StoreOptions};
 use retinue_store_pg::{PgOptions, PgStore};
@@ -226,18 +227,22 @@ fn worker(spec: &str) -> Res<()> {
         fields.next().and_then(|s| s.parse().ok()).ok_or("bad process index")?;
     let per_thread: usize =
         fields.next().and_then(|s| s.parse().ok()).ok_or("bad delegations per thread")?;
+    let max_retained: u32 = fields.next().and_then(|s| s.parse().ok()).ok_or("bad cap")?;
+    let retention = RetentionPolicy { max_retained, ..RetentionPolicy::default() };
     let target = std::env::var_os(TARGET_ENV).ok_or("no target")?;
     let go = PathBuf::from(std::env::var_os(GO_ENV).ok_or("no go file")?);
-    let (backend, pg) = match kind {
+    let (backend, pg, sqlite) = match kind {
         Kind::Sqlite => {
-            let store = Arc::new(Store::open(PathBuf::from(target), StoreOptions::default())?);
-            (Backend::of(store), None)
+            let opts = StoreOptions::default().with_retention(retention);
+            let store = Arc::new(Store::open(PathBuf::from(target), opts)?);
+            (Backend::of(store.clone()), None, Some(store))
         }
         Kind::Pg => {
             let url = std::env::var("RETINUE_PG_URL").map_err(|_| "RETINUE_PG_URL is unset")?;
             let schema = target.into_string().map_err(|_| "the schema name is not UTF-8")?;
-            let store = Arc::new(PgStore::open(&url, pg_options(&schema))?);
-            (Backend::of(store.clone()), Some(store))
+            let opts = PgOptions { retention, ..pg_options(&schema) };
+            let store = Arc::new(PgStore::open(&url, opts)?);
+            (Backend::of(store.clone()), Some(store), None)
         }
     };
     if !completion("deleg_check", "p", "cs").plan(0.0).retains {
@@ -253,7 +258,14 @@ fn worker(spec: &str) -> Res<()> {
             ..NewSession::default()
         })?;
     }
-    let retries = || pg.as_ref().map_or(0, |s| s.serialization_retries());
+    // PostgreSQL: transactions retried on 40001/40P01; SQLite: busy-handler
+    // waits (the lock held by another process).
+    let retries = || {
+        pg.as_ref()
+            .map(|s| s.serialization_retries())
+            .or_else(|| sqlite.as_ref().map(|s| s.busy_probes()))
+            .unwrap_or(0)
+    };
     let before = retries();
     let abort = AtomicBool::new(false);
     let barrier = Barrier::new(THREADS + 1);
@@ -314,19 +326,89 @@ fn worker(spec: &str) -> Res<()> {
 
 // ---------------------------------------------------------------- parent
 
-/// One configuration's figures.
-struct Row {
-    backend: Kind,
-    procs: usize,
-    per_thread: usize,
+/// Whether every retain prunes (the default cap of 10 live units: past the
+/// first ten delegations each retain tombstones one) or none does (a cap
+/// above every unit the run writes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cap {
+    Under,
+    Over,
+}
+
+impl Cap {
+    fn name(self) -> &'static str {
+        match self {
+            Cap::Under => "under",
+            Cap::Over => "over",
+        }
+    }
+
+    fn max_retained(self) -> u32 {
+        match self {
+            Cap::Under => 10_000_000,
+            Cap::Over => RetentionPolicy::default().max_retained,
+        }
+    }
+}
+
+/// One run of one configuration.
+#[derive(Clone)]
+struct Run {
     delegations: u64,
     errors: u64,
     wall_s: f64,
     per_s: f64,
     p50_ms: f64,
+    p90_ms: f64,
     p99_ms: f64,
-    /// PostgreSQL only.
-    retries_per_1000: Option<f64>,
+    max_ms: f64,
+    retries_per_1000: f64,
+    /// What a hermes writer beside the run measured, when one ran.
+    hermes: Option<Value>,
+}
+
+/// One configuration's figures: the median of its runs, and every run.
+struct Row {
+    backend: Kind,
+    cap: Cap,
+    procs: usize,
+    per_thread: usize,
+    median: Run,
+    runs: Vec<Run>,
+}
+
+/// The median of `values` (the lower middle of an even count).
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len().saturating_sub(1) / 2).copied().unwrap_or(f64::NAN)
+}
+
+impl Row {
+    fn of(backend: Kind, cap: Cap, procs: usize, per_thread: usize, runs: Vec<Run>) -> Row {
+        let pick = |f: fn(&Run) -> f64| median(&mut runs.iter().map(f).collect::<Vec<f64>>());
+        let median = Run {
+            delegations: runs.iter().map(|r| r.delegations).sum::<u64>() / count(runs.len().max(1)),
+            errors: runs.iter().map(|r| r.errors).sum(),
+            wall_s: pick(|r| r.wall_s),
+            per_s: pick(|r| r.per_s),
+            p50_ms: pick(|r| r.p50_ms),
+            p90_ms: pick(|r| r.p90_ms),
+            p99_ms: pick(|r| r.p99_ms),
+            max_ms: pick(|r| r.max_ms),
+            retries_per_1000: pick(|r| r.retries_per_1000),
+            hermes: None,
+        };
+        Row { backend, cap, procs, per_thread, median, runs }
+    }
+
+    /// `min–max` of `f` over the runs.
+    fn spread(&self, f: fn(&Run) -> f64) -> String {
+        let v: Vec<f64> = self.runs.iter().map(f).collect();
+        let (lo, hi) = v
+            .iter()
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), x| (lo.min(*x), hi.max(*x)));
+        if self.runs.len() < 2 { "-".to_owned() } else { format!("{lo:.1}–{hi:.1}") }
+    }
 }
 
 /// A running worker and its stdout.
@@ -399,8 +481,17 @@ fn percentile_ms(sorted: &[u64], q: f64) -> f64 {
     sorted[rank - 1] as f64 / 1000.0
 }
 
-/// Runs `procs` workers × `THREADS` threads against a fresh store.
-fn run_config(kind: Kind, procs: usize, per_thread: usize, url: Option<&str>) -> Res<Row> {
+/// Runs `procs` workers × `THREADS` threads against a fresh store; with
+/// `hermes` (an unpacked hermes-agent wheel), hermes's own `SessionDB`
+/// writes to the same SQLite file throughout (crates/bench/examples/hermes_writer.py).
+fn run_config(
+    kind: Kind,
+    cap: Cap,
+    procs: usize,
+    per_thread: usize,
+    url: Option<&str>,
+    hermes: Option<&Path>,
+) -> Res<Run> {
     let dir = tempfile::tempdir()?;
     let go = dir.path().join("go");
     let (target, _scratch): (OsString, Option<Scratch>) = match kind {
@@ -423,7 +514,7 @@ fn run_config(kind: Kind, procs: usize, per_thread: usize, url: Option<&str>) ->
     let mut workers = Workers(Vec::with_capacity(procs));
     for p in 0..procs {
         let child = Command::new(exe.as_os_str())
-            .env(WORKER_ENV, format!("{},{p},{per_thread}", kind.name()))
+            .env(WORKER_ENV, format!("{},{p},{per_thread},{}", kind.name(), cap.max_retained()))
             .env(TARGET_ENV, target.as_os_str())
             .env(GO_ENV, go.as_os_str())
             .stdin(Stdio::null())
@@ -439,6 +530,10 @@ fn run_config(kind: Kind, procs: usize, per_thread: usize, url: Option<&str>) ->
             }
         }
     }
+    let mut writer = match (hermes, kind) {
+        (Some(site), Kind::Sqlite) => Some(HermesWriter::start(site, Path::new(&target), &go)?),
+        _ => None,
+    };
     let go_us = epoch_us();
     std::fs::write(go.as_path(), b"go")?;
     let (mut latencies, mut errors, mut retries, mut end_us) =
@@ -460,45 +555,104 @@ fn run_config(kind: Kind, procs: usize, per_thread: usize, url: Option<&str>) ->
         let times = report["latencies_us"].as_array().ok_or("a report without latencies")?;
         latencies.extend(times.iter().filter_map(Value::as_u64));
     }
+    let hermes = writer.as_mut().map(HermesWriter::stop).transpose()?;
     latencies.sort_unstable();
     let delegations = count(latencies.len());
     let wall_s = end_us.saturating_sub(go_us) as f64 / 1e6;
     let ops = (delegations + errors) * OPS_PER_DELEGATION;
-    let rate = if ops > 0 { retries as f64 * 1000.0 / ops as f64 } else { 0.0 };
-    Ok(Row {
-        backend: kind,
-        procs,
-        per_thread,
+    Ok(Run {
         delegations,
         errors,
         wall_s,
         per_s: if wall_s > 0.0 { delegations as f64 / wall_s } else { 0.0 },
         p50_ms: percentile_ms(&latencies, 0.50),
+        p90_ms: percentile_ms(&latencies, 0.90),
         p99_ms: percentile_ms(&latencies, 0.99),
-        retries_per_1000: (kind == Kind::Pg).then_some(rate),
+        max_ms: latencies.last().map_or(f64::NAN, |us| *us as f64 / 1000.0),
+        retries_per_1000: if ops > 0 { retries as f64 * 1000.0 / ops as f64 } else { 0.0 },
+        hermes,
     })
 }
 
-/// The knee of `kind`: the first process count from which the next adds
-/// less than 10% delegations/s.
-fn knee(kind: Kind, rows: &[Row]) -> String {
-    let mine: Vec<&Row> = rows.iter().filter(|r| r.backend == kind).collect();
+/// hermes-agent's own writer (`hermes_state.SessionDB`: a session and a
+/// message per write, its 1 s busy timeout and jittered retries) on the
+/// benchmark's SQLite file, from the go file until told to stop.
+struct HermesWriter {
+    child: Child,
+    out: BufReader<ChildStdout>,
+    stop: PathBuf,
+}
+
+impl HermesWriter {
+    fn start(site: &Path, db: &Path, go: &Path) -> Res<HermesWriter> {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/hermes_writer.py");
+        let stop = go.with_file_name("stop");
+        let mut child = Command::new("python3")
+            .args(["-S", "-B"])
+            .arg(script)
+            .arg(db)
+            .arg(go)
+            .arg(&stop)
+            .env("PYTHONPATH", site)
+            .env("HERMES_HOME", db.parent().unwrap_or(db))
+            .env("PYTHONDONTWRITEBYTECODE", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()?;
+        let Some(out) = child.stdout.take() else {
+            let _ = child.kill();
+            return Err("the hermes writer's stdout was not captured".into());
+        };
+        let mut out = BufReader::new(out);
+        match next_line(&mut out)? {
+            Some(line) if line == "ready" => Ok(HermesWriter { child, out, stop }),
+            other => {
+                let _ = child.kill();
+                let _ = child.wait();
+                Err(format!("the hermes writer did not get ready ({other:?})").into())
+            }
+        }
+    }
+
+    fn stop(&mut self) -> Res<Value> {
+        std::fs::write(&self.stop, b"stop")?;
+        let line = next_line(&mut self.out)?.ok_or("the hermes writer printed no report")?;
+        let status = self.child.wait()?;
+        if !status.success() {
+            return Err(format!("the hermes writer failed: {status}").into());
+        }
+        Ok(serde_json::from_str(&line)?)
+    }
+}
+
+impl Drop for HermesWriter {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// The knee of `kind` with `cap`: the first process count from which the
+/// next adds less than 10% delegations/s.
+fn knee(kind: Kind, cap: Cap, rows: &[Row]) -> String {
+    let mine: Vec<&Row> = rows.iter().filter(|r| r.backend == kind && r.cap == cap).collect();
+    let label = format!("{}, cap {}", kind.name(), cap.name());
     for pair in mine.windows(2) {
-        let (a, b) = (pair[0], pair[1]);
+        let (a, b) = (&pair[0].median, &pair[1].median);
         if b.per_s < a.per_s * 1.10 {
             let gain = if a.per_s > 0.0 { (b.per_s / a.per_s - 1.0) * 100.0 } else { 0.0 };
             return format!(
-                "Knee ({}): {} × {THREADS}; {} × {THREADS} changes delegations/s by {gain:+.1}% \
-                 (less than +10%).",
-                kind.name(),
-                a.procs,
-                b.procs
+                "Knee ({label}): {} × {THREADS}; {} × {THREADS} changes delegations/s by \
+                 {gain:+.1}% (less than +10%).",
+                pair[0].procs, pair[1].procs
             );
         }
     }
     match mine.last() {
-        Some(last) => format!("Knee ({}): no knee up to {} × {THREADS}.", kind.name(), last.procs),
-        None => format!("Knee ({}): no configuration ran.", kind.name()),
+        Some(last) => format!("Knee ({label}): no knee up to {} × {THREADS}.", last.procs),
+        None => format!("Knee ({label}): no configuration ran."),
     }
 }
 
@@ -506,29 +660,36 @@ struct Args {
     per_thread: usize,
     procs: Vec<usize>,
     backend: String,
+    caps: Vec<Cap>,
+    repeat: usize,
+    hermes: Option<PathBuf>,
     json: Option<PathBuf>,
 }
 
 const USAGE: &str = "usage: throughput [--quick] [--per-thread K] [--procs 1,4,16] \
-                     [--backend sqlite|pg|both] [--json FILE]";
+                     [--backend sqlite|pg|both] [--cap under|over|both] [--repeat N] \
+                     [--hermes-writer SITE] [--json FILE]";
 
 fn value_of(it: &mut std::slice::Iter<'_, String>, flag: &str) -> Res<String> {
     it.next().cloned().ok_or_else(|| format!("{flag} needs a value ({USAGE})").into())
 }
 
+fn number(it: &mut std::slice::Iter<'_, String>, flag: &str) -> Res<usize> {
+    let v = value_of(it, flag)?;
+    Ok(v.parse::<usize>().map_err(|e| format!("{flag} {v}: {e}"))?)
+}
+
 fn parse_args() -> Res<Args> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let (mut quick, mut per_thread, mut json) = (false, None, None);
+    let (mut quick, mut per_thread, mut json, mut hermes) = (false, None, None, None);
     let (mut procs, mut backend) = (vec![1, 4, 16], "both".to_owned());
+    let (mut caps, mut repeat) = (vec![Cap::Over, Cap::Under], 1);
     let mut it = args.iter();
     while let Some(arg) = it.next() {
         match arg.as_str() {
             "--quick" => quick = true,
-            "--per-thread" => {
-                let v = value_of(&mut it, arg)?;
-                per_thread =
-                    Some(v.parse::<usize>().map_err(|e| format!("--per-thread {v}: {e}"))?);
-            }
+            "--per-thread" => per_thread = Some(number(&mut it, arg)?),
+            "--repeat" => repeat = number(&mut it, arg)?,
             "--procs" => {
                 let v = value_of(&mut it, arg)?;
                 procs = v
@@ -538,6 +699,15 @@ fn parse_args() -> Res<Args> {
                     .map_err(|e| format!("--procs {v}: {e}"))?;
             }
             "--backend" => backend = value_of(&mut it, arg)?,
+            "--cap" => {
+                caps = match value_of(&mut it, arg)?.as_str() {
+                    "under" => vec![Cap::Under],
+                    "over" => vec![Cap::Over],
+                    "both" => vec![Cap::Over, Cap::Under],
+                    other => return Err(format!("--cap {other}: under, over or both").into()),
+                }
+            }
+            "--hermes-writer" => hermes = Some(PathBuf::from(value_of(&mut it, arg)?)),
             "--json" => json = Some(PathBuf::from(value_of(&mut it, arg)?)),
             other => return Err(format!("unknown argument `{other}` ({USAGE})").into()),
         }
@@ -548,10 +718,65 @@ fn parse_args() -> Res<Args> {
         return Err("--procs: process counts are positive".into());
     }
     let per_thread = per_thread.unwrap_or(if quick { 10 } else { 50 });
-    if per_thread == 0 {
-        return Err("--per-thread: at least 1".into());
+    if per_thread == 0 || repeat == 0 {
+        return Err("--per-thread and --repeat: at least 1".into());
     }
-    Ok(Args { per_thread, procs, backend, json })
+    Ok(Args { per_thread, procs, backend, caps, repeat, hermes, json })
+}
+
+fn run_json(r: &Run) -> Value {
+    json!({
+        "delegations": r.delegations,
+        "errors": r.errors,
+        "wall_s": r.wall_s,
+        "per_s": r.per_s,
+        "p50_ms": r.p50_ms,
+        "p90_ms": r.p90_ms,
+        "p99_ms": r.p99_ms,
+        "max_ms": r.max_ms,
+        "retries_per_1000": r.retries_per_1000,
+        "hermes": r.hermes,
+    })
+}
+
+fn print_table(rows: &[Row]) {
+    println!(
+        "\n| backend | cap | processes × threads | runs | delegations/s | spread | p50 ms \
+         | p90 ms | p99 ms | p99 spread | max ms | retries / 1,000 ops | errors |"
+    );
+    println!("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for r in rows {
+        let m = &r.median;
+        println!(
+            "| {} | {} | {} × {THREADS} | {} | {:.1} | {} | {:.2} | {:.2} | {:.2} | {} | {:.2} \
+             | {:.1} | {} |",
+            r.backend.name(),
+            r.cap.name(),
+            r.procs,
+            r.runs.len(),
+            m.per_s,
+            r.spread(|x| x.per_s),
+            m.p50_ms,
+            m.p90_ms,
+            m.p99_ms,
+            r.spread(|x| x.p99_ms),
+            m.max_ms,
+            m.retries_per_1000,
+            m.errors
+        );
+    }
+    for r in rows {
+        for (i, run) in r.runs.iter().enumerate() {
+            if let Some(h) = &run.hermes {
+                println!(
+                    "hermes writer beside {} {} × {THREADS}, run {}: {h}",
+                    r.backend.name(),
+                    r.procs,
+                    i + 1
+                );
+            }
+        }
+    }
 }
 
 fn run() -> Res<bool> {
@@ -571,64 +796,56 @@ fn run() -> Res<bool> {
     let mut rows = Vec::new();
     let mut failed = false;
     for &kind in &backends {
-        for &procs in &args.procs {
-            eprintln!(
-                "{}: {procs} process(es) × {THREADS} threads × {} delegations …",
-                kind.name(),
-                args.per_thread
-            );
-            match run_config(kind, procs, args.per_thread, url.as_deref()) {
-                Ok(row) => {
-                    failed |= row.errors > 0;
-                    rows.push(row);
+        for &cap in &args.caps {
+            for &procs in &args.procs {
+                let mut runs = Vec::new();
+                for i in 0..args.repeat {
+                    eprintln!(
+                        "{}, cap {}: {procs} process(es) × {THREADS} threads × {} delegations \
+                         (run {} of {}) …",
+                        kind.name(),
+                        cap.name(),
+                        args.per_thread,
+                        i + 1,
+                        args.repeat
+                    );
+                    let hermes = args.hermes.as_deref();
+                    match run_config(kind, cap, procs, args.per_thread, url.as_deref(), hermes) {
+                        Ok(run) => {
+                            failed |= run.errors > 0;
+                            runs.push(run);
+                        }
+                        Err(e) => {
+                            eprintln!("{} with {procs} process(es) failed: {e}", kind.name());
+                            failed = true;
+                        }
+                    }
                 }
-                Err(e) => {
-                    eprintln!("{} with {procs} process(es) failed: {e}", kind.name());
-                    failed = true;
+                if !runs.is_empty() {
+                    rows.push(Row::of(kind, cap, procs, args.per_thread, runs));
                 }
             }
         }
     }
-    println!(
-        "\n| backend | processes × threads | delegations | errors | wall s | delegations/s \
-         | p50 ms | p99 ms | retries / 1,000 ops |"
-    );
-    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|");
-    for r in &rows {
-        let retries = r.retries_per_1000.map_or_else(|| "-".to_owned(), |v| format!("{v:.1}"));
-        println!(
-            "| {} | {} × {THREADS} | {} | {} | {:.2} | {:.1} | {:.2} | {:.2} | {retries} |",
-            r.backend.name(),
-            r.procs,
-            r.delegations,
-            r.errors,
-            r.wall_s,
-            r.per_s,
-            r.p50_ms,
-            r.p99_ms
-        );
-    }
+    print_table(&rows);
     println!();
     for &kind in &backends {
-        println!("{}", knee(kind, &rows));
+        for &cap in &args.caps {
+            println!("{}", knee(kind, cap, &rows));
+        }
     }
     if let Some(path) = &args.json {
         let doc: Vec<Value> = rows
             .iter()
             .map(|r| {
-                json!({
-                    "backend": r.backend.name(),
-                    "processes": r.procs,
-                    "threads": THREADS,
-                    "per_thread": r.per_thread,
-                    "delegations": r.delegations,
-                    "errors": r.errors,
-                    "wall_s": r.wall_s,
-                    "per_s": r.per_s,
-                    "p50_ms": r.p50_ms,
-                    "p99_ms": r.p99_ms,
-                    "retries_per_1000": r.retries_per_1000,
-                })
+                let mut v = run_json(&r.median);
+                v["backend"] = json!(r.backend.name());
+                v["cap"] = json!(r.cap.name());
+                v["processes"] = json!(r.procs);
+                v["threads"] = json!(THREADS);
+                v["per_thread"] = json!(r.per_thread);
+                v["runs"] = r.runs.iter().map(run_json).collect();
+                v
             })
             .collect();
         std::fs::write(path, serde_json::to_string_pretty(&doc)?)?;

@@ -88,6 +88,14 @@ pub(crate) enum Mode {
     /// `BEGIN`, statement, `COMMIT`, in one round trip instead of three.
     /// Retried on 40001/40P01 as [`Mode::Write`]; a second statement is refused.
     WriteOne,
+    /// Exactly one statement (a write, or a CTE of several) in autocommit
+    /// on a connection with the server's default isolation (`READ
+    /// COMMITTED` unless the server says otherwise): for a write whose
+    /// correctness rests on row locks and the server's own triggers, not on
+    /// serializability (a retain under its tenant's cap, issue #41): it
+    /// never fails to serialize with other writers of its tenant. Deadlocks
+    /// (40P01) are retried; a second statement is refused.
+    WriteCommitted,
 }
 
 impl Mode {
@@ -101,7 +109,7 @@ impl Mode {
 
     /// Whether the mode is one autocommit statement.
     fn one(self) -> bool {
-        matches!(self, Mode::ReadOne | Mode::WriteOne)
+        matches!(self, Mode::ReadOne | Mode::WriteOne | Mode::WriteCommitted)
     }
 }
 
@@ -522,7 +530,7 @@ fn run_once<T>(
     let begin = match mode {
         Mode::Write => Some("BEGIN ISOLATION LEVEL SERIALIZABLE"),
         Mode::Read => Some("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"),
-        Mode::ReadOne | Mode::WriteOne => None,
+        Mode::ReadOne | Mode::WriteOne | Mode::WriteCommitted => None,
     };
     let Some(begin) = begin else {
         let mut tx = Tx { client: &mut conn.client, stmts: &mut conn.stmts, mode, issued: 0 };

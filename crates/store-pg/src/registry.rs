@@ -16,6 +16,7 @@ use retinue_core::{
     parse_json_opt, truncate_chars,
 };
 use serde_json::Value;
+use std::sync::atomic::Ordering;
 
 use crate::pool::{Fail, Mode, Params, PgResult, Tx, count, int, random_hex, u32_of};
 use crate::rows::{CHILD_COLS, CHILD_RETAINED_AT, ChildRow, PROFILE, PROFILE_U, read_child_row_at};
@@ -57,7 +58,7 @@ fn candidates(tx: &mut Tx<'_>, id: &str, lim: Limits) -> PgResult<Vec<Candidate>
          CASE WHEN c.tombstoned_at IS NOT NULL OR u.tombstoned_at IS NOT NULL \
                 OR u.retained IS DISTINCT FROM 1 \
                 OR ({CHILD_RETAINED_AT} >= $2) IS NOT TRUE THEN NULL \
-              WHEN COALESCE((SELECT n.units FROM retinue_profile_live n \
+              WHEN COALESCE((SELECT sum(n.units)::BIGINT FROM retinue_profile_live n \
                 WHERE n.profile = COALESCE(u.owner_profile, '')), $3::bigint + 1) <= $3::bigint THEN 0 \
               WHEN u.retained_at IS NULL THEN (SELECT count(*) FROM (SELECT 1 \
                 FROM async_delegations a WHERE {same} AND {above_null} AND {CAP_LIVE_CHILD} \
@@ -290,7 +291,7 @@ fn prune_due(tx: &mut Tx<'_>, lim: Limits, profile: &str) -> PgResult<bool> {
              AND u.retained = 1 AND u.tombstoned_at IS NULL \
              AND ($3 = '' OR COALESCE(u.owner_profile, '') IN ('', $3))) \
          OR EXISTS (SELECT 1 FROM retinue_profile_live WHERE ($3 = '' OR profile IN ('', $3)) \
-             AND units > $2)";
+             GROUP BY profile HAVING sum(units)::BIGINT > $2)";
     Ok(tx.query_one(sql, &[&lim.cutoff(), &int(lim.max_retained), &profile])?.try_get(0)?)
 }
 
@@ -301,24 +302,29 @@ pub(crate) fn adopt_and_prune(tx: &mut Tx<'_>, lim: Limits, profile: &str) -> Pg
     let n = prune_in(tx, lim, profile)?;
     // What was copied may be any tenant's: the prune counts only its own
     // profile, and a count too low would let a reader skip the exact rank.
-    recount_live(tx)?;
+    recount(tx, "")?;
     Ok(n)
 }
 
-/// Recounts `retinue_profile_live` exactly (every profile), in the caller's
-/// transaction: rows that changed are written, profiles without live units
-/// go to 0.
-pub(crate) fn recount_live(tx: &mut Tx<'_>) -> PgResult<()> {
+/// Recounts `retinue_profile_live` exactly, in the caller's transaction,
+/// for `profile`'s tenant (its own and the unprofiled units; every profile
+/// for the empty profile): each profile's count on stripe 0, its other
+/// stripes to 0 (the triggers of migration V11 keep the sum exact between
+/// recounts; this repairs a count edited by hand or written with triggers
+/// off). Rows already right are not written.
+pub(crate) fn recount(tx: &mut Tx<'_>, profile: &str) -> PgResult<()> {
     let sql = format!(
         "WITH c AS (SELECT {PROFILE} AS p, count(*) AS n FROM async_delegations \
-           WHERE retained = 1 AND tombstoned_at IS NULL GROUP BY 1), \
-         z AS (UPDATE retinue_profile_live SET units = 0 \
-           WHERE units <> 0 AND profile NOT IN (SELECT p FROM c)) \
-         INSERT INTO retinue_profile_live (profile, units) SELECT p, n FROM c \
-         ON CONFLICT (profile) DO UPDATE SET units = EXCLUDED.units \
+           WHERE retained = 1 AND tombstoned_at IS NULL AND ($1 = '' OR {PROFILE} IN ('', $1)) \
+           GROUP BY 1), \
+         z AS (UPDATE retinue_profile_live SET units = 0 WHERE units <> 0 \
+           AND ($1 = '' OR profile IN ('', $1)) \
+           AND NOT (stripe = 0 AND profile IN (SELECT p FROM c))) \
+         INSERT INTO retinue_profile_live (profile, stripe, units) SELECT p, 0, n FROM c \
+         ON CONFLICT (profile, stripe) DO UPDATE SET units = EXCLUDED.units \
          WHERE retinue_profile_live.units <> EXCLUDED.units"
     );
-    tx.execute(&sql, &[])?;
+    tx.execute(&sql, &[&profile])?;
     Ok(())
 }
 
@@ -330,8 +336,8 @@ pub(crate) fn recount_live(tx: &mut Tx<'_>) -> PgResult<()> {
 /// One statement, bounded by the tenant's live units (at most the cap and
 /// the one just retained, in steady state) and their children: the TTL's
 /// children and the units it leaves without a live child, the cap's units
-/// and children, and the tenant's live count from the same ranking (no
-/// recount of other tenants).
+/// and children; then the tenant's live count, recounted (no other
+/// tenant's).
 pub(crate) fn prune_in(tx: &mut Tx<'_>, lim: Limits, profile: &str) -> PgResult<PruneCount> {
     let t = lim.now;
     // One statement on one snapshot. `live` is the tenant's live units, each
@@ -339,7 +345,7 @@ pub(crate) fn prune_in(tx: &mut Tx<'_>, lim: Limits, profile: &str) -> PgResult<
     // tombstones the other children (`ttl`, at their expiry) and the units
     // without such a child; the cap ranks the units that keep one and
     // tombstones, beyond `max_retained`, their children still within the
-    // TTL (`cap`) and the units; the live count is what stays. The four
+    // TTL (`cap`) and the units. The four
     // updates touch disjoint rows, exactly the rows the TTL pass and then
     // the cap pass would. A child without a TTL clock of its own (written
     // by another program) is judged by its unit's, as every read judges it.
@@ -364,13 +370,7 @@ pub(crate) fn prune_in(tx: &mut Tx<'_>, lim: Limits, profile: &str) -> PgResult<
            FROM over o WHERE o.delegation_id = c.delegation_id AND c.tombstoned_at IS NULL \
              AND COALESCE(c.retained_at, o.retained_at) >= $2 RETURNING 1), \
          cu AS (UPDATE async_delegations SET tombstoned_at = $1, updated_at = $1 \
-           WHERE delegation_id IN (SELECT delegation_id FROM over) RETURNING 1), \
-         cnt AS (SELECT p, count(*) FILTER (WHERE rn <= $5) AS n FROM ranked GROUP BY p), \
-         z AS (UPDATE retinue_profile_live SET units = 0 WHERE units <> 0 \
-           AND ($4 = '' OR profile IN ('', $4)) AND profile NOT IN (SELECT p FROM cnt)), \
-         w AS (INSERT INTO retinue_profile_live (profile, units) SELECT p, n FROM cnt \
-           ON CONFLICT (profile) DO UPDATE SET units = EXCLUDED.units \
-           WHERE retinue_profile_live.units <> EXCLUDED.units) \
+           WHERE delegation_id IN (SELECT delegation_id FROM over) RETURNING 1) \
          SELECT (SELECT count(*) FROM tc) + (SELECT count(*) FROM cc), \
            (SELECT count(*) FROM tu) + (SELECT count(*) FROM cu)"
     );
@@ -378,6 +378,9 @@ pub(crate) fn prune_in(tx: &mut Tx<'_>, lim: Limits, profile: &str) -> PgResult<
         &sql,
         &[&t, &lim.cutoff(), &lim.ttl_seconds(), &profile, &int(lim.max_retained)],
     )?;
+    // The tombstones moved the count (the triggers); a prune also repairs
+    // it, so a count is never trusted past the next prune.
+    recount(tx, profile)?;
     Ok(PruneCount { children: count_of(row.try_get(0)?), units: count_of(row.try_get(1)?) })
 }
 
@@ -684,7 +687,7 @@ fn retain_in(
     prune_in(tx, lim, profile)?;
     if !profile.is_empty() && !unit_profile.is_empty() && unit_profile != profile {
         // The unit is another tenant's: its live count changed too.
-        recount_live(tx)?;
+        recount(tx, "")?;
     }
     Ok(true)
 }
@@ -709,13 +712,19 @@ const ORPHAN_UNIT: &str = "EXISTS (SELECT 1 FROM async_delegations v \
 /// clock, and the cap's tombstone), its expired children by `tc`; the
 /// prune's other updates leave it out. Every update touches rows no other
 /// one does.
+///
+/// The tenant's live count moves with the triggers of migration V11; the
+/// statement also repairs it: where the sum of a profile's stripes differs
+/// from its live units on the snapshot (a count edited by hand, rows
+/// written with triggers off), stripe 0 takes the difference, and the
+/// triggers then move it by what the statement changes.
 fn retain_one(
     tx: &mut Tx<'_>,
     id: &str,
     usage: Option<&str>,
     lim: Limits,
     profile: &str,
-) -> PgResult<Option<bool>> {
+) -> PgResult<Option<Serial>> {
     let tenant = |p: &str| format!("($4 = '' OR {p} IN ('', $4))");
     let sql = format!(
         "WITH g AS (SELECT NOT EXISTS (SELECT 1 FROM retinue_children k \
@@ -723,8 +732,8 @@ fn retain_one(
              OR {ORPHAN_UNIT} \
              OR EXISTS (SELECT 1 FROM async_delegations WHERE delegation_id = $6 \
                AND tombstoned_at IS NULL AND NOT {t_unit}) AS fallback), \
-         x AS (SELECT delegation_id FROM async_delegations WHERE delegation_id = $6 \
-           AND tombstoned_at IS NULL AND NOT (SELECT fallback FROM g)), \
+         x AS (SELECT delegation_id, (retained = 1) IS TRUE AS was_live FROM async_delegations \
+           WHERE delegation_id = $6 AND tombstoned_at IS NULL AND NOT (SELECT fallback FROM g)), \
          live AS (SELECT delegation_id, {PROFILE} AS p, retained_at, EXISTS (SELECT 1 \
              FROM retinue_children k WHERE k.delegation_id = u.delegation_id \
              AND k.tombstoned_at IS NULL \
@@ -766,15 +775,18 @@ fn retain_one(
          cu AS (UPDATE async_delegations SET tombstoned_at = $1, updated_at = $1 \
            WHERE delegation_id IN (SELECT delegation_id FROM over) AND delegation_id <> $6 \
            RETURNING 1), \
-         cnt AS (SELECT p, count(*) FILTER (WHERE rn <= $5) AS n FROM ranked GROUP BY p), \
-         z AS (UPDATE retinue_profile_live SET units = 0 WHERE units <> 0 \
-           AND {t_profile} AND profile NOT IN (SELECT p FROM cnt) AND EXISTS (SELECT 1 FROM x)), \
-         w AS (INSERT INTO retinue_profile_live (profile, units) SELECT p, n FROM cnt \
-           ON CONFLICT (profile) DO UPDATE SET units = EXCLUDED.units \
-           WHERE retinue_profile_live.units <> EXCLUDED.units) \
-         SELECT (SELECT fallback FROM g), (SELECT count(*) FROM u)",
+         n0 AS (SELECT p, count(*) FILTER (WHERE delegation_id <> $6) \
+             + count(*) FILTER (WHERE delegation_id = $6 AND (SELECT was_live FROM x)) AS n \
+           FROM live GROUP BY p), \
+         fix AS (SELECT n0.p, n0.n - COALESCE((SELECT sum(l.units)::BIGINT FROM retinue_profile_live l \
+             WHERE l.profile = n0.p), 0) AS diff FROM n0), \
+         w AS (INSERT INTO retinue_profile_live AS l (profile, stripe, units) \
+           SELECT p, 0, diff FROM fix WHERE diff <> 0 \
+           ON CONFLICT (profile, stripe) DO UPDATE SET units = l.units + EXCLUDED.units) \
+         SELECT (SELECT fallback FROM g), (SELECT count(*) FROM u), \
+           COALESCE((SELECT max(n) FROM (SELECT count(*) FILTER (WHERE rn <= $5) AS n \
+             FROM ranked GROUP BY p) q), 0) >= $5",
         t_unit = tenant(PROFILE),
-        t_profile = tenant("profile"),
     );
     let row = tx.query_one(
         &sql,
@@ -791,7 +803,122 @@ fn retain_one(
     if row.try_get::<_, bool>(0)? {
         return Ok(None);
     }
-    Ok(Some(row.try_get::<_, i64>(1)? > 0))
+    Ok(Some(Serial { changed: row.try_get::<_, i64>(1)? > 0, at_cap: row.try_get(2)? }))
+}
+
+/// What [`retain_one`] did.
+struct Serial {
+    /// The unit was retained.
+    changed: bool,
+    /// Its tenant is at its cap now: its next retain will prune.
+    at_cap: bool,
+}
+
+/// What a completion writes besides the retain (see [`retain_fast`]).
+struct Done<'a> {
+    state: &'a str,
+    event: String,
+    result: String,
+    delivery: &'a str,
+    delivered_at: Option<f64>,
+}
+
+/// What [`retain_fast`] did.
+struct Fast {
+    /// The unit was retained (it existed, live).
+    changed: bool,
+    /// Nothing was written: the tenant would be over its cap, or something
+    /// of it is past its TTL, so the retain must prune ([`retain_one`]).
+    due: bool,
+}
+
+/// A retain (with its completion, `done`) as one statement that ranks
+/// nothing, in [`Mode::WriteCommitted`], when its tenant stays within its
+/// cap and nothing of it is past its TTL: the statement reads the sum of
+/// the tenant's count stripes (plus this unit) and the old ends of two
+/// indexes, and writes the unit and its children's TTL clock only when no
+/// prune is due; the server's triggers count the unit live on the writer's
+/// stripe. Nothing of the tenant is locked but the unit's own rows and one
+/// stripe, so retains of one tenant under its cap never queue behind each
+/// other. Concurrent retains may together pass the cap: readers rank
+/// exactly whenever the (exact) count is over it, and the next retain of
+/// the tenant finds it due and prunes.
+///
+/// `None` (nothing written) when the unit is another tenant's, is
+/// tombstoned, or needs adopting first (no child rows, or a live unit
+/// without any: a backfill): the caller takes the serialized path.
+fn retain_fast(
+    tx: &mut Tx<'_>,
+    id: &str,
+    usage: Option<&str>,
+    done: Option<&Done<'_>>,
+    lim: Limits,
+    profile: &str,
+) -> PgResult<Option<Fast>> {
+    let t_unit = format!("($4 = '' OR {PROFILE} IN ('', $4))");
+    // The completion's columns, when there is one ($7–$11).
+    let completion = if done.is_some() {
+        "state = $7, completed_at = $1, event_json = $8, result_json = $9, \
+         delivery_state = $10, delivered_at = $11, "
+    } else {
+        ""
+    };
+    let sql = format!(
+        "WITH g AS (SELECT NOT EXISTS (SELECT 1 FROM retinue_children k \
+               WHERE k.delegation_id = $3) \
+             OR {ORPHAN_UNIT} \
+             OR NOT EXISTS (SELECT 1 FROM async_delegations WHERE delegation_id = $3 \
+               AND tombstoned_at IS NULL AND {t_unit}) AS fallback), \
+         x AS (SELECT delegation_id, {PROFILE} AS p, (retained = 1) IS TRUE AS was_live \
+           FROM async_delegations WHERE delegation_id = $3 AND NOT (SELECT fallback FROM g)), \
+         d AS (SELECT COALESCE((SELECT sum(n.units)::BIGINT FROM retinue_profile_live n \
+               WHERE n.profile = x.p), 0) AS counted, was_live FROM x), \
+         due AS (SELECT counted < 0 OR counted + CASE WHEN was_live THEN 0 ELSE 1 END > $6 \
+           OR (SELECT k.retained_at FROM retinue_children k \
+             JOIN async_delegations v ON v.delegation_id = k.delegation_id \
+             WHERE k.tombstoned_at IS NULL AND k.retained_at < $2 \
+             AND v.retained = 1 AND v.tombstoned_at IS NULL AND ($4 = '' OR \
+               COALESCE(v.owner_profile, '') IN ('', $4)) \
+             ORDER BY k.retained_at LIMIT 1) IS NOT NULL \
+           OR EXISTS (SELECT 1 FROM async_delegations v WHERE v.retained = 1 \
+             AND v.tombstoned_at IS NULL AND (v.retained_at < $2 OR v.retained_at IS NULL) \
+             AND ($4 = '' OR COALESCE(v.owner_profile, '') IN ('', $4))) AS due FROM d), \
+         u AS (UPDATE async_delegations SET {completion}retained = 1, retained_at = $1, \
+             updated_at = $1, usage_json = COALESCE($5, usage_json) \
+           WHERE delegation_id IN (SELECT delegation_id FROM x) \
+             AND (SELECT NOT due FROM due) RETURNING 1), \
+         c AS (UPDATE retinue_children SET retained_at = $1 \
+           WHERE delegation_id IN (SELECT delegation_id FROM x) AND tombstoned_at IS NULL \
+             AND (retained_at IS NULL OR retained_at >= $2) \
+             AND (SELECT NOT due FROM due) RETURNING 1) \
+         SELECT (SELECT fallback FROM g), (SELECT count(*) FROM u), \
+           COALESCE((SELECT due FROM due), true)"
+    );
+    let cap = int(lim.max_retained);
+    let (now, cutoff) = (lim.now, lim.cutoff());
+    let row = match done {
+        Some(d) => tx.query_one(
+            &sql,
+            &[
+                &now,
+                &cutoff,
+                &id,
+                &profile,
+                &usage,
+                &cap,
+                &d.state,
+                &d.event,
+                &d.result,
+                &d.delivery,
+                &d.delivered_at,
+            ],
+        )?,
+        None => tx.query_one(&sql, &[&now, &cutoff, &id, &profile, &usage, &cap])?,
+    };
+    if row.try_get::<_, bool>(0)? {
+        return Ok(None);
+    }
+    Ok(Some(Fast { changed: row.try_get::<_, i64>(1)? > 0, due: row.try_get(2)? }))
 }
 
 /// A unit's children as parallel arrays: the parameters of [`children_from_arrays`].
@@ -1009,16 +1136,14 @@ impl UnitLifecycle for PgStore {
             } else {
                 Some(lone_child_session(children).unwrap_or_default())
             };
-            let updated = tx.query_opt(
+            // A live unit that changes profile moves its count (the triggers).
+            let updated = tx.execute(
                 "UPDATE async_delegations SET children_json = $1, child_session_id = $2, \
-                 owner_profile = $3, updated_at = $4 WHERE delegation_id = $5 \
-                 RETURNING (retained = 1 AND tombstoned_at IS NULL) IS TRUE",
+                 owner_profile = $3, updated_at = $4 WHERE delegation_id = $5",
                 &[&children_json(children), &lone, &self.profile, &now, &id],
             )?;
-            let Some(updated) = updated else { return Ok(false) };
-            if updated.try_get::<_, bool>(0)? {
-                // A live unit may have changed profile.
-                recount_live(tx)?;
+            if updated == 0 {
+                return Ok(false);
             }
             upsert_children(tx, id, children)?;
             Ok(true)
@@ -1029,6 +1154,16 @@ impl UnitLifecycle for PgStore {
     fn retain_completed_delegation<'a>(&self, id: &str, usage: Option<&'a Value>) -> Result<bool> {
         let lim = self.limits();
         let text = usage.map(Value::to_string);
+        if self.try_fast() {
+            let fast = self.pool.tx("retaining a unit", Mode::WriteCommitted, |tx| {
+                retain_fast(tx, id, text.as_deref(), None, lim, &self.profile)
+            })?;
+            match fast {
+                Some(Fast { changed, due: false }) => return Ok(changed),
+                Some(Fast { due: true, .. }) => self.prune_hint.store(true, Ordering::Relaxed),
+                None => {}
+            }
+        }
         let one = self.pool.tx_queued(
             "retaining a unit",
             Mode::WriteOne,
@@ -1036,7 +1171,10 @@ impl UnitLifecycle for PgStore {
             |tx| retain_one(tx, id, text.as_deref(), lim, &self.profile),
         )?;
         match one {
-            Some(retained) => Ok(retained),
+            Some(serial) => {
+                self.prune_hint.store(serial.at_cap, Ordering::Relaxed);
+                Ok(serial.changed)
+            }
             None => {
                 self.pool.tx_queued("retaining a unit", Mode::Write, Some(self.prune_queue), |tx| {
                     retain_in(tx, id, usage, lim, &self.profile)
@@ -1052,6 +1190,25 @@ impl UnitLifecycle for PgStore {
         let (status, delivery, delivered_at) =
             (plan.state.as_str(), plan.delivery_state, plan.delivered_at);
         let usage = c.usage.as_ref().map(Value::to_string);
+        if plan.retains && self.try_fast() {
+            // The completion and the retain in one statement that ranks
+            // nothing, when no prune is due.
+            let done = Done {
+                state: status,
+                event: c.event.to_json().to_string(),
+                result: c.result.to_string(),
+                delivery,
+                delivered_at,
+            };
+            let fast = self.pool.tx("persisting a completion", Mode::WriteCommitted, |tx| {
+                retain_fast(tx, &c.delegation_id, usage.as_deref(), Some(&done), lim, &self.profile)
+            })?;
+            match fast {
+                Some(Fast { changed, due: false }) => return Ok(changed),
+                Some(Fast { due: true, .. }) => self.prune_hint.store(true, Ordering::Relaxed),
+                None => {}
+            }
+        }
         // Only a retaining completion prunes (and adopts, in `retain_in`):
         // only it queues on the tenant's hot spot; the others are one
         // statement.
@@ -1079,14 +1236,35 @@ impl UnitLifecycle for PgStore {
             if changed == 0 {
                 return Ok(false);
             }
-            if plan.retains && retain_one(tx, &c.delegation_id, None, lim, &self.profile)?.is_none()
-            {
-                retain_in(tx, &c.delegation_id, None, lim, &self.profile)?;
+            if plan.retains {
+                match retain_one(tx, &c.delegation_id, None, lim, &self.profile)? {
+                    Some(serial) => self.prune_hint.store(serial.at_cap, Ordering::Relaxed),
+                    None => {
+                        retain_in(tx, &c.delegation_id, None, lim, &self.profile)?;
+                    }
+                }
             }
             Ok(true)
         })
     }
 }
+
+impl PgStore {
+    /// Whether a retain tries the statement that ranks nothing first
+    /// ([`retain_fast`]): not while the tenant was at its cap at the last
+    /// retain (then every retain prunes, and [`retain_one`] does both in
+    /// one round trip), and not on every [`VERIFY_EVERY`]th retain, which
+    /// ranks the tenant and repairs its count (a count is never trusted
+    /// for long: one edited by hand or written with triggers off).
+    fn try_fast(&self) -> bool {
+        let n = self.retains.fetch_add(1, Ordering::Relaxed);
+        !self.prune_hint.load(Ordering::Relaxed) && n % VERIFY_EVERY != VERIFY_EVERY - 1
+    }
+}
+
+/// Every this many retains of a store, one takes the ranking path, which
+/// repairs the tenant's count.
+const VERIFY_EVERY: u64 = 64;
 
 // ---------------------------------------------------------------- claims
 

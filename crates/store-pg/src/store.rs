@@ -4,6 +4,7 @@
 
 use std::path::PathBuf;
 use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -64,6 +65,10 @@ const MIGRATIONS: &[(&str, &str)] = &[
     (
         "V10__retinue_pg_change_clock",
         include_str!("../migrations/V10__retinue_pg_change_clock.sql"),
+    ),
+    (
+        "V11__retinue_pg_live_count_stripes",
+        include_str!("../migrations/V11__retinue_pg_live_count_stripes.sql"),
     ),
 ];
 
@@ -172,6 +177,11 @@ pub struct PgStore {
     /// The advisory lock retries of this tenant's pruning writes queue on
     /// (see [`Pool::tx_queued`]).
     pub(crate) prune_queue: i64,
+    /// The tenant was at its cap at this store's last retain: the next
+    /// retain prunes, so it ranks at once (issue #41).
+    pub(crate) prune_hint: AtomicBool,
+    /// Retains of this store (every so many ranks, to verify the count).
+    pub(crate) retains: AtomicU64,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -412,6 +422,8 @@ impl PgStore {
             profile: opts.profile,
             worker_id: format!("w-{}", random_hex(8)?),
             lease_secs: opts.lease_secs,
+            prune_hint: AtomicBool::new(false),
+            retains: AtomicU64::new(0),
         })
     }
 

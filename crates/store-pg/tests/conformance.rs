@@ -644,8 +644,11 @@ fn a_child_without_a_clock_is_judged_by_its_units() {
         &[],
     )
     .expect("its clockless child");
-    sql.execute("UPDATE retinue_profile_live SET units = units + 1 WHERE profile = ''", &[])
-        .expect("counted");
+    sql.execute(
+        "UPDATE retinue_profile_live SET units = units + 1 WHERE profile = '' AND stripe = 0",
+        &[],
+    )
+    .expect("counted");
     clock.advance(10.0);
     unit(&store, "", "a");
     assert!(store.find_retained_child("sa-raw").expect("find").is_some(), "pruned while fresh");
@@ -677,9 +680,12 @@ fn a_retain_whose_prune_takes_the_retained_unit() {
     let mut sql = postgres::Client::connect(&url, postgres::NoTls).expect("connect");
     sql.batch_execute(&format!("SET search_path TO {schema}")).expect("search path");
     let live = |sql: &mut postgres::Client| -> i64 {
-        sql.query_one("SELECT units FROM retinue_profile_live WHERE profile = ''", &[])
-            .expect("count")
-            .get(0)
+        sql.query_one(
+            "SELECT COALESCE(sum(units), 0)::BIGINT FROM retinue_profile_live WHERE profile = ''",
+            &[],
+        )
+        .expect("count")
+        .get(0)
     };
 
     clock.advance(100.0);

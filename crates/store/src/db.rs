@@ -3,12 +3,14 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
 
 use crate::error::{Error, Result, SqlResult, is_retryable, migration, sql};
+use crate::gate::{WriterGate, busy_handler};
 use retinue_core::{Clock, SystemClock};
 use retinue_core::{JournalMode, RetentionPolicy, Synchronous};
 use retinue_core::{RetainedChild, SessionRow};
@@ -112,6 +114,12 @@ pub(crate) struct Pool {
     busy_timeout: Duration,
     synchronous: Synchronous,
     idle: Mutex<Vec<Pooled>>,
+    /// This file's writers in this process queue here before `BEGIN
+    /// IMMEDIATE` (see [`crate::gate`]).
+    gate: Arc<WriterGate>,
+    /// Busy-handler calls of this pool's connections (another process held
+    /// the lock): [`crate::Store::busy_probes`].
+    probes: Arc<AtomicU64>,
 }
 
 /// A pooled connection and what it has read that is provably still fresh.
@@ -215,8 +223,9 @@ impl Pool {
         let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
             | OpenFlags::SQLITE_OPEN_CREATE
             | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-        let conn = Connection::open_with_flags(&self.path, flags)?;
-        set_connection_pragmas(&conn, self.busy_timeout, self.synchronous, false)?;
+        let mut conn = Connection::open_with_flags(&self.path, flags)?;
+        set_connection_pragmas(&mut conn, self.busy_timeout, self.synchronous, false)?;
+        conn.busy_handler(Some(busy_handler(self.busy_timeout, self.probes.clone())))?;
         Ok(conn)
     }
 
@@ -263,18 +272,42 @@ impl Pool {
         out
     }
 
-    /// Runs `f` inside one `BEGIN IMMEDIATE` transaction; a failure names `op`.
+    /// Runs `f` inside one `BEGIN IMMEDIATE` transaction, after this
+    /// writer's turn at the file's [`WriterGate`]; a failure names `op`.
     pub(crate) fn write<T>(
         &self,
         op: &'static str,
         f: impl FnOnce(&rusqlite::Transaction<'_>) -> SqlResult<T>,
     ) -> Result<T> {
+        let started = Instant::now();
+        let _turn = self.gate.enter(self.busy_timeout).map_err(|e| {
+            let (waited_ms, timeout_ms) = (e.waited_ms, self.busy_timeout_ms());
+            Error::Busy { operation: op, waited_ms, timeout_ms, source: Box::new(e) }
+        })?;
+        // The busy timeout covers the queue and the lock together.
+        let left = self.busy_timeout.saturating_sub(started.elapsed());
         self.with(op, |conn| {
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let out = f(&tx)?;
-            tx.commit()?;
-            Ok(out)
+            let shortened = left < self.busy_timeout;
+            if shortened {
+                conn.busy_handler(Some(busy_handler(left, self.probes.clone())))?;
+            }
+            let out = (|| {
+                let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+                let out = f(&tx)?;
+                tx.commit()?;
+                Ok(out)
+            })();
+            if shortened {
+                conn.busy_handler(Some(busy_handler(self.busy_timeout, self.probes.clone())))?;
+            }
+            out
         })
+        // A busy failure reports the whole wait: the queue and the lock.
+        .map_err(|e| with_wait(e, started, self.busy_timeout))
+    }
+
+    fn busy_timeout_ms(&self) -> u64 {
+        u64::try_from(self.busy_timeout.as_millis()).unwrap_or(u64::MAX)
     }
 
     /// Runs a single-statement read `f` (atomic on its own: no explicit transaction).
@@ -308,15 +341,22 @@ impl Pool {
     pub(crate) fn path(&self) -> &Path {
         &self.path
     }
+
+    /// Busy-handler calls of this pool's connections.
+    pub(crate) fn busy_probes(&self) -> u64 {
+        self.probes.load(std::sync::atomic::Ordering::Relaxed)
+    }
 }
 
 fn set_connection_pragmas(
-    conn: &Connection,
+    conn: &mut Connection,
     busy: Duration,
     sync: Synchronous,
     read_only: bool,
 ) -> SqlResult<()> {
-    conn.busy_timeout(busy)?;
+    // Short, growing waits instead of SQLite's sleeps of up to 100 ms (see
+    // `crate::gate`); a pool's connections count theirs in the pool.
+    conn.busy_handler(Some(busy_handler(busy, Arc::default())))?;
     // Every statement of the store fits: no re-prepare on the hot paths.
     conn.set_prepared_statement_cache_capacity(256);
     // Query-planner stability: without it, SQLite 3.5x marks every `col = ?`
@@ -685,6 +725,8 @@ fn open_pool_timed(
         busy_timeout: timeout,
         synchronous: opts.synchronous,
         idle: Mutex::new(Vec::new()),
+        gate: crate::gate::gate_for(path),
+        probes: Arc::default(),
     };
     let mut conn = pool.connect()?;
     // Read-only probes first: a corrupt, foreign or newer file is refused untouched.
@@ -794,7 +836,7 @@ fn connect_read_only(path: &Path, busy: Duration) -> SqlResult<Connection> {
             return Err(e.into());
         }
     }
-    set_connection_pragmas(&conn, busy, Synchronous::Full, true)?;
+    set_connection_pragmas(&mut conn, busy, Synchronous::Full, true)?;
     read_view(&conn)?;
     Ok(conn)
 }

@@ -22,6 +22,7 @@ mod budget;
 mod db;
 mod error;
 mod export;
+mod gate;
 mod ledger;
 mod registry;
 mod rows;

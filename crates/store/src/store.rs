@@ -81,6 +81,14 @@ impl Store {
         self.pool.path().to_path_buf()
     }
 
+    /// How many times this store's connections found the database locked
+    /// by another process and waited (busy-handler calls) since it was
+    /// opened. Writers of one process never wait there: they queue in the
+    /// file's writer gate first.
+    pub fn busy_probes(&self) -> u64 {
+        self.pool.busy_probes()
+    }
+
     /// The retention policy in force.
     pub fn retention(&self) -> RetentionPolicy {
         self.retention

@@ -2,6 +2,7 @@
 
 mod it {
     mod budget;
+    mod contention;
     pub(crate) mod fixture;
     mod legacy;
     mod registry;

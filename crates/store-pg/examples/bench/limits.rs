@@ -374,8 +374,8 @@ impl Limits {
     }
 
     /// Retains a unit as a writer that does not prune would: the flag and
-    /// time of the unit and its children, and the profile's live count
-    /// (which every writer of this schema maintains), no prune.
+    /// time of the unit and its children (the server's triggers count it
+    /// live), no prune.
     pub(crate) fn retain_raw(&mut self, id: &str, now: f64) -> Res<()> {
         self.tx(|l| {
             l.exec(
@@ -387,7 +387,6 @@ impl Limits {
                 "UPDATE retinue_children SET retained_at = $2 WHERE delegation_id = $1",
                 &[&id, &now],
             )?;
-            l.exec("UPDATE retinue_profile_live SET units = units + 1 WHERE profile = ''", &[])?;
             Ok(())
         })
     }
