@@ -29,7 +29,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError, Weak};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 /// The first wait of the busy handler.
@@ -68,20 +68,36 @@ pub(crate) fn busy_handler(
     }
 }
 
+/// How many writes of one process may follow each other in one turn
+/// between processes while more of its writers queue: fewer hand-offs
+/// between processes (each costs two wake-ups), and still every process
+/// writes within a bounded number of others' turns.
+const WRITES_PER_TURN: u32 = 8;
+
 /// The FIFO queue of one database file's writers in this process.
 #[derive(Default)]
 pub(crate) struct WriterGate {
     state: Mutex<Queue>,
-    turn: Condvar,
+    /// The file's queue between processes, opened at the first write
+    /// (see [`crate::queue`]); `None` where there is none.
+    #[cfg(target_os = "linux")]
+    between: OnceLock<Option<crate::queue::ProcessQueue>>,
+    /// The database file (for its queue's file).
+    path: PathBuf,
 }
 
 #[derive(Default)]
 struct Queue {
-    /// Tickets waiting, oldest first.
-    waiting: VecDeque<u64>,
-    /// Whether a writer holds the gate.
-    held: bool,
+    /// Writers waiting, oldest first: their ticket and their thread.
+    waiting: VecDeque<(u64, std::thread::Thread)>,
+    /// The ticket holding the gate. A release hands the gate to the
+    /// oldest waiter directly (and wakes only that one), so no late
+    /// arrival can take it in between.
+    holder: Option<u64>,
     next_ticket: u64,
+    /// The turn between processes this process holds (its ticket there),
+    /// and the writes done in it.
+    between: Option<(u64, u32)>,
 }
 
 /// The gate's turn, released on drop (also while unwinding).
@@ -106,57 +122,121 @@ impl Drop for GateTurn<'_> {
         let Some(gate) = self.gate else { return };
         HELD.with(|h| h.borrow_mut().retain(|a| *a != address(gate)));
         let mut q = gate.state.lock().unwrap_or_else(PoisonError::into_inner);
-        q.held = false;
-        drop(q);
-        gate.turn.notify_all();
+        // The turn between processes passes on with the gate while this
+        // process's writers queue, up to WRITES_PER_TURN; else it is left.
+        if let Some((ticket, writes)) = q.between
+            && (q.waiting.is_empty() || writes >= WRITES_PER_TURN)
+        {
+            q.between = None;
+            gate.leave_between(ticket);
+        }
+        match q.waiting.pop_front() {
+            Some((ticket, thread)) => {
+                q.holder = Some(ticket);
+                drop(q);
+                thread.unpark();
+            }
+            None => q.holder = None,
+        }
     }
 }
 
 /// The gate could not be taken within the busy timeout.
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "{ahead} earlier writer(s) of this process still queued for the database after {waited_ms} ms"
+    "{} still queued for the database after {waited_ms} ms",
+    if *between_processes { "another process's writer was" } else { "earlier writers of this process were" }
 )]
 pub(crate) struct GateTimeout {
     /// Writers still ahead when the wait gave up.
     pub(crate) ahead: usize,
     /// How long the writer queued.
     pub(crate) waited_ms: u64,
+    /// Whether it queued behind another process's writer (else: behind
+    /// this process's own).
+    pub(crate) between_processes: bool,
 }
 
 impl WriterGate {
-    /// Waits for this writer's turn, at most `timeout`.
+    /// Waits for this writer's turn in this process and then between
+    /// processes, at most `timeout` in all.
     pub(crate) fn enter(&self, timeout: Duration) -> Result<GateTurn<'_>, GateTimeout> {
+        let started = Instant::now();
+        let turn = self.enter_here(timeout)?;
+        if turn.gate.is_some() {
+            let left = timeout.saturating_sub(started.elapsed());
+            if let Err(mut e) = self.enter_between(left) {
+                e.waited_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+                // Dropping `turn` hands the gate on.
+                return Err(e);
+            }
+        }
+        Ok(turn)
+    }
+
+    /// Takes this process's turn between processes, unless it holds it
+    /// already (passed on by the previous writer). The caller holds the gate.
+    #[cfg(target_os = "linux")]
+    fn enter_between(&self, timeout: Duration) -> Result<(), GateTimeout> {
+        {
+            let mut q = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some((_, writes)) = q.between.as_mut() {
+                *writes += 1;
+                return Ok(());
+            }
+        }
+        let queue = self.between.get_or_init(|| crate::queue::ProcessQueue::open(&self.path));
+        let Some(queue) = queue else { return Ok(()) };
+        // Outside the state lock: waiters queue meanwhile.
+        if let Some(ticket) = queue.enter(timeout)? {
+            self.state.lock().unwrap_or_else(PoisonError::into_inner).between = Some((ticket, 1));
+        }
+        Ok(())
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    fn enter_between(&self, _timeout: Duration) -> Result<(), GateTimeout> {
+        Ok(())
+    }
+
+    #[cfg(target_os = "linux")]
+    fn leave_between(&self, ticket: u64) {
+        if let Some(Some(queue)) = self.between.get() {
+            queue.leave(ticket);
+        }
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    fn leave_between(&self, _ticket: u64) {}
+
+    /// Waits for this writer's turn among this process's, at most `timeout`.
+    fn enter_here(&self, timeout: Duration) -> Result<GateTurn<'_>, GateTimeout> {
         if HELD.with(|h| h.borrow().contains(&address(self))) {
             return Ok(GateTurn { gate: None });
         }
         let started = Instant::now();
         let mut q = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        if !q.held && q.waiting.is_empty() {
-            q.held = true;
-            return Ok(self.taken());
-        }
         let ticket = q.next_ticket;
         q.next_ticket = q.next_ticket.wrapping_add(1);
-        q.waiting.push_back(ticket);
+        if q.holder.is_none() && q.waiting.is_empty() {
+            q.holder = Some(ticket);
+            return Ok(self.taken());
+        }
+        q.waiting.push_back((ticket, std::thread::current()));
         loop {
-            if !q.held && q.waiting.front() == Some(&ticket) {
-                q.waiting.pop_front();
-                q.held = true;
+            if q.holder == Some(ticket) {
                 return Ok(self.taken());
             }
             let left = timeout.saturating_sub(started.elapsed());
             if left.is_zero() {
-                let before = q.waiting.iter().position(|t| *t == ticket).unwrap_or(0);
-                let ahead = before + usize::from(q.held);
-                q.waiting.retain(|t| *t != ticket);
-                drop(q);
-                // The next one may be the front now.
-                self.turn.notify_all();
+                let ahead = q.waiting.iter().position(|(t, _)| *t == ticket).unwrap_or(0) + 1;
+                q.waiting.retain(|(t, _)| *t != ticket);
                 let waited_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-                return Err(GateTimeout { ahead, waited_ms });
+                return Err(GateTimeout { ahead, waited_ms, between_processes: false });
             }
-            q = self.turn.wait_timeout(q, left).unwrap_or_else(PoisonError::into_inner).0;
+            drop(q);
+            std::thread::park_timeout(left);
+            q = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         }
     }
 
@@ -195,7 +275,7 @@ pub(crate) fn gate_for(path: &Path) -> Arc<WriterGate> {
         return gate;
     }
     map.retain(|_, g| g.strong_count() > 0);
-    let gate = Arc::new(WriterGate::default());
+    let gate = Arc::new(WriterGate { path: key.clone(), ..WriterGate::default() });
     map.insert(key, Arc::downgrade(&gate));
     gate
 }
@@ -299,9 +379,9 @@ mod tests {
         let inner = gate.enter(Duration::from_millis(10)).expect("the holder passes");
         drop(inner);
         // The outer turn still holds the gate.
-        assert!(gate.state.lock().expect("state").held);
+        assert!(gate.state.lock().expect("state").holder.is_some());
         drop(outer);
-        assert!(!gate.state.lock().expect("state").held);
+        assert!(gate.state.lock().expect("state").holder.is_none());
     }
 
     #[test]

@@ -23,6 +23,8 @@ mod db;
 mod error;
 mod export;
 mod gate;
+#[cfg(target_os = "linux")]
+mod queue;
 mod ledger;
 mod registry;
 mod rows;

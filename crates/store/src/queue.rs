@@ -1,0 +1,245 @@
+//! The writers' queue between processes (issue #41): a FIFO ticket lock
+//! made of open-file-description record locks on a small file beside the
+//! database (`<name>-retinue-writers`), Linux only.
+//!
+//! Each process's writer at the front of its [`crate::gate::WriterGate`]
+//! takes the next ticket (a counter in the file's first 8 bytes, under a
+//! lock on byte 0) and write-locks the ticket's own byte; it may write
+//! once no ticket below its own is locked (a read lock on the whole range
+//! below it is grantable), and unlocks its byte when its transaction ends.
+//! So the processes' writers take turns in ticket order, and a waiting one
+//! sleeps in the kernel until the one ahead leaves instead of probing the
+//! SQLite lock: a release wakes the next writer at once.
+//!
+//! Faults: the kernel drops a process's locks when it dies, however it
+//! dies (SIGKILL included), so a killed holder or waiter never blocks the
+//! queue; a waiter that gives up unlocks its byte, so it never holds up
+//! the ones behind it. The counter is only a source of distinct tickets:
+//! losing it (a crash, a deleted file) loses nothing. Programs that do not
+//! take part (hermes, an older Retinue) still meet the queue's writers at
+//! SQLite's lock, through the busy handler.
+//!
+//! The blocking wait has no timeout of its own, so one helper thread per
+//! queue waits on the writer's behalf and the writer waits for its answer
+//! with the busy timeout.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use nix::fcntl::{FcntlArg, fcntl};
+use nix::libc;
+
+use crate::gate::GateTimeout;
+
+/// Byte 0 guards the counter; tickets lock the bytes from here.
+const FIRST_TICKET_BYTE: i64 = 8;
+
+/// One database file's queue between processes.
+pub(crate) struct ProcessQueue {
+    file: Arc<File>,
+    helper: Mutex<Helper>,
+}
+
+/// The helper thread's two channels: tickets to wait for, and the tickets
+/// whose turn came (or the wait's failure).
+struct Helper {
+    wait_for: Sender<u64>,
+    turns: Receiver<nix::Result<u64>>,
+}
+
+
+fn byte(ticket: u64) -> i64 {
+    // Tickets stay far below 2^62: a billion writes a second for a century.
+    FIRST_TICKET_BYTE.saturating_add(i64::try_from(ticket & ((1 << 62) - 1)).unwrap_or(0))
+}
+
+fn flock(kind: libc::c_int, start: i64, len: i64) -> libc::flock {
+    libc::flock {
+        l_type: i16::try_from(kind).unwrap_or(0),
+        l_whence: i16::try_from(libc::SEEK_SET).unwrap_or(0),
+        l_start: start,
+        l_len: len,
+        // Set by the kernel for a lock found by F_OFD_GETLK; 0 otherwise.
+        l_pid: 0,
+    }
+}
+
+/// Takes (`wait`: blocking) or releases a record lock of the file's open
+/// description on `len` bytes from `start`.
+fn set(file: &File, kind: libc::c_int, start: i64, len: i64, wait: bool) -> nix::Result<()> {
+    let l = flock(kind, start, len);
+    let arg = if wait { FcntlArg::F_OFD_SETLKW(&l) } else { FcntlArg::F_OFD_SETLK(&l) };
+    fcntl(file, arg).map(drop)
+}
+
+/// Whether no ticket below `ticket` is locked (by another description).
+fn front(file: &File, ticket: u64) -> nix::Result<bool> {
+    let mut l = flock(libc::F_RDLCK, FIRST_TICKET_BYTE, byte(ticket) - FIRST_TICKET_BYTE);
+    if l.l_len == 0 {
+        return Ok(true);
+    }
+    fcntl(file, FcntlArg::F_OFD_GETLK(&mut l))?;
+    Ok(i32::from(l.l_type) == libc::F_UNLCK)
+}
+
+/// Blocks until no ticket below `ticket` is locked.
+fn wait_front(file: &File, ticket: u64) -> nix::Result<u64> {
+    let len = byte(ticket) - FIRST_TICKET_BYTE;
+    if len > 0 {
+        set(file, libc::F_RDLCK, FIRST_TICKET_BYTE, len, true)?;
+        set(file, libc::F_UNLCK, FIRST_TICKET_BYTE, len, false)?;
+    }
+    Ok(ticket)
+}
+
+impl ProcessQueue {
+    /// The queue of the database at `db`, its file created if needed;
+    /// `None` where it cannot be (a read-only directory): writers then meet
+    /// at SQLite's lock only.
+    pub(crate) fn open(db: &Path) -> Option<ProcessQueue> {
+        let mut name = db.file_name()?.to_os_string();
+        if name.is_empty() || name == ":memory:" {
+            return None;
+        }
+        name.push("-retinue-writers");
+        let path = db.with_file_name(name);
+        let file = match std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+        {
+            Ok(f) => Arc::new(f),
+            Err(e) => {
+                log::debug!("no writers' queue at {}: {e}", path.display());
+                return None;
+            }
+        };
+        let (wait_for, requests) = channel::<u64>();
+        let (answers, turns) = channel();
+        let waiting = file.clone();
+        let spawned = std::thread::Builder::new().name("retinue-writers-queue".into()).spawn(
+            move || {
+                // Ends when the queue (its sender) is dropped.
+                for ticket in requests {
+                    if answers.send(wait_front(&waiting, ticket)).is_err() {
+                        break;
+                    }
+                }
+            },
+        );
+        if let Err(e) = spawned {
+            log::debug!("no writers' queue at {}: {e}", path.display());
+            return None;
+        }
+        Some(ProcessQueue { file, helper: Mutex::new(Helper { wait_for, turns }) })
+    }
+
+    /// Leaves the turn of `ticket` (or gives the ticket up): the next
+    /// ticket's writer proceeds.
+    pub(crate) fn leave(&self, ticket: u64) {
+        // Unlocking a lock this description holds does not fail.
+        let _ = set(&self.file, libc::F_UNLCK, byte(ticket), 1, false);
+    }
+
+    /// Takes a ticket and waits for its turn, at most `timeout`; the turn
+    /// lasts until [`ProcessQueue::leave`]. `Ok(None)`: the queue failed
+    /// (an I/O error on its file); the writer goes on without it, to
+    /// SQLite's lock.
+    pub(crate) fn enter(&self, timeout: Duration) -> Result<Option<u64>, GateTimeout> {
+        let started = Instant::now();
+        let Ok(ticket) = self.ticket() else { return Ok(None) };
+        match front(&self.file, ticket) {
+            Ok(true) => return Ok(Some(ticket)),
+            Ok(false) => {}
+            Err(_) => {
+                self.leave(ticket);
+                return Ok(None);
+            }
+        }
+        let helper = self.helper.lock().unwrap_or_else(PoisonError::into_inner);
+        // Answers for tickets given up earlier are stale.
+        while helper.turns.try_recv().is_ok() {}
+        if helper.wait_for.send(ticket).is_err() {
+            self.leave(ticket);
+            return Ok(None);
+        }
+        loop {
+            let left = timeout.saturating_sub(started.elapsed());
+            match helper.turns.recv_timeout(left) {
+                Ok(Ok(t)) if t == ticket => return Ok(Some(ticket)),
+                Ok(Ok(_)) => {}
+                Ok(Err(_)) | Err(RecvTimeoutError::Disconnected) => {
+                    self.leave(ticket);
+                    return Ok(None);
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    // Given up: the ones behind do not wait for a writer
+                    // that left.
+                    self.leave(ticket);
+                    let waited_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+                    return Err(GateTimeout { ahead: 1, waited_ms, between_processes: true });
+                }
+            }
+        }
+    }
+
+    /// The next ticket, its byte locked by this description.
+    fn ticket(&self) -> nix::Result<u64> {
+        set(&self.file, libc::F_WRLCK, 0, 1, true)?;
+        let taken = (|| {
+            let mut raw = [0u8; 8];
+            // A short or failed read (a new file): the counter starts at 0.
+            let n = self.file.read_at(&mut raw, 0).unwrap_or(0);
+            let ticket = if n == 8 { u64::from_le_bytes(raw) } else { 0 };
+            self.file
+                .write_all_at(&ticket.wrapping_add(1).to_le_bytes(), 0)
+                .map_err(|e| nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))?;
+            set(&self.file, libc::F_WRLCK, byte(ticket), 1, false)?;
+            Ok(ticket)
+        })();
+        let _ = set(&self.file, libc::F_UNLCK, 0, 1, false);
+        taken
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A second open file description: as another process would hold.
+    fn other(dir: &Path) -> ProcessQueue {
+        ProcessQueue::open(&dir.join("state.db")).expect("queue")
+    }
+
+    #[test]
+    fn tickets_are_served_in_order_across_descriptions() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let a = other(dir.path());
+        let b = other(dir.path());
+        let first = a.enter(Duration::from_secs(5)).expect("free").expect("queue works");
+        // b's ticket is behind a's: it times out while a holds its turn.
+        let e = b.enter(Duration::from_millis(30)).err().expect("waits for a");
+        assert!(e.waited_ms >= 30);
+        // b gave up and unlocked its byte: a third writer waits only for a.
+        let c = other(dir.path());
+        let c_turn = std::thread::scope(|s| {
+            let h = s.spawn(|| c.enter(Duration::from_secs(5)));
+            std::thread::sleep(Duration::from_millis(50));
+            assert!(!h.is_finished(), "c went ahead of a");
+            a.leave(first);
+            h.join().expect("c")
+        });
+        assert!(matches!(c_turn, Ok(Some(2))), "{c_turn:?}");
+    }
+
+    #[test]
+    fn no_file_for_an_in_memory_database() {
+        assert!(ProcessQueue::open(Path::new(":memory:")).is_none());
+    }
+}
