@@ -39,8 +39,9 @@ tasks:
   reliability  kill -9, contention and lineage-oracle harnesses (--full: release, full size;
                --backend pg: the PostgreSQL contention and killed-host harness)
   bench   the registry benchmark on SQLite and PostgreSQL (a throwaway cluster), writing
-          docs/benchmarks.json and its block in docs/benchmarks.md; then the child runtime's
-          and the tools' (--quick: a smoke run, its report in target/bench/ checked against
+          docs/benchmarks.json and its block in docs/benchmarks.md; the throughput example
+          (three runs per shape) into docs/throughput.json and its block; then the child
+          runtime's and the tools' (--throughput: the throughput section alone; --quick: a smoke run, its report in target/bench/ checked against
           docs/'s shape; --render: the block again from docs/benchmarks.json; --only/--n: a
           partial SQLite run, no report; --backend pg [--scale]
           [--explain FILE]: the PostgreSQL rows alone)

@@ -9,29 +9,38 @@
 //! row, as a finalize records it). Its latency is the wall time of the
 //! three calls.
 //!
-//! For each backend and each process count (1, 4 and 16), the example
-//! re-runs itself as that many worker processes (`RETINUE_THROUGHPUT_WORKER`
-//! set), each with its own store (its own connection pool) and 8 threads;
-//! every thread has its own parent session, every unit is in the one
-//! (default) profile with the default retention, so each retain prunes the
-//! profile every other writer shares. The workers start together on a go
-//! file; each thread runs `--per-thread K` delegations (50; `--quick`: 10).
-//! SQLite: a fresh `state.db` per configuration; PostgreSQL: a fresh scratch
-//! schema per configuration, dropped afterwards.
+//! For each backend, cap shape and process count (1, 4 and 16), the
+//! example re-runs itself as that many worker processes
+//! (`RETINUE_THROUGHPUT_WORKER` set), each with its own store (its own
+//! connection pool) and 8 threads; every thread has its own parent
+//! session, every unit is in the one (default) profile. Cap shapes: `over`
+//! (the default cap of 10: every retain prunes the units every other
+//! writer shares) and `under` (a cap no run reaches: no retain needs to
+//! prune). The workers start together on a go file; each thread runs
+//! `--per-thread K` delegations (50; `--quick`: 10). SQLite: a fresh
+//! `state.db` per run; PostgreSQL: a fresh scratch schema per run, dropped
+//! afterwards. `--repeat N` runs each configuration N times.
 //!
-//! Printed: a markdown table, one row per configuration — delegations,
-//! errors, wall time (from the go to the last worker's end), delegations/s,
-//! p50/p99 latency, and for PostgreSQL the transactions retried on SQLSTATE
-//! 40001/40P01 per 1,000 write operations (3 per delegation) — then the
-//! knee of each backend: the first process count from which the next one
-//! adds less than 10% delegations/s.
+//! Printed: a markdown table, one row per configuration — the median over
+//! its runs of delegations/s, p50/p90/p99/max latency, retries per 1,000
+//! write operations (3 per delegation; PostgreSQL: transactions retried on
+//! SQLSTATE 40001/40P01; SQLite: calls of the busy handler, each a probe of
+//! a lock another process held) and errors, with the spread of the runs'
+//! delegations/s and p99 ((max − min) / median) — then the knee of each
+//! backend and shape. `--hermes-writer SITE` runs, beside every
+//! configuration, a Python process writing sessions and messages through
+//! hermes-agent's own `SessionDB` (`SITE` holds the unpacked wheel; SQLite
+//! only) and prints what it saw: writes, failures, its latency.
 //!
 //! `cargo run --release -p retinue-bench --example throughput -- [--quick]
-//! [--per-thread K] [--procs 1,4,16] [--backend sqlite|pg|both] [--json FILE]`.
+//! [--per-thread K] [--procs 1,4,16] [--backend sqlite|pg|both]
+//! [--cap under|over|both] [--repeat N] [--hermes-writer SITE] [--json FILE]`.
 //! The PostgreSQL rows need `RETINUE_PG_URL` (`cargo xtask pg-start` prints
 //! its export line); without it `both` runs SQLite only. A failing operation
 //! is counted in its row, not fatal; any error makes the exit status
-//! non-zero. Nothing is asserted on time.
+//! non-zero. Nothing is asserted on time. `cargo xtask bench` runs it
+//! (`--repeat 3`, both backends and shapes) and writes its table into
+//! docs/benchmarks.md.
 
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Write};

@@ -644,11 +644,8 @@ fn a_child_without_a_clock_is_judged_by_its_units() {
         &[],
     )
     .expect("its clockless child");
-    sql.execute(
-        "UPDATE retinue_profile_live SET units = units + 1 WHERE profile = '' AND stripe = 0",
-        &[],
-    )
-    .expect("counted");
+    // The server counted it (issue #41: the count's triggers fire for any writer).
+    assert_eq!(counted(&mut sql, ""), 1);
     clock.advance(10.0);
     unit(&store, "", "a");
     assert!(store.find_retained_child("sa-raw").expect("find").is_some(), "pruned while fresh");
@@ -807,4 +804,125 @@ fn a_planted_impossible_claim_holds_nothing() {
         let taken = store.claim_delivery(&DeliveryFilter::default()).expect("claim");
         assert_eq!(taken.map(|c| c.delegation_id), Some(done.clone()), "{planted}");
     }
+}
+
+/// The tenant's maintained live count (the sum of its stripes).
+fn counted(sql: &mut postgres::Client, profile: &str) -> i64 {
+    sql.query_one(
+        "SELECT COALESCE(sum(units), 0)::BIGINT FROM retinue_profile_live WHERE profile = $1",
+        &[&profile],
+    )
+    .expect("count")
+    .get(0)
+}
+
+fn live_units(sql: &mut postgres::Client, profile: &str) -> i64 {
+    sql.query_one(
+        "SELECT count(*) FROM async_delegations WHERE retained = 1 AND tombstoned_at IS NULL \
+         AND COALESCE(owner_profile, '') = $1",
+        &[&profile],
+    )
+    .expect("live")
+    .get(0)
+}
+
+fn plant_live(sql: &mut postgres::Client, id: &str, profile: &str, at: f64) {
+    sql.execute(
+        "INSERT INTO async_delegations (delegation_id, origin_session, parent_session_id, \
+         state, dispatched_at, updated_at, task_json, children_json, retained, retained_at, \
+         owner_profile) VALUES ($1, 'P', 'P', 'completed', $2, $2, '{}', '[]', 1, $2, $3)",
+        &[&id, &at, &profile],
+    )
+    .expect("a foreign unit");
+    sql.execute(
+        "INSERT INTO retinue_children (delegation_id, child_index, subagent_id, \
+         child_session_id, manifest_json, retained_at) VALUES ($1, 0, $2, $3, '{}', $4)",
+        &[&id, &format!("sa-{id}"), &format!("s-{id}"), &at],
+    )
+    .expect("its child");
+}
+
+/// Issue #41: the live count is the server's, whoever writes. Units another
+/// program writes, tombstones and deletes with plain SQL move it; a retain
+/// that finds its tenant over the cap (by that count) prunes at once, in
+/// the statement's own tenant only.
+#[test]
+fn the_live_count_follows_every_writer() {
+    let Some(url) = retinue_testkit::pg_url("PostgreSQL live count") else { return };
+    let (store, mut sql, _guard) = scratch_store(&url);
+    for i in 0..12 {
+        plant_live(&mut sql, &format!("deleg_a{i:02}"), "", T0 + f64::from(i));
+    }
+    plant_live(&mut sql, "deleg_other", "other", T0);
+    assert_eq!((counted(&mut sql, ""), counted(&mut sql, "other")), (12, 1));
+    sql.execute(
+        "UPDATE async_delegations SET tombstoned_at = $1 WHERE delegation_id = 'deleg_a00'",
+        &[&T0],
+    )
+    .expect("tombstoned by hand");
+    sql.batch_execute(
+        "DELETE FROM retinue_children WHERE delegation_id = 'deleg_a01'; \
+         DELETE FROM async_delegations WHERE delegation_id = 'deleg_a01'",
+    )
+    .expect("deleted by hand");
+    sql.execute(
+        "UPDATE async_delegations SET owner_profile = 'other' WHERE delegation_id = 'deleg_a02'",
+        &[],
+    )
+    .expect("moved to another tenant");
+    assert_eq!((counted(&mut sql, ""), counted(&mut sql, "other")), (9, 2));
+    // 9 live and one more retained: over the cap of 10? No: 10 is the cap.
+    unit(&store, "", "x");
+    assert_eq!((live_units(&mut sql, ""), counted(&mut sql, "")), (10, 10));
+    // The next one is over it: pruned back to 10 by this retain.
+    unit(&store, "", "y");
+    assert_eq!((live_units(&mut sql, ""), counted(&mut sql, "")), (10, 10));
+    assert_eq!((live_units(&mut sql, "other"), counted(&mut sql, "other")), (2, 2));
+}
+
+/// Issue #41: a count that disagrees with the rows (edited by hand, or
+/// units written with the triggers disabled: other programs' ordinary
+/// writes are counted by the triggers) is never trusted for long: every
+/// 64th retain of a store ranks its tenant, prunes it to the cap and
+/// rewrites the count from the rows, as does any prune.
+#[test]
+fn a_count_that_disagrees_is_repaired() {
+    let Some(url) = retinue_testkit::pg_url("PostgreSQL repaired count") else { return };
+    let (store, mut sql, _guard) = scratch_store(&url);
+    for i in 0..10 {
+        plant_live(&mut sql, &format!("deleg_a{i:02}"), "", T0 + f64::from(i));
+    }
+    // Under-counted: the tenant looks empty.
+    sql.execute("UPDATE retinue_profile_live SET units = 0 WHERE profile = ''", &[])
+        .expect("edited by hand");
+    let mut repaired_after = None;
+    for i in 0..64 {
+        unit(&store, "", &format!("n{i:02}"));
+        if live_units(&mut sql, "") == 10 && counted(&mut sql, "") == 10 {
+            repaired_after = Some(i + 1);
+            break;
+        }
+    }
+    let n = repaired_after.expect("no retain ranked the tenant within 64");
+    assert!(n > 1, "the first retain already ranked: the count was not trusted at all");
+    // The oldest planted units were pruned by the cap.
+    assert!(store.find_retained_child("sa-deleg_a00").expect("find").is_none());
+    // An over-count (units that are not there) makes the next retain rank
+    // (it looks over the cap) and is rewritten from the rows.
+    sql.execute(
+        "INSERT INTO retinue_profile_live (profile, stripe, units) VALUES ('', 5, 1000) \
+         ON CONFLICT (profile, stripe) DO UPDATE SET units = 1000",
+        &[],
+    )
+    .expect("over-counted by hand");
+    unit(&store, "", "after-over");
+    assert_eq!((live_units(&mut sql, ""), counted(&mut sql, "")), (10, 10));
+    // A negative count, likewise.
+    sql.execute(
+        "UPDATE retinue_profile_live SET units = -50 WHERE profile = '' AND stripe = 5",
+        &[],
+    )
+    .expect("negative by hand");
+    unit(&store, "", "after-negative");
+    assert_eq!((live_units(&mut sql, ""), counted(&mut sql, "")), (10, 10));
 }

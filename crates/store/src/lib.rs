@@ -23,9 +23,9 @@ mod db;
 mod error;
 mod export;
 mod gate;
+mod ledger;
 #[cfg(target_os = "linux")]
 mod queue;
-mod ledger;
 mod registry;
 mod rows;
 mod sessions;

@@ -51,7 +51,6 @@ struct Helper {
     turns: Receiver<nix::Result<u64>>,
 }
 
-
 fn byte(ticket: u64) -> i64 {
     // Tickets stay far below 2^62: a billion writes a second for a century.
     FIRST_TICKET_BYTE.saturating_add(i64::try_from(ticket & ((1 << 62) - 1)).unwrap_or(0))
@@ -123,16 +122,15 @@ impl ProcessQueue {
         let (wait_for, requests) = channel::<u64>();
         let (answers, turns) = channel();
         let waiting = file.clone();
-        let spawned = std::thread::Builder::new().name("retinue-writers-queue".into()).spawn(
-            move || {
+        let spawned =
+            std::thread::Builder::new().name("retinue-writers-queue".into()).spawn(move || {
                 // Ends when the queue (its sender) is dropped.
                 for ticket in requests {
                     if answers.send(wait_front(&waiting, ticket)).is_err() {
                         break;
                     }
                 }
-            },
-        );
+            });
         if let Err(e) = spawned {
             log::debug!("no writers' queue at {}: {e}", path.display());
             return None;
@@ -182,7 +180,8 @@ impl ProcessQueue {
                     // Given up: the ones behind do not wait for a writer
                     // that left.
                     self.leave(ticket);
-                    let waited_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+                    let waited_ms =
+                        u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
                     return Err(GateTimeout { ahead: 1, waited_ms, between_processes: true });
                 }
             }
@@ -224,7 +223,7 @@ mod tests {
         let b = other(dir.path());
         let first = a.enter(Duration::from_secs(5)).expect("free").expect("queue works");
         // b's ticket is behind a's: it times out while a holds its turn.
-        let e = b.enter(Duration::from_millis(30)).err().expect("waits for a");
+        let e = b.enter(Duration::from_millis(30)).expect_err("waits for a");
         assert!(e.waited_ms >= 30);
         // b gave up and unlocked its byte: a third writer waits only for a.
         let c = other(dir.path());
