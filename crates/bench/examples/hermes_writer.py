@@ -25,7 +25,9 @@ def main() -> int:
     db_path, go, stop = sys.argv[1], sys.argv[2], sys.argv[3]
     import hermes_state  # the published wheel's module
 
-    db = hermes_state.SessionDB(db_path)
+    from pathlib import Path
+
+    db = hermes_state.SessionDB(Path(db_path))
     print("ready", flush=True)
     while not os.path.exists(go):
         time.sleep(0.001)

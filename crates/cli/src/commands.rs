@@ -719,7 +719,7 @@ pub(crate) fn configured_runtime(
 }
 
 /// What no child of this process may reach: the home, the directory of
-/// the database (so its `-wal`, `-shm` and `-journal` files, present or
+/// the database (so its `-wal`, `-shm`, `-journal` and `-retinue-writers` files, present or
 /// not, are out of reach too), this binary (the sandbox helper: replaced,
 /// it would run unconfined) and the configured MCP servers' programs.
 pub(crate) fn protected(

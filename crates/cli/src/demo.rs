@@ -284,7 +284,13 @@ pub(crate) fn run(env: &Env, home: Option<&Path>) -> Result<Output> {
         && fresh
         && let Some(dir) = home
     {
-        for name in ["state.db", "state.db-wal", "state.db-shm", "state.db-journal"] {
+        for name in [
+            "state.db",
+            "state.db-wal",
+            "state.db-shm",
+            "state.db-journal",
+            "state.db-retinue-writers",
+        ] {
             let _ = std::fs::remove_file(dir.join(name));
         }
         // The children's workspace, when this run made it.
