@@ -188,7 +188,12 @@ impl WriterGate {
         let queue = self.between.get_or_init(|| crate::queue::ProcessQueue::open(&self.path));
         let Some(queue) = queue else { return Ok(()) };
         // Outside the state lock: waiters queue meanwhile.
-        if let Some(ticket) = queue.enter(timeout)? {
+        let entered = queue.enter(timeout).map_err(|waited_ms| GateTimeout {
+            ahead: 1,
+            waited_ms,
+            between_processes: true,
+        })?;
+        if let Some(ticket) = entered {
             self.state.lock().unwrap_or_else(PoisonError::into_inner).between = Some((ticket, 1));
         }
         Ok(())
