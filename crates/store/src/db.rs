@@ -224,8 +224,8 @@ impl Pool {
             | OpenFlags::SQLITE_OPEN_CREATE
             | OpenFlags::SQLITE_OPEN_NO_MUTEX;
         let mut conn = Connection::open_with_flags(&self.path, flags)?;
-        set_connection_pragmas(&mut conn, self.busy_timeout, self.synchronous, false)?;
-        conn.busy_handler(Some(busy_handler(self.busy_timeout, self.probes.clone())))?;
+        let probes = self.probes.clone();
+        set_connection_pragmas(&mut conn, self.busy_timeout, probes, self.synchronous, false)?;
         Ok(conn)
     }
 
@@ -284,10 +284,12 @@ impl Pool {
             let (waited_ms, timeout_ms) = (e.waited_ms, self.busy_timeout_ms());
             Error::Busy { operation: op, waited_ms, timeout_ms, source: Box::new(e) }
         })?;
-        // The busy timeout covers the queue and the lock together.
-        let left = self.busy_timeout.saturating_sub(started.elapsed());
+        // The busy timeout covers the queue and the lock together; a wait
+        // in the queue under 1% of it is not worth re-arming the handler.
+        let queued = started.elapsed();
+        let left = self.busy_timeout.saturating_sub(queued);
         self.with(op, |conn| {
-            let shortened = left < self.busy_timeout;
+            let shortened = queued > self.busy_timeout / 100;
             if shortened {
                 conn.busy_handler(Some(busy_handler(left, self.probes.clone())))?;
             }
@@ -351,12 +353,13 @@ impl Pool {
 fn set_connection_pragmas(
     conn: &mut Connection,
     busy: Duration,
+    probes: Arc<AtomicU64>,
     sync: Synchronous,
     read_only: bool,
 ) -> SqlResult<()> {
     // Short, growing waits instead of SQLite's sleeps of up to 100 ms (see
-    // `crate::gate`); a pool's connections count theirs in the pool.
-    conn.busy_handler(Some(busy_handler(busy, Arc::default())))?;
+    // `crate::gate`), each counted in `probes`.
+    conn.busy_handler(Some(busy_handler(busy, probes)))?;
     // Every statement of the store fits: no re-prepare on the hot paths.
     conn.set_prepared_statement_cache_capacity(256);
     // Query-planner stability: without it, SQLite 3.5x marks every `col = ?`
@@ -836,7 +839,7 @@ fn connect_read_only(path: &Path, busy: Duration) -> SqlResult<Connection> {
             return Err(e.into());
         }
     }
-    set_connection_pragmas(&mut conn, busy, Synchronous::Full, true)?;
+    set_connection_pragmas(&mut conn, busy, Arc::default(), Synchronous::Full, true)?;
     read_view(&conn)?;
     Ok(conn)
 }
