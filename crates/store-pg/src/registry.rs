@@ -1160,15 +1160,11 @@ impl UnitLifecycle for PgStore {
     fn retain_completed_delegation<'a>(&self, id: &str, usage: Option<&'a Value>) -> Result<bool> {
         let lim = self.limits();
         let text = usage.map(Value::to_string);
-        if self.try_fast() {
-            let fast = self.pool.tx("retaining a unit", Mode::WriteCommitted, |tx| {
-                retain_fast(tx, id, text.as_deref(), None, lim, &self.profile)
-            })?;
-            match fast {
-                Some(Fast { changed, due: false }) => return Ok(changed),
-                Some(Fast { due: true, .. }) => self.prune_hint.store(true, Ordering::Relaxed),
-                None => {}
-            }
+        if self.try_fast()
+            && let Some(changed) =
+                self.retain_fast("retaining a unit", id, text.as_deref(), None, lim)?
+        {
+            return Ok(changed);
         }
         let one = self.pool.tx_queued(
             "retaining a unit",
@@ -1206,13 +1202,10 @@ impl UnitLifecycle for PgStore {
                 delivery,
                 delivered_at,
             };
-            let fast = self.pool.tx("persisting a completion", Mode::WriteCommitted, |tx| {
-                retain_fast(tx, &c.delegation_id, usage.as_deref(), Some(&done), lim, &self.profile)
-            })?;
-            match fast {
-                Some(Fast { changed, due: false }) => return Ok(changed),
-                Some(Fast { due: true, .. }) => self.prune_hint.store(true, Ordering::Relaxed),
-                None => {}
+            let (id, usage) = (&c.delegation_id, usage.as_deref());
+            let op = "persisting a completion";
+            if let Some(changed) = self.retain_fast(op, id, usage, Some(&done), lim)? {
+                return Ok(changed);
             }
         }
         // Only a retaining completion prunes (and adopts, in `retain_in`):
@@ -1256,6 +1249,30 @@ impl UnitLifecycle for PgStore {
 }
 
 impl PgStore {
+    /// [`retain_fast`] in its own statement: `Some(changed)` when it
+    /// retained (or found nothing to retain); `None` when the serialized
+    /// path must run, noting a due prune for the next retains.
+    fn retain_fast(
+        &self,
+        op: &'static str,
+        id: &str,
+        usage: Option<&str>,
+        done: Option<&Done<'_>>,
+        lim: Limits,
+    ) -> Result<Option<bool>> {
+        let fast = self.pool.tx(op, Mode::WriteCommitted, |tx| {
+            retain_fast(tx, id, usage, done, lim, &self.profile)
+        })?;
+        Ok(match fast {
+            Some(Fast { changed, due: false }) => Some(changed),
+            Some(Fast { due: true, .. }) => {
+                self.prune_hint.store(true, Ordering::Relaxed);
+                None
+            }
+            None => None,
+        })
+    }
+
     /// Whether a retain tries the statement that ranks nothing first
     /// ([`retain_fast`]): not while the tenant was at its cap at the last
     /// retain (then every retain prunes, and [`retain_one`] does both in
