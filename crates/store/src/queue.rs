@@ -24,7 +24,7 @@
 //! with the busy timeout.
 
 use std::fs::File;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -104,16 +104,32 @@ impl ProcessQueue {
         }
         name.push("-retinue-writers");
         let path = db.with_file_name(name);
-        let file = match std::fs::OpenOptions::new()
+        // Never through a link, never anything but a small regular file of
+        // ours: the counter is written at offset 0 of whatever opens.
+        let opened = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
             .open(&path)
-        {
+            .and_then(|f| {
+                let meta = f.metadata()?;
+                if meta.is_file() && meta.len() <= 8 {
+                    Ok(f)
+                } else {
+                    Err(std::io::Error::other("not a writers' queue file (a planted file?)"))
+                }
+            });
+        let file = match opened {
             Ok(f) => Arc::new(f),
             Err(e) => {
-                log::debug!("no writers' queue at {}: {e}", path.display());
+                log::warn!(
+                    "no writers' queue at {} ({e}): writers of several processes meet at \
+                     SQLite's lock only",
+                    path.display()
+                );
                 return None;
             }
         };
@@ -232,6 +248,25 @@ mod tests {
             h.join().expect("c")
         });
         assert!(matches!(c_turn, Ok(Some(2))), "{c_turn:?}");
+    }
+
+    #[test]
+    fn a_planted_link_or_foreign_file_is_not_used() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, b"precious").expect("victim");
+        std::os::unix::fs::symlink(&victim, dir.path().join("a.db-retinue-writers")).expect("link");
+        assert!(ProcessQueue::open(&dir.path().join("a.db")).is_none());
+        std::fs::write(dir.path().join("b.db-retinue-writers"), b"not a counter of ours")
+            .expect("foreign file");
+        assert!(ProcessQueue::open(&dir.path().join("b.db")).is_none());
+        std::fs::create_dir(dir.path().join("c.db-retinue-writers")).expect("a directory");
+        assert!(ProcessQueue::open(&dir.path().join("c.db")).is_none());
+        assert_eq!(std::fs::read(&victim).expect("victim"), b"precious");
+        assert_eq!(
+            std::fs::read(dir.path().join("b.db-retinue-writers")).expect("foreign"),
+            b"not a counter of ours"
+        );
     }
 
     #[test]
