@@ -253,29 +253,44 @@ fn references(code: &str, module: &str) -> Vec<String> {
 }
 
 fn check_store_cycles(root: &Path, problems: &mut Vec<String>) {
-    let src = root.join("crates/store/src");
+    let Ok(entries) = fs::read_dir(root.join("crates")) else { return };
+    let mut dirs: Vec<PathBuf> = entries.flatten().map(|e| e.path()).collect();
+    dirs.push(root.join("xtask"));
+    dirs.sort();
+    for dir in dirs {
+        let store = dir.ends_with("crates/store");
+        check_crate_cycles(root, &dir.join("src"), store, problems);
+    }
+}
+
+/// No import cycle between the modules of one crate (every crate); for the
+/// store, also no module reaching a sibling through a root re-export.
+fn check_crate_cycles(root: &Path, src: &Path, root_reexports: bool, problems: &mut Vec<String>) {
     let mut files = Vec::new();
-    rs_files(&src, &mut files);
+    rs_files(src, &mut files);
     let mut texts = BTreeMap::new();
     for path in &files {
-        let rel = path.strip_prefix(&src).unwrap_or(path);
-        if rel.file_name().is_some_and(|n| n == "tests.rs") {
+        let rel = path.strip_prefix(src).unwrap_or(path);
+        if rel.file_name().is_some_and(|n| n == "tests.rs") || rel.starts_with("bin") {
             continue;
         }
         if let (Some(module), Ok(text)) = (module_of(rel), fs::read_to_string(path)) {
             texts.insert(module, code_of(&text));
         }
     }
+    let shown = src.strip_prefix(root).unwrap_or(src).display().to_string();
     let modules: BTreeSet<String> = texts.keys().cloned().collect();
     let (graph, root_refs) = module_graph(&texts, &modules);
-    for (module, item) in root_refs {
-        problems.push(format!(
-            "crates/store/src: `{module}` uses `crate::{item}` (a root re-export); \
-             name the defining module instead"
-        ));
+    if root_reexports {
+        for (module, item) in root_refs {
+            problems.push(format!(
+                "{shown}: `{module}` uses `crate::{item}` (a root re-export); \
+                 name the defining module instead"
+            ));
+        }
     }
     if let Some(cycle) = find_cycle(&graph) {
-        problems.push(format!("crates/store/src: import cycle {}", cycle.join(" -> ")));
+        problems.push(format!("{shown}: import cycle {}", cycle.join(" -> ")));
     }
 }
 

@@ -178,7 +178,7 @@ pub(crate) fn work(tool: &Delegator, request: &DelegateRequest, parent: &ParentC
         Ok(o) => (o.to_json(), EXIT_OK),
         Err(e) => (
             json!({ "error": e.to_string(), "code": e.kind().as_str() }),
-            crate::commands::delegate_error_code(e),
+            crate::error::delegate_error_code(e),
         ),
     };
     let line = json!({ "exit": code, "output": output }).to_string() + "\n";
@@ -258,7 +258,7 @@ fn error_output(e: &DelegateError) -> Output {
     Output {
         json: Some(json!({ "error": e.to_string(), "code": e.kind().as_str() })),
         human: String::new(),
-        code: crate::commands::delegate_error_code(e),
+        code: crate::error::delegate_error_code(e),
         stderr: Some(e.to_string()),
     }
 }

@@ -27,9 +27,7 @@ use crate::Output;
 use crate::backend::Backend;
 use crate::cli::DelegateArgs;
 use crate::env::{Access, Env};
-use crate::error::{
-    CliError, EXIT_DENIED, EXIT_FAILED, EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, Result,
-};
+use crate::error::{CliError, EXIT_DENIED, EXIT_FAILED, EXIT_OK, Result, delegate_error_code};
 use crate::table::{Table, clip, key_values};
 
 /// Opens the database read-only (read commands never write, lock or wait
@@ -594,16 +592,6 @@ pub(crate) fn recover(env: &Env) -> Result<Output> {
     })
 }
 
-/// The exit code for a `delegate_task` error: by variant class, never by text.
-pub(crate) fn delegate_error_code(e: &DelegateError) -> u8 {
-    match e.kind() {
-        ErrorKind::Usage => EXIT_USAGE,
-        ErrorKind::Denied => EXIT_DENIED,
-        ErrorKind::NotFound => EXIT_NOT_FOUND,
-        _ => EXIT_FAILED,
-    }
-}
-
 /// The `--json` error code of a `delegate_task` error.
 fn delegate_error_kind(e: &DelegateError) -> &'static str {
     match e.kind() {
@@ -990,29 +978,4 @@ pub(crate) fn delegate(env: &Env, args: &DelegateArgs) -> Result<Output> {
             stderr: Some(e.to_string()),
         },
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn delegate_errors_map_to_contract_codes() {
-        let foreign = DelegateError::NotAddressable { target: "x".into() };
-        assert_eq!(delegate_error_code(&foreign), EXIT_DENIED);
-        assert_eq!(delegate_error_code(&DelegateError::SelfTarget), EXIT_DENIED);
-        let gone = DelegateError::Tombstoned {
-            target: "x".into(),
-            at: 0.0,
-            reason: "manual".into(),
-            child_session_id: "s".into(),
-        };
-        assert_eq!(delegate_error_code(&gone), EXIT_NOT_FOUND);
-        let bad = DelegateError::InvalidArguments(retinue_delegate::texts::TASKS_NOT_ARRAY.into());
-        assert_eq!(delegate_error_code(&bad), EXIT_USAGE);
-        let busy = DelegateError::Busy { target: "x".into(), claimed_at: 0.0, expires_at: 1.0 };
-        assert_eq!(delegate_error_code(&busy), EXIT_FAILED);
-        assert_eq!(delegate_error_code(&DelegateError::Paused), EXIT_FAILED);
-        assert_eq!(delegate_error_code(&DelegateError::DepthExceeded { depth: 1, max: 1 }), 1);
-    }
 }

@@ -89,5 +89,41 @@ impl CliError {
     }
 }
 
+/// The exit code for a `delegate_task` error: by variant class, never by text.
+pub(crate) fn delegate_error_code(e: &retinue_delegate::DelegateError) -> u8 {
+    match e.kind() {
+        retinue_delegate::ErrorKind::Usage => EXIT_USAGE,
+        retinue_delegate::ErrorKind::Denied => EXIT_DENIED,
+        retinue_delegate::ErrorKind::NotFound => EXIT_NOT_FOUND,
+        _ => EXIT_FAILED,
+    }
+}
+
 /// The command's result type.
 pub(crate) type Result<T, E = CliError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use retinue_delegate::DelegateError;
+
+    #[test]
+    fn delegate_errors_map_to_contract_codes() {
+        let foreign = DelegateError::NotAddressable { target: "x".into() };
+        assert_eq!(delegate_error_code(&foreign), EXIT_DENIED);
+        assert_eq!(delegate_error_code(&DelegateError::SelfTarget), EXIT_DENIED);
+        let gone = DelegateError::Tombstoned {
+            target: "x".into(),
+            at: 0.0,
+            reason: "manual".into(),
+            child_session_id: "s".into(),
+        };
+        assert_eq!(delegate_error_code(&gone), EXIT_NOT_FOUND);
+        let bad = DelegateError::InvalidArguments(retinue_delegate::texts::TASKS_NOT_ARRAY.into());
+        assert_eq!(delegate_error_code(&bad), EXIT_USAGE);
+        let busy = DelegateError::Busy { target: "x".into(), claimed_at: 0.0, expires_at: 1.0 };
+        assert_eq!(delegate_error_code(&busy), EXIT_FAILED);
+        assert_eq!(delegate_error_code(&DelegateError::Paused), EXIT_FAILED);
+        assert_eq!(delegate_error_code(&DelegateError::DepthExceeded { depth: 1, max: 1 }), 1);
+    }
+}

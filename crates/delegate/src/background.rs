@@ -27,7 +27,6 @@ use serde_json::{Value, json};
 
 use crate::results::ChildReport;
 use crate::runtime::{CancelToken, ChildHandle};
-use crate::spawn::Planned;
 use crate::{DelegateError, Delegator, Inner, ParentContext};
 use retinue_core::Backend;
 use retinue_lineage::LineageAuthority;
@@ -64,13 +63,13 @@ impl Watch {
     pub(crate) fn start(
         inner: &Arc<Inner>,
         delegation_id: &str,
-        planned: &[Planned],
+        children: Vec<ChildHandle>,
         cancel: &CancelToken,
     ) -> Watch {
         let mut watch = Watch {
             inner: Arc::clone(inner),
             delegation_id: delegation_id.to_owned(),
-            children: planned.iter().map(|p| ChildHandle::of(&p.spec)).collect(),
+            children,
             cancel: cancel.clone(),
             missed: Arc::default(),
             held: Arc::default(),

@@ -356,6 +356,11 @@ pub(crate) struct Planned {
     dropped: Vec<crate::toolsets::DroppedToolset>,
 }
 
+/// The handles of the planned children, for the mailbox's watch.
+fn handles(planned: &[Planned]) -> Vec<ChildHandle> {
+    planned.iter().map(|p| ChildHandle::of(&p.spec)).collect()
+}
+
 /// How many draws a new id gets before the spawn gives up.
 const ID_DRAWS: usize = 16;
 
@@ -499,7 +504,7 @@ fn run_in(
         return dispatch(inner, request, parent, delegation_id, planned, slot, held, cancel, call);
     }
     let started = Instant::now();
-    let watch = crate::background::Watch::start(inner, &delegation_id, &planned, &cancel);
+    let watch = crate::background::Watch::start(inner, &delegation_id, handles(&planned), &cancel);
     let results = watch.finish(run_children(inner, planned, parent, &cancel, call));
     let mut unit = complete(inner, parent, &delegation_id, results, started, false);
     let ledger_ok = unit.ledger_error.is_none();
@@ -727,7 +732,7 @@ fn dispatch(
     let body = move || {
         let started = Instant::now();
         let finished = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            let watch = crate::background::Watch::start(&worker, &id, &planned, &cancel);
+            let watch = crate::background::Watch::start(&worker, &id, handles(&planned), &cancel);
             let slot = slot.or_else(|| BackgroundSlot::wait(&worker, &cancel));
             let results = if slot.is_some() {
                 run_children(&worker, planned, &parent_owned, &cancel, &call)

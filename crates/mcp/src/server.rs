@@ -21,7 +21,7 @@ use rmcp::{ErrorData as McpError, Peer, RoleServer, ServerHandler};
 use serde_json::{Map, Value};
 
 use crate::McpParts;
-use crate::tools::{self, Scoped, ToolError, ToolSpec};
+use crate::tools::{self, Scoped, ToolError, ToolSpec, text_result};
 
 /// Tunables of a running server.
 #[derive(Debug, Clone, PartialEq)]
@@ -98,13 +98,6 @@ impl Drop for RunningGuard<'_> {
     fn drop(&mut self) {
         self.shared.running.lock().unwrap_or_else(PoisonError::into_inner).remove(&self.key);
     }
-}
-
-pub(crate) fn text_result(value: &Value) -> CallToolResult {
-    let text = serde_json::to_string_pretty(value).unwrap_or_else(|_| value.to_string());
-    let mut result = CallToolResult::success(vec![ContentBlock::text(text)]);
-    result.structured_content = Some(value.clone());
-    result
 }
 
 fn error_result(message: &str) -> CallToolResult {

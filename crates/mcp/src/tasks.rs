@@ -85,7 +85,7 @@ pub(crate) fn detailed(view: &UnitView) -> DetailedTask {
     } else {
         let body =
             view.result.clone().unwrap_or_else(|| json!({"delegation_id": view.delegation_id}));
-        let result = crate::server::text_result(&body);
+        let result = tools::text_result(&body);
         TaskPayload::Completed {
             result: object(serde_json::to_value(result).unwrap_or(Value::Null)),
         }

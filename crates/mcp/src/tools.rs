@@ -449,3 +449,13 @@ impl Scoped<'_> {
         Ok(out)
     }
 }
+
+/// A tool's JSON answer as an MCP result: pretty text plus the same value
+/// as structured content.
+pub(crate) fn text_result(value: &Value) -> rmcp::model::CallToolResult {
+    let text = serde_json::to_string_pretty(value).unwrap_or_else(|_| value.to_string());
+    let mut result =
+        rmcp::model::CallToolResult::success(vec![rmcp::model::ContentBlock::text(text)]);
+    result.structured_content = Some(value.clone());
+    result
+}

@@ -368,7 +368,7 @@ pub fn cap_definitions(defs: Vec<Value>) -> (Vec<Value>, Vec<String>) {
 /// The largest MCP response read (a JSON body or an SSE event of the
 /// streamable HTTP transport; a stdio line, see `stdio`): a larger one
 /// fails that call only.
-pub const MAX_RESPONSE_BYTES: usize = 8_000_000;
+pub const MAX_RESPONSE_BYTES: usize = crate::stdio::MAX_LINE_BYTES;
 
 async fn start(
     config: &McpServerConfig,

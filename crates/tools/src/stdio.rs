@@ -20,7 +20,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, DuplexStream};
 use tokio::process::{Child, ChildStdin, ChildStdout};
 
 /// The longest message read from a stdio MCP server (8 MB, as over HTTP).
-pub(crate) const MAX_LINE_BYTES: usize = crate::mcp::MAX_RESPONSE_BYTES;
+pub(crate) const MAX_LINE_BYTES: usize = 8_000_000;
 
 /// The longest request id kept by the scanner.
 const MAX_ID_BYTES: usize = 256;
