@@ -33,7 +33,8 @@ pub(crate) fn bench(args: &[String]) -> Result<(), String> {
             .map(|(_, a)| a)
             .collect();
         let (url, _cluster) = pg::for_tests(&root)?;
-        let (mut cmd, pinned) = pg_bench_command(&root, &url);
+        let quick = args.iter().any(|a| a == "--quick");
+        let (mut cmd, pinned) = pg_bench_command(&root, &url, quick);
         let result = run(cmd.args(rest));
         unpin(pinned);
         return result;
@@ -58,7 +59,8 @@ pub(crate) fn bench(args: &[String]) -> Result<(), String> {
     std::fs::create_dir_all(&scratch).map_err(|e| format!("{}: {e}", scratch.display()))?;
     let sqlite_json = scratch.join("sqlite.json");
     let mut cmd = cargo();
-    cmd.args(["run", "--release", "--locked", "-p", "retinue-bench", "--"]).args(args);
+    cmd.args(["run", "--profile", profile(quick), "--locked", "-p", "retinue-bench", "--"])
+        .args(args);
     if !partial {
         cmd.arg("--json").arg(&sqlite_json);
     }
@@ -66,7 +68,7 @@ pub(crate) fn bench(args: &[String]) -> Result<(), String> {
     if !partial {
         let pg_json = scratch.join("postgresql.json");
         let (url, _cluster) = pg::for_tests(&root)?;
-        let (mut pg_cmd, pinned) = pg_bench_command(&root, &url);
+        let (mut pg_cmd, pinned) = pg_bench_command(&root, &url, quick);
         pg_cmd.args(quick.then_some("--quick")).arg("--json").arg(&pg_json);
         let result = run(&mut pg_cmd);
         unpin(pinned);
@@ -102,14 +104,16 @@ pub(crate) fn bench(args: &[String]) -> Result<(), String> {
     let quick_arg: Vec<&str> = quick.then_some("--quick").into_iter().collect();
     let mut runtime = cargo();
     runtime
-        .args(["run", "--release", "--locked", "-p", "retinue-bench", "--example", "runtime", "--"])
+        .args(["run", "--profile", profile(quick), "--locked", "-p", "retinue-bench"])
+        .args(["--example", "runtime", "--"])
         .args(&quick_arg);
     run(&mut runtime)?;
     // The children's tools: read_file against a bare read, the sandboxed
     // terminal against a bare spawn.
     let mut tools = cargo();
     tools
-        .args(["run", "--release", "--locked", "-p", "retinue-bench", "--example", "tools", "--"])
+        .args(["run", "--profile", profile(quick), "--locked", "-p", "retinue-bench"])
+        .args(["--example", "tools", "--"])
         .args(&quick_arg);
     run(&mut tools)
 }
@@ -132,10 +136,18 @@ fn throughput(root: &Path, url: &str, quick: bool) -> Result<(), String> {
     for (backend, caps) in [("sqlite", "over"), ("pg", "both")] {
         let part = scratch.join(format!("throughput-{backend}.json"));
         let mut cmd = cargo();
-        cmd.args(["run", "--release", "--locked", "-p", "retinue-bench", "--example"])
-            .args(["throughput", "--", "--backend", backend, "--cap", caps, "--json"])
-            .arg(&part)
-            .env(pg::URL_VAR, url);
+        cmd.args([
+            "run",
+            "--profile",
+            profile(quick),
+            "--locked",
+            "-p",
+            "retinue-bench",
+            "--example",
+        ])
+        .args(["throughput", "--", "--backend", backend, "--cap", caps, "--json"])
+        .arg(&part)
+        .env(pg::URL_VAR, url);
         if quick {
             cmd.args(["--quick", "--repeat", "1", "--procs", "1,4"]);
         } else {
@@ -230,16 +242,24 @@ fn replace_between(text: &str, block: &str, begin: &str, end: &str) -> Result<St
     Ok(format!("{}{block}{}", &text[..start], &text[stop + end.len()..]))
 }
 
+/// The cargo profile of a bench build: a smoke run (`--quick`, CI's) reuses
+/// the test build's `dev` artefacts, since it asserts no timing; a measured
+/// run is `release`.
+fn profile(quick: bool) -> &'static str {
+    if quick { "dev" } else { "release" }
+}
+
 /// The PostgreSQL bench's command, pinned with the local server to CPU 0
 /// when both can be (`taskset`; a cluster of this checkout): on a VM a
 /// round trip between two CPUs costs ~3× one on the same CPU, and which
 /// CPUs the bench and each server process landed on otherwise decided a
 /// row's ratio. The server's affinity is restored afterwards by `unpin`.
-fn pg_bench_command(root: &Path, url: &str) -> (std::process::Command, Option<u32>) {
+fn pg_bench_command(root: &Path, url: &str, quick: bool) -> (std::process::Command, Option<u32>) {
     // Built first, on every CPU (a pinned cargo would compile on one).
     let _ = run(cargo().args([
         "build",
-        "--release",
+        "--profile",
+        profile(quick),
         "--locked",
         "-p",
         "retinue-store-pg",
@@ -269,7 +289,8 @@ fn pg_bench_command(root: &Path, url: &str) -> (std::process::Command, Option<u3
     };
     cmd.args([
         "run",
-        "--release",
+        "--profile",
+        profile(quick),
         "--locked",
         "-p",
         "retinue-store-pg",

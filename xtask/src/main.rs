@@ -7,6 +7,7 @@
 //! a `--quick` smoke run of the benchmark (no timing asserted).
 
 mod bench;
+mod docs;
 mod interop;
 mod mcp_e2e;
 mod mcp_inspector;

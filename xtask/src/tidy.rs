@@ -106,6 +106,7 @@ pub(crate) fn run(root: &Path) -> Result<(), String> {
     check_graph(root, &mut problems);
     check_engine_free(root, &mut problems);
     crate::seams::check(root, &mut problems);
+    crate::docs::check(root, &mut problems);
     if let Err(e) = crate::bench::check_docs(root) {
         problems.push(e);
     }
@@ -212,12 +213,29 @@ fn check_sources(root: &Path, problems: &mut Vec<String>) {
             if line.ends_with(' ') || line.ends_with('\t') {
                 problems.push(format!("{rel}:{}: trailing whitespace", i + 1));
             }
+            // `#[expect]` fails the lint run when it silences nothing; an
+            // `#[allow]` can outlive its reason unnoticed.
+            let code = line.trim_start();
+            if code.starts_with("#[allow(") || code.starts_with("#![allow(") {
+                problems.push(format!("{rel}:{}: `#[allow]`: use `#[expect]`", i + 1));
+            }
         }
         if is_test_path(path) || rel.starts_with("xtask") {
             continue;
         }
         let lib = library_part(&text);
         string_errors(&rel, lib, problems);
+        // The configuration is read once per process, by the command's
+        // environment, and handed out from there.
+        if lib.contains("LoadedConfig::load(")
+            && rel.contains("/src/")
+            && rel != "crates/cli/src/env.rs"
+            && !rel.starts_with("crates/config/")
+        {
+            problems.push(format!(
+                "{rel}: `LoadedConfig::load` outside crates/cli/src/env.rs (use `Env::config`)"
+            ));
+        }
         for (i, line) in lib.lines().enumerate() {
             let code = line.split("//").next().unwrap_or("");
             for banned in ["todo!(", "unimplemented!(", "dbg!(", ".unwrap()"] {

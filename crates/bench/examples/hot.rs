@@ -72,7 +72,6 @@ fn clock_now(clock: &ManualClock) -> f64 {
 }
 
 #[path = "../src/fixture.rs"]
-#[allow(dead_code, unreachable_pub)]
 mod retinue_bench_fixture_impl;
 
 mod retinue_bench_fixture {

@@ -83,10 +83,8 @@ impl Backend {
     }
 
     fn open_pg(env: &Env, url: &str, clock: Arc<dyn Clock>, access: Access) -> Result<Backend> {
-        let config = LoadedConfig::load(&env.home);
-        for warning in &config.warnings {
-            eprintln!("retinue: warning: {warning}");
-        }
+        env.warn_config();
+        let config = env.config().clone();
         let opts = PgOptions {
             retention: config.delegation.retention(),
             clock,

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use retinue_config::{DelegationConfig, LoadedConfig};
+use retinue_config::DelegationConfig;
 use retinue_core::{
     Clock, Lookup, NewSession, ProcProbe, RetainedChild, Scope, SessionStore, SystemClock,
     TombstoneReason, Unaddressable, UsageAttribution, UsageTotals, iso8601,
@@ -666,7 +666,7 @@ pub(crate) fn configured_runtime(
     env: &Env,
     args: &DelegateArgs,
 ) -> Result<(ChatRuntime, DelegationConfig, Arc<Toolbox>)> {
-    let loaded = LoadedConfig::load(&env.home);
+    let loaded = env.config().clone();
     if !loaded.errors.is_empty() {
         // Fail closed: an invalid budget is never "no limit" (no model call).
         return Err(CliError::Usage(format!(

@@ -3,8 +3,9 @@
 //! from the global options, the environment and `config.yaml`'s `database:`.
 
 use std::ffi::OsStr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use retinue_config::{LoadedConfig, try_hermes_home};
 use retinue_core::Clock;
@@ -33,6 +34,11 @@ pub(crate) struct Env {
     pub(crate) json: bool,
     /// `--all-profiles`: team mode's operator view across tenants.
     pub(crate) all_profiles: bool,
+    /// `<home>/config.yaml`, read once per process (every consumer takes
+    /// its section from here).
+    config: Arc<LoadedConfig>,
+    /// Whether the configuration's warnings were printed (once per process).
+    warned: Arc<AtomicBool>,
 }
 
 /// How a command opens the database.
@@ -101,9 +107,11 @@ impl Env {
                 )));
             }
         }
+        // The one read of `<home>/config.yaml` in this process.
+        let config = Arc::new(LoadedConfig::load(&home));
         // `database.url` / `database.profile` (team mode) when no --db is given.
         let database = if db_arg.is_none() || pg_url.is_some() {
-            quiet_database_config(&home)
+            config.database.clone()
         } else {
             retinue_config::DatabaseConfig::default()
         };
@@ -139,7 +147,24 @@ impl Env {
             profile,
             json: cli.json,
             all_profiles: cli.all_profiles,
+            config,
+            warned: Arc::default(),
         })
+    }
+
+    /// The home's configuration, as read when the command started.
+    pub(crate) fn config(&self) -> &LoadedConfig {
+        &self.config
+    }
+
+    /// The configuration's warnings, on stderr the first time a command
+    /// uses it (never twice in one process).
+    pub(crate) fn warn_config(&self) {
+        if !self.warned.swap(true, Ordering::Relaxed) {
+            for warning in &self.config.warnings {
+                eprintln!("retinue: warning: {warning}");
+            }
+        }
     }
 
     /// The team-mode URL, refused without an explicit profile (exit 2): in
@@ -165,18 +190,28 @@ impl Env {
         clock: Arc<dyn Clock>,
         access: Access,
     ) -> Result<(Arc<Store>, LoadedConfig)> {
-        open_store_with(&self.home, &self.db, &self.profile, clock, access)
+        if retinue_store_pg::is_postgres_url(&self.db.to_string_lossy()) {
+            // Never a file named `postgres:` (team mode opens a `PgStore` instead).
+            return Err(crate::error::CliError::Usage(
+                "--db postgres://… is not supported here: this command works on a state.db file"
+                    .to_owned(),
+            ));
+        }
+        self.warn_config();
+        let config = self.config();
+        let defaults = StoreOptions::default();
+        let opts = StoreOptions {
+            retention: config.delegation.retention(),
+            journal_mode: config.database.journal_mode,
+            synchronous: config.database.synchronous,
+            busy_timeout: config.database.busy_timeout().unwrap_or(defaults.busy_timeout),
+            clock,
+            profile: self.profile.clone(),
+            read_only: access == Access::Read,
+            create_missing: access == Access::WriteOrCreate,
+        };
+        Ok((Arc::new(Store::open(&self.db, opts)?), config.clone()))
     }
-}
-
-/// `<home>/config.yaml`'s `database:` section, read without logging its
-/// warnings (the command's open reports them once, as before).
-fn quiet_database_config(home: &Path) -> retinue_config::DatabaseConfig {
-    let level = log::max_level();
-    log::set_max_level(log::LevelFilter::Off);
-    let database = LoadedConfig::load(home).database;
-    log::set_max_level(level);
-    database
 }
 
 /// The variable a background worker reads its `--db` PostgreSQL URL from.
@@ -187,40 +222,6 @@ pub(crate) const DB_URL_VAR: &str = "RETINUE_WORKER_DB_URL";
 /// and query values masked), clipped.
 pub(crate) fn redact_url(url: &str) -> String {
     crate::table::clip(&retinue_core::redact_endpoint(url), 128)
-}
-
-/// Opens `db` with `<home>/config.yaml`, `profile`, `clock` and `access`;
-/// configuration warnings go to stderr.
-fn open_store_with(
-    home: &Path,
-    db: &Path,
-    profile: &str,
-    clock: Arc<dyn Clock>,
-    access: Access,
-) -> Result<(Arc<Store>, LoadedConfig)> {
-    if retinue_store_pg::is_postgres_url(&db.to_string_lossy()) {
-        // Never a file named `postgres:` (team mode opens a `PgStore` instead).
-        return Err(crate::error::CliError::Usage(
-            "--db postgres://… is not supported here: this command works on a state.db file"
-                .to_owned(),
-        ));
-    }
-    let config = LoadedConfig::load(home);
-    for warning in &config.warnings {
-        eprintln!("retinue: warning: {warning}");
-    }
-    let defaults = StoreOptions::default();
-    let opts = StoreOptions {
-        retention: config.delegation.retention(),
-        journal_mode: config.database.journal_mode,
-        synchronous: config.database.synchronous,
-        busy_timeout: config.database.busy_timeout().unwrap_or(defaults.busy_timeout),
-        clock,
-        profile: profile.to_owned(),
-        read_only: access == Access::Read,
-        create_missing: access == Access::WriteOrCreate,
-    };
-    Ok((Arc::new(Store::open(db, opts)?), config))
 }
 
 #[cfg(test)]

@@ -7,7 +7,6 @@
 
 use std::sync::Arc;
 
-use retinue_config::LoadedConfig;
 use retinue_core::SystemClock;
 use retinue_store_pg::{PgOptions, PgStore, is_postgres_url};
 use serde_json::json;
@@ -38,7 +37,7 @@ pub(crate) fn migrate(env: &Env, to: &str) -> Result<Output> {
     // file gets the same clear refusal, and nothing is written to it.
     drop(env.open(Arc::new(SystemClock), Access::Read)?);
     let opts = PgOptions {
-        retention: LoadedConfig::load(&env.home).delegation.retention(),
+        retention: env.config().delegation.retention(),
         clock: Arc::new(SystemClock),
         profile: env.profile.clone(),
         ..PgOptions::default()

@@ -57,7 +57,6 @@ pub fn iso8601(epoch: f64) -> String {
         return "unknown".to_owned();
     }
     // Truncation to whole seconds is intended.
-    #[allow(clippy::cast_possible_truncation)]
     let secs = epoch.floor() as i64;
     let days = secs.div_euclid(86_400);
     let rem = secs.rem_euclid(86_400);

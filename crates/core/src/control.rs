@@ -177,10 +177,9 @@ pub trait Controls: Send + Sync {
     fn unit_view(&self, id: &str) -> Result<Option<UnitView>>;
     /// Units not finished yet (pending, running, finalizing), newest first;
     /// only `profile`'s (and the unprofiled ones: [`crate::Scope`]'s rule) when given.
-    #[allow(clippy::needless_lifetimes)] // mockall needs the named lifetime
+    #[expect(clippy::needless_lifetimes)] // mockall needs the named lifetime
     fn running_units<'a>(&self, profile: Option<&'a str>) -> Result<Vec<UnitView>>;
     /// Posts a control for the unit's worker; returns its id.
-    #[allow(clippy::needless_lifetimes)] // mockall needs the named lifetime
     fn post_control<'a>(
         &self,
         delegation_id: &str,
@@ -199,7 +198,7 @@ pub trait Controls: Send + Sync {
     fn control_outcome(&self, id: i64) -> Result<Option<ControlOutcome>>;
     /// Every unit (any state), newest first, at most `limit`; only
     /// `profile`'s (and the unprofiled ones) when given (the web view's tree).
-    #[allow(clippy::needless_lifetimes)] // mockall needs the named lifetime
+    #[expect(clippy::needless_lifetimes)] // mockall needs the named lifetime
     fn list_units<'a>(&self, profile: Option<&'a str>, limit: usize) -> Result<Vec<UnitView>>;
     /// A cheap marker that changes whenever a unit, a child or a
     /// transcript changes (a live view polls it).

@@ -168,7 +168,6 @@ pub enum Error {
     },
 }
 
-#[allow(clippy::cast_precision_loss)] // milliseconds, shown to a tenth of a second
 fn busy_message(waited_ms: u64, timeout_ms: u64) -> String {
     let waited = waited_ms as f64 / 1000.0;
     if timeout_ms == 0 {

@@ -52,7 +52,7 @@ pub trait UnitLifecycle: Send + Sync {
     /// Records a unit's children manifest; `false` if the unit is missing.
     fn record_dispatched_children(&self, id: &str, children: &[ChildManifest]) -> Result<bool>;
     /// Retains a unit (never a tombstoned one) and prunes; `false` if nothing changed.
-    #[allow(clippy::needless_lifetimes)] // mockall needs the named lifetime
+    #[expect(clippy::needless_lifetimes)] // mockall needs the named lifetime
     fn retain_completed_delegation<'a>(&self, id: &str, usage: Option<&'a Value>) -> Result<bool>;
     /// Records a terminal result; retains iff the status is exactly `completed`.
     fn persist_completion(&self, completion: &Completion) -> Result<bool>;
@@ -98,7 +98,7 @@ pub trait Claims: Send + Sync {
     /// the unit's `usage_json` if given, and release the claim — one
     /// transaction. A swap whose `expected` no longer matches fails with
     /// [`crate::Error::Stale`] and changes nothing (re-read, re-merge, retry).
-    #[allow(clippy::needless_lifetimes)]
+    #[expect(clippy::needless_lifetimes)]
     fn finish_follow_up<'a>(
         &self,
         id: &str,

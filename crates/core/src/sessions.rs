@@ -38,7 +38,7 @@ pub trait SessionGraph: Send + Sync {
     /// callers then walk each id on its own. Reads of different moments
     /// must never be combined here — a walk would follow rows of one state
     /// into rows of another.
-    #[allow(clippy::needless_lifetimes)] // mockall needs the lifetime named
+    #[expect(clippy::needless_lifetimes)] // mockall needs the lifetime named
     fn neighbourhoods<'a>(
         &self,
         ids: &[&'a str],

@@ -476,9 +476,7 @@ fn tokens_for(usd: f64, price: f64) -> u64 {
     let n = (usd / price + 1e-6).floor();
     if n.is_finite() && n > 0.0 {
         // `as` saturates for floats.
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-        let n = n as u64;
-        n
+        n as u64
     } else {
         0
     }

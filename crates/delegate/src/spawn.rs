@@ -686,7 +686,7 @@ fn persist(
 /// reservation. When the thread cannot start, the unit is finalised as
 /// failed here (never left `running`) and both guards give back what they
 /// hold.
-#[allow(clippy::too_many_arguments)] // the unit's parts, moved into its thread
+#[expect(clippy::too_many_arguments)] // the unit's parts, moved into its thread
 fn dispatch(
     inner: &Arc<Inner>,
     request: &SpawnRequest,

@@ -65,7 +65,7 @@ pub use walk::{CompressionWalk, lineage_sessions};
 /// The authority rules bound to one registry, session graph and profile.
 ///
 /// The named lifetimes are for `mockall`, which cannot mock elided ones inside `Option`.
-#[allow(clippy::needless_lifetimes)]
+#[expect(clippy::needless_lifetimes)]
 #[cfg_attr(any(test, feature = "mocks"), mockall::automock)]
 pub trait LineageAuthority: Send + Sync {
     /// The lineage root of a session ([`root`]).

@@ -9,7 +9,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use retinue_delegate::{CancelToken, Collector, DelegateOutcome, DelegateRequest, ParentContext};
-#[allow(deprecated)] // LoggingLevel, LoggingMessageNotificationParam: see `announce_when_done`
+#[expect(deprecated)]
+// LoggingLevel, LoggingMessageNotificationParam: see `announce_when_done`
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, ContentBlock,
     CreateTaskResult, Implementation, ListToolsResult, LoggingLevel,
@@ -59,7 +60,7 @@ struct Shared {
 }
 
 /// The severity rank of a logging level (debug 0 … emergency 7).
-#[allow(deprecated)] // logging: see `announce_when_done`
+#[expect(deprecated)] // logging: see `announce_when_done`
 fn level_rank(level: LoggingLevel) -> u8 {
     match level {
         LoggingLevel::Debug => 0,
@@ -364,7 +365,7 @@ impl RetinueServer {
     /// `notifications/message` is deprecated by SEP-2577, but it is what
     /// today's hosts show (the Python SDK's logging callback, Claude Code's
     /// log): kept until hosts read task status notifications.
-    #[allow(deprecated)]
+    #[expect(deprecated)]
     fn announce_when_done(&self, id: &str, peer: Peer<RoleServer>) {
         let (collector, parent, id) = (self.shared.collector.clone(), self.parent(), id.to_owned());
         let shared = self.shared.clone();
@@ -495,7 +496,7 @@ fn attach_inbox(result: &mut CallToolResult, delivered: Vec<Value>) {
 }
 
 impl ServerHandler for RetinueServer {
-    #[allow(deprecated)] // logging: see `announce_when_done`
+    #[expect(deprecated)] // logging: see `announce_when_done`
     fn get_info(&self) -> ServerConfig {
         let mut implementation = Implementation::new("retinue", env!("CARGO_PKG_VERSION"));
         implementation.title = Some("Retinue: retained subagents".to_owned());
@@ -508,7 +509,7 @@ impl ServerHandler for RetinueServer {
 
     /// `logging/setLevel`: the capability is declared, so it is answered;
     /// the level filters the `notifications/message` this server sends.
-    #[allow(deprecated)] // logging: see `announce_when_done`
+    #[expect(deprecated)] // logging: see `announce_when_done`
     async fn set_level(
         &self,
         request: rmcp::model::SetLevelRequestParams,

@@ -4,7 +4,7 @@
 //! list, show, tombstone, usage, a restarted server in the same project,
 //! another project denied, concurrency and cancellation.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+#![expect(clippy::unwrap_used)]
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -34,7 +34,7 @@ struct Recorder {
     tasks: bool,
 }
 
-#[allow(deprecated)] // notifications/message: what the server announces completions with
+#[expect(deprecated)] // notifications/message: what the server announces completions with
 impl ClientHandler for Recorder {
     async fn on_progress(
         &self,
@@ -647,7 +647,7 @@ async fn mcp_tasks_create_poll_cancel_and_survive_a_restart() {
 /// Inspector sets it right after connecting) and honoured: above `notice`,
 /// the completion notice is not sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[allow(deprecated)]
+#[expect(deprecated)]
 async fn logging_set_level_is_answered_and_honoured() {
     let home = TempHome::new();
     let model = fake_model();

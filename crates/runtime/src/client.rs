@@ -434,7 +434,6 @@ fn count(usage: &Value, path: &[&str]) -> Result<u64, String> {
             Some(u) => Some(u),
             None => n.as_f64().filter(|f| f.is_finite() && *f >= 0.0 && f.fract() == 0.0).map(
                 // Bounded below by the check that follows.
-                #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
                 |f| if f > MAX_CALL_TOKENS as f64 { u64::MAX } else { f as u64 },
             ),
         },

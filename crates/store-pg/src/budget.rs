@@ -40,13 +40,11 @@ fn status_in(
     if cost.is_finite() && cost > 0.0 {
         spent.cost_usd += cost;
     }
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // saturating
     let tokens = if tokens.is_finite() && tokens > 0.0 { tokens as u64 } else { 0 };
     spent.tokens = spent.tokens.saturating_add(tokens);
     let sum = |tx: &mut Tx<'_>, sql: &str| -> PgResult<Spend> {
         let row = tx.query_one(sql, &[&root])?;
         let (cost, tokens): (f64, f64) = (row.try_get(0)?, row.try_get(1)?);
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // saturating
         let tokens = if tokens.is_finite() && tokens > 0.0 { tokens as u64 } else { 0 };
         Ok(Spend { cost_usd: if cost.is_finite() { cost.max(0.0) } else { 0.0 }, tokens })
     };

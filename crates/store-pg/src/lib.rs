@@ -19,9 +19,12 @@
 //!   marks the live units of a worker whose lease expired `unknown`.
 //!
 //! Every multi-row change is one `SERIALIZABLE` transaction, retried
-//! transparently on SQLSTATE 40001/40P01; claims take row locks (`FOR UPDATE`,
-//! `SKIP LOCKED` for deliveries). No advisory lock and no LISTEN/NOTIFY is on
-//! any path, so the SQL stays within what YugabyteDB and CockroachDB accept.
+//! transparently on SQLSTATE 40001/40P01 (a retain under the tenant's cap is
+//! one READ COMMITTED statement, kept exact by the live-count triggers);
+//! claims take row locks (`FOR UPDATE`, `SKIP LOCKED` for deliveries). An
+//! advisory lock only queues a tenant's contended writers
+//! (`pool::tx_queued`), and a server without one (CockroachDB) runs the same
+//! transactions unqueued; no LISTEN/NOTIFY is on any path.
 //! Errors are the store's one [`retinue_core::Error`] enum, classified by
 //! SQLSTATE; no `postgres` type is in a public signature, and the connection
 //! string (which may hold a password) is never logged.

@@ -1156,7 +1156,7 @@ impl UnitLifecycle for PgStore {
         })
     }
 
-    #[allow(clippy::needless_lifetimes)]
+    #[expect(clippy::needless_lifetimes)]
     fn retain_completed_delegation<'a>(&self, id: &str, usage: Option<&'a Value>) -> Result<bool> {
         let lim = self.limits();
         let text = usage.map(Value::to_string);
@@ -1440,7 +1440,7 @@ impl Claims for PgStore {
         })
     }
 
-    #[allow(clippy::needless_lifetimes)]
+    #[expect(clippy::needless_lifetimes)]
     fn finish_follow_up<'a>(
         &self,
         id: &str,

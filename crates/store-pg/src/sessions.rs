@@ -209,7 +209,7 @@ impl SessionGraph for PgStore {
         })
     }
 
-    #[allow(clippy::needless_lifetimes)] // mockall needs the lifetime named
+    #[expect(clippy::needless_lifetimes)] // mockall needs the lifetime named
     fn neighbourhoods<'a>(
         &self,
         ids: &[&'a str],

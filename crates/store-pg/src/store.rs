@@ -1,6 +1,56 @@
 //! [`PgStore`]: opening (connection string, password lookup, schema,
 //! refinery migrations) and the worker lease that stands for an owner's
 //! liveness across hosts.
+//!
+//! # Migration history
+//!
+//! The schema is refinery's `migrations/V<n>__<name>.sql`, listed once in
+//! `MIGRATIONS` (compiled in with `include_str!`); the schema version is
+//! their count. An open whose schema is current skips the runner (one query
+//! of `refinery_schema_history`); a schema newer than this binary is
+//! refused; a read-only open migrates nothing and refuses a schema that is
+//! not exactly current. The files are append-only.
+//!
+//! - **V1** `retinue_pg_base`: the tables and columns of a hermes
+//!   `state.db` with PostgreSQL types (so `retinue migrate` copies rows one
+//!   to one), ids `COLLATE "C"` so they order as in SQLite, JSON as `TEXT`,
+//!   message content `BYTEA` (hermes's structured content starts with NUL);
+//!   Retinue's `retinue_children`, `retinue_usage_keys` and
+//!   `retinue_usage_totals`; the history and live-unit indexes; and
+//!   `retinue_workers`, the worker leases that replace `/proc` liveness
+//!   across hosts.
+//! - **V2** `retinue_pg_budget_reservations`: the budget reservations, as
+//!   SQLite's V4, each with its `owner_worker`, so recovery on any host
+//!   releases those of workers whose lease lapsed.
+//! - **V3** `retinue_pg_retention_indexes`: the per-profile cap-rank index
+//!   (index-only, with `INCLUDE`), live children by TTL clock, and
+//!   `retinue_profile_live`, the live units per profile, so a lookup whose
+//!   profile is within its cap reads one row instead of ranking.
+//! - **V4** `retinue_pg_tombstone_note`: the operator's note of a manual
+//!   tombstone (issue #12).
+//! - **V5** `retinue_pg_budget_members`: the budget members and
+//!   `kept_spent_at`, as SQLite's V8 (issue #23).
+//! - **V6** `retinue_pg_migrated_ids`: the target id of every transcript and
+//!   ledger row copied from a `state.db`, per source file, so reruns of
+//!   `retinue migrate` never collide ids and recognise what they copied
+//!   (issue #22).
+//! - **V7** `retinue_pg_usage_columns`: typed usage columns on
+//!   `delegation_child_usage` (NULL until typed: the store types older and
+//!   imported rows when it opens and after an import), as SQLite's V10
+//!   (issue #25).
+//! - **V8** `retinue_pg_unit_controls`: the control mailbox of background
+//!   units, as SQLite's V11, its delete trigger a plpgsql function
+//!   (issue #26).
+//! - **V9** `retinue_pg_live_children_by_unit`: live children by unit, so
+//!   the list's per-unit lookup is one small range whatever the generic
+//!   plan (issue #28).
+//! - **V10** `retinue_pg_change_clock`: a sequence advanced by row-level
+//!   triggers on units and children (claims excepted), the web view's
+//!   change marker with the newest message id, as SQLite's V12 (issue #35).
+//! - **V11** `retinue_pg_live_count_stripes`: `retinue_profile_live` kept by
+//!   the server: triggers on `async_delegations` move each tenant's live
+//!   count on the stripe `pg_backend_pid() % 64` whoever writes, so a
+//!   retain under the cap needs no ranking (issue #41).
 
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -29,7 +79,6 @@ pub const FORGET_WORKERS_AFTER_SECS: f64 = 3_600.0;
 /// judge a lease by the time it began.
 pub(crate) const SERVER_NOW: &str = "extract(epoch FROM clock_timestamp())::float8";
 
-/// The schema version this binary embeds.
 /// The schema's migrations, in order (refinery's `V<n>__<name>`).
 const MIGRATIONS: &[(&str, &str)] = &[
     ("V1__retinue_pg_base", include_str!("../migrations/V1__retinue_pg_base.sql")),
@@ -72,7 +121,6 @@ const MIGRATIONS: &[(&str, &str)] = &[
     ),
 ];
 
-#[allow(clippy::cast_possible_truncation, clippy::cast_possible_wrap)] // a handful of files
 const SCHEMA_VERSION: i32 = MIGRATIONS.len() as i32;
 
 /// How to open a [`PgStore`].

@@ -40,9 +40,7 @@ pub(crate) use retinue_core::Budgets;
 fn tokens_of(total: f64) -> u64 {
     if total.is_finite() && total > 0.0 {
         // Saturating by definition of `as` for floats.
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-        let t = total as u64;
-        t
+        total as u64
     } else {
         0
     }

@@ -1,5 +1,67 @@
 //! Opening `state.db`: pragmas, the in-place upgrade of hermes files
 //! (reconcile, then refinery), backfill, and the connection pool.
+//!
+//! # Migration history
+//!
+//! The schema is refinery's `migrations/V<n>__<name>.sql`, embedded at build
+//! time (`embed_migrations!`) and run as one group after the reconcile step
+//! has added the columns an older hermes file lacks. The schema version is
+//! the highest embedded version; a file whose `refinery_schema_history`
+//! names a higher one is refused. The files are append-only, and additive
+//! for hermes: every statement is idempotent (`IF NOT EXISTS`) because
+//! hermes-agent creates the same tables, and nothing of hermes's is renamed,
+//! dropped or rebuilt (only Retinue's own indexes are ever replaced).
+//!
+//! - **V1** `retinue_base`: hermes's tables as hermes creates them
+//!   (`sessions`, `messages`, `async_delegations`, `delegation_child_usage`)
+//!   with their indexes, plus Retinue's `retinue_children` (one row per
+//!   child: manifest, TTL clock, tombstone, resume claim),
+//!   `retinue_usage_keys` (the ledger's idempotency keys) and
+//!   `retinue_usage_totals` (maintained totals per parent, up to `covered_id`).
+//! - **V2** `retinue_history_index`: a partial index of the non-retained
+//!   terminal units, the only rows the history pruner reads (semantics §3.6).
+//! - **V3** `retinue_totals_triggers`: triggers on `delegation_child_usage`
+//!   that drop a parent's maintained totals when a row they cover is
+//!   inserted, updated or deleted, whoever writes it; totals cached before
+//!   are dropped once.
+//! - **V4** `retinue_budget_reservations`: the reservations of
+//!   `delegation.budget`, with an index of the open ones per lineage root.
+//! - **V5** `retinue_unit_tombstones`: a TTL or cap prune of a whole unit
+//!   writes the unit's `tombstoned_at` (as hermes does) and one row here
+//!   that covers its children, instead of one row per child; an index of
+//!   each unit's live children; the rank index gains the unit id and
+//!   replaces V1's.
+//! - **V6** `retinue_adoption_queue`: triggers queue the units another
+//!   writer retains without Retinue's child rows, so an open adopts
+//!   (backfills) only when the queue is not empty; what was unadopted at the
+//!   upgrade is queued once.
+//! - **V7** `retinue_profile_rank`: the rank index leads with
+//!   `COALESCE(owner_profile, '')` after the liveness columns, so the cap
+//!   ranks each profile's units among themselves (issue #17); replaces V5's.
+//! - **V8** `retinue_budget_members`: each child session's budget root
+//!   (first write wins), so nested spawns and follow-ups draw on one budget
+//!   (issue #23).
+//! - **V9** `retinue_unit_clock`: the trigger `retinue_unit_clock_moved`
+//!   moves a unit's live children's TTL clocks with the unit's when another
+//!   program moves it; Retinue's own writes of the unit clock hold a row of
+//!   `retinue_clock_guard` inside their transaction, so the trigger leaves
+//!   their per-child clocks alone (issue #22).
+//! - **V10** `retinue_usage_columns`: each ledger row's usage in typed
+//!   columns (the rule of `retinue_core::UsageColumns`), kept by triggers on
+//!   `delegation_child_usage` so rows hermes writes are typed too; "spent"
+//!   is one aggregate (issue #25).
+//! - **V11** `retinue_unit_controls`: the control mailbox of background
+//!   units (`steer`, `cancel`; outcomes `pending`, `taken`, `delivered`,
+//!   `missed`), a partial index of the pending rows, and a trigger that
+//!   deletes a unit's controls with the unit (issue #26).
+//! - **V12** `retinue_change_clock`: one counter, bumped by triggers on
+//!   `async_delegations` and `retinue_children` (claims excepted), that
+//!   with the newest message id is the web view's change marker (issue #35).
+//!
+//! Two columns of Retinue's own tables are added by the reconcile step after
+//! the migrations rather than in SQL (SQLite cannot add a column
+//! idempotently): `retinue_children.tombstone_note` and
+//! `retinue_budget_reservations.kept_spent_at`.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -55,7 +55,6 @@ fn convert(v: ValueRef<'_>, ty: CellType) -> Cell {
         (CellType::Float, ValueRef::Text(b)) => Cell::Float(text(b).trim().parse().ok()),
         (CellType::Float, _) => Cell::Float(None),
         (CellType::Int, ValueRef::Integer(i)) => Cell::Int(Some(i)),
-        #[allow(clippy::cast_possible_truncation)]
         (CellType::Int, ValueRef::Real(f)) => Cell::Int(f.is_finite().then_some(f as i64)),
         (CellType::Int, ValueRef::Text(b)) => Cell::Int(text(b).trim().parse().ok()),
         (CellType::Int, _) => Cell::Int(None),

@@ -41,7 +41,6 @@ fn totals_row(tx: &rusqlite::Connection, parent: &str) -> SqlResult<Option<(Usag
             else {
                 return Ok(None);
             };
-            #[allow(clippy::cast_possible_truncation)] // ids are integers
             Ok(Some((UsageTotals { cost_usd, input_tokens, output_tokens }, covered as i64)))
         })
         .optional()?

@@ -53,7 +53,6 @@ pub(crate) fn json_column_logged(
 /// one malformed row never fails a whole read.
 pub(crate) fn real_column(r: &rusqlite::Row<'_>, idx: usize) -> rusqlite::Result<Option<f64>> {
     use rusqlite::types::ValueRef;
-    #[allow(clippy::cast_precision_loss)] // epoch seconds fit an f64 exactly
     Ok(match r.get_ref(idx)? {
         ValueRef::Integer(i) => Some(i as f64),
         ValueRef::Real(f) if f.is_finite() => Some(f),
@@ -226,7 +225,6 @@ pub(crate) fn read_child_row_at(r: &Row<'_>, o: usize) -> rusqlite::Result<Child
     let unit_tombstoned_at = real_column(r, o + 14)?.or_else(|| {
         (!matches!(r.get_ref(o + 14), Ok(rusqlite::types::ValueRef::Null))).then_some(0.0)
     });
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // range-checked
     let child_index =
         index.filter(|i| (0.0..=f64::from(u32::MAX)).contains(i)).map_or(u32::MAX, |i| i as u32);
     Ok(ChildRow {

@@ -158,7 +158,7 @@ impl SessionGraph for Store {
         })
     }
 
-    #[allow(clippy::needless_lifetimes)] // mockall needs the lifetime named
+    #[expect(clippy::needless_lifetimes)] // mockall needs the lifetime named
     fn neighbourhoods<'a>(
         &self,
         ids: &[&'a str],

@@ -957,7 +957,6 @@ fn bill(b: &Backend, parent: &str, cost: f64, input: u64, output: u64) {
         aggregate: None,
         key: None,
     };
-    #[allow(clippy::cast_precision_loss)]
     let update = TotalsUpdate {
         delta: UsageTotals {
             cost_usd: cost,

@@ -62,7 +62,6 @@ pub fn add_usd(a: f64, b: f64) -> f64 {
 
 fn count(value: Option<&Value>) -> u64 {
     // Counts are whole and non-negative; the cast saturates by design.
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
     value.and_then(number).map_or(0, |f| f.max(0.0).round() as u64)
 }
 

@@ -3,7 +3,7 @@
 //! a child's transcript with its tool calls, escaping of hostile model
 //! output, the security headers, the token, and the change marker.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+#![expect(clippy::unwrap_used)]
 
 use std::sync::Arc;
 

@@ -120,7 +120,6 @@ fn fresh(
     Ok((store, lim))
 }
 
-#[allow(clippy::too_many_lines)] // one straight sequence of rows, as the SQLite bench's
 fn main() -> Res<()> {
     let url = std::env::var("RETINUE_PG_URL").map_err(|_| "RETINUE_PG_URL is unset")?;
     let args: Vec<String> = std::env::args().collect();

@@ -38,7 +38,6 @@ type Op<'a> = Box<dyn FnMut() -> Res<()> + 'a>;
 /// The size of one table at one N: (table, heap + TOAST KiB, indexes KiB).
 type Sizes = Vec<(String, i64, i64)>;
 
-#[allow(clippy::too_many_lines)] // one straight sequence of rows per N
 pub(crate) fn run(
     url: &str,
     sizes: &[usize],

@@ -147,7 +147,7 @@ impl Claims for Store {
         self.pool.write("releasing a resume claim", |tx| release_in(tx, id, child_index, token))
     }
 
-    #[allow(clippy::needless_lifetimes)]
+    #[expect(clippy::needless_lifetimes)]
     fn finish_follow_up<'a>(
         &self,
         id: &str,

@@ -166,7 +166,7 @@ impl UnitLifecycle for Store {
         })
     }
 
-    #[allow(clippy::needless_lifetimes)]
+    #[expect(clippy::needless_lifetimes)]
     fn retain_completed_delegation<'a>(&self, id: &str, usage: Option<&'a Value>) -> Result<bool> {
         let lim = self.limits();
         self.pool.write("retaining a unit", |tx| retain_in(tx, id, usage, lim, &self.profile))

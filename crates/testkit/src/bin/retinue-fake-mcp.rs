@@ -78,7 +78,6 @@ impl ServerHandler for Fake {
             "crash" => std::process::exit(3),
             "big" => {
                 let mb = args.get("mb").and_then(Value::as_f64).unwrap_or(1.0).clamp(0.0, 100.0);
-                #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
                 let n = (mb * 1_000_000.0) as usize;
                 CallToolResult::success(vec![ContentBlock::text("x".repeat(n))])
             }
