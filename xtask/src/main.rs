@@ -14,6 +14,7 @@ mod mcp_inspector;
 mod pg;
 mod reliability;
 mod seams;
+mod sizes;
 mod tidy;
 
 use std::path::{Path, PathBuf};
@@ -35,6 +36,7 @@ tasks:
   doc     cargo doc --workspace --no-deps with warnings denied, then the shell completions and
           the man page into target/dist/
   tidy    source hygiene and crate-boundary checks
+  sizes   the shipped files and functions over tidy's size limits (xtask/src/sizes.allow's lines)
   interop share a state.db with the published Python hermes-agent (downloads its wheel)
   mcp-e2e `retinue mcp` driven by the official Python MCP SDK (pip-installs `mcp` into target/)
   reliability  kill -9, contention and lineage-oracle harnesses (--full: release, full size;
@@ -177,6 +179,13 @@ fn main() -> ExitCode {
         Some("test") => test(&args[1..]),
         Some("doc") => doc(),
         Some("tidy") => tidy::run(&root()),
+        // The lines of xtask/src/sizes.allow as the code stands.
+        Some("sizes") => {
+            for item in sizes::measure(&root()) {
+                println!("{} {}", item.lines, item.key);
+            }
+            Ok(())
+        }
         Some("interop") => interop::run(&root()),
         Some("mcp-e2e") => mcp_e2e::run(&root()),
         Some("bench") => bench::bench(&args[1..]),

@@ -22,8 +22,11 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("retinue-lineage", &["retinue-core"]),
     ("retinue-usage", &["retinue-core"]),
     ("retinue-delegate", &["retinue-core", "retinue-config", "retinue-lineage", "retinue-usage"]),
-    ("retinue-runtime", &["retinue-core", "retinue-config", "retinue-delegate"]),
-    ("retinue-tools", &["retinue-core", "retinue-config", "retinue-delegate", "retinue-runtime"]),
+    // The run seams are core's (`core::run`): the runtime and the tools
+    // never reach the orchestrator; nested delegation is a capability a run
+    // carries (`RunContext::delegate`).
+    ("retinue-runtime", &["retinue-core", "retinue-config"]),
+    ("retinue-tools", &["retinue-core", "retinue-config"]),
     ("retinue-mcp", &["retinue-core", "retinue-lineage", "retinue-usage", "retinue-delegate"]),
     // The web view reads the seams only: no delegation, no runtime, no engine.
     ("retinue-web", &["retinue-core", "retinue-lineage", "retinue-usage"]),
@@ -107,6 +110,7 @@ pub(crate) fn run(root: &Path) -> Result<(), String> {
     check_engine_free(root, &mut problems);
     crate::seams::check(root, &mut problems);
     crate::docs::check(root, &mut problems);
+    crate::sizes::check(root, &mut problems);
     if let Err(e) = crate::bench::check_docs(root) {
         problems.push(e);
     }

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use retinue_core::Message;
-use retinue_delegate::{CancelToken, ChildRuntime, ChildSpec, RunInput, SinkError, TranscriptSink};
+use retinue_core::run::{ChildRuntime, ChildSpec, RunContext, RunInput, SinkError, TranscriptSink};
 use retinue_runtime::{ChatRuntime, NoTools, RuntimeConfig};
 use retinue_testkit::fake_model::{FakeModel, Reply, Usage};
 
@@ -96,7 +96,7 @@ fn main() -> std::process::ExitCode {
     let body = r#"{"model":"bench/model","messages":[{"role":"system","content":"You are a benchmark child."},{"role":"user","content":"Summarise the benchmark."}]}"#;
     let run_ours = || {
         let start = Instant::now();
-        let _ = runtime.run(&child, &input(), &Discard, &CancelToken::new());
+        let _ = runtime.run(&child, &input(), &Discard, &RunContext::default());
         start.elapsed().as_secs_f64() * 1e6
     };
     let run_limit = || {
@@ -179,7 +179,7 @@ fn main() -> std::process::ExitCode {
     let traced: Vec<f64> = (0..iters)
         .map(|_| {
             let start = Instant::now();
-            let _ = runtime.run(&child, &input(), &Discard, &CancelToken::new());
+            let _ = runtime.run(&child, &input(), &Discard, &RunContext::default());
             start.elapsed().as_secs_f64() * 1e6
         })
         .collect();
@@ -208,7 +208,7 @@ fn main() -> std::process::ExitCode {
             let rt = Arc::clone(&runtime);
             std::thread::spawn(move || {
                 let child = rt.build(&spec(1000 + i)).ok()?;
-                let out = rt.run(&child, &input(), &Discard, &CancelToken::new());
+                let out = rt.run(&child, &input(), &Discard, &RunContext::default());
                 Some(out.final_response.is_some())
             })
         })

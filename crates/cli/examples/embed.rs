@@ -13,8 +13,8 @@ use retinue_core::{
 };
 use retinue_delegate::{
     CallPlan, CallUsage, CancelToken, ChildHandle, ChildOutcome, ChildRuntime, ChildSpec,
-    DelegateOutcome, DelegateRequest, Delegator, DelegatorParts, ParentContext, RunInput,
-    RunTokens, RuntimeError, SpawnRequest, TaskSpec, TranscriptSink,
+    DelegateOutcome, DelegateRequest, Delegator, DelegatorParts, ParentContext, RunContext,
+    RunInput, RunTokens, RuntimeError, SpawnRequest, TaskSpec, TranscriptSink,
 };
 use retinue_lineage::{Authority, LineageAuthority};
 use retinue_store::{Store, StoreOptions};
@@ -36,10 +36,11 @@ impl ChildRuntime for MyRuntime {
         _child: &ChildHandle,
         input: &RunInput,
         sink: &dyn TranscriptSink,
-        cancel: &CancelToken,
+        ctx: &RunContext,
     ) -> ChildOutcome {
-        // A real runtime checks `cancel` between model calls (and bounds each
-        // call by `cancel.remaining()`), returning the usage spent so far.
+        // A real runtime checks `ctx.cancel` between model calls (and bounds each
+        // call by its `remaining()`), returning the usage spent so far.
+        let cancel = &ctx.cancel;
         if cancel.is_cancelled() {
             return ChildOutcome {
                 exit_reason: ExitReason::Interrupted,

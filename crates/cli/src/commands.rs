@@ -901,7 +901,6 @@ pub(crate) fn delegate(env: &Env, args: &DelegateArgs) -> Result<Output> {
     }
     let toolsets = parent_toolsets(&config, &toolbox);
     let tool = delegator(&store, Arc::new(runtime), config, &env.profile);
-    toolbox.set_delegator(tool.clone());
     let parent_row = store.sessions.session(&parent_id)?;
     let parent = ParentContext {
         session_id: Some(parent_id.clone()),

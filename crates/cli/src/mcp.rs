@@ -99,7 +99,6 @@ pub(crate) fn run(env: &Env, args: &McpArgs) -> Result<Output> {
             parent_toolsets = crate::commands::parent_toolsets(&config, &toolbox);
             let runtime: Arc<dyn ChildRuntime> = Arc::new(runtime);
             let d = delegator(&store, runtime, config, &env.profile);
-            toolbox.set_delegator(d.clone());
             Ok(d)
         }
         Err(e) => {

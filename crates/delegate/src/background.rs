@@ -26,9 +26,9 @@ use retinue_core::{
 use serde_json::{Value, json};
 
 use crate::results::ChildReport;
-use crate::runtime::{CancelToken, ChildHandle};
 use crate::{DelegateError, Delegator, Inner, ParentContext};
 use retinue_core::Backend;
+use retinue_core::run::{CancelToken, ChildHandle};
 use retinue_lineage::LineageAuthority;
 
 /// How long `steer` and `cancel` wait for the worker to take their control.

@@ -15,7 +15,7 @@ use serde_json::json;
 
 use crate::Inner;
 use crate::error::DelegateError;
-use crate::runtime::{BudgetMeter, CancelToken, MeterStore};
+use retinue_core::run::{BudgetMeter, CancelToken, MeterStore};
 
 /// A held reservation and the meter its runs charge.
 ///

@@ -15,10 +15,10 @@ use crate::budget;
 use crate::error::DelegateError;
 use crate::request::{DelegateOutcome, FollowUpReport};
 use crate::results::ChildReport;
-use crate::runtime::{CancelToken, ChildSpec, RunInput};
 use crate::spawn::{execute, finalize, runs_of};
 use crate::texts;
 use crate::{Inner, ParentContext};
+use retinue_core::run::{CancelToken, ChildSpec, RunInput};
 
 /// Claim renewal period while a resume runs.
 const RENEW_EVERY: Duration = Duration::from_secs(100);

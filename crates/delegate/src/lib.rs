@@ -17,9 +17,9 @@ mod budget;
 mod error;
 mod follow_up;
 mod live;
+mod nested;
 mod request;
 mod results;
-mod runtime;
 mod schema;
 #[cfg(any(test, feature = "scripted"))]
 pub mod scripted;
@@ -44,13 +44,13 @@ pub use request::{
     UnitReport,
 };
 pub use results::ChildReport;
-pub use runtime::{
+pub use retinue_core::run::{
     BudgetMeter, CallPermit, CallPlan, CallRefusal, CallUsage, CancelReason, CancelToken,
-    ChildHandle, ChildOutcome, ChildRuntime, ChildSpec, CompletionSink, RunInput, RunTokens,
-    RuntimeError, SinkError, TranscriptSink,
+    ChildHandle, ChildOutcome, ChildRuntime, ChildSpec, CompletionSink, Delegate, RunContext,
+    RunInput, RunTokens, RuntimeError, SinkError, TranscriptSink,
 };
 #[cfg(any(test, feature = "mocks"))]
-pub use runtime::{MockChildRuntime, MockCompletionSink, MockTranscriptSink};
+pub use retinue_core::run::{MockChildRuntime, MockCompletionSink, MockTranscriptSink};
 pub use schema::delegate_task_schema;
 
 /// The calling parent agent.

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 
-use crate::runtime::ChildHandle;
+use retinue_core::run::ChildHandle;
 
 /// A running child.
 #[derive(Debug, Clone, PartialEq, Default)]

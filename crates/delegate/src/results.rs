@@ -7,7 +7,7 @@ use retinue_core::{ChildStatus, ExitReason, Message, SessionStore};
 use retinue_usage::{ChildUsage, Tokens};
 use serde_json::{Map, Value, json};
 
-use crate::runtime::{ChildOutcome, SinkError, TranscriptSink};
+use retinue_core::run::{ChildOutcome, SinkError, TranscriptSink};
 
 /// One child's result: an entry of the tool's `results` array.
 #[derive(Debug, Clone, PartialEq, Default)]

@@ -9,9 +9,9 @@ use std::time::Duration;
 use retinue_core::{ExitReason, Message};
 use serde_json::Value;
 
-use crate::runtime::{
-    CallPlan, CallUsage, CancelToken, ChildHandle, ChildOutcome, ChildRuntime, ChildSpec,
-    CompletionSink, RunInput, RunTokens, RuntimeError, TranscriptSink,
+use retinue_core::run::{
+    CallPlan, CallUsage, ChildHandle, ChildOutcome, ChildRuntime, ChildSpec, CompletionSink,
+    RunContext, RunInput, RunTokens, RuntimeError, TranscriptSink,
 };
 
 /// What the scripted runtime does for goals containing a pattern.
@@ -119,7 +119,7 @@ impl ChildRuntime for ScriptedRuntime {
         child: &ChildHandle,
         input: &RunInput,
         sink: &dyn TranscriptSink,
-        cancel: &CancelToken,
+        ctx: &RunContext,
     ) -> ChildOutcome {
         let spec = self
             .specs
@@ -139,7 +139,7 @@ impl ChildRuntime for ScriptedRuntime {
             output: script.output_tokens,
             ..RunTokens::default()
         };
-        if !script.delay.is_zero() && cancel.sleep(script.delay) {
+        if !script.delay.is_zero() && ctx.cancel.sleep(script.delay) {
             return ChildOutcome {
                 exit_reason: ExitReason::Interrupted,
                 api_calls: 1,
@@ -160,7 +160,7 @@ impl ChildRuntime for ScriptedRuntime {
             max_completion_tokens: Some(tokens.output),
             usd_per_completion_token: None,
         };
-        let permit = match cancel.begin_call(plan) {
+        let permit = match ctx.cancel.begin_call(plan) {
             Ok(p) => p,
             Err(why) => {
                 return ChildOutcome::failed(

@@ -22,9 +22,9 @@ use crate::request::{DelegateOutcome, Dispatch, DispatchedChild, SpawnRequest, U
 use crate::results::{ChildReport, SessionSink, status_of};
 use opentelemetry::Context;
 
-use crate::runtime::{CancelReason, CancelToken, ChildHandle, ChildOutcome, ChildSpec, RunInput};
 use crate::telemetry;
 use crate::{Inner, ParentContext, texts};
+use retinue_core::run::{self, CancelReason, CancelToken, ChildHandle, ChildOutcome, ChildSpec};
 
 pub(crate) fn random_hex(bytes: usize) -> String {
     let mut buf = vec![0u8; bytes];
@@ -94,7 +94,7 @@ pub(crate) fn child_timeout(seconds: f64) -> Option<Duration> {
 fn run_child(
     inner: &Arc<Inner>,
     handle: &ChildHandle,
-    input: RunInput,
+    input: run::RunInput,
     session_id: &str,
     cancel: &CancelToken,
     span: &Context,
@@ -111,12 +111,12 @@ fn run_child(
         closed: Arc::clone(&closed),
     };
     let run_handle = handle.clone();
-    let token = cancel.clone();
+    let ctx = crate::nested::run_context(inner, cancel);
     let spawned = std::thread::Builder::new().name(format!("child-{}", handle.subagent_id)).spawn(
         move || {
             let _attached = span.attach();
             let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                runtime.run(&run_handle, &input, &sink, &token)
+                runtime.run(&run_handle, &input, &sink, &ctx)
             }));
             let _ = tx.send(run.unwrap_or_else(|payload| {
                 ChildOutcome::failed(
@@ -222,7 +222,7 @@ const POLL: Duration = Duration::from_millis(50);
 pub(crate) fn execute(
     inner: &Arc<Inner>,
     spec: &ChildSpec,
-    input: RunInput,
+    input: run::RunInput,
     steerable: bool,
     owner: Option<String>,
     cancel: &CancelToken,
@@ -240,7 +240,7 @@ pub(crate) fn execute(
 fn execute_in(
     inner: &Arc<Inner>,
     spec: &ChildSpec,
-    input: RunInput,
+    input: run::RunInput,
     steerable: bool,
     owner: Option<String>,
     cancel: &CancelToken,
@@ -352,7 +352,7 @@ pub(crate) fn runs_of(results: &[ChildReport]) -> Vec<ChildRun> {
 
 pub(crate) struct Planned {
     pub(crate) spec: ChildSpec,
-    input: RunInput,
+    input: run::RunInput,
     dropped: Vec<crate::toolsets::DroppedToolset>,
 }
 
@@ -567,7 +567,7 @@ fn plan(
             max_iterations: config.max_iterations,
             resume_session_id: None,
         };
-        let input = RunInput {
+        let input = run::RunInput {
             user_message: user_turn(&task.goal, task.context.as_deref()),
             history: Vec::new(),
             system_prompt: Some(system_prompt(&task.goal)),

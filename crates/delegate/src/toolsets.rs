@@ -7,16 +7,7 @@ use serde::Serialize;
 use crate::ParentContext;
 use retinue_core::Role;
 
-/// The read-only subset of hermes's `file` toolset (Retinue's default).
-pub const READ: &str = "read";
-/// hermes's `file` toolset (read, write, patch, search).
-pub const FILE: &str = "file";
-/// hermes's `terminal` toolset.
-pub const TERMINAL: &str = "terminal";
-/// hermes's `delegation` toolset (`delegate_task`), for orchestrators only.
-pub const DELEGATION: &str = "delegation";
-/// The prefix of an MCP server's toolset (`mcp-<server>`, hermes's name).
-pub const MCP_PREFIX: &str = "mcp-";
+pub use retinue_core::run::toolsets::{DELEGATION, FILE, MCP_PREFIX, READ, TERMINAL};
 
 /// Toolsets a subagent never gets (hermes's `DELEGATE_BLOCKED_TOOLS`, by
 /// toolset).

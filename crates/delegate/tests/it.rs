@@ -963,8 +963,8 @@ mod sinks {
     use retinue_core::{Claims, DeliveryFilter, ExitReason};
     use retinue_delegate::scripted::ScriptedRuntime;
     use retinue_delegate::{
-        CancelToken, ChildHandle, ChildRuntime, ChildSpec, Delegator, DelegatorParts,
-        MockCompletionSink, MockTranscriptSink, RunInput, SinkError,
+        ChildHandle, ChildRuntime, ChildSpec, Delegator, DelegatorParts, MockCompletionSink,
+        MockTranscriptSink, RunInput, SinkError,
     };
     use retinue_lineage::Authority;
     use serde_json::json;
@@ -985,7 +985,7 @@ mod sinks {
             .times(1)
             .returning(|_| Err(SinkError::Closed { session_id: "s".into() }));
         let input = RunInput { user_message: "hello".into(), ..RunInput::default() };
-        let outcome = runtime.run(&child, &input, &sink, &CancelToken::new());
+        let outcome = runtime.run(&child, &input, &sink, &retinue_delegate::RunContext::default());
         assert_eq!(outcome.exit_reason, ExitReason::Error);
         assert_eq!(
             outcome.error.as_deref(),
@@ -1479,7 +1479,7 @@ mod budget_tree {
             _: &retinue_delegate::ChildHandle,
             _: &retinue_delegate::RunInput,
             _: &dyn retinue_delegate::TranscriptSink,
-            _: &retinue_delegate::CancelToken,
+            _: &retinue_delegate::RunContext,
         ) -> retinue_delegate::ChildOutcome {
             retinue_delegate::ChildOutcome {
                 final_response: Some("done".into()),
@@ -1676,8 +1676,8 @@ mod unknown_price {
     use retinue_core::{BudgetLimit, Budgets, ExitReason};
     use retinue_delegate::scripted::ScriptedRuntime;
     use retinue_delegate::{
-        CallPlan, CancelToken, ChildHandle, ChildOutcome, ChildRuntime, ChildSpec, Delegator,
-        RunInput, RuntimeError, TranscriptSink,
+        CallPlan, ChildHandle, ChildOutcome, ChildRuntime, ChildSpec, Delegator, RunInput,
+        RuntimeError, TranscriptSink,
     };
     use serde_json::json;
 
@@ -1699,9 +1699,10 @@ mod unknown_price {
             _: &ChildHandle,
             _: &RunInput,
             _: &dyn TranscriptSink,
-            cancel: &CancelToken,
+            ctx: &retinue_delegate::RunContext,
         ) -> ChildOutcome {
-            let permit = cancel.begin_call(CallPlan { prompt_tokens: 10, ..CallPlan::default() });
+            let permit =
+                ctx.cancel.begin_call(CallPlan { prompt_tokens: 10, ..CallPlan::default() });
             drop(permit);
             ChildOutcome::failed(ExitReason::Error, "the connection vanished")
         }
@@ -2000,11 +2001,11 @@ mod background_units {
             child: &retinue_delegate::ChildHandle,
             input: &retinue_delegate::RunInput,
             sink: &dyn retinue_delegate::TranscriptSink,
-            cancel: &CancelToken,
+            ctx: &retinue_delegate::RunContext,
         ) -> retinue_delegate::ChildOutcome {
             let n = self.now.fetch_add(1, Ordering::SeqCst) + 1;
             self.peak.fetch_max(n, Ordering::SeqCst);
-            let out = self.inner.run(child, input, sink, cancel);
+            let out = self.inner.run(child, input, sink, ctx);
             self.now.fetch_sub(1, Ordering::SeqCst);
             out
         }

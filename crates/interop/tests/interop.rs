@@ -710,7 +710,7 @@ fn child_with_tool_turns(store: &Arc<Store>, parent_session: &str) -> Value {
 #[test]
 #[ignore = "needs the hermes wheel; run by cargo xtask interop"]
 fn a_hermes_transcript_with_tool_turns_resumes_on_the_wire() {
-    use retinue_delegate::{CancelToken, ChildRuntime, ChildSpec, RunInput, TranscriptSink};
+    use retinue_delegate::{ChildRuntime, ChildSpec, RunInput, TranscriptSink};
     use retinue_testkit::fake_model::{FakeModel, Reply};
     let ex = expect();
     let Some(u1) = ex.units.get("u1") else {
@@ -747,7 +747,7 @@ fn a_hermes_transcript_with_tool_turns_resumes_on_the_wire() {
     }
     let handle = rt.build(&spec).expect("build");
     let input = RunInput { user_message: "and now?".into(), history, system_prompt: None };
-    let out = rt.run(&handle, &input, &Discard, &CancelToken::new());
+    let out = rt.run(&handle, &input, &Discard, &retinue_core::run::RunContext::default());
     assert_eq!(out.final_response.as_deref(), Some("resumed"), "{out:?}");
     let sent = model.requests()[0].messages();
     for (i, m) in sent.iter().enumerate() {

@@ -4,7 +4,7 @@ use std::io::{BufRead, BufReader};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use retinue_delegate::{CancelToken, RunTokens};
+use retinue_core::run::{CancelToken, RunTokens};
 use serde_json::Value;
 
 use crate::error::scrub;

@@ -1,4 +1,4 @@
-//! `retinue-runtime`: a [`ChildRuntime`](retinue_delegate::ChildRuntime) over an
+//! `retinue-runtime`: a [`ChildRuntime`](retinue_core::run::ChildRuntime) over an
 //! OpenAI-compatible **Chat Completions** API (`POST {base_url}/chat/completions`),
 //! so children can run on OpenAI, OpenRouter, vLLM, llama.cpp's server, Ollama
 //! or LM Studio.
@@ -47,7 +47,7 @@ mod tools;
 pub use config::{DEFAULT_KEY_ENV, RetryPolicy, RuntimeConfig, SUPPORTED_API_MODES};
 pub use error::Error;
 pub use retinue_config::ModelPrice;
-pub use runtime::ChatRuntime;
 #[cfg(any(test, feature = "mocks"))]
-pub use tools::MockToolExecutor;
-pub use tools::{NoTools, ToolError, ToolExecutor};
+pub use retinue_core::run::MockToolExecutor;
+pub use retinue_core::run::{NoTools, ToolError, ToolExecutor};
+pub use runtime::ChatRuntime;

@@ -5,11 +5,11 @@ use std::fmt;
 use std::ops::ControlFlow;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use retinue_core::{ExitReason, Message};
-use retinue_delegate::{
+use retinue_core::run::{
     CallPermit, CallPlan, CallUsage, CancelReason, CancelToken, ChildHandle, ChildOutcome,
-    ChildRuntime, ChildSpec, RunInput, RunTokens, RuntimeError, TranscriptSink,
+    ChildRuntime, ChildSpec, RunContext, RunInput, RunTokens, RuntimeError, TranscriptSink,
 };
+use retinue_core::{ExitReason, Message};
 use serde_json::{Value, json};
 
 use crate::client::{Call, CallOutcome, Completion, ToolCall};
@@ -338,7 +338,7 @@ struct Run<'a> {
     child: &'a ChildHandle,
     settings: Child,
     sink: &'a dyn TranscriptSink,
-    cancel: &'a CancelToken,
+    ctx: &'a RunContext,
     outcome: ChildOutcome,
     /// Characters of tool output fed back so far.
     tool_chars: usize,
@@ -347,8 +347,8 @@ struct Run<'a> {
 impl Run<'_> {
     fn append(&self, m: &Message) -> Result<(), ExitReason> {
         self.sink.append(m).map_err(|e| match e {
-            retinue_delegate::SinkError::Closed { .. } => stopped_reason(self.cancel),
-            retinue_delegate::SinkError::Storage { .. } => ExitReason::Error,
+            retinue_core::run::SinkError::Closed { .. } => stopped_reason(&self.ctx.cancel),
+            retinue_core::run::SinkError::Storage { .. } => ExitReason::Error,
         })
     }
 
@@ -369,7 +369,7 @@ impl Run<'_> {
     }
 
     fn stop(&mut self) {
-        let reason = stopped_reason(self.cancel);
+        let reason = stopped_reason(&self.ctx.cancel);
         let text = match reason {
             ExitReason::Timeout => "the child's deadline passed",
             ExitReason::Budget => "the budget allowance is spent",
@@ -394,7 +394,7 @@ impl Run<'_> {
     /// limit, the budget or a failure ends it. Each step is a method that
     /// either goes on or has already recorded why the run ended.
     fn go(&mut self, input: &RunInput) {
-        let definitions = self.rt.tools.definitions(self.child);
+        let definitions = self.rt.tools.definitions_in(self.child, self.ctx);
         let names = tool_names(&definitions);
         let mut messages = opening_messages(input);
         let max = self.settings.max_iterations.max(1);
@@ -404,7 +404,7 @@ impl Run<'_> {
             if self.fold_steers(&mut messages).is_break() {
                 return;
             }
-            if self.cancel.is_cancelled() {
+            if self.ctx.cancel.is_cancelled() {
                 return self.stop();
             }
             if calls >= max {
@@ -489,7 +489,7 @@ impl Run<'_> {
                 .get(&self.settings.model)
                 .map(|p| p.output_per_mtok / 1e6),
         };
-        let permit = match self.cancel.begin_call(plan) {
+        let permit = match self.ctx.cancel.begin_call(plan) {
             Ok(p) => p,
             Err(why) => {
                 self.fail(
@@ -510,7 +510,7 @@ impl Run<'_> {
             model: self.settings.model.clone(),
             body: Arc::from(text.as_str()),
             stream: rt.config.stream,
-            cancel: self.cancel.clone(),
+            cancel: self.ctx.cancel.clone(),
         };
         let span = crate::spans::chat(&self.settings.model, &self.settings.provider);
         let outcome = call.run();
@@ -644,7 +644,7 @@ impl Run<'_> {
     fn run_tools(&self, calls: &[crate::client::ToolCall], names: &[String]) -> Vec<String> {
         let rt = self.rt;
         let child = self.child;
-        let cancel = self.cancel;
+        let ctx = self.ctx;
         // Tool calls may run on threads: their spans take the child's
         // context explicitly.
         let parent = opentelemetry::Context::current();
@@ -665,7 +665,7 @@ impl Run<'_> {
                 Err(e) => tool_error(&format!("the arguments are not valid JSON ({e})")),
                 Ok(args) if !args.is_object() => tool_error("the arguments must be a JSON object"),
                 Ok(args) => match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    rt.tools.execute_with_cancel(child, &call.name, &args, cancel)
+                    rt.tools.execute_in(child, &call.name, &args, ctx)
                 })) {
                     Ok(Ok(out)) => out,
                     Ok(Err(e)) => tool_error(&e.to_string()),
@@ -686,7 +686,7 @@ impl Run<'_> {
         let (run, skipped) = calls.split_at(calls.len().min(MAX_TOOL_CALLS_PER_ANSWER));
         let mut out = Vec::with_capacity(calls.len());
         for chunk in run.chunks(width) {
-            if self.cancel.is_cancelled() {
+            if self.ctx.cancel.is_cancelled() {
                 // Stopped: the rest are answered, not run (the transcript
                 // keeps a result for every call).
                 out.extend(chunk.iter().map(|_| tool_error("not run: the child was stopped")));
@@ -822,7 +822,7 @@ impl ChildRuntime for ChatRuntime {
         child: &ChildHandle,
         input: &RunInput,
         sink: &dyn TranscriptSink,
-        cancel: &CancelToken,
+        ctx: &RunContext,
     ) -> ChildOutcome {
         let settings = self.child_settings(child);
         let (settings_model, settings_url) = (settings.model.clone(), settings.base_url.clone());
@@ -831,7 +831,7 @@ impl ChildRuntime for ChatRuntime {
             child,
             settings,
             sink,
-            cancel,
+            ctx,
             outcome: ChildOutcome::default(),
             tool_chars: 0,
         };

@@ -1,12 +1,12 @@
 //! The runtime's spans (semantic conventions for generative AI, see
-//! `retinue_delegate::telemetry`): `chat {model}` per model call and
+//! `retinue_core::semconv`): `chat {model}` per model call and
 //! `execute_tool {tool}` per tool call, under the child's `invoke_agent`
 //! span (the current context of the child's thread). OpenTelemetry API only:
 //! no-ops until a provider is installed.
 
 use opentelemetry::trace::{SpanKind, Status, TraceContextExt, Tracer};
 use opentelemetry::{Context, KeyValue, global};
-use retinue_delegate::telemetry::{TRACER, attr};
+use retinue_core::semconv::{TRACER, attr};
 
 use crate::client::Completion;
 

@@ -4,10 +4,11 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use retinue_core::{ExitReason, Message};
-use retinue_delegate::{
-    CancelToken, ChildHandle, ChildRuntime, ChildSpec, RunInput, SinkError, TranscriptSink,
+use retinue_core::run::{
+    CancelToken, ChildHandle, ChildRuntime, ChildSpec, RunContext, RunInput, SinkError,
+    TranscriptSink,
 };
+use retinue_core::{ExitReason, Message};
 use retinue_runtime::{
     ChatRuntime, ModelPrice, NoTools, RetryPolicy, RuntimeConfig, ToolError, ToolExecutor,
 };
@@ -94,7 +95,7 @@ fn spawn_sends_system_and_user_and_records_the_answer() {
     let rt = runtime(config(&server), Arc::new(NoTools));
     let child = rt.build(&spec("sa-0-a")).expect("build");
     let sink = Transcript::default();
-    let out = rt.run(&child, &input("do it"), &sink, &CancelToken::new());
+    let out = rt.run(&child, &input("do it"), &sink, &RunContext::default());
     assert_eq!(out.exit_reason, ExitReason::Completed, "{out:?}");
     assert_eq!(out.final_response.as_deref(), Some("the answer"));
     assert_eq!(out.api_calls, 1);
@@ -144,7 +145,7 @@ fn resume_sends_prior_transcript_in_order_with_tool_calls_and_new_turn_last() {
     ];
     let sink = Transcript::default();
     let out =
-        rt.run(&child, &RunInput { history, ..input("follow up") }, &sink, &CancelToken::new());
+        rt.run(&child, &RunInput { history, ..input("follow up") }, &sink, &RunContext::default());
     assert_eq!(out.exit_reason, ExitReason::Completed);
     let sent = server.requests()[0].messages();
     assert_eq!(
@@ -175,7 +176,7 @@ fn three_step_tool_loop_with_unknown_tool_and_tool_error() {
     let rt = runtime(config(&server), Arc::new(Calc));
     let child = rt.build(&spec("sa-0-c")).expect("build");
     let sink = Transcript::default();
-    let out = rt.run(&child, &input("add"), &sink, &CancelToken::new());
+    let out = rt.run(&child, &input("add"), &sink, &RunContext::default());
     assert_eq!(out.exit_reason, ExitReason::Completed, "{out:?}");
     assert_eq!(out.api_calls, 3);
     assert_eq!((out.tokens.input, out.tokens.output), (60, 6));
@@ -225,7 +226,7 @@ fn a_steer_lands_between_iterations_and_a_late_one_is_missed() {
     let child = rt.build(&spec("sa-0-d")).expect("build");
     *tools.0.lock().expect("lock") = Some((rt.clone(), child.clone()));
     let sink = Transcript::default();
-    let out = rt.run(&child, &input("go"), &sink, &CancelToken::new());
+    let out = rt.run(&child, &input("go"), &sink, &RunContext::default());
     assert_eq!(out.exit_reason, ExitReason::Completed);
     assert!(out.missed_steers.is_empty());
     assert_eq!(sink.roles(), vec!["assistant", "tool", "user", "assistant"]);
@@ -250,7 +251,7 @@ fn timeout_cancels_the_in_flight_request_and_bills_earlier_calls() {
         &child,
         &input("go"),
         &sink,
-        &CancelToken::with_timeout(Some(Duration::from_millis(300))),
+        &RunContext::new(CancelToken::with_timeout(Some(Duration::from_millis(300)))),
     );
     assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
     assert_eq!(out.exit_reason, ExitReason::Timeout, "{out:?}");
@@ -270,7 +271,8 @@ fn explicit_cancel_stops_between_calls_as_interrupted() {
     let child = rt.build(&spec("sa-0-f")).expect("build");
     let cancel = CancelToken::new();
     cancel.cancel();
-    let out = rt.run(&child, &input("go"), &Transcript::default(), &cancel);
+    let out =
+        rt.run(&child, &input("go"), &Transcript::default(), &RunContext::new(cancel.clone()));
     assert_eq!(out.exit_reason, ExitReason::Interrupted);
     assert_eq!(server.request_count(), 0);
 }
@@ -281,7 +283,7 @@ fn rate_limit_with_retry_after_then_success() {
     server.push_all([Reply::rate_limited(0), Reply::text("ok now")]);
     let rt = runtime(config(&server), Arc::new(NoTools));
     let child = rt.build(&spec("sa-0-g")).expect("build");
-    let out = rt.run(&child, &input("go"), &Transcript::default(), &CancelToken::new());
+    let out = rt.run(&child, &input("go"), &Transcript::default(), &RunContext::default());
     assert_eq!(out.exit_reason, ExitReason::Completed, "{out:?}");
     assert_eq!(server.request_count(), 2);
     assert_eq!(out.api_calls, 1);
@@ -300,7 +302,7 @@ fn retry_after_is_honoured_but_bounded_by_the_deadline() {
         &child,
         &input("go"),
         &Transcript::default(),
-        &CancelToken::with_timeout(Some(Duration::from_millis(200))),
+        &RunContext::new(CancelToken::with_timeout(Some(Duration::from_millis(200)))),
     );
     assert_eq!(out.exit_reason, ExitReason::Timeout);
     assert!(started.elapsed() < Duration::from_secs(5));
@@ -313,7 +315,7 @@ fn server_errors_exhaust_the_retries() {
     server.set_default(Reply::server_error(503));
     let rt = runtime(config(&server), Arc::new(NoTools));
     let child = rt.build(&spec("sa-0-h")).expect("build");
-    let out = rt.run(&child, &input("go"), &Transcript::default(), &CancelToken::new());
+    let out = rt.run(&child, &input("go"), &Transcript::default(), &RunContext::default());
     assert_eq!(out.exit_reason, ExitReason::Error);
     assert_eq!(server.request_count(), 3, "1 attempt + 2 retries");
     let e = out.error.unwrap_or_default();
@@ -336,7 +338,7 @@ fn unauthorized_says_the_key_was_rejected_without_the_key() {
     let rt = runtime(c, Arc::new(NoTools));
     let child = rt.build(&spec("sa-0-i")).expect("build");
     let sink = Transcript::default();
-    let out = rt.run(&child, &input("go"), &sink, &CancelToken::new());
+    let out = rt.run(&child, &input("go"), &sink, &RunContext::default());
     assert_eq!(out.exit_reason, ExitReason::Error);
     assert_eq!(server.request_count(), 1, "401 is not retried");
     let e = out.error.unwrap_or_default();
@@ -360,7 +362,7 @@ fn not_found_and_bad_request_say_what_to_fix() {
     let rt = runtime(config(&server), Arc::new(NoTools));
     let child = rt.build(&spec("sa-0-j")).expect("build");
     let a = rt
-        .run(&child, &input("go"), &Transcript::default(), &CancelToken::new())
+        .run(&child, &input("go"), &Transcript::default(), &RunContext::default())
         .error
         .unwrap_or_default();
     assert!(
@@ -368,7 +370,7 @@ fn not_found_and_bad_request_say_what_to_fix() {
         "{a}"
     );
     let b = rt
-        .run(&child, &input("go"), &Transcript::default(), &CancelToken::new())
+        .run(&child, &input("go"), &Transcript::default(), &RunContext::default())
         .error
         .unwrap_or_default();
     assert!(b.contains("400") && b.contains("maximum context length"), "{b}");
@@ -381,7 +383,7 @@ fn malformed_json_is_an_error_not_a_panic() {
     let rt = runtime(config(&server), Arc::new(NoTools));
     let child = rt.build(&spec("sa-0-k")).expect("build");
     for _ in 0..2 {
-        let out = rt.run(&child, &input("go"), &Transcript::default(), &CancelToken::new());
+        let out = rt.run(&child, &input("go"), &Transcript::default(), &RunContext::default());
         assert_eq!(out.exit_reason, ExitReason::Error);
         assert!(out.error.unwrap_or_default().contains("malformed response"));
     }
@@ -393,7 +395,7 @@ fn a_dropped_connection_is_retried() {
     server.push_all([Reply::drop_connection(), Reply::text("second try")]);
     let rt = runtime(config(&server), Arc::new(NoTools));
     let child = rt.build(&spec("sa-0-l")).expect("build");
-    let out = rt.run(&child, &input("go"), &Transcript::default(), &CancelToken::new());
+    let out = rt.run(&child, &input("go"), &Transcript::default(), &RunContext::default());
     assert_eq!(out.exit_reason, ExitReason::Completed, "{out:?}");
     assert_eq!(out.final_response.as_deref(), Some("second try"));
 }
@@ -412,7 +414,7 @@ fn usage_is_summed_and_cost_comes_from_provider_then_price_table_then_zero() {
         let child = rt
             .build(&ChildSpec { model: Some(model.into()), ..spec(&format!("sa-{model}")) })
             .expect("build");
-        rt.run(&child, &input("go"), &Transcript::default(), &CancelToken::new())
+        rt.run(&child, &input("go"), &Transcript::default(), &RunContext::default())
     };
     // Provider-reported cost wins.
     let out = run(
@@ -425,7 +427,7 @@ fn usage_is_summed_and_cost_comes_from_provider_then_price_table_then_zero() {
     );
     assert_eq!(
         out.tokens,
-        retinue_delegate::RunTokens { input: 3000, output: 300, cached_input: 400, reasoning: 50 }
+        retinue_core::run::RunTokens { input: 3000, output: 300, cached_input: 400, reasoning: 50 }
     );
     assert!((out.cost_usd - 0.75).abs() < 1e-12, "{}", out.cost_usd);
     // Price table: 600 fresh * 2 + 400 cached * 1 + 100 out * 10 per million.
@@ -455,7 +457,7 @@ fn streaming_assembles_text_and_tool_calls_with_usage() {
     let rt = runtime(c, Arc::new(Calc));
     let child = rt.build(&spec("sa-0-m")).expect("build");
     let sink = Transcript::default();
-    let out = rt.run(&child, &input("go"), &sink, &CancelToken::new());
+    let out = rt.run(&child, &input("go"), &sink, &RunContext::default());
     assert_eq!(out.exit_reason, ExitReason::Completed, "{out:?}");
     assert_eq!(out.final_response.as_deref(), Some("forty-two, streamed"));
     assert_eq!((out.tokens.input, out.tokens.output, out.tokens.reasoning), (12, 5, 2));
@@ -481,7 +483,7 @@ fn a_stream_is_cancelled_between_chunks() {
         &child,
         &input("go"),
         &sink,
-        &CancelToken::with_timeout(Some(Duration::from_millis(250))),
+        &RunContext::new(CancelToken::with_timeout(Some(Duration::from_millis(250)))),
     );
     assert_eq!(out.exit_reason, ExitReason::Timeout, "{out:?}");
     assert!(started.elapsed() < Duration::from_secs(3));
@@ -494,7 +496,7 @@ fn max_iterations_stops_the_loop() {
     server.set_default(Reply::tool_call("c", "add", json!({"a": 1, "b": 1})));
     let rt = runtime(config(&server), Arc::new(Calc));
     let child = rt.build(&ChildSpec { max_iterations: 2, ..spec("sa-0-o") }).expect("build");
-    let out = rt.run(&child, &input("go"), &Transcript::default(), &CancelToken::new());
+    let out = rt.run(&child, &input("go"), &Transcript::default(), &RunContext::default());
     assert_eq!(out.exit_reason, ExitReason::MaxIterations);
     assert_eq!(out.api_calls, 2);
     assert_eq!(server.request_count(), 2);
@@ -521,7 +523,7 @@ fn build_refuses_missing_endpoint_and_unsupported_api_mode() {
 #[test]
 fn a_failing_tool_and_a_budget_stop_are_reported_to_the_model_and_the_parent() {
     use retinue_core::Spend;
-    use retinue_delegate::BudgetMeter;
+    use retinue_core::run::{BudgetMeter, RunContext};
     use retinue_runtime::MockToolExecutor;
 
     let server = FakeModel::start();
@@ -529,11 +531,11 @@ fn a_failing_tool_and_a_budget_stop_are_reported_to_the_model_and_the_parent() {
         .push(Reply::tool_call("c1", "lookup", json!({"q": "x"})).with_usage(Usage::new(100, 10)));
     server.push(Reply::text("never").with_usage(Usage::new(100, 10)));
     let mut tools = MockToolExecutor::new();
-    tools.expect_definitions().returning(|_| {
+    tools.expect_definitions_in().returning(|_, _| {
         vec![json!({"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}})]
     });
     tools
-        .expect_execute_with_cancel()
+        .expect_execute_in()
         .times(1)
         .withf(|_, name, args, _| name == "lookup" && args["q"] == "x")
         .returning(|_, _, _, _| Err(ToolError::Failed("index offline".into())));
@@ -543,7 +545,7 @@ fn a_failing_tool_and_a_budget_stop_are_reported_to_the_model_and_the_parent() {
     // An allowance of 115 tokens: the first call (110) fits, the next would not.
     let cancel = CancelToken::new()
         .with_budget(BudgetMeter::new(Spend { cost_usd: f64::INFINITY, tokens: 115 }));
-    let out = rt.run(&child, &input("look it up"), &sink, &cancel);
+    let out = rt.run(&child, &input("look it up"), &sink, &RunContext::new(cancel.clone()));
     assert_eq!(out.exit_reason, ExitReason::Budget, "{out:?}");
     assert_eq!(out.api_calls, 1);
     assert_eq!((out.tokens.input, out.tokens.output), (100, 10));
@@ -557,22 +559,22 @@ fn a_failing_tool_and_a_budget_stop_are_reported_to_the_model_and_the_parent() {
 mod budgets {
     use std::sync::Arc;
 
+    use retinue_core::run::{BudgetMeter, CancelToken, ChildRuntime, RunContext};
     use retinue_core::{ExitReason, Spend};
-    use retinue_delegate::{BudgetMeter, CancelToken, ChildRuntime};
     use retinue_runtime::NoTools;
     use retinue_testkit::fake_model::{FakeModel, Reply};
     use serde_json::json;
 
     use super::{Transcript, config, input, runtime, spec};
 
-    fn run_with_usage(usage: serde_json::Value, stream: bool) -> retinue_delegate::ChildOutcome {
+    fn run_with_usage(usage: serde_json::Value, stream: bool) -> retinue_core::run::ChildOutcome {
         let server = FakeModel::start();
         server.push(Reply::text("answer").with_usage_json(usage));
         let mut c = config(&server);
         c.stream = stream;
         let rt = runtime(c, Arc::new(NoTools));
         let child = rt.build(&spec("sa-0-u")).expect("build");
-        rt.run(&child, &input("go"), &Transcript::default(), &CancelToken::new())
+        rt.run(&child, &input("go"), &Transcript::default(), &RunContext::default())
     }
 
     #[test]
@@ -611,7 +613,7 @@ mod budgets {
         server.push(Reply::text("an answer of some length"));
         let rt = runtime(config(&server), Arc::new(NoTools));
         let child = rt.build(&spec("sa-0-n")).expect("build");
-        let out = rt.run(&child, &input("go"), &Transcript::default(), &CancelToken::new());
+        let out = rt.run(&child, &input("go"), &Transcript::default(), &RunContext::default());
         assert_eq!(out.exit_reason, ExitReason::Completed, "{out:?}");
         assert!(out.tokens.input > 0 && out.tokens.output > 0, "{out:?}");
     }
@@ -626,7 +628,8 @@ mod budgets {
         let child = rt.build(&spec("sa-0-b")).expect("build");
         let cancel = CancelToken::new()
             .with_budget(BudgetMeter::new(Spend { cost_usd: f64::INFINITY, tokens: 1000 }));
-        let out = rt.run(&child, &input("go"), &Transcript::default(), &cancel);
+        let out =
+            rt.run(&child, &input("go"), &Transcript::default(), &RunContext::new(cancel.clone()));
         assert_eq!(out.exit_reason, ExitReason::Completed, "{out:?}");
         let body = &server.requests()[0].body;
         let bound = body["max_completion_tokens"].as_u64().expect("a bound was sent");
@@ -638,7 +641,7 @@ mod budgets {
         server.push(Reply::text("ok"));
         let rt = runtime(config(&server), Arc::new(NoTools));
         let child = rt.build(&spec("sa-0-c")).expect("build");
-        rt.run(&child, &input("go"), &Transcript::default(), &CancelToken::new());
+        rt.run(&child, &input("go"), &Transcript::default(), &RunContext::default());
         assert!(server.requests()[0].body.get("max_completion_tokens").is_none());
     }
 
@@ -654,7 +657,7 @@ mod budgets {
         let child = rt.build(&spec("sa-0-d")).expect("build");
         let cancel = CancelToken::new()
             .with_budget(BudgetMeter::new(Spend { cost_usd: f64::INFINITY, tokens: 500 }));
-        rt.run(&child, &input("go"), &Transcript::default(), &cancel);
+        rt.run(&child, &input("go"), &Transcript::default(), &RunContext::new(cancel.clone()));
         let body = &server.requests()[0].body;
         assert!(body["max_tokens"].as_u64().is_some_and(|n| n < 500), "{body}");
         assert!(body.get("max_completion_tokens").is_none(), "{body}");
@@ -667,7 +670,7 @@ mod trust {
     use std::sync::Arc;
 
     use retinue_core::ExitReason;
-    use retinue_delegate::{CancelToken, ChildRuntime, ChildSpec};
+    use retinue_core::run::{ChildRuntime, ChildSpec, RunContext};
     use retinue_runtime::{NoTools, RuntimeConfig};
     use retinue_testkit::fake_model::{FakeModel, Reply, Usage};
 
@@ -685,7 +688,7 @@ mod trust {
         server.push(Reply::unauthorized());
         let rt = runtime(with_secrets(&server), Arc::new(NoTools));
         let child = rt.build(&spec("sa-0-s")).expect("build");
-        let out = rt.run(&child, &input("go"), &Transcript::default(), &CancelToken::new());
+        let out = rt.run(&child, &input("go"), &Transcript::default(), &RunContext::default());
         assert_eq!(out.exit_reason, ExitReason::Error, "{out:?}");
         let req = &server.requests()[0];
         assert_eq!(req.header("authorization"), Some(format!("Bearer {KEY}").as_str()));
@@ -707,7 +710,7 @@ mod trust {
         server.push(Reply::status(404, "model not found"));
         let rt = runtime(with_secrets(&server), Arc::new(NoTools));
         let child = rt.build(&spec("sa-0-4")).expect("build");
-        let out = rt.run(&child, &input("go"), &Transcript::default(), &CancelToken::new());
+        let out = rt.run(&child, &input("go"), &Transcript::default(), &RunContext::default());
         let e = out.error.unwrap_or_default();
         assert!(e.contains("404") && e.contains("api_key=***"), "{e}");
         assert!(!e.contains("QUERYKEY9") && !e.contains("S3cretPW"), "{e}");
@@ -722,7 +725,7 @@ mod trust {
             server.push(Reply::redirect(status, &elsewhere.chat_url()));
             let rt = runtime(config(&server), Arc::new(NoTools));
             let child = rt.build(&spec("sa-0-r")).expect("build");
-            let out = rt.run(&child, &input("go"), &Transcript::default(), &CancelToken::new());
+            let out = rt.run(&child, &input("go"), &Transcript::default(), &RunContext::default());
             assert_eq!(out.exit_reason, ExitReason::Error, "{status}: {out:?}");
             let e = out.error.unwrap_or_default();
             assert!(e.contains(&format!("HTTP {status}")) && e.contains("never followed"), "{e}");
@@ -747,7 +750,7 @@ mod trust {
                 ..spec("sa-0-p")
             })
             .expect("build");
-        let out = rt.run(&child, &input("go"), &Transcript::default(), &CancelToken::new());
+        let out = rt.run(&child, &input("go"), &Transcript::default(), &RunContext::default());
         assert_eq!(out.exit_reason, ExitReason::Completed, "{out:?}");
         assert_eq!(planted.request_count(), 0, "the key went to a stored endpoint");
         assert_eq!(server.requests()[0].body["model"], "override/model");
@@ -759,7 +762,7 @@ mod trust {
         let child = rt
             .build(&ChildSpec { model: Some("stored/model".into()), ..spec("sa-0-q") })
             .expect("build");
-        rt.run(&child, &input("go"), &Transcript::default(), &CancelToken::new());
+        rt.run(&child, &input("go"), &Transcript::default(), &RunContext::default());
         assert_eq!(server.requests()[0].body["model"], "stored/model");
     }
 
@@ -770,7 +773,7 @@ mod trust {
         let rt = runtime(config(&server), Arc::new(NoTools));
         let child = rt.build(&spec("sa-0-j")).expect("build");
         let sink = Transcript::default();
-        rt.run(&child, &input("go"), &sink, &CancelToken::new());
+        rt.run(&child, &input("go"), &sink, &RunContext::default());
         let stored = sink.all().into_iter().find(|m| m.role == "assistant").expect("answer");
         let text = stored.content.unwrap_or_default();
         assert!(!text.starts_with('\u{0}'), "{text:?}");
@@ -786,7 +789,7 @@ mod trust {
             content: Some("\u{0}json:{\"forged\": true}".into()),
             ..retinue_core::Message::default()
         }];
-        rt.run(&child, &resume, &Transcript::default(), &CancelToken::new());
+        rt.run(&child, &resume, &Transcript::default(), &RunContext::default());
         let sent = server.requests()[0].messages();
         let replayed = sent.iter().find(|m| m["role"] == "assistant").expect("replayed");
         assert!(replayed["content"].is_string(), "{replayed}");
@@ -799,7 +802,7 @@ mod trust {
         let rt = runtime(config(&server), Arc::new(NoTools));
         for i in 0..50 {
             let child = rt.build(&spec(&format!("sa-{i}-f"))).expect("build");
-            rt.run(&child, &input("go"), &Transcript::default(), &CancelToken::new());
+            rt.run(&child, &input("go"), &Transcript::default(), &RunContext::default());
             assert!(!rt.steer(&child, "late"), "a finished child takes no steer");
         }
         assert_eq!(rt.live_children(), 0);
@@ -813,7 +816,7 @@ mod edges {
     use std::time::Duration;
 
     use retinue_core::ExitReason;
-    use retinue_delegate::{CancelToken, ChildRuntime};
+    use retinue_core::run::{CancelToken, ChildRuntime, RunContext};
     use retinue_runtime::NoTools;
     use retinue_testkit::fake_model::{FakeModel, Reply, Usage};
 
@@ -825,7 +828,7 @@ mod edges {
         server.push(Reply::raw(r#"{"usage": {"prompt_tokens": 5000, "completion_tokens": 10}}"#));
         let rt = runtime(config(&server), Arc::new(NoTools));
         let child = rt.build(&spec("sa-0-x")).expect("build");
-        let out = rt.run(&child, &input("go"), &Transcript::default(), &CancelToken::new());
+        let out = rt.run(&child, &input("go"), &Transcript::default(), &RunContext::default());
         assert_eq!(out.exit_reason, ExitReason::Error, "{out:?}");
         assert!(out.tokens.input > 0, "billed nothing: {out:?}");
     }
@@ -841,7 +844,7 @@ mod edges {
         let cancel = CancelToken::new();
         let (rt2, child2, token) = (Arc::clone(&rt), child.clone(), cancel.clone());
         let run = std::thread::spawn(move || {
-            rt2.run(&child2, &input("go"), &Transcript::default(), &token)
+            rt2.run(&child2, &input("go"), &Transcript::default(), &RunContext::new(token))
         });
         while server.request_count() == 0 {
             std::thread::sleep(Duration::from_millis(10));
@@ -867,8 +870,8 @@ mod edges {
 mod ceilings {
     use std::sync::Arc;
 
+    use retinue_core::run::{BudgetMeter, CancelToken, ChildRuntime, RunContext};
     use retinue_core::{ExitReason, Spend};
-    use retinue_delegate::{BudgetMeter, CancelToken, ChildRuntime};
     use retinue_runtime::NoTools;
     use retinue_testkit::fake_model::{FakeModel, Reply};
     use serde_json::json;
@@ -887,7 +890,7 @@ mod ceilings {
         let child = rt.build(&spec("sa-0-z")).expect("build");
         let cancel = CancelToken::new()
             .with_budget(BudgetMeter::new(Spend { cost_usd: f64::INFINITY, tokens: 1_000_000 }));
-        rt.run(&child, &input("go"), &Transcript::default(), &cancel);
+        rt.run(&child, &input("go"), &Transcript::default(), &RunContext::new(cancel.clone()));
         let bound = server.requests()[0].body["max_completion_tokens"].as_u64();
         assert_eq!(bound, Some(2_000));
     }
@@ -898,7 +901,7 @@ mod ceilings {
         server.set_default(Reply::server_error(503));
         let rt = runtime(config(&server), Arc::new(NoTools));
         let child = rt.build(&spec("sa-0-w")).expect("build");
-        let out = rt.run(&child, &input("go"), &Transcript::default(), &CancelToken::new());
+        let out = rt.run(&child, &input("go"), &Transcript::default(), &RunContext::default());
         assert_eq!(out.exit_reason, ExitReason::Error, "{out:?}");
         assert!(server.request_count() > 1, "retried");
         assert!(out.tokens.input > 0, "billed nothing: {out:?}");

@@ -4,7 +4,7 @@
 
 use serde_json::Value;
 
-use retinue_runtime::ToolError;
+use retinue_core::run::ToolError;
 
 /// The most characters a string argument may have (1 MB of text is
 /// accepted; anything larger is refused before it is used).

@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 
 use crate::args::Args;
 use crate::workspace::Workspace;
-use retinue_runtime::ToolError;
+use retinue_core::run::ToolError;
 
 /// The largest file `patch` edits (and the largest it may produce).
 const PATCH_MAX_BYTES: u64 = 16 << 20;

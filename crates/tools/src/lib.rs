@@ -24,11 +24,10 @@ mod stdio;
 pub mod terminal;
 pub mod workspace;
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use retinue_config::{McpServerConfig, TerminalConfig};
-use retinue_delegate::{CancelToken, ChildHandle, DelegateRequest, Delegator, ParentContext};
-use retinue_runtime::{ToolError, ToolExecutor};
+use retinue_core::run::{ChildHandle, RunContext, ToolError, ToolExecutor};
 use serde_json::{Value, json};
 
 use crate::args::Args;
@@ -36,7 +35,7 @@ use crate::mcp::McpServers;
 use crate::terminal::{Helper, Terminal};
 use crate::workspace::{Protected, Workspace};
 
-pub use retinue_delegate::toolsets::{DELEGATION, FILE, READ, TERMINAL};
+pub use retinue_core::run::toolsets::{DELEGATION, FILE, READ, TERMINAL};
 
 /// What a [`Toolbox`] is built from.
 #[derive(Debug, Clone, Default)]
@@ -57,7 +56,6 @@ pub struct ToolboxConfig {
 pub struct Toolbox {
     terminal: Terminal,
     mcp: McpServers,
-    delegator: OnceLock<Delegator>,
     protected: Protected,
     workspaces: std::sync::Mutex<std::collections::HashMap<std::path::PathBuf, Workspace>>,
 }
@@ -82,17 +80,9 @@ impl Toolbox {
         Toolbox {
             terminal: Terminal::new(config.terminal, config.sandbox_helper),
             mcp: McpServers::new(config.mcp_servers),
-            delegator: OnceLock::new(),
             protected: config.protected,
             workspaces: Default::default(),
         }
-    }
-
-    /// Gives the `delegation` toolset its delegator (the one whose runtime
-    /// runs these tools: built after the toolbox, so set afterwards). Only
-    /// the first call has an effect.
-    pub fn set_delegator(&self, delegator: Delegator) {
-        let _ = self.delegator.set(delegator);
     }
 
     /// The MCP toolsets (`mcp-<server>`), one per configured server.
@@ -139,42 +129,16 @@ impl Toolbox {
             _ => return None,
         })
     }
-
-    /// `delegate_task` for an orchestrator child: the grandchildren run
-    /// under the child's own `cancel` (its deadline, budget meter and stop).
-    fn delegate(
-        &self,
-        child: &ChildHandle,
-        arguments: &Value,
-        cancel: &CancelToken,
-    ) -> Result<String, ToolError> {
-        let delegator = self.delegator.get().ok_or_else(|| {
-            ToolError::Refused("delegation is not available in this process".to_owned())
-        })?;
-        let parent = ParentContext {
-            session_id: Some(child.session_id.clone()),
-            depth: child.depth,
-            // The child's own toolsets, `delegation` included: a grandchild
-            // gets at most these (never the operator's whole grant, even
-            // when the child has nothing but `delegation`).
-            toolsets: child.toolsets.clone(),
-            workspace: child.workspace.clone(),
-            can_receive_detached: false,
-            ..ParentContext::default()
-        };
-        let out = match DelegateRequest::from_json(arguments) {
-            Ok(request) => match delegator.delegate(&request, &parent, cancel) {
-                Ok(outcome) => outcome.to_json(),
-                Err(e) => retinue_delegate::error_json(&e),
-            },
-            Err(e) => retinue_delegate::error_json(&e),
-        };
-        Ok(out.to_string())
-    }
 }
 
 impl ToolExecutor for Toolbox {
     fn definitions(&self, child: &ChildHandle) -> Vec<Value> {
+        self.definitions_in(child, &RunContext::default())
+    }
+
+    /// The child's tools; `delegate_task` only when the run carries the
+    /// delegation capability (an orchestrator child of a delegator).
+    fn definitions_in(&self, child: &ChildHandle, ctx: &RunContext) -> Vec<Value> {
         let mut out = Vec::new();
         // Without a workspace the file and terminal tools could only refuse:
         // they are not offered.
@@ -191,18 +155,9 @@ impl ToolExecutor for Toolbox {
             out.push(function(terminal::terminal_schema(self.terminal.config())));
         }
         if Self::has(child, DELEGATION)
-            && let Some(d) = self.delegator.get()
+            && let Some(d) = &ctx.delegate
         {
-            let mut schema = retinue_delegate::delegate_task_schema(d.config());
-            if let Some(p) = schema
-                .get_mut("parameters")
-                .and_then(|p| p.get_mut("properties"))
-                .and_then(Value::as_object_mut)
-            {
-                // A grandchild's result comes back to this child now.
-                p.remove("background");
-            }
-            out.push(function(schema));
+            out.push(function(d.schema()));
         }
         out.extend(self.mcp.definitions(&child.toolsets));
         out
@@ -214,15 +169,15 @@ impl ToolExecutor for Toolbox {
         name: &str,
         arguments: &Value,
     ) -> Result<String, ToolError> {
-        self.execute_with_cancel(child, name, arguments, &CancelToken::new())
+        self.execute_in(child, name, arguments, &RunContext::default())
     }
 
-    fn execute_with_cancel(
+    fn execute_in(
         &self,
         child: &ChildHandle,
         name: &str,
         arguments: &Value,
-        cancel: &CancelToken,
+        ctx: &RunContext,
     ) -> Result<String, ToolError> {
         let args = Args::new(name, arguments);
         match Self::allowed(child, name) {
@@ -239,7 +194,14 @@ impl ToolExecutor for Toolbox {
             Some(true) => {}
         }
         match name {
-            "delegate_task" => self.delegate(child, arguments, cancel),
+            // The grandchildren run under the child's own token (its
+            // deadline, budget meter and stop).
+            "delegate_task" => match &ctx.delegate {
+                Some(d) => Ok(d.delegate_task(child, arguments, &ctx.cancel).to_string()),
+                None => Err(ToolError::Refused(
+                    "delegation is not available in this process".to_owned(),
+                )),
+            },
             _ => {
                 let ws = self.workspace(child)?;
                 match name {
@@ -247,7 +209,7 @@ impl ToolExecutor for Toolbox {
                     "search_files" => read::search_files(&ws, &args),
                     "write_file" => file::write_file(&ws, &args),
                     "patch" => file::patch(&ws, &args),
-                    "terminal" => self.terminal.run(&ws, &args, cancel),
+                    "terminal" => self.terminal.run(&ws, &args, &ctx.cancel),
                     _ => Err(ToolError::Unknown { name: name.to_owned() }),
                 }
             }

@@ -16,7 +16,7 @@ use rmcp_client::{RoleClient, ServiceExt};
 use serde_json::{Value, json};
 
 use retinue_config::McpServerConfig;
-use retinue_runtime::ToolError;
+use retinue_core::run::ToolError;
 
 /// The prefix of an MCP tool's name (`mcp__<server>__<tool>`).
 pub const TOOL_PREFIX: &str = "mcp__";

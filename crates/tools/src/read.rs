@@ -7,7 +7,7 @@ use serde_json::{Map, Value, json};
 
 use crate::args::Args;
 use crate::workspace::Workspace;
-use retinue_runtime::ToolError;
+use retinue_core::run::ToolError;
 
 /// The most characters one `read_file` result carries (hermes's read budget).
 pub const MAX_READ_CHARS: usize = 100_000;

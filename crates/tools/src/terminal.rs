@@ -19,7 +19,7 @@ use crate::args::Args;
 use crate::sandbox::{SETUP_FAILED, SETUP_PREFIX};
 use crate::workspace::Workspace;
 use retinue_config::TerminalConfig;
-use retinue_runtime::ToolError;
+use retinue_core::run::ToolError;
 
 /// Output kept from one command (hermes's 50,000; 40 % head, 60 % tail).
 pub const MAX_OUTPUT_CHARS: usize = 50_000;
@@ -149,7 +149,7 @@ impl Terminal {
         &self,
         ws: &Workspace,
         args: &Args<'_>,
-        cancel: &retinue_delegate::CancelToken,
+        cancel: &retinue_core::run::CancelToken,
     ) -> Result<String, ToolError> {
         let command = args.required_str("command")?;
         if command.trim().is_empty() {

@@ -14,7 +14,7 @@ use std::path::{Component, Path, PathBuf};
 use rustix::fs::{FileType, Mode, OFlags, ResolveFlags};
 use rustix::io::Errno;
 
-use retinue_runtime::ToolError;
+use retinue_core::run::ToolError;
 
 /// A child's workspace: its root directory, held open, and what of it a
 /// child may never reach or write ([`Protected`]). Cheap to clone.

@@ -6,11 +6,12 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use retinue_config::{McpServerConfig, TerminalConfig};
-use retinue_core::{ExitReason, Message};
-use retinue_delegate::{
-    CancelToken, ChildHandle, ChildRuntime, ChildSpec, RunInput, SinkError, TranscriptSink,
+use retinue_core::run::{
+    CancelToken, ChildHandle, ChildRuntime, ChildSpec, RunContext, RunInput, SinkError, ToolError,
+    ToolExecutor, TranscriptSink,
 };
-use retinue_runtime::{ChatRuntime, RuntimeConfig, ToolError, ToolExecutor};
+use retinue_core::{ExitReason, Message};
+use retinue_runtime::{ChatRuntime, RuntimeConfig};
 use retinue_testkit::fake_model::{FakeModel, FakeToolCall, Reply, Usage};
 use retinue_tools::terminal::Helper;
 use retinue_tools::{Toolbox, ToolboxConfig};
@@ -642,7 +643,7 @@ fn run_child(
     let sink = Transcript::default();
     let input =
         RunInput { user_message: "survey".into(), history: Vec::new(), system_prompt: None };
-    let out = rt.run(&handle, &input, &sink, &CancelToken::new());
+    let out = rt.run(&handle, &input, &sink, &RunContext::default());
     let all = sink.0.lock().expect("lock").clone();
     (all, out.exit_reason)
 }
@@ -711,7 +712,7 @@ fn a_tool_call_loop_ends_at_max_iterations() {
     let handle = rt.build(&spec).expect("build");
     let sink = Transcript::default();
     let input = RunInput { user_message: "go".into(), history: Vec::new(), system_prompt: None };
-    let out = rt.run(&handle, &input, &sink, &CancelToken::new());
+    let out = rt.run(&handle, &input, &sink, &RunContext::default());
     assert_eq!(out.exit_reason, ExitReason::MaxIterations);
     assert_eq!(server.request_count(), 4);
     // The transcript stays valid: every call has its result.
@@ -939,7 +940,12 @@ fn a_stopped_child_stops_its_running_command() {
         std::thread::sleep(Duration::from_millis(300));
         stopper.cancel();
     });
-    let out = ok(tb.execute_with_cancel(&c, "terminal", &json!({"command": "sleep 30"}), &cancel));
+    let out = ok(tb.execute_in(
+        &c,
+        "terminal",
+        &json!({"command": "sleep 30"}),
+        &RunContext::new(cancel.clone()),
+    ));
     t.join().expect("stopper");
     assert!(at.elapsed() < Duration::from_secs(10), "{:?}", at.elapsed());
     assert_eq!(out["exit_code"], 137, "{out}");
