@@ -24,7 +24,8 @@ const HELP: &str = "\
 cargo xtask <task>
 
 tasks:
-  ci      fmt, lint, test, interop, mcp-e2e, doc, tidy and a bench smoke run, fail-fast (what CI runs)
+  ci      fmt, lint, test, interop, mcp-e2e, doc, tidy, package and a bench smoke run, fail-fast
+          (what CI runs)
   fmt     cargo fmt --all -- --check
   lint    cargo clippy --workspace --all-targets --all-features -- -D warnings
   test    the whole test suite (nextest where installed, else cargo test) and doctests, the
@@ -36,6 +37,7 @@ tasks:
   doc     cargo doc --workspace --no-deps with warnings denied, then the shell completions and
           the man page into target/dist/
   tidy    source hygiene and crate-boundary checks
+  package `cargo package` (with its verify build) of every publishable crate, in dependency order
   sizes   the shipped files and functions over tidy's size limits (xtask/src/sizes.allow's lines)
   interop share a state.db with the published Python hermes-agent (downloads its wheel)
   mcp-e2e `retinue mcp` driven by the official Python MCP SDK (pip-installs `mcp` into target/)
@@ -162,6 +164,23 @@ fn dist() -> Result<(), String> {
     Ok(())
 }
 
+/// The harness crates: never published (`publish = false`), so not packaged.
+const HARNESSES: &[&str] =
+    &["retinue-bench", "retinue-torture", "retinue-testkit", "retinue-interop", "xtask"];
+
+/// Packages every publishable crate as a registry would receive it, each
+/// built from its own tarball against the others' (cargo orders them), so
+/// a manifest that names a file outside its crate, an unversioned
+/// dependency or a dependency on a harness fails here, before a release.
+fn package() -> Result<(), String> {
+    let mut cmd = cargo();
+    cmd.args(["package", "--workspace", "--locked", "--allow-dirty"]);
+    for harness in HARNESSES {
+        cmd.args(["--exclude", harness]);
+    }
+    run(&mut cmd)
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
@@ -172,6 +191,7 @@ fn main() -> ExitCode {
             .and_then(|()| mcp_e2e::run(&root()))
             .and_then(|()| doc())
             .and_then(|()| tidy::run(&root()))
+            .and_then(|()| package())
             // A smoke run of the benchmark (small N): it must build and run; no timing is asserted.
             .and_then(|()| bench::bench(&["--quick".to_owned()])),
         Some("fmt") => fmt(),
@@ -179,6 +199,7 @@ fn main() -> ExitCode {
         Some("test") => test(&args[1..]),
         Some("doc") => doc(),
         Some("tidy") => tidy::run(&root()),
+        Some("package") => package(),
         // The lines of xtask/src/sizes.allow as the code stands.
         Some("sizes") => {
             for item in sizes::measure(&root()) {

@@ -654,7 +654,8 @@ pub(crate) fn delegator(
         authority: Arc::new(Authority::new(store.registry.clone(), store.graph.clone(), profile)),
         runtime,
         completions: None,
-        config,
+        // The orchestrator's policy carries no key: the runtime alone holds it.
+        config: DelegationConfig { api_key: retinue_config::ApiKey::default(), ..config },
         profile: profile.to_owned(),
     })
 }

@@ -1,6 +1,7 @@
 //! Unit tests of configuration loading.
 
 use super::*;
+use retinue_core::{JournalMode, Synchronous};
 
 fn load(text: &str) -> LoadedConfig {
     LoadedConfig::from_yaml(text, Path::new("/h/config.yaml"))

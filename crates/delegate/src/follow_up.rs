@@ -333,7 +333,6 @@ fn resumed_spec(
         role,
         model: pick(&m.model, &config.model),
         provider: pick(&m.provider, &config.provider),
-        base_url: pick(&m.base_url, &config.base_url),
         api_mode: pick(&m.api_mode, &config.api_mode),
         toolsets: grant.granted,
         workspace,

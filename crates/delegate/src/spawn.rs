@@ -559,7 +559,6 @@ fn plan(
             role,
             model: model.clone(),
             provider: provider.clone(),
-            base_url: non_empty(&config.base_url),
             api_mode: non_empty(&config.api_mode),
             toolsets: grant.granted,
             workspace: parent.workspace.clone(),
@@ -652,9 +651,8 @@ fn persist(
                 session_id: p.spec.session_id.clone(),
                 model: p.spec.model.clone(),
                 provider: p.spec.provider.clone(),
-                // Stored redacted: never a credential in a column, and
-                // never an address a follow-up would send the key to.
-                base_url: p.spec.base_url.as_deref().map(retinue_core::redact_endpoint),
+                // Informational: a run calls the runtime's own endpoint.
+                base_url: parts.config.recorded_endpoint(),
                 api_mode: p.spec.api_mode.clone(),
                 toolsets: Some(p.spec.toolsets.clone()),
                 role: Some(p.spec.role.as_str().to_owned()),

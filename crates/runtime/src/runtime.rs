@@ -771,19 +771,11 @@ impl ChildRuntime for ChatRuntime {
             Some(m) if !m.is_empty() => m.to_owned(),
             _ => pick(&spec.model, &self.config.model),
         };
-        // The endpoint is always the configured one: a stored endpoint (read
-        // from a database another program may write) is never contacted, so
-        // the key only ever goes where the operator pointed it.
+        // The endpoint is always the configured one: a child spec carries
+        // none, and a stored endpoint (read from a database another program
+        // may write) is never contacted, so the key only ever goes where the
+        // operator pointed it.
         let base_url = self.config.base_url.trim().to_owned();
-        let stored = spec.base_url.as_deref().map(str::trim).filter(|b| !b.is_empty());
-        if let Some(stored) = stored.filter(|s| *s != base_url) {
-            log::info!(
-                "child {} was recorded with endpoint {}; using the configured {}",
-                spec.subagent_id,
-                retinue_core::redact_endpoint(stored),
-                retinue_core::redact_endpoint(&base_url)
-            );
-        }
         let mut missing = Vec::new();
         if model.is_empty() {
             missing.push("`delegation.model` (or --model)");

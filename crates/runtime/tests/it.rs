@@ -511,7 +511,6 @@ fn build_refuses_missing_endpoint_and_unsupported_api_mode() {
         .build(&ChildSpec {
             api_mode: Some("codex_responses".into()),
             model: Some("m".into()),
-            base_url: Some("http://x".into()),
             ..spec("sa-0-q")
         })
         .err()
@@ -744,11 +743,8 @@ mod trust {
         c.model_override = Some("override/model".into());
         let rt = runtime(c, Arc::new(NoTools));
         let child = rt
-            .build(&ChildSpec {
-                base_url: Some(planted.base_url()),
-                model: Some("stored/model".into()),
-                ..spec("sa-0-p")
-            })
+            // A spec carries no endpoint: only the stored model reaches the runtime.
+            .build(&ChildSpec { model: Some("stored/model".into()), ..spec("sa-0-p") })
             .expect("build");
         let out = rt.run(&child, &input("go"), &Transcript::default(), &RunContext::default());
         assert_eq!(out.exit_reason, ExitReason::Completed, "{out:?}");

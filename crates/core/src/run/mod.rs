@@ -60,8 +60,6 @@ pub struct ChildSpec {
     pub model: Option<String>,
     /// Provider.
     pub provider: Option<String>,
-    /// Provider base URL.
-    pub base_url: Option<String>,
     /// API mode.
     pub api_mode: Option<String>,
     /// Toolsets the child may use (hermes's names: `read`, `file`,
