@@ -38,7 +38,6 @@
 //! ```
 
 mod budget;
-mod control;
 mod ledger;
 mod migrate;
 mod pool;

@@ -768,7 +768,7 @@ impl PgStore {
             // Adopt and prune what was copied, as any write of this backend
             // leaves it (child rows for retained units; no live unit without
             // a live child; the per-profile live counts exact).
-            crate::registry::adopt_and_prune(tx, lim, &self.profile)?;
+            crate::registry::retention::adopt_and_prune(tx, lim, &self.profile)?;
             Ok(dangling)
         })?;
         if (target_ledger - source_ledger).abs() > 1e-6 * source_ledger.abs().max(1.0) {
