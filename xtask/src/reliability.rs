@@ -8,8 +8,8 @@
 //! 200 kills, 4 × 8 × 5,000 operations and 1,000,000 forests (20,000 of them
 //! through a real store); `docs/reliability.md` records such a run.
 //!
-//! `--backend pg` runs the PostgreSQL harness instead (`retinue-store-pg`'s
-//! `contention` test: 4 processes × 8 threads with their own pools, and a
+//! `--backend pg` runs the PostgreSQL harness instead (`retinue-torture`'s
+//! `pg_contention` test with its `retinue-pg-worker` processes: 4 processes × 8 threads with their own pools, and a
 //! host SIGKILLed mid-work), against `RETINUE_PG_URL` or a throwaway cluster;
 //! with `--full` in a release build at the full size (`RETINUE_PG_FULL=1`).
 
@@ -61,7 +61,7 @@ fn fresh_dir(root: &Path, name: &str) -> Result<String, String> {
 fn run_pg(root: &Path, full: bool) -> Result<(), String> {
     let (url, _cluster) = crate::pg::for_tests(root)?;
     let mut cmd = crate::cargo();
-    cmd.args(["test", "--locked", "-p", "retinue-store-pg", "--test", "contention"]);
+    cmd.args(["test", "--locked", "-p", "retinue-torture", "--test", "it", "pg_contention"]);
     if full {
         cmd.arg("--release");
     }

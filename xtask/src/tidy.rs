@@ -69,6 +69,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "retinue-core",
             "retinue-config",
             "retinue-store",
+            "retinue-store-pg",
             "retinue-lineage",
             "retinue-usage",
             "retinue-delegate",

@@ -4,6 +4,7 @@ mod it {
     mod budget;
     mod contention;
     pub(crate) mod fixture;
+    mod ledger;
     mod legacy;
     mod registry;
     mod schema;

@@ -26,6 +26,7 @@ pub mod crash;
 pub mod dump;
 pub mod hostile;
 pub mod oracle;
+pub mod pg_worker;
 pub mod rng;
 pub mod worker;
 

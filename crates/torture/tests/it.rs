@@ -7,5 +7,6 @@ mod it {
     pub(crate) mod common;
     mod harness;
     mod hostile;
+    mod pg_contention;
     mod safe_home;
 }
