@@ -104,6 +104,16 @@ fn parent(id: &str) -> ParentContext {
     ParentContext { session_id: Some(id.into()), ..ParentContext::default() }
 }
 
+/// A budget store in which no session has a budget root (the calls it is
+/// asked for under no configured budget), for the tests that add their own
+/// reservation behaviour on top.
+fn rootless_budgets() -> retinue_core::MockBudgets {
+    let mut budgets = retinue_core::MockBudgets::new();
+    budgets.expect_budget_root_of().returning(|_| Ok(None));
+    budgets.expect_join_budget().returning(|_, _| Ok(()));
+    budgets
+}
+
 fn err(v: &Value) -> &str {
     v.get("error").and_then(Value::as_str).unwrap_or_else(|| panic!("expected an error, got {v}"))
 }
@@ -670,9 +680,7 @@ mod seams {
     use std::sync::Arc;
 
     use retinue_config::DelegationConfig;
-    use retinue_core::{
-        Error, Lookup, MockBudgets, MockRegistry, MockSessionStore, MockUsageLedger,
-    };
+    use retinue_core::{Error, Lookup, MockRegistry, MockSessionStore, MockUsageLedger};
     use retinue_delegate::{Delegator, DelegatorParts, MockChildRuntime, ParentContext};
     use retinue_lineage::{MockLineageAuthority, Resolution};
     use serde_json::json;
@@ -686,9 +694,7 @@ mod seams {
         sessions.expect_session().returning(|_| Ok(None));
         let sessions = Arc::new(sessions);
         // No budget is configured: the budget store is only asked for roots.
-        let mut budgets = MockBudgets::new();
-        budgets.expect_budget_root_of().returning(|_| Ok(None));
-        budgets.expect_join_budget().returning(|_, _| Ok(()));
+        let budgets = super::rootless_budgets();
         Delegator::new(DelegatorParts {
             backend: retinue_core::Backend {
                 registry: Arc::new(registry),
@@ -1193,9 +1199,7 @@ mod budget_seam {
     fn a_failing_budget_store_starts_nothing() {
         let fx = Fx::new();
         fx.session("A", "cli", None, None);
-        let mut budgets = MockBudgets::new();
-        budgets.expect_budget_root_of().returning(|_| Ok(None));
-        budgets.expect_join_budget().returning(|_, _| Ok(()));
+        let mut budgets = super::rootless_budgets();
         budgets.expect_set_hold().returning(|_, _| Ok(true));
         budgets.expect_grow().returning(|id, d| {
             Ok(Reservation::Held {
@@ -1225,9 +1229,7 @@ mod budget_seam {
     fn a_refused_reservation_is_reported_and_nothing_is_settled() {
         let fx = Fx::new();
         fx.session("A", "cli", None, None);
-        let mut budgets = MockBudgets::new();
-        budgets.expect_budget_root_of().returning(|_| Ok(None));
-        budgets.expect_join_budget().returning(|_, _| Ok(()));
+        let mut budgets = super::rootless_budgets();
         budgets.expect_set_hold().returning(|_, _| Ok(true));
         budgets.expect_grow().returning(|id, d| {
             Ok(Reservation::Held {
@@ -1260,9 +1262,7 @@ mod budget_seam {
     fn a_held_reservation_is_settled_once_after_the_run() {
         let fx = Fx::new();
         fx.session("A", "cli", None, None);
-        let mut budgets = MockBudgets::new();
-        budgets.expect_budget_root_of().returning(|_| Ok(None));
-        budgets.expect_join_budget().returning(|_, _| Ok(()));
+        let mut budgets = super::rootless_budgets();
         budgets.expect_set_hold().returning(|_, _| Ok(true));
         budgets.expect_grow().returning(|id, d| {
             Ok(Reservation::Held {
