@@ -44,14 +44,11 @@ fn log_path(env: &Env) -> Result<PathBuf> {
     std::fs::create_dir_all(&dir).map_err(|e| {
         CliError::Failed(format!("cannot create the worker log directory {}: {e}", dir.display()))
     })?;
-    let mut bytes = [0u8; 4];
-    getrandom::fill(&mut bytes)
-        .map_err(|e| CliError::Failed(format!("secure random source failed: {e}")))?;
+    let rand = crate::error::random_hex(4)?;
     let secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0);
-    let rand: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
     Ok(dir.join(format!("worker-{secs}-{rand}.log")))
 }
 

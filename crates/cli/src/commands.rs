@@ -806,10 +806,7 @@ fn workspace_of(env: &Env, args: &DelegateArgs) -> Result<std::path::PathBuf> {
 
 /// A new top-level session (source `cli`) to act as the parent.
 fn new_parent(store: &dyn SessionStore, profile: &str) -> Result<String> {
-    let mut bytes = [0u8; 6];
-    getrandom::fill(&mut bytes)
-        .map_err(|e| CliError::Failed(format!("secure random source failed: {e}")))?;
-    let id = format!("cli_{}", bytes.iter().map(|b| format!("{b:02x}")).collect::<String>());
+    let id = format!("cli_{}", crate::error::random_hex(6)?);
     store.create_session(&NewSession {
         id: id.clone(),
         source: "cli".to_owned(),

@@ -99,6 +99,13 @@ pub(crate) fn delegate_error_code(e: &retinue_delegate::DelegateError) -> u8 {
     }
 }
 
+/// `bytes` secure random bytes as hex ([`retinue_core::random_hex`]); a
+/// failing random source fails the command.
+pub(crate) fn random_hex(bytes: usize) -> Result<String> {
+    retinue_core::random_hex(bytes)
+        .map_err(|e| CliError::Failed(format!("secure random source failed: {e}")))
+}
+
 /// The command's result type.
 pub(crate) type Result<T, E = CliError> = std::result::Result<T, E>;
 

@@ -17,10 +17,7 @@ use crate::env::{Access, Env};
 use crate::error::{CliError, Result};
 
 fn random_token() -> Result<String> {
-    let mut bytes = [0u8; 18];
-    getrandom::fill(&mut bytes)
-        .map_err(|e| CliError::Failed(format!("secure random source failed: {e}")))?;
-    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+    crate::error::random_hex(18)
 }
 
 /// Runs the view until interrupted.

@@ -34,6 +34,7 @@ mod clock;
 mod control;
 mod dump;
 mod error;
+mod ids;
 mod ledger;
 mod model;
 mod options;
@@ -55,6 +56,7 @@ pub use control::{
 };
 pub use dump::{Cell, CellType, StateDump, StateReader, TableSpec};
 pub use error::{Error, ErrorKind, Result, Source};
+pub use ids::random_hex;
 pub use ledger::{
     AttributionDraft, PendingUsage, TotalsCatchUp, TotalsSnapshot, TotalsUpdate, UsageAttribution,
     UsageLedger, UsageTotals,

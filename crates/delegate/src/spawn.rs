@@ -26,18 +26,11 @@ use crate::telemetry;
 use crate::{Inner, ParentContext, texts};
 use retinue_core::run::{self, CancelReason, CancelToken, ChildHandle, ChildOutcome, ChildSpec};
 
+/// The default id source: [`retinue_core::random_hex`]. A failing random
+/// source draws the empty string, so every id after the first is taken and
+/// `fresh_ids` refuses the spawn rather than reuse one.
 pub(crate) fn random_hex(bytes: usize) -> String {
-    let mut buf = vec![0u8; bytes];
-    if getrandom::fill(&mut buf).is_err() {
-        // Fall back to time-derived bytes; ids only need to be unique, not secret.
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        for (i, b) in buf.iter_mut().enumerate() {
-            *b = u8::try_from((nanos >> ((i % 16) * 8)) & 0xff).unwrap_or(0);
-        }
-    }
-    buf.iter().map(|b| format!("{b:02x}")).collect()
+    retinue_core::random_hex(bytes).unwrap_or_default()
 }
 
 /// The role a child gets: `orchestrator` only where hermes allows one

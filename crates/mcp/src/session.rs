@@ -62,9 +62,7 @@ pub fn project_session_id(canonical_dir: &Path, profile: &str) -> String {
 }
 
 fn random_session_id() -> Result<String, Error> {
-    let mut bytes = [0u8; 8];
-    getrandom::fill(&mut bytes).map_err(|e| Error::Random(e.to_string()))?;
-    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    let hex = retinue_core::random_hex(8).map_err(|e| Error::Random(e.to_string()))?;
     Ok(format!("{SESSION_SOURCE}_new_{hex}"))
 }
 

@@ -573,12 +573,7 @@ pub(crate) fn lock_key(name: &str) -> i64 {
     i64::from_ne_bytes(h.to_ne_bytes())
 }
 
-/// `bytes` random bytes as lowercase hex.
-pub(crate) fn random_hex(bytes: usize) -> Result<String> {
-    let mut buf = vec![0u8; bytes];
-    getrandom::fill(&mut buf).map_err(|e| Error::Random(e.to_string()))?;
-    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
-}
+pub(crate) use retinue_core::random_hex;
 
 /// `u32` → `i64` for a parameter.
 pub(crate) fn int(v: u32) -> i64 {

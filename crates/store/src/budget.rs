@@ -28,7 +28,7 @@
 use retinue_core::SettleReason;
 use rusqlite::{OptionalExtension, params};
 
-use crate::error::{Error, Result, SqlResult};
+use crate::error::{Result, SqlResult};
 use crate::store::Store;
 use retinue_core::{BudgetLimit, BudgetStatus, Reservation, ReservationDraft, Spend};
 use retinue_core::{OwnerProbe, ProcessState, current_owner};
@@ -96,9 +96,7 @@ fn stored_tokens(tokens: u64) -> i64 {
 }
 
 fn reservation_id() -> Result<String> {
-    let mut bytes = [0u8; 8];
-    getrandom::fill(&mut bytes).map_err(|e| Error::Random(e.to_string()))?;
-    Ok(format!("rsv_{}", bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()))
+    Ok(format!("rsv_{}", retinue_core::random_hex(8)?))
 }
 
 impl Budgets for Store {

@@ -1086,12 +1086,7 @@ fn set_journal_mode(conn: &Connection, wanted: JournalMode) -> SqlResult<()> {
     }
 }
 
-/// Secure random lowercase hex of `bytes` bytes.
-pub(crate) fn random_hex(bytes: usize) -> Result<String> {
-    let mut buf = vec![0u8; bytes];
-    getrandom::fill(&mut buf).map_err(|e| Error::Random(e.to_string()))?;
-    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
-}
+pub(crate) use retinue_core::random_hex;
 
 /// The `sqlite_master` rows of the schema, for snapshots and checks.
 pub(crate) fn schema_sql(conn: &Connection) -> SqlResult<Vec<(String, String, String)>> {
