@@ -45,10 +45,8 @@ fn log_path(env: &Env) -> Result<PathBuf> {
         CliError::Failed(format!("cannot create the worker log directory {}: {e}", dir.display()))
     })?;
     let rand = crate::error::random_hex(4)?;
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
+    // Whole seconds of the wall clock name the log (truncation intended).
+    let secs = retinue_core::Clock::now(&SystemClock).max(0.0) as u64;
     Ok(dir.join(format!("worker-{secs}-{rand}.log")))
 }
 

@@ -344,11 +344,9 @@ impl CancelReport {
     }
 }
 
+/// The wall clock, through core's [`retinue_core::Clock`].
 fn now_secs() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0)
+    retinue_core::Clock::now(&retinue_core::SystemClock)
 }
 
 /// The parent's side of background units — look up, wait for, steer and

@@ -458,10 +458,7 @@ impl RetinueServer {
         }
         let collector = self.shared.collector.clone();
         tokio::task::spawn_blocking(move || {
-            let now = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_secs_f64())
-                .unwrap_or(0.0);
+            let now = retinue_core::Clock::now(&retinue_core::SystemClock);
             collector.ack_inbox(claimed).iter().map(|e| e.to_json(now)).collect()
         })
         .await

@@ -23,11 +23,9 @@ use crate::tools::{self, DEFAULT_WAIT_SECS, MAX_WAIT_SECS};
 /// How often a client should poll `tasks/get`, in milliseconds.
 const POLL_INTERVAL_MS: u64 = 1_000;
 
-fn now() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0)
+/// The wall clock, through core's [`retinue_core::Clock`].
+pub(crate) fn now() -> f64 {
+    retinue_core::Clock::now(&retinue_core::SystemClock)
 }
 
 /// A task just created, before the registry is read again.

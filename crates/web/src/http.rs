@@ -46,11 +46,9 @@ fn host_allowed<B>(site: &Site, req: &Request<B>) -> bool {
     site.hosts.contains(&given)
 }
 
+/// The wall clock, through core's [`retinue_core::Clock`].
 fn now() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0)
+    retinue_core::Clock::now(&retinue_core::SystemClock)
 }
 
 fn respond(
