@@ -182,8 +182,11 @@ pub(crate) struct Pool {
     /// Busy-handler calls of this pool's connections (another process held
     /// the lock): [`crate::Store::busy_probes`].
     probes: Arc<AtomicU64>,
+    adopt: Adopt,
 }
 
+/// The registry's adoption of hermes-retained units, handed in by the store.
+pub(crate) type Adopt = fn(&Connection, Option<f64>) -> SqlResult<usize>;
 /// A pooled connection and what it has read that is provably still fresh.
 struct Pooled {
     conn: Connection,
@@ -280,7 +283,7 @@ impl Pool {
 
     fn connect_raw(&self) -> SqlResult<Connection> {
         if self.read_only {
-            return connect_read_only(&self.path, self.busy_timeout);
+            return connect_read_only(&self.path, self.busy_timeout, self.adopt);
         }
         let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
             | OpenFlags::SQLITE_OPEN_CREATE
@@ -761,15 +764,16 @@ fn with_wait(e: Error, started: Instant, timeout: Duration) -> Error {
 /// Opens (creating and upgrading when writable) the database at `path`.
 /// A busy error anywhere in the open sequence reports the whole time waited
 /// since the open began.
-pub(crate) fn open_pool(path: &Path, opts: &StoreOptions) -> Result<Pool> {
+pub(crate) fn open_pool(path: &Path, opts: &StoreOptions, adopt: Adopt) -> Result<Pool> {
     let started = Instant::now();
     let timeout = opts.busy_timeout;
-    open_pool_timed(path, opts, started, timeout).map_err(|e| with_wait(e, started, timeout))
+    open_pool_timed(path, opts, adopt, started, timeout).map_err(|e| with_wait(e, started, timeout))
 }
 
 fn open_pool_timed(
     path: &Path,
     opts: &StoreOptions,
+    adopt: Adopt,
     started: Instant,
     timeout: Duration,
 ) -> Result<Pool> {
@@ -792,6 +796,7 @@ fn open_pool_timed(
         idle: Mutex::new(Vec::new()),
         gate: crate::gate::gate_for(path),
         probes: Arc::default(),
+        adopt,
     };
     let mut conn = pool.connect()?;
     // Read-only probes first: a corrupt, foreign or newer file is refused untouched.
@@ -866,7 +871,7 @@ fn ro_uri(path: &Path, immutable: bool) -> String {
 /// A read-only connection: `SQLITE_OPEN_READ_ONLY`, no journal switch, and
 /// the connection-local (TEMP, in memory) view that answers as if the file
 /// were adopted. Nothing is written to the file.
-fn connect_read_only(path: &Path, busy: Duration) -> SqlResult<Connection> {
+fn connect_read_only(path: &Path, busy: Duration, adopt: Adopt) -> SqlResult<Connection> {
     let flags = OpenFlags::SQLITE_OPEN_READ_ONLY
         | OpenFlags::SQLITE_OPEN_NO_MUTEX
         | OpenFlags::SQLITE_OPEN_URI;
@@ -902,7 +907,7 @@ fn connect_read_only(path: &Path, busy: Duration) -> SqlResult<Connection> {
         }
     }
     set_connection_pragmas(&mut conn, busy, Arc::default(), Synchronous::Full, true)?;
-    read_view(&conn)?;
+    read_view(&conn, adopt)?;
     Ok(conn)
 }
 
@@ -944,7 +949,7 @@ fn trigger_exists(conn: &Connection, name: &str) -> SqlResult<bool> {
 /// * maintained usage totals are trusted only when the file's invalidation
 ///   triggers exist; otherwise they are shadowed by an empty table and the
 ///   totals are folded from the ledger rows.
-fn read_view(conn: &Connection) -> SqlResult<()> {
+fn read_view(conn: &Connection, adopt: Adopt) -> SqlResult<()> {
     conn.pragma_update(None, "temp_store", "MEMORY")?;
     let main_exists = |t: &str| -> SqlResult<bool> {
         Ok(conn
@@ -1055,7 +1060,7 @@ fn read_view(conn: &Connection) -> SqlResult<()> {
             "INSERT INTO temp.retinue_children ({cols}) SELECT {cols} FROM main.retinue_children"
         ))?;
     }
-    crate::registry::backfill::backfill(conn, Some(f64::NEG_INFINITY))?;
+    adopt(conn, Some(f64::NEG_INFINITY))?;
     Ok(())
 }
 

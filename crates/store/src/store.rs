@@ -33,7 +33,7 @@ impl Store {
     /// Opens `path`: creates it and its directory, sets the pragmas, upgrades
     /// a hermes file in place and backfills. Idempotent.
     pub fn open(path: impl AsRef<Path>, opts: StoreOptions) -> Result<Store> {
-        let pool = db::open_pool(path.as_ref(), &opts)?;
+        let pool = db::open_pool(path.as_ref(), &opts, crate::registry::backfill::backfill)?;
         if !opts.read_only {
             // Live units, and units another writer both retained and tombstoned
             // before Retinue adopted them: they answer tombstoned (`external`),
