@@ -112,6 +112,7 @@ pub(crate) fn run(root: &Path) -> Result<(), String> {
     crate::seams::check(root, &mut problems);
     crate::docs::check(root, &mut problems);
     crate::sizes::check(root, &mut problems);
+    check_type_names(root, &mut problems);
     if let Err(e) = crate::bench::check_docs(root) {
         problems.push(e);
     }
@@ -120,6 +121,48 @@ pub(crate) fn run(root: &Path) -> Result<(), String> {
         Ok(())
     } else {
         Err(format!("tidy found {} problem(s):\n  {}", problems.len(), problems.join("\n  ")))
+    }
+}
+
+/// One type per name across the library crates' public APIs: a `pub`
+/// struct, enum, trait or type alias named like another crate's is a
+/// problem (`Error` in two crates reads as one type in a `use` list).
+fn check_type_names(root: &Path, problems: &mut Vec<String>) {
+    let mut seen: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    let Ok(entries) = fs::read_dir(root.join("crates")) else { return };
+    let mut dirs: Vec<PathBuf> = entries.flatten().map(|e| e.path()).collect();
+    dirs.sort();
+    for dir in dirs {
+        let krate = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        // The binary crate has no public API.
+        if krate == "cli" {
+            continue;
+        }
+        let mut files = Vec::new();
+        walk(&dir.join("src"), &mut files);
+        let mut names = std::collections::BTreeSet::new();
+        for file in files.iter().filter(|f| f.extension().is_some_and(|e| e == "rs")) {
+            let Ok(text) = fs::read_to_string(file) else { continue };
+            for line in library_part(&text).lines() {
+                let line = line.trim_start();
+                for kind in ["pub struct ", "pub enum ", "pub trait ", "pub type "] {
+                    if let Some(rest) = line.strip_prefix(kind) {
+                        let name: String =
+                            rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+                        if !name.is_empty() {
+                            names.insert(name);
+                        }
+                    }
+                }
+            }
+        }
+        for name in names {
+            seen.entry(name).or_default().push(krate.clone());
+        }
+    }
+    for (name, crates) in seen.into_iter().filter(|(_, c)| c.len() > 1) {
+        problems
+            .push(format!("`{name}` is a public type of {}: one type per name", crates.join(", ")));
     }
 }
 

@@ -11,8 +11,8 @@ use retinue_core::{
     TombstoneReason, Unaddressable, UsageAttribution, UsageTotals, iso8601,
 };
 use retinue_delegate::{
-    CancelToken, ChildRuntime, DelegateError, DelegateOutcome, DelegateRequest, Delegator,
-    DelegatorParts, ErrorKind, FollowUp, ParentContext, SpawnRequest, TaskSpec,
+    CancelToken, ChildRuntime, DelegateError, DelegateErrorKind, DelegateOutcome, DelegateRequest,
+    Delegator, DelegatorParts, FollowUp, ParentContext, SpawnRequest, TaskSpec,
 };
 use retinue_lineage::{Authority, Denial, check_follow_up_authority, lineage_chain, list_for};
 use retinue_runtime::{ChatRuntime, RuntimeConfig};
@@ -595,10 +595,10 @@ pub(crate) fn recover(env: &Env) -> Result<Output> {
 /// The `--json` error code of a `delegate_task` error.
 fn delegate_error_kind(e: &DelegateError) -> &'static str {
     match e.kind() {
-        ErrorKind::Usage => "usage",
-        ErrorKind::Denied => "denied",
-        ErrorKind::NotFound => "not_found",
-        ErrorKind::Busy => "busy",
+        DelegateErrorKind::Usage => "usage",
+        DelegateErrorKind::Denied => "denied",
+        DelegateErrorKind::NotFound => "not_found",
+        DelegateErrorKind::Busy => "busy",
         _ => match e {
             DelegateError::Storage(_) => "io",
             _ => "internal",

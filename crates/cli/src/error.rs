@@ -32,7 +32,7 @@ pub(crate) enum CliError {
     Store(#[from] retinue_core::Error),
     /// The usage ledger failed.
     #[error(transparent)]
-    Ledger(#[from] retinue_usage::Error),
+    Ledger(#[from] retinue_usage::UsageError),
     /// Writing the output or the demo home failed.
     #[error("{0}")]
     Io(#[from] std::io::Error),
@@ -59,15 +59,16 @@ impl CliError {
             CliError::NotFound(_) => "not_found",
             CliError::Failed(_) => "internal",
             CliError::Io(_) => "io",
-            CliError::Store(e) | CliError::Ledger(retinue_usage::Error::Store(e)) => match e.kind()
-            {
-                K::Missing => "not_found",
-                K::Busy => "busy",
-                K::Corrupt | K::NotADatabase | K::MalformedRow => "corrupt",
-                K::ReadOnly => "read_only",
-                K::Io | K::DiskFull | K::NotAFile => "io",
-                _ => "internal",
-            },
+            CliError::Store(e) | CliError::Ledger(retinue_usage::UsageError::Store(e)) => {
+                match e.kind() {
+                    K::Missing => "not_found",
+                    K::Busy => "busy",
+                    K::Corrupt | K::NotADatabase | K::MalformedRow => "corrupt",
+                    K::ReadOnly => "read_only",
+                    K::Io | K::DiskFull | K::NotAFile => "io",
+                    _ => "internal",
+                }
+            }
             CliError::Ledger(_) => "internal",
         }
     }
@@ -92,9 +93,9 @@ impl CliError {
 /// The exit code for a `delegate_task` error: by variant class, never by text.
 pub(crate) fn delegate_error_code(e: &retinue_delegate::DelegateError) -> u8 {
     match e.kind() {
-        retinue_delegate::ErrorKind::Usage => EXIT_USAGE,
-        retinue_delegate::ErrorKind::Denied => EXIT_DENIED,
-        retinue_delegate::ErrorKind::NotFound => EXIT_NOT_FOUND,
+        retinue_delegate::DelegateErrorKind::Usage => EXIT_USAGE,
+        retinue_delegate::DelegateErrorKind::Denied => EXIT_DENIED,
+        retinue_delegate::DelegateErrorKind::NotFound => EXIT_NOT_FOUND,
         _ => EXIT_FAILED,
     }
 }

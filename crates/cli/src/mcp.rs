@@ -7,7 +7,7 @@ use std::sync::Arc;
 use retinue_core::SystemClock;
 use retinue_delegate::ChildRuntime;
 use retinue_lineage::Authority;
-use retinue_mcp::{McpParts, RetinueServer, ServerOptions, SessionChoice, Shutdown};
+use retinue_mcp::{McpParts, McpShutdown, RetinueServer, ServerOptions, SessionChoice};
 
 use crate::Output;
 use crate::backend::Backend;
@@ -16,11 +16,11 @@ use crate::commands::{configured_runtime, delegator};
 use crate::env::Env;
 use crate::error::{CliError, EXIT_OK, Result};
 
-fn mcp_error(e: retinue_mcp::Error) -> CliError {
+fn mcp_error(e: retinue_mcp::McpError) -> CliError {
     match e {
-        retinue_mcp::Error::NoSession(_) => CliError::NotFound(e.to_string()),
-        retinue_mcp::Error::NotLoopback(_) => CliError::Usage(e.to_string()),
-        retinue_mcp::Error::Store(e) => CliError::Store(e),
+        retinue_mcp::McpError::NoSession(_) => CliError::NotFound(e.to_string()),
+        retinue_mcp::McpError::NotLoopback(_) => CliError::Usage(e.to_string()),
+        retinue_mcp::McpError::Store(e) => CliError::Store(e),
         other => {
             let mut text = other.to_string();
             let mut source = std::error::Error::source(&other);
@@ -148,7 +148,7 @@ pub(crate) fn run(env: &Env, args: &McpArgs) -> Result<Output> {
         }
         Some(addr) => {
             let id = parent.id.clone();
-            retinue_mcp::serve_http(server, addr, &Shutdown::new(), |bound| {
+            retinue_mcp::serve_http(server, addr, &McpShutdown::new(), |bound| {
                 eprintln!("retinue mcp: serving MCP on http://{bound}/ as {what} {id}");
             })
             .map_err(mcp_error)?;

@@ -92,7 +92,7 @@ pub(crate) fn run(
     };
     crate::print_stdout(&line)?;
     eprintln!("retinue: serving the subagent view on {base} (read-only; Ctrl-C stops)");
-    let shutdown = retinue_web::Shutdown::new();
+    let shutdown = retinue_web::WebShutdown::new();
     let cancel = CancelToken::new();
     let interrupts = crate::interrupt::Interrupts::watch(&cancel);
     let stopper = {

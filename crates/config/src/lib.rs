@@ -2,7 +2,7 @@
 //! sections of `<HERMES_HOME>/config.yaml`, with hermes's defaults and floors.
 //!
 //! Configuration is its own concern, above the backends: a backend is
-//! opened with a [`RetentionPolicy`] and durability options, never with the
+//! opened with a [`RetentionPolicy`](retinue_core::RetentionPolicy) and durability options, never with the
 //! whole configuration, and the API key is an [`ApiKey`] (a secret type with
 //! no `Display`, redacted `Debug`, never serialised).
 //!

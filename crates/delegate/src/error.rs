@@ -160,7 +160,7 @@ pub enum DelegateError {
 
 /// The class of a [`DelegateError`], for exit codes and protocol errors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ErrorKind {
+pub enum DelegateErrorKind {
     /// Bad arguments (or no parent context).
     Usage,
     /// Not allowed to address the target (foreign, missing, self).
@@ -176,46 +176,48 @@ pub enum ErrorKind {
     Failed,
 }
 
-impl ErrorKind {
+impl DelegateErrorKind {
     /// The kind as a stable machine-readable code (`usage`, `denied`,
     /// `limit`, `not_found`, `busy`, `failed`), as the MCP server reports it.
     pub fn as_str(self) -> &'static str {
         match self {
-            ErrorKind::Usage => "usage",
-            ErrorKind::Denied => "denied",
-            ErrorKind::Limit => "limit",
-            ErrorKind::NotFound => "not_found",
-            ErrorKind::Busy => "busy",
-            ErrorKind::Failed => "failed",
+            DelegateErrorKind::Usage => "usage",
+            DelegateErrorKind::Denied => "denied",
+            DelegateErrorKind::Limit => "limit",
+            DelegateErrorKind::NotFound => "not_found",
+            DelegateErrorKind::Busy => "busy",
+            DelegateErrorKind::Failed => "failed",
         }
     }
 }
 
 impl DelegateError {
     /// The class of this error.
-    pub fn kind(&self) -> ErrorKind {
+    pub fn kind(&self) -> DelegateErrorKind {
         match self {
-            DelegateError::NoParent | DelegateError::InvalidArguments(_) => ErrorKind::Usage,
+            DelegateError::NoParent | DelegateError::InvalidArguments(_) => {
+                DelegateErrorKind::Usage
+            }
             DelegateError::NotAddressable { .. }
             | DelegateError::SelfTarget
-            | DelegateError::WorkspaceOutside { .. } => ErrorKind::Denied,
+            | DelegateError::WorkspaceOutside { .. } => DelegateErrorKind::Denied,
             DelegateError::DepthExceeded { .. }
             | DelegateError::Paused
             | DelegateError::Budget { .. }
-            | DelegateError::ResumeTooLarge { .. } => ErrorKind::Limit,
+            | DelegateError::ResumeTooLarge { .. } => DelegateErrorKind::Limit,
             DelegateError::Tombstoned { .. } | DelegateError::WorkspaceGone { .. } => {
-                ErrorKind::NotFound
+                DelegateErrorKind::NotFound
             }
-            DelegateError::Busy { .. } => ErrorKind::Busy,
+            DelegateError::Busy { .. } => DelegateErrorKind::Busy,
             DelegateError::NoChildSession
             | DelegateError::Transcript { .. }
             | DelegateError::EmptyTranscript { .. }
             | DelegateError::Storage(_)
             | DelegateError::BudgetStore { .. }
             | DelegateError::Registry(_)
-            | DelegateError::Runtime(_) => ErrorKind::Failed,
-            DelegateError::Finished { .. } => ErrorKind::Limit,
-            DelegateError::WhichChild { .. } => ErrorKind::Usage,
+            | DelegateError::Runtime(_) => DelegateErrorKind::Failed,
+            DelegateError::Finished { .. } => DelegateErrorKind::Limit,
+            DelegateError::WhichChild { .. } => DelegateErrorKind::Usage,
         }
     }
 }

@@ -38,7 +38,7 @@ use serde_json::{Value, json};
 
 pub use args::{FollowUp, TaskSpec, parse_follow_up, parse_tasks};
 pub use background::{CancelReport, Collector, SteerReport, WaitEntry, WaitReport, WaitState};
-pub use error::{DelegateError, ErrorKind};
+pub use error::{DelegateError, DelegateErrorKind};
 pub use request::{
     DelegateOutcome, DelegateRequest, Dispatch, DispatchedChild, FollowUpReport, SpawnRequest,
     UnitReport,

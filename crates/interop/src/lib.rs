@@ -50,7 +50,7 @@ pub const FRESH_REPORT_FILE: &str = "retinue-fresh.json";
 
 /// Errors of the inspection helpers.
 #[derive(Debug, thiserror::Error)]
-pub enum Error {
+pub enum InteropError {
     /// A file could not be read, written or copied.
     #[error("{path}: {source}")]
     Io {
@@ -77,8 +77,8 @@ pub enum Error {
     },
 }
 
-/// Result of the inspection helpers.
-pub type Result<T> = std::result::Result<T, Error>;
+/// InteropResult of the inspection helpers.
+pub type InteropResult<T> = std::result::Result<T, InteropError>;
 
 /// One message as hermes' `get_messages` returned it.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -106,7 +106,7 @@ pub struct HermesChild {
 
 /// A delegation unit hermes wrote with its own `tools.async_delegation`.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
-pub struct HermesUnit {
+pub struct ExpectedUnit {
     /// `deleg_<8hex>`.
     pub delegation_id: String,
     /// The spawner's session.
@@ -147,7 +147,7 @@ pub struct HermesExpect {
     pub sessions: BTreeMap<String, String>,
     /// Delegation units by name (`u1`, `u2`); empty for hermes releases
     /// without durable delegations (before 0.19).
-    pub units: BTreeMap<String, HermesUnit>,
+    pub units: BTreeMap<String, ExpectedUnit>,
     /// hermes' lineage answers by session name.
     pub lineage: BTreeMap<String, HermesLineage>,
     /// hermes' transcripts by session name.
@@ -160,11 +160,11 @@ pub struct HermesExpect {
 
 impl HermesExpect {
     /// Reads [`EXPECT_FILE`] next to `db`.
-    pub fn load(db: &Path) -> Result<HermesExpect> {
+    pub fn load(db: &Path) -> InteropResult<HermesExpect> {
         let path = sibling(db, EXPECT_FILE);
         let text = std::fs::read_to_string(&path)
-            .map_err(|source| Error::Io { path: path.clone(), source })?;
-        serde_json::from_str(&text).map_err(|source| Error::Json { path, source })
+            .map_err(|source| InteropError::Io { path: path.clone(), source })?;
+        serde_json::from_str(&text).map_err(|source| InteropError::Json { path, source })
     }
 
     /// The session id the driver recorded under `name`, if any.
@@ -183,17 +183,17 @@ pub fn sibling(db: &Path, file: &str) -> PathBuf {
     db.parent().map_or_else(|| PathBuf::from(file), |dir| dir.join(file))
 }
 
-fn open_ro(path: &Path) -> Result<Connection> {
+fn open_ro(path: &Path) -> InteropResult<Connection> {
     Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY)
-        .map_err(|source| Error::Sqlite { path: path.to_path_buf(), source })
+        .map_err(|source| InteropError::Sqlite { path: path.to_path_buf(), source })
 }
 
-fn sql<T>(path: &Path, r: rusqlite::Result<T>) -> Result<T> {
-    r.map_err(|source| Error::Sqlite { path: path.to_path_buf(), source })
+fn sql<T>(path: &Path, r: rusqlite::Result<T>) -> InteropResult<T> {
+    r.map_err(|source| InteropError::Sqlite { path: path.to_path_buf(), source })
 }
 
 /// Rows per table (every table in `sqlite_master`, FTS shadow tables included).
-pub fn table_counts(path: &Path) -> Result<BTreeMap<String, i64>> {
+pub fn table_counts(path: &Path) -> InteropResult<BTreeMap<String, i64>> {
     let conn = open_ro(path)?;
     let names: Vec<String> = sql(path, {
         conn.prepare(
@@ -215,7 +215,7 @@ pub fn table_counts(path: &Path) -> Result<BTreeMap<String, i64>> {
 }
 
 /// `sqlite_master` objects (`"<type> <name>"` → SQL text), internal ones excluded.
-pub fn schema_objects(path: &Path) -> Result<BTreeMap<String, String>> {
+pub fn schema_objects(path: &Path) -> InteropResult<BTreeMap<String, String>> {
     let conn = open_ro(path)?;
     sql(path, {
         conn.prepare(
@@ -242,7 +242,7 @@ pub struct Column {
 }
 
 /// The columns of `table`, in order.
-pub fn columns(path: &Path, table: &str) -> Result<Vec<Column>> {
+pub fn columns(path: &Path, table: &str) -> InteropResult<Vec<Column>> {
     let conn = open_ro(path)?;
     sql(path, {
         conn.prepare("SELECT name, type, \"notnull\", dflt_value, pk FROM pragma_table_info(?1)")
@@ -262,7 +262,7 @@ pub fn columns(path: &Path, table: &str) -> Result<Vec<Column>> {
 }
 
 /// The lines of `PRAGMA integrity_check` (`["ok"]` when healthy).
-pub fn integrity_check(path: &Path) -> Result<Vec<String>> {
+pub fn integrity_check(path: &Path) -> InteropResult<Vec<String>> {
     let conn = open_ro(path)?;
     sql(path, {
         conn.prepare("PRAGMA integrity_check")
@@ -271,23 +271,23 @@ pub fn integrity_check(path: &Path) -> Result<Vec<String>> {
 }
 
 /// One integer from `query` (for spot checks such as `schema_version`).
-pub fn query_i64(path: &Path, query: &str) -> Result<i64> {
+pub fn query_i64(path: &Path, query: &str) -> InteropResult<i64> {
     let conn = open_ro(path)?;
     sql(path, conn.query_row(query, [], |r| r.get(0)))
 }
 
 /// One text from `query` (for spot checks such as `PRAGMA journal_mode`).
-pub fn query_text(path: &Path, query: &str) -> Result<String> {
+pub fn query_text(path: &Path, query: &str) -> InteropResult<String> {
     let conn = open_ro(path)?;
     sql(path, conn.query_row(query, [], |r| r.get(0)))
 }
 
 /// Copies the database `db` (with its `-wal` and `-shm` files) to
 /// `dir/state.db`, replacing what was there; returns the copy's path.
-pub fn snapshot(db: &Path, dir: &Path) -> Result<PathBuf> {
+pub fn snapshot(db: &Path, dir: &Path) -> InteropResult<PathBuf> {
     let io = |path: &Path| {
         let path = path.to_path_buf();
-        move |source| Error::Io { path, source }
+        move |source| InteropError::Io { path, source }
     };
     if dir.exists() {
         std::fs::remove_dir_all(dir).map_err(io(dir))?;

@@ -3,10 +3,10 @@
 use std::net::SocketAddr;
 
 /// What starting or running the MCP server can fail with. Tool failures are
-/// never an `Error`: they go back to the client as MCP tool errors.
+/// never an `McpError`: they go back to the client as MCP tool errors.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum Error {
+pub enum McpError {
     /// The async runtime could not be built.
     #[error("cannot start the MCP server's async runtime")]
     Runtime(#[source] std::io::Error),

@@ -36,7 +36,7 @@ use rmcp::transport::streamable_http_server::session::local::LocalSessionManager
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use tokio_util::sync::CancellationToken;
 
-pub use error::Error;
+pub use error::McpError;
 pub use server::{RetinueServer, ServerOptions};
 pub use session::{
     ParentSession, SESSION_SOURCE, SessionChoice, project_session_id, resolve_session,
@@ -84,13 +84,13 @@ impl std::fmt::Debug for McpParts {
     }
 }
 
-fn runtime() -> Result<tokio::runtime::Runtime, Error> {
+fn runtime() -> Result<tokio::runtime::Runtime, McpError> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("retinue-mcp")
         .enable_all()
         .build()
-        .map_err(Error::Runtime)
+        .map_err(McpError::Runtime)
 }
 
 /// Resolves on Ctrl-C (SIGINT) or, on Unix, SIGTERM: how a host or a
@@ -134,18 +134,18 @@ fn loopback_authorities(bound: SocketAddr) -> Vec<String> {
 
 /// Serves MCP over stdin/stdout until the client closes stdin (or the
 /// process gets Ctrl-C or SIGTERM). Blocks the calling thread.
-pub fn serve_stdio(server: RetinueServer) -> Result<(), Error> {
+pub fn serve_stdio(server: RetinueServer) -> Result<(), McpError> {
     let rt = runtime()?;
     let handler = server.clone();
     let result = rt.block_on(async move {
         // Lines the SDK would drop in silence are answered with JSON-RPC errors.
         let (input, output, writer) = framing::spawn(tokio::io::stdin(), tokio::io::stdout());
         let running =
-            handler.serve((input, output)).await.map_err(|e| Error::Transport(e.to_string()))?;
+            handler.serve((input, output)).await.map_err(|e| McpError::Transport(e.to_string()))?;
         let stop = running.cancellation_token();
         let quit = tokio::select! {
             quit = running.waiting() => {
-                quit.map(|_| ()).map_err(|e| Error::Transport(e.to_string()))
+                quit.map(|_| ()).map_err(|e| McpError::Transport(e.to_string()))
             }
             () = terminated() => {
                 stop.cancel();
@@ -163,12 +163,12 @@ pub fn serve_stdio(server: RetinueServer) -> Result<(), Error> {
 
 /// Stops a [`serve_http`] server from another thread.
 #[derive(Debug, Clone, Default)]
-pub struct Shutdown(CancellationToken);
+pub struct McpShutdown(CancellationToken);
 
-impl Shutdown {
+impl McpShutdown {
     /// A handle that has not fired.
-    pub fn new() -> Shutdown {
-        Shutdown::default()
+    pub fn new() -> McpShutdown {
+        McpShutdown::default()
     }
 
     /// Stops the server: the listener closes, running calls are cancelled.
@@ -184,11 +184,11 @@ impl Shutdown {
 pub fn serve_http(
     server: RetinueServer,
     addr: SocketAddr,
-    shutdown: &Shutdown,
+    shutdown: &McpShutdown,
     on_listening: impl FnOnce(SocketAddr),
-) -> Result<(), Error> {
+) -> Result<(), McpError> {
     if !addr.ip().is_loopback() {
-        return Err(Error::NotLoopback(addr));
+        return Err(McpError::NotLoopback(addr));
     }
     let rt = runtime()?;
     let stop = shutdown.0.clone();
@@ -196,8 +196,8 @@ pub fn serve_http(
     let result = rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
-            .map_err(|source| Error::Bind { addr, source })?;
-        let bound = listener.local_addr().map_err(|source| Error::Bind { addr, source })?;
+            .map_err(|source| McpError::Bind { addr, source })?;
+        let bound = listener.local_addr().map_err(|source| McpError::Bind { addr, source })?;
         on_listening(bound);
         let config = StreamableHttpServerConfig::default()
             .with_cancellation_token(stop.child_token())

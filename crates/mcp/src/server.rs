@@ -18,7 +18,7 @@ use rmcp::model::{
     ProgressToken, ServerCapabilities, ServerConfig, Tool,
 };
 use rmcp::service::RequestContext;
-use rmcp::{ErrorData as McpError, Peer, RoleServer, ServerHandler};
+use rmcp::{ErrorData as RpcError, Peer, RoleServer, ServerHandler};
 use serde_json::{Map, Value};
 
 use crate::McpParts;
@@ -511,7 +511,7 @@ impl ServerHandler for RetinueServer {
         &self,
         request: rmcp::model::SetLevelRequestParams,
         _context: RequestContext<RoleServer>,
-    ) -> Result<(), McpError> {
+    ) -> Result<(), RpcError> {
         self.shared.log_level.store(level_rank(request.level), Ordering::Relaxed);
         Ok(())
     }
@@ -520,7 +520,7 @@ impl ServerHandler for RetinueServer {
         &self,
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
-    ) -> Result<ListToolsResult, McpError> {
+    ) -> Result<ListToolsResult, RpcError> {
         let tools = self
             .shared
             .specs
@@ -542,7 +542,7 @@ impl ServerHandler for RetinueServer {
         &self,
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
-    ) -> Result<CallToolResponse, McpError> {
+    ) -> Result<CallToolResponse, RpcError> {
         let progress = request
             .meta
             .as_ref()
@@ -551,7 +551,7 @@ impl ServerHandler for RetinueServer {
         let args = request.arguments.unwrap_or_default();
         let name = request.name.as_ref();
         if !self.shared.specs.iter().any(|s| s.name == name) {
-            return Err(McpError::invalid_params(format!("unknown tool '{name}'"), None));
+            return Err(RpcError::invalid_params(format!("unknown tool '{name}'"), None));
         }
         // What finished since the last call goes out with this one — after
         // a wait (which delivers its own ids itself), before anything else
@@ -588,13 +588,13 @@ impl ServerHandler for RetinueServer {
         &self,
         request: rmcp::model::GetTaskParams,
         _context: RequestContext<RoleServer>,
-    ) -> Result<rmcp::model::GetTaskResult, McpError> {
+    ) -> Result<rmcp::model::GetTaskResult, RpcError> {
         let (collector, parent) = (self.shared.collector.clone(), self.parent());
         tokio::task::spawn_blocking(move || {
             crate::tasks::get(&collector, &parent, &request.task_id)
         })
         .await
-        .map_err(|e| McpError::internal_error(format!("tasks/get did not finish: {e}"), None))?
+        .map_err(|e| RpcError::internal_error(format!("tasks/get did not finish: {e}"), None))?
     }
 
     /// `tasks/update` (the tasks capability implies it): Retinue's tasks never
@@ -604,8 +604,8 @@ impl ServerHandler for RetinueServer {
         &self,
         request: rmcp::model::UpdateTaskParams,
         _context: RequestContext<RoleServer>,
-    ) -> Result<(), McpError> {
-        Err(McpError::invalid_params(
+    ) -> Result<(), RpcError> {
+        Err(RpcError::invalid_params(
             format!(
                 "task {} is not waiting for input: Retinue's tasks never ask for it",
                 request.task_id
@@ -618,13 +618,13 @@ impl ServerHandler for RetinueServer {
         &self,
         request: CancelTaskParams,
         _context: RequestContext<RoleServer>,
-    ) -> Result<(), McpError> {
+    ) -> Result<(), RpcError> {
         let (collector, parent) = (self.shared.collector.clone(), self.parent());
         tokio::task::spawn_blocking(move || {
             crate::tasks::cancel(&collector, &parent, &request.task_id)
         })
         .await
-        .map_err(|e| McpError::internal_error(format!("tasks/cancel did not finish: {e}"), None))?
+        .map_err(|e| RpcError::internal_error(format!("tasks/cancel did not finish: {e}"), None))?
     }
 }
 

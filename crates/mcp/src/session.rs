@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use retinue_core::{NewSession, SessionStore};
 
-use crate::error::Error;
+use crate::error::McpError;
 
 /// The `sessions.source` of a session the server creates.
 pub const SESSION_SOURCE: &str = "mcp";
@@ -61,12 +61,12 @@ pub fn project_session_id(canonical_dir: &Path, profile: &str) -> String {
     format!("{SESSION_SOURCE}_{:016x}", fnv1a64(&[dir, profile.as_bytes()]))
 }
 
-fn random_session_id() -> Result<String, Error> {
-    let hex = retinue_core::random_hex(8).map_err(|e| Error::Random(e.to_string()))?;
+fn random_session_id() -> Result<String, McpError> {
+    let hex = retinue_core::random_hex(8).map_err(|e| McpError::Random(e.to_string()))?;
     Ok(format!("{SESSION_SOURCE}_new_{hex}"))
 }
 
-fn create(sessions: &dyn SessionStore, id: &str, profile: &str) -> Result<(), Error> {
+fn create(sessions: &dyn SessionStore, id: &str, profile: &str) -> Result<(), McpError> {
     sessions.create_session(&NewSession {
         id: id.to_owned(),
         source: SESSION_SOURCE.to_owned(),
@@ -82,7 +82,7 @@ pub fn resolve_session(
     sessions: &dyn SessionStore,
     choice: &SessionChoice,
     profile: &str,
-) -> Result<ParentSession, Error> {
+) -> Result<ParentSession, McpError> {
     match choice {
         SessionChoice::Existing(id) => {
             let id = id.trim();
@@ -90,7 +90,7 @@ pub fn resolve_session(
             let scope = retinue_core::Scope::of(profile);
             let row = if id.is_empty() { None } else { sessions.session(id)? };
             if !row.is_some_and(|r| scope.admits(r.profile_name.as_deref())) {
-                return Err(Error::NoSession(id.to_owned()));
+                return Err(McpError::NoSession(id.to_owned()));
             }
             Ok(ParentSession { id: id.to_owned(), project: None, created: false })
         }
@@ -100,7 +100,7 @@ pub fn resolve_session(
             Ok(ParentSession { id, project: None, created: true })
         }
         SessionChoice::Project(dir) => {
-            let dir = dir.canonicalize().map_err(Error::WorkingDir)?;
+            let dir = dir.canonicalize().map_err(McpError::WorkingDir)?;
             let id = project_session_id(&dir, profile);
             // A project session is this profile's own: a row of that id of
             // any other profile (a hash collision, a planted row) is never
@@ -111,7 +111,7 @@ pub fn resolve_session(
             if let Some(row) = sessions.session(&id)?
                 && !own(&row)
             {
-                return Err(Error::NoSession(id));
+                return Err(McpError::NoSession(id));
             }
             let created = if sessions.session(&id)?.is_none() {
                 match create(sessions, &id, profile) {

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use retinue_core::{ControlOutcome, UnitState, UnitView, iso8601};
 use retinue_delegate::{CancelToken, Collector, DelegateError, ParentContext};
-use rmcp::ErrorData as McpError;
+use rmcp::ErrorData as RpcError;
 use rmcp::model::{DetailedTask, GetTaskResult, JsonObject, Task, TaskPayload, TaskStatus};
 use serde_json::{Map, Value, json};
 
@@ -91,8 +91,8 @@ pub(crate) fn detailed(view: &UnitView) -> DetailedTask {
     DetailedTask::new(task, payload)
 }
 
-fn unknown_task(id: &str) -> McpError {
-    McpError::invalid_params(format!("unknown task '{}'", id.trim()), None)
+fn unknown_task(id: &str) -> RpcError {
+    RpcError::invalid_params(format!("unknown task '{}'", id.trim()), None)
 }
 
 /// `tasks/get`: the unit's state from the registry. A unit still marked
@@ -103,7 +103,7 @@ pub(crate) fn get(
     collector: &Collector,
     parent: &ParentContext,
     id: &str,
-) -> Result<GetTaskResult, McpError> {
+) -> Result<GetTaskResult, RpcError> {
     let mut view = collector.unit(id, parent).map_err(|_| unknown_task(id))?;
     let ours = view.owner_pid == Some(i64::from(std::process::id()));
     if !view.is_finished() && !ours {
@@ -122,10 +122,10 @@ pub(crate) fn cancel(
     collector: &Collector,
     parent: &ParentContext,
     id: &str,
-) -> Result<(), McpError> {
+) -> Result<(), RpcError> {
     match collector.cancel_unit(id, parent) {
         Ok(r) if r.outcome == ControlOutcome::Delivered => Ok(()),
-        Ok(_) => Err(McpError::internal_error(
+        Ok(_) => Err(RpcError::internal_error(
             format!(
                 "no worker took the cancel of task '{}' within 10 s; its worker may be gone \
                  (the next tasks/get recovers it)",
@@ -134,7 +134,7 @@ pub(crate) fn cancel(
             None,
         )),
         Err(DelegateError::NotAddressable { .. }) => Err(unknown_task(id)),
-        Err(e) => Err(McpError::invalid_params(e.to_string(), None)),
+        Err(e) => Err(RpcError::invalid_params(e.to_string(), None)),
     }
 }
 

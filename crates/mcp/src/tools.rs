@@ -215,8 +215,8 @@ impl From<retinue_core::Error> for ToolError {
     }
 }
 
-impl From<retinue_usage::Error> for ToolError {
-    fn from(e: retinue_usage::Error) -> Self {
+impl From<retinue_usage::UsageError> for ToolError {
+    fn from(e: retinue_usage::UsageError) -> Self {
         log::warn!("usage ledger error in a tool call: {e}");
         ToolError(format!("usage ledger error: {e}"))
     }

@@ -415,14 +415,14 @@ fn sessions_resolve_as_documented() {
     assert_eq!(named.id, fresh.id);
     let missing =
         retinue_mcp::resolve_session(store.as_ref(), &SessionChoice::Existing("nope".into()), "");
-    assert!(matches!(missing, Err(retinue_mcp::Error::NoSession(_))));
+    assert!(matches!(missing, Err(retinue_mcp::McpError::NoSession(_))));
     // Another tenant's session (#35): exactly as a missing one.
     let foreign = retinue_mcp::resolve_session(
         store.as_ref(),
         &SessionChoice::Existing(profiled.id.clone()),
         "other",
     );
-    assert!(matches!(foreign, Err(retinue_mcp::Error::NoSession(_))), "{foreign:?}");
+    assert!(matches!(foreign, Err(retinue_mcp::McpError::NoSession(_))), "{foreign:?}");
     let own = retinue_mcp::resolve_session(
         store.as_ref(),
         &SessionChoice::Existing(profiled.id.clone()),
@@ -445,7 +445,7 @@ fn sessions_resolve_as_documented() {
     )
     .unwrap();
     let planted = retinue_mcp::resolve_session(store.as_ref(), &project(dir2.path()), "victim");
-    assert!(matches!(planted, Err(retinue_mcp::Error::NoSession(_))), "{planted:?}");
+    assert!(matches!(planted, Err(retinue_mcp::McpError::NoSession(_))), "{planted:?}");
 }
 
 async fn connect_with(server: RetinueServer, recorder: Recorder) -> Client {
@@ -692,7 +692,7 @@ fn mcp_over_http_validates_host_and_origin() {
     let model = fake_model();
     let dir = tempfile::tempdir().unwrap();
     let srv = server(&home, &model, &project(dir.path()), false);
-    let shutdown = retinue_mcp::Shutdown::new();
+    let shutdown = retinue_mcp::McpShutdown::new();
     let (tx, rx) = std::sync::mpsc::channel();
     let stopper = shutdown.clone();
     let thread = std::thread::spawn(move || {

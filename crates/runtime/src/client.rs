@@ -8,7 +8,7 @@ use retinue_core::run::{CancelToken, RunTokens};
 use serde_json::Value;
 
 use crate::error::scrub;
-use crate::{Error, RuntimeConfig};
+use crate::{ChatError, RuntimeConfig};
 
 /// Largest non-streamed response body read.
 const MAX_BODY: u64 = 64 * 1024 * 1024;
@@ -42,13 +42,13 @@ pub(crate) enum CallOutcome {
     /// The cancel token fired (explicit cancel or deadline).
     Stopped,
     /// An error that retrying did not (or could not) cure.
-    Failed(Error),
+    Failed(ChatError),
 }
 
 /// One attempt's failure.
 enum Attempt {
     Retry { why: String, retry_after: Option<Duration> },
-    Fatal(Error),
+    Fatal(ChatError),
     Stopped,
 }
 
@@ -150,7 +150,7 @@ impl Call {
                 Err(Attempt::Retry { why, retry_after }) => {
                     let why = self.clean(&why);
                     if attempt > policy.max_retries {
-                        return CallOutcome::Failed(Error::Exhausted {
+                        return CallOutcome::Failed(ChatError::Exhausted {
                             attempts: attempt,
                             last: why,
                         });
@@ -223,7 +223,7 @@ impl Call {
                     }
                 }
                 Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
-                    return Err(Attempt::Fatal(Error::Malformed(
+                    return Err(Attempt::Fatal(ChatError::Malformed(
                         "the model call ended without an answer".to_owned(),
                     )));
                 }
@@ -281,40 +281,40 @@ impl Call {
         };
         if status == 200 {
             let v: Value = serde_json::from_str(&text).map_err(|e| {
-                Attempt::Fatal(Error::Malformed(format!("the body is not JSON ({e})")))
+                Attempt::Fatal(ChatError::Malformed(format!("the body is not JSON ({e})")))
             })?;
             return parse_completion(&v).map_err(|e| {
                 // A provider's own text may echo the endpoint's secrets.
-                let e: Error = e.into();
+                let e: ChatError = e.into();
                 Attempt::Fatal(match e {
-                    Error::Malformed(t) => Error::Malformed(self.clean(&t)),
-                    Error::Usage(t) => Error::Usage(self.clean(&t)),
+                    ChatError::Malformed(t) => ChatError::Malformed(self.clean(&t)),
+                    ChatError::Usage(t) => ChatError::Usage(self.clean(&t)),
                     other => other,
                 })
             });
         }
         let message = self.clean(&provider_message(&text));
         Err(match status {
-            301..=308 => Attempt::Fatal(Error::Redirected {
+            301..=308 => Attempt::Fatal(ChatError::Redirected {
                 status,
                 url: self.shown_url(),
                 location: self.clean(&location.unwrap_or_default()),
             }),
-            401 | 403 => Attempt::Fatal(Error::KeyRejected {
+            401 | 403 => Attempt::Fatal(ChatError::KeyRejected {
                 status,
                 base_url: retinue_core::redact_endpoint(&self.base_url),
                 origin: self.config.api_key_origin.clone(),
             }),
-            404 => Attempt::Fatal(Error::NotFound {
+            404 => Attempt::Fatal(ChatError::NotFound {
                 url: retinue_core::redact_endpoint(&url),
                 model: self.model.to_owned(),
                 message,
             }),
-            400 => Attempt::Fatal(Error::BadRequest { message }),
+            400 => Attempt::Fatal(ChatError::BadRequest { message }),
             408 | 409 | 429 | 500..=599 => {
                 Attempt::Retry { why: format!("HTTP {status}: {message}"), retry_after }
             }
-            _ => Attempt::Fatal(Error::Status { status, message }),
+            _ => Attempt::Fatal(ChatError::Status { status, message }),
         })
     }
 
@@ -334,9 +334,9 @@ impl Call {
                 Attempt::Retry { why: format!("connection error: {text}"), retry_after: None }
             }
             ureq::Error::BadUri(_) | ureq::Error::HostNotFound | ureq::Error::Http(_) => {
-                Attempt::Fatal(Error::Unreachable { url: self.shown_url(), message: text })
+                Attempt::Fatal(ChatError::Unreachable { url: self.shown_url(), message: text })
             }
-            _ => Attempt::Fatal(Error::Malformed(text)),
+            _ => Attempt::Fatal(ChatError::Malformed(text)),
         }
     }
 
@@ -375,7 +375,7 @@ impl Call {
                 return Ok(acc.finish());
             }
             let chunk: Value = serde_json::from_str(data).map_err(|e| {
-                Attempt::Fatal(Error::Malformed(format!("a stream chunk is not JSON ({e})")))
+                Attempt::Fatal(ChatError::Malformed(format!("a stream chunk is not JSON ({e})")))
             })?;
             acc.add(&chunk, self.key()).map_err(Attempt::Fatal)?;
         }
@@ -490,11 +490,11 @@ impl From<String> for ParseError {
     }
 }
 
-impl From<ParseError> for Error {
-    fn from(e: ParseError) -> Error {
+impl From<ParseError> for ChatError {
+    fn from(e: ParseError) -> ChatError {
         match e {
-            ParseError::Shape(s) => Error::Malformed(s),
-            ParseError::Usage(s) => Error::Usage(s),
+            ParseError::Shape(s) => ChatError::Malformed(s),
+            ParseError::Usage(s) => ChatError::Usage(s),
         }
     }
 }
@@ -558,16 +558,16 @@ struct StreamAcc {
 }
 
 impl StreamAcc {
-    fn add(&mut self, chunk: &Value, key: Option<&str>) -> Result<(), Error> {
+    fn add(&mut self, chunk: &Value, key: Option<&str>) -> Result<(), ChatError> {
         if let Some(err) = chunk.get("error").filter(|e| !e.is_null()) {
             let msg = err["message"].as_str().unwrap_or("unknown error");
-            return Err(Error::Malformed(format!(
+            return Err(ChatError::Malformed(format!(
                 "the provider sent an error mid-stream: {}",
                 scrub(msg, key)
             )));
         }
         if let Some(usage) = chunk.get("usage").filter(|u| !u.is_null()) {
-            let (t, c) = parse_usage(usage).map_err(Error::Usage)?;
+            let (t, c) = parse_usage(usage).map_err(ChatError::Usage)?;
             self.tokens = t;
             self.cost = c;
             self.usage_reported = true;
@@ -586,7 +586,7 @@ impl StreamAcc {
                 .and_then(|i| usize::try_from(i).ok())
                 .unwrap_or(self.calls.len());
             if index > self.calls.len() + 128 {
-                return Err(Error::Malformed(format!("tool call index {index} out of range")));
+                return Err(ChatError::Malformed(format!("tool call index {index} out of range")));
             }
             while self.calls.len() <= index {
                 self.calls.push(ToolCall::default());

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use retinue_config::{ApiKey, DelegationConfig, ModelPrice};
 
-use crate::Error;
+use crate::ChatError;
 
 /// The `api_mode` values this runtime implements (empty means the first).
 pub const SUPPORTED_API_MODES: &[&str] = &["chat_completions"];
@@ -150,7 +150,7 @@ impl RuntimeConfig {
 
     /// From `config.yaml`'s `delegation:` section, reading the process
     /// environment for the key (see [`RuntimeConfig::from_delegation_with_env`]).
-    pub fn from_delegation(d: &DelegationConfig) -> Result<RuntimeConfig, Error> {
+    pub fn from_delegation(d: &DelegationConfig) -> Result<RuntimeConfig, ChatError> {
         RuntimeConfig::from_delegation_with_env(d, &|name| std::env::var(name).ok())
     }
 
@@ -164,7 +164,7 @@ impl RuntimeConfig {
     pub fn from_delegation_with_env(
         d: &DelegationConfig,
         env: &dyn Fn(&str) -> Option<String>,
-    ) -> Result<RuntimeConfig, Error> {
+    ) -> Result<RuntimeConfig, ChatError> {
         check_api_mode(&d.api_mode)?;
         let base_url = if d.base_url.is_empty() {
             provider_base_url(&d.provider).unwrap_or_default().to_owned()
@@ -212,19 +212,19 @@ impl RuntimeConfig {
     /// the key never goes over plain HTTP to a host that is not loopback
     /// (unless `allow_insecure_http`), nor is missing for a provider that
     /// needs one.
-    pub fn check(&self) -> Result<(), Error> {
+    pub fn check(&self) -> Result<(), ChatError> {
         check_api_mode(&self.api_mode)?;
         let (url, _) = retinue_core::strip_userinfo(&self.base_url);
         let shown = retinue_core::redact_endpoint(&self.base_url);
         if !self.api_key.is_empty() && !self.allow_insecure_http && insecure(&url) {
-            return Err(Error::Config(format!(
+            return Err(ChatError::Config(format!(
                 "refusing to send the API key over plain HTTP to {shown} (not a loopback \
                  address): use https://, or set `delegation.allow_insecure_http: true` in \
                  config.yaml if this network is trusted"
             )));
         }
         if self.api_key.is_empty() && needs_key(&url) {
-            return Err(Error::Config(format!(
+            return Err(ChatError::Config(format!(
                 "{shown} needs an API key and none is configured (the key came from {}): set \
                  `delegation.api_key`, or `delegation.api_key_env` naming the environment \
                  variable that holds it (default `OPENAI_API_KEY`)",
@@ -275,12 +275,12 @@ fn provider_base_url(provider: &str) -> Option<&'static str> {
     }
 }
 
-pub(crate) fn check_api_mode(mode: &str) -> Result<(), Error> {
+pub(crate) fn check_api_mode(mode: &str) -> Result<(), ChatError> {
     let mode = mode.trim();
     if mode.is_empty() || SUPPORTED_API_MODES.contains(&mode) {
         Ok(())
     } else {
-        Err(Error::Config(format!(
+        Err(ChatError::Config(format!(
             "api_mode `{mode}` is not supported by this runtime; supported: {} (or leave \
              `delegation.api_mode` empty)",
             SUPPORTED_API_MODES.join(", ")

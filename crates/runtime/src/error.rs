@@ -5,7 +5,7 @@
 /// No variant carries the API key: provider texts are scrubbed of it before
 /// they are stored here.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum Error {
+pub enum ChatError {
     /// The configuration cannot work; the text says which key to set.
     #[error("{0}")]
     Config(String),

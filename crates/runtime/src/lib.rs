@@ -33,7 +33,7 @@
 //! use retinue_runtime::{ChatRuntime, NoTools, RuntimeConfig};
 //! let config = RuntimeConfig::new("http://127.0.0.1:11434/v1", "llama3.2");
 //! let runtime = ChatRuntime::new(config, Arc::new(NoTools))?;
-//! # Ok::<(), retinue_runtime::Error>(())
+//! # Ok::<(), retinue_runtime::ChatError>(())
 //! ```
 
 mod client;
@@ -45,7 +45,7 @@ mod spans;
 mod tools;
 
 pub use config::{DEFAULT_KEY_ENV, RetryPolicy, RuntimeConfig, SUPPORTED_API_MODES};
-pub use error::Error;
+pub use error::ChatError;
 pub use retinue_config::ModelPrice;
 #[cfg(any(test, feature = "mocks"))]
 pub use retinue_core::run::MockToolExecutor;

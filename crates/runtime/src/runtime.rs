@@ -16,7 +16,7 @@ use crate::client::{Call, CallOutcome, Completion, ToolCall};
 use crate::config::check_api_mode;
 use crate::error::scrub;
 use crate::tools::tool_names;
-use crate::{Error, RuntimeConfig, ToolExecutor};
+use crate::{ChatError, RuntimeConfig, ToolExecutor};
 
 /// hermes's marker for structured (JSON) message content.
 const JSON_CONTENT: &str = "\u{0}json:";
@@ -70,8 +70,11 @@ impl fmt::Debug for ChatRuntime {
 impl ChatRuntime {
     /// A runtime calling the endpoint of `config`, running tools through `tools`.
     ///
-    /// Fails with [`Error::Config`] for an unsupported `api_mode`.
-    pub fn new(config: RuntimeConfig, tools: Arc<dyn ToolExecutor>) -> Result<ChatRuntime, Error> {
+    /// Fails with [`ChatError::Config`] for an unsupported `api_mode`.
+    pub fn new(
+        config: RuntimeConfig,
+        tools: Arc<dyn ToolExecutor>,
+    ) -> Result<ChatRuntime, ChatError> {
         config.check()?;
         let agent = ureq::Agent::config_builder()
             .http_status_as_error(false)
@@ -382,7 +385,7 @@ impl Run<'_> {
         if reason == ExitReason::Error {
             self.fail(
                 reason,
-                Some(Error::Transcript("the store refused a message".into()).to_string()),
+                Some(ChatError::Transcript("the store refused a message".into()).to_string()),
             );
         } else {
             self.stop();
@@ -530,7 +533,7 @@ impl Run<'_> {
                 return ControlFlow::Break(());
             }
             CallOutcome::Failed(
-                e @ (Error::Usage(_) | Error::Malformed(_) | Error::Exhausted { .. }),
+                e @ (ChatError::Usage(_) | ChatError::Malformed(_) | ChatError::Exhausted { .. }),
             ) => {
                 // Usage nobody can believe, an answer that cannot be read,
                 // or retries that never got one (each attempt may have been

@@ -3,7 +3,7 @@
 //! `retinue-testkit`'s own tests, PostgreSQL in `retinue-store-pg`'s).
 //!
 //! A backend hands the suite a factory: given the delegation settings
-//! (retention limits), it returns a fresh, empty [`Backend`]. A backend's
+//! (retention limits), it returns a fresh, empty [`SuiteBackend`]. A backend's
 //! test file makes each case its own test with
 //! [`conformance_suite!`](crate::conformance_suite) (so `cargo nextest run
 //! ttl_prune` runs one case on every backend). The cases are listed once,
@@ -36,7 +36,7 @@ use crate::{T0, TempHome};
 
 /// One storage backend under test: every seam on the same storage, plus the
 /// controls the suite needs (time, owner death, a second process).
-pub struct Backend {
+pub struct SuiteBackend {
     /// Every seam of the backend under test (`b.registry` and the like
     /// read through `Deref`).
     pub seams: retinue_core::Backend,
@@ -64,7 +64,7 @@ pub struct Backend {
     pub guard: Box<dyn Any + Send + Sync>,
 }
 
-impl std::ops::Deref for Backend {
+impl std::ops::Deref for SuiteBackend {
     type Target = retinue_core::Backend;
 
     fn deref(&self) -> &retinue_core::Backend {
@@ -77,7 +77,7 @@ impl std::ops::Deref for Backend {
 pub type TenantOpener = Box<dyn Fn(&str, DelegationConfig) -> Arc<dyn Registry> + Send + Sync>;
 
 /// A factory of fresh, empty backends with the given delegation settings.
-pub type Factory<'a> = &'a dyn Fn(DelegationConfig) -> Backend;
+pub type Factory<'a> = &'a dyn Fn(DelegationConfig) -> SuiteBackend;
 
 /// A probe that reports every pid alive except those marked dead.
 #[derive(Debug, Default)]
@@ -101,7 +101,7 @@ impl OwnerProbe for DeadPids {
 ///
 /// # Panics
 /// If the store cannot be opened.
-pub fn sqlite_backend(d: DelegationConfig) -> Backend {
+pub fn sqlite_backend(d: DelegationConfig) -> SuiteBackend {
     const OWNER: i64 = 3_999_999;
     let home = Arc::new(TempHome::new());
     let clock = Arc::new(ManualClock::new(T0));
@@ -115,7 +115,7 @@ pub fn sqlite_backend(d: DelegationConfig) -> Backend {
     let tenant_clock = clock.clone();
     let dead = probe.clone();
     let lease_clock = clock.clone();
-    Backend {
+    SuiteBackend {
         seams: retinue_core::Backend::of(store),
         clock: clock.clone(),
         probe,
@@ -183,7 +183,7 @@ macro_rules! conformance_cases {
 /// Makes each conformance case its own `#[test]` (filterable with nextest:
 /// `cargo nextest run ttl_prune`), run against a fresh backend from
 /// `$factory`: an expression giving `Option<impl Fn(DelegationConfig) ->
-/// Backend>`; `None` skips (the factory has already said why, or failed
+/// SuiteBackend>`; `None` skips (the factory has already said why, or failed
 /// under CI). The cases are [`conformance_cases!`](crate::conformance_cases)'s.
 #[macro_export]
 macro_rules! conformance_suite {
@@ -217,7 +217,7 @@ fn default_config() -> DelegationConfig {
 static SEQ: AtomicU32 = AtomicU32::new(0);
 
 /// A fresh unit with `n` children (unique ids) spawned by `parent`, not retained.
-fn insert(b: &Backend, parent: &str, profile: &str, n: usize) -> (String, Vec<ChildManifest>) {
+fn insert(b: &SuiteBackend, parent: &str, profile: &str, n: usize) -> (String, Vec<ChildManifest>) {
     let seq = SEQ.fetch_add(1, Ordering::Relaxed);
     let children: Vec<ChildManifest> = (0..n)
         .map(|i| ChildManifest {
@@ -250,7 +250,7 @@ fn insert(b: &Backend, parent: &str, profile: &str, n: usize) -> (String, Vec<Ch
     (id, children)
 }
 
-fn retained(b: &Backend, parent: &str, n: usize) -> (String, Vec<ChildManifest>) {
+fn retained(b: &SuiteBackend, parent: &str, n: usize) -> (String, Vec<ChildManifest>) {
     let (id, children) = insert(b, parent, "", n);
     assert!(
         b.registry
@@ -260,7 +260,7 @@ fn retained(b: &Backend, parent: &str, n: usize) -> (String, Vec<ChildManifest>)
     (id, children)
 }
 
-fn root(b: &Backend, id: &str) {
+fn root(b: &SuiteBackend, id: &str) {
     b.sessions
         .create_session(&NewSession {
             id: id.into(),
@@ -441,7 +441,7 @@ pub fn cap_prune(make: Factory<'_>) {
 
 /// A retained unit of `profile` with one child; returns its unit id.
 /// A unit of `profile`, retained by that tenant's own process (limits `d`).
-fn retained_by(b: &Backend, profile: &str, d: &DelegationConfig) -> String {
+fn retained_by(b: &SuiteBackend, profile: &str, d: &DelegationConfig) -> String {
     let (id, _) = insert(b, "P", profile, 1);
     let tenant = (b.open_as)(profile, d.clone());
     assert!(tenant.retain_completed_delegation(&id, None).expect("retain"));
@@ -544,7 +544,7 @@ pub fn retention_per_profile(make: Factory<'_>) {
     assert_eq!(b.registry.rehydrate_retained_children().expect("rehydrate"), 3);
 }
 
-fn complete(b: &Backend, id: &str, status: &str, background: bool) -> bool {
+fn complete(b: &SuiteBackend, id: &str, status: &str, background: bool) -> bool {
     b.registry
         .persist_completion(&Completion {
             delegation_id: id.to_owned(),
@@ -899,7 +899,7 @@ pub fn recovery_marks_dead_owners_unknown(make: Factory<'_>) {
 // ------------------------------------------------------------------ budgets
 
 /// A ledger row billed to `parent`: `cost` dollars, `input`/`output` tokens.
-fn bill(b: &Backend, parent: &str, cost: f64, input: u64, output: u64) {
+fn bill(b: &SuiteBackend, parent: &str, cost: f64, input: u64, output: u64) {
     let draft = AttributionDraft {
         parent_session_id: parent.into(),
         parent_turn_id: String::new(),
@@ -1307,7 +1307,7 @@ pub fn unit_listing_and_change_marker(make: Factory<'_>) {
 /// Tenant a's rows: its session (profile `tenant-a`), a retained unit it
 /// owns with one child (whose session is a's too), a ledger row on its
 /// session. Returns (session, unit, subagent id, child session).
-fn tenant_rows(b: &Backend) -> (String, String, String, String) {
+fn tenant_rows(b: &SuiteBackend) -> (String, String, String, String) {
     let seq = SEQ.fetch_add(1, Ordering::Relaxed);
     let session = format!("TA-{seq}");
     b.sessions

@@ -293,7 +293,7 @@ fn ledger(c: &Ctx<'_>, rng: &mut Rng, t: &mut Tally) {
     match retinue_usage::record_child_usage_attribution(c.store, &draft) {
         Ok(true) => t.keys_written.push(key),
         Ok(false) => {}
-        Err(retinue_usage::Error::Store(e)) => t.error("record usage", &e),
+        Err(retinue_usage::UsageError::Store(e)) => t.error("record usage", &e),
         Err(e) => t.errors.push(format!("record usage: {e}")),
     }
 }

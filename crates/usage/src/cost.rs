@@ -3,7 +3,7 @@
 
 use serde_json::json;
 
-use crate::error::Result;
+use crate::error::UsageResult;
 use crate::ledger::{load_child_usage_totals, record_child_usage_attribution};
 use crate::unit::ChildUsage;
 use crate::{AttributionDraft, SessionCost, UsageLedger};
@@ -46,7 +46,7 @@ impl ParentCost {
     /// The cost `session` must carry when (re)loaded: its stored own cost plus
     /// the ledger total, by the step-4 rule. Idempotent however often called;
     /// reads only. A missing session has an own cost of zero.
-    pub fn load(ledger: &dyn UsageLedger, session: &str) -> Result<ParentCost> {
+    pub fn load(ledger: &dyn UsageLedger, session: &str) -> UsageResult<ParentCost> {
         let stored = ledger.session_cost(session)?.unwrap_or_default();
         let mut cost = ParentCost::new(
             stored.estimated_cost_usd.filter(|c| c.is_finite()).unwrap_or(0.0),
@@ -169,7 +169,7 @@ pub fn finalize_child_results(
 
 /// Persists the rolled-up labels if the stored session's differ (its own
 /// cost is left as it is: the ledger stays the source of subagent cost).
-fn store_labels(ledger: &dyn UsageLedger, session: &str, cost: &ParentCost) -> Result<()> {
+fn store_labels(ledger: &dyn UsageLedger, session: &str, cost: &ParentCost) -> UsageResult<()> {
     if cost.cost_status.is_none() && cost.cost_source.is_none() {
         return Ok(());
     }
@@ -195,7 +195,7 @@ fn bill(
     cost: &mut ParentCost,
     batch: f64,
     report: &mut FinalizeReport,
-) -> Result<()> {
+) -> UsageResult<()> {
     let before = load_child_usage_totals(ledger, ctx.parent_session_id)?.cost_usd;
     // The aggregate as it will stand after step 4, were the batch new.
     let aggregate = json!({

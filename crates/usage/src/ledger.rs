@@ -7,7 +7,7 @@ use retinue_core::{LineageWalk, MAX_HOPS, TotalsCatchUp, TotalsUpdate};
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::error::Result;
+use crate::error::UsageResult;
 use crate::fold::{fold_usage, fold_usage_text};
 use crate::{AttributionDraft, UsageAttribution, UsageLedger, UsageTotals};
 
@@ -40,7 +40,7 @@ fn is_empty_aggregate(v: &Value) -> bool {
 pub fn record_child_usage_attribution(
     ledger: &dyn UsageLedger,
     draft: &AttributionDraft,
-) -> Result<bool> {
+) -> UsageResult<bool> {
     if draft.parent_session_id.is_empty() {
         return Ok(false);
     }
@@ -65,7 +65,7 @@ pub fn record_child_usage_attribution(
 pub fn load_child_usage_attributions(
     ledger: &dyn UsageLedger,
     parent: &str,
-) -> Result<Vec<UsageAttribution>> {
+) -> UsageResult<Vec<UsageAttribution>> {
     if parent.is_empty() {
         return Ok(Vec::new());
     }
@@ -74,7 +74,7 @@ pub fn load_child_usage_attributions(
 
 /// The exact parent's totals (unknown parent → zeros): the maintained totals
 /// plus the fold of the rows they do not cover yet. `aggregate` is ignored.
-pub fn load_child_usage_totals(ledger: &dyn UsageLedger, parent: &str) -> Result<UsageTotals> {
+pub fn load_child_usage_totals(ledger: &dyn UsageLedger, parent: &str) -> UsageResult<UsageTotals> {
     if parent.is_empty() {
         return Ok(UsageTotals::default());
     }
@@ -91,7 +91,7 @@ pub fn load_lineage_usage_totals(
     ledger: &dyn UsageLedger,
     walk: &dyn LineageWalk,
     session: &str,
-) -> Result<LineageTotals> {
+) -> UsageResult<LineageTotals> {
     let Some(lineage) = walk.lineage_sessions(session) else {
         return Ok(LineageTotals {
             totals: load_child_usage_totals(ledger, session)?,

@@ -14,7 +14,7 @@
 //! let totals = load_child_usage_totals(&store, "parent-1")?;
 //! let cost = ParentCost::load(&store, "parent-1")?;
 //! println!("{} {}", totals.cost_usd, cost.estimated_cost_usd);
-//! # Ok::<(), retinue_usage::Error>(())
+//! # Ok::<(), retinue_usage::UsageError>(())
 //! ```
 
 mod cost;
@@ -30,7 +30,7 @@ pub use cost::{
     FinalizeContext, FinalizeEntry, FinalizeReport, ParentCost, attribution_key,
     finalize_child_results,
 };
-pub use error::{Error, Result};
+pub use error::{UsageError, UsageResult};
 pub use fold::{ChildSpend, budget_json, child_breakdown, fold_usage, fold_usage_text, number};
 pub use ledger::{
     LineageTotals, load_child_usage_attributions, load_child_usage_totals,

@@ -151,7 +151,7 @@ pub(crate) async fn handle<B>(site: Arc<Site>, req: Request<B>) -> Response<Full
 
 fn render(site: &Site, path: &str) -> Response<Full<Bytes>> {
     let parts = &site.parts;
-    let failed = |e: crate::Error| {
+    let failed = |e: crate::WebError| {
         log::warn!("{path}: {e}");
         respond(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -174,7 +174,7 @@ fn render(site: &Site, path: &str) -> Response<Full<Bytes>> {
         },
         "/api/marker" => match parts.backend.controls.change_marker() {
             Ok(m) => respond(StatusCode::OK, JSON, json!({ "marker": m }).to_string()),
-            Err(e) => failed(crate::Error::Read(e.to_string())),
+            Err(e) => failed(crate::WebError::Read(e.to_string())),
         },
         _ => {
             let (fragment, id) = match path.strip_prefix("/fragment/child/") {

@@ -26,7 +26,7 @@ mod pages;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use crate::tokio_util_shim::Shutdown as ShutdownInner;
+use crate::tokio_util_shim::StopSignal as ShutdownInner;
 use retinue_core::{Backend, BudgetLimit, RetentionPolicy};
 
 pub use http::CSP;
@@ -58,7 +58,7 @@ impl std::fmt::Debug for WebParts {
 
 /// The crate's errors.
 #[derive(Debug, thiserror::Error)]
-pub enum Error {
+pub enum WebError {
     /// The registry could not be read.
     #[error("{0}")]
     Read(String),
@@ -81,12 +81,12 @@ pub enum Error {
 
 /// Stops a running [`serve`] from another thread.
 #[derive(Debug, Clone, Default)]
-pub struct Shutdown(ShutdownInner);
+pub struct WebShutdown(ShutdownInner);
 
-impl Shutdown {
+impl WebShutdown {
     /// A handle that has not fired.
-    pub fn new() -> Shutdown {
-        Shutdown::default()
+    pub fn new() -> WebShutdown {
+        WebShutdown::default()
     }
 
     /// Asks the server to stop (idempotent).
@@ -100,17 +100,17 @@ mod tokio_util_shim {
     use tokio::sync::watch;
 
     #[derive(Debug, Clone)]
-    pub(crate) struct Shutdown {
+    pub(crate) struct StopSignal {
         tx: std::sync::Arc<watch::Sender<bool>>,
     }
 
-    impl Default for Shutdown {
+    impl Default for StopSignal {
         fn default() -> Self {
-            Shutdown { tx: std::sync::Arc::new(watch::channel(false).0) }
+            StopSignal { tx: std::sync::Arc::new(watch::channel(false).0) }
         }
     }
 
-    impl Shutdown {
+    impl StopSignal {
         pub(crate) fn stop(&self) {
             self.tx.send_replace(true);
         }
@@ -148,11 +148,11 @@ impl Bound {
 
 /// Binds `addr` (the caller has checked it is loopback, or that remote
 /// access is allowed with a token).
-pub fn bind(addr: SocketAddr) -> Result<Bound, Error> {
+pub fn bind(addr: SocketAddr) -> Result<Bound, WebError> {
     let listener =
-        std::net::TcpListener::bind(addr).map_err(|source| Error::Bind { addr, source })?;
-    listener.set_nonblocking(true).map_err(|source| Error::Bind { addr, source })?;
-    let addr = listener.local_addr().map_err(|source| Error::Bind { addr, source })?;
+        std::net::TcpListener::bind(addr).map_err(|source| WebError::Bind { addr, source })?;
+    listener.set_nonblocking(true).map_err(|source| WebError::Bind { addr, source })?;
+    let addr = listener.local_addr().map_err(|source| WebError::Bind { addr, source })?;
     Ok(Bound { listener, addr })
 }
 
@@ -162,8 +162,8 @@ pub fn serve(
     bound: Bound,
     parts: WebParts,
     token: Option<String>,
-    shutdown: &Shutdown,
-) -> Result<(), Error> {
+    shutdown: &WebShutdown,
+) -> Result<(), WebError> {
     serve_as(bound, parts, token, &[], shutdown)
 }
 
@@ -194,7 +194,7 @@ pub fn accepted_hosts(addr: std::net::SocketAddr, names: &[String]) -> Vec<Strin
 
 /// Checks a `--host-name`: a DNS name or an IP literal, with no port, no
 /// wildcard, no scheme and no trailing dot.
-pub fn host_name(name: &str) -> Result<String, Error> {
+pub fn host_name(name: &str) -> Result<String, WebError> {
     let n = name.trim().to_ascii_lowercase();
     if n.parse::<std::net::Ipv4Addr>().is_ok() {
         return Ok(n);
@@ -212,7 +212,7 @@ pub fn host_name(name: &str) -> Result<String, Error> {
             && l.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
     };
     if n.len() > 253 || n.is_empty() || !n.split('.').all(label_ok) {
-        return Err(Error::HostName(format!(
+        return Err(WebError::HostName(format!(
             "`{}` is not a host name (letters, digits, `-` and `.`; no port, wildcard, scheme or \
              trailing dot; an IPv6 literal in brackets)",
             name.escape_debug()
@@ -229,20 +229,20 @@ pub fn serve_as(
     parts: WebParts,
     token: Option<String>,
     host_names: &[String],
-    shutdown: &Shutdown,
-) -> Result<(), Error> {
+    shutdown: &WebShutdown,
+) -> Result<(), WebError> {
     let hosts = accepted_hosts(bound.addr, host_names);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .thread_name("retinue-web")
         .build()
-        .map_err(Error::Runtime)?;
+        .map_err(WebError::Runtime)?;
     let site = Arc::new(http::Site { parts, token, hosts });
     let addr = bound.addr;
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::from_std(bound.listener)
-            .map_err(|source| Error::Bind { addr, source })?;
+            .map_err(|source| WebError::Bind { addr, source })?;
         loop {
             tokio::select! {
                 () = shutdown.0.stopped() => break,

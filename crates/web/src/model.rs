@@ -11,7 +11,7 @@ use retinue_core::{
 };
 use retinue_usage::fold_usage;
 
-use crate::{Error, WebParts};
+use crate::{WebError, WebParts};
 
 /// How many units the tree reads at most (newest first).
 pub const MAX_UNITS: usize = 500;
@@ -153,10 +153,10 @@ struct Builder<'a> {
 }
 
 impl Builder<'_> {
-    fn cost_of_parent(&mut self, parent: &str) -> Result<(), Error> {
+    fn cost_of_parent(&mut self, parent: &str) -> Result<(), WebError> {
         let rows =
             retinue_usage::load_child_usage_attributions(&*self.parts.backend.ledger, parent)
-                .map_err(|e| Error::Read(e.to_string()))?;
+                .map_err(|e| WebError::Read(e.to_string()))?;
         for r in rows {
             let entry = self.costs.entry(r.child_session_id.clone()).or_default();
             *entry = add(*entry, fold_usage(&r.usage));
@@ -164,7 +164,7 @@ impl Builder<'_> {
         Ok(())
     }
 
-    fn unit_node(&mut self, unit: UnitView, depth: usize) -> Result<UnitNode, Error> {
+    fn unit_node(&mut self, unit: UnitView, depth: usize) -> Result<UnitNode, WebError> {
         let ttl = self.parts.retention.ttl_hours * 3600.0;
         let mut children = Vec::with_capacity(unit.children.len());
         let mut cost = UsageTotals::default();
@@ -200,13 +200,15 @@ impl Builder<'_> {
 }
 
 /// The tree as it stands now.
-pub fn tree(parts: &WebParts, now: f64) -> Result<Tree, Error> {
+pub fn tree(parts: &WebParts, now: f64) -> Result<Tree, WebError> {
     let backend = &parts.backend;
     // The view shows its own profile's units and the unprofiled ones (the
     // empty profile: only those) unless `--all-profiles`.
     let profile = (!parts.all_profiles).then_some(parts.profile.as_str());
-    let units =
-        backend.controls.list_units(profile, MAX_UNITS).map_err(|e| Error::Read(e.to_string()))?;
+    let units = backend
+        .controls
+        .list_units(profile, MAX_UNITS)
+        .map_err(|e| WebError::Read(e.to_string()))?;
     let count = units.len();
     let running = units.iter().filter(|u| !u.is_finished()).count();
     let child_sessions: HashSet<String> =
@@ -283,9 +285,10 @@ fn view_admits(profile: &str, owner: Option<&str>) -> bool {
 }
 
 /// The child whose subagent id or child session id is `id`, or `None`.
-pub fn child_page(parts: &WebParts, id: &str, now: f64) -> Result<Option<ChildPage>, Error> {
+pub fn child_page(parts: &WebParts, id: &str, now: f64) -> Result<Option<ChildPage>, WebError> {
     let backend = &parts.backend;
-    let Some(unit) = backend.controls.unit_view(id).map_err(|e| Error::Read(e.to_string()))? else {
+    let Some(unit) = backend.controls.unit_view(id).map_err(|e| WebError::Read(e.to_string()))?
+    else {
         return Ok(None);
     };
     if !parts.all_profiles && !view_admits(&parts.profile, unit.owner_profile.as_deref()) {
@@ -308,7 +311,7 @@ pub fn child_page(parts: &WebParts, id: &str, now: f64) -> Result<Option<ChildPa
     let transcript = backend
         .sessions
         .conversation(&c.child_session_id)
-        .map_err(|e| Error::Read(e.to_string()))?;
+        .map_err(|e| WebError::Read(e.to_string()))?;
     let state = child_state(&unit, c, ttl, now);
     let child = ChildNode {
         so_far: (state == ChildState::Running).then(|| UsageSoFar::of(&transcript)),

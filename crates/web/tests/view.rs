@@ -13,7 +13,7 @@ use retinue_core::{
 };
 use retinue_store::{Store, StoreOptions};
 use retinue_testkit::TempHome;
-use retinue_web::{CSP, Shutdown, WebParts};
+use retinue_web::{CSP, WebParts, WebShutdown};
 use serde_json::json;
 
 const XSS: &str = "<script>window.__xss=1</script><img src=x onerror=alert(1)>";
@@ -21,7 +21,7 @@ const LINK: &str = "javascript:alert(1)";
 
 struct Served {
     base: String,
-    shutdown: Shutdown,
+    shutdown: WebShutdown,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -44,7 +44,7 @@ fn serve(store: &Arc<Store>, profile: &str, token: Option<&str>) -> Served {
     };
     let bound = retinue_web::bind("127.0.0.1:0".parse().unwrap()).unwrap();
     let base = format!("http://{}", bound.addr());
-    let shutdown = Shutdown::new();
+    let shutdown = WebShutdown::new();
     let stop = shutdown.clone();
     let token = token.map(str::to_owned);
     let thread =

@@ -817,8 +817,8 @@ mod stopping {
     use retinue_core::{ChildStatus, ExitReason, RegistryRead, SessionGraph, SessionStore};
     use retinue_delegate::scripted::{Script, ScriptedRuntime};
     use retinue_delegate::{
-        CancelToken, DelegateError, DelegateOutcome, DelegateRequest, ErrorKind, MockChildRuntime,
-        RuntimeError, SpawnRequest, TaskSpec,
+        CancelToken, DelegateError, DelegateErrorKind, DelegateOutcome, DelegateRequest,
+        MockChildRuntime, RuntimeError, SpawnRequest, TaskSpec,
     };
     use serde_json::json;
 
@@ -951,7 +951,7 @@ mod stopping {
             &parent("P"),
             &CancelToken::new(),
         );
-        assert!(matches!(&none, Err(e) if e.kind() == ErrorKind::Usage), "{none:?}");
+        assert!(matches!(&none, Err(e) if e.kind() == DelegateErrorKind::Usage), "{none:?}");
         let deep = super::ParentContext { depth: 5, ..parent("P") };
         let refused = fx.tool.delegate(&spawn("x"), &deep, &CancelToken::new());
         assert!(matches!(refused, Err(DelegateError::DepthExceeded { depth: 5, max: 1 })));
@@ -1741,7 +1741,7 @@ mod background_units {
     use retinue_config::DelegationConfig;
     use retinue_core::{ControlOutcome, UnitState};
     use retinue_delegate::scripted::{Script, ScriptedRuntime};
-    use retinue_delegate::{CancelToken, Delegator, ErrorKind, ParentContext, WaitState};
+    use retinue_delegate::{CancelToken, DelegateErrorKind, Delegator, ParentContext, WaitState};
     use serde_json::{Value, json};
 
     use super::{Fx, parent, parts_over, wait_for_runs};
@@ -1902,7 +1902,7 @@ mod background_units {
         let sa = out["children"][0]["subagent_id"].as_str().expect("sa").to_owned();
         // Another session may not cancel it (foreign ≡ missing).
         let denied = c.cancel_unit(&sa, &bg("Q")).expect_err("foreign");
-        assert_eq!(denied.kind(), ErrorKind::Denied);
+        assert_eq!(denied.kind(), DelegateErrorKind::Denied);
         let r = c.cancel_unit(&sa, &bg("P")).expect("cancel");
         assert_eq!(r.outcome, ControlOutcome::Delivered);
         assert_eq!(r.state, UnitState::Interrupted, "{r:?}");
@@ -1935,7 +1935,7 @@ mod background_units {
         assert!(c.steer(&sa, "", &bg("P")).is_err(), "an empty message is refused");
         assert_eq!(
             c.steer(&sa, "from a stranger", &bg("Q")).expect_err("foreign").kind(),
-            ErrorKind::Denied
+            DelegateErrorKind::Denied
         );
         tool.wait_background();
         let late = c.steer(&sa, "too late", &bg("P")).expect("steer");

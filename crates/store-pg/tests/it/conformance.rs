@@ -13,7 +13,7 @@ use retinue_core::{
 };
 use retinue_store_pg::{PgOptions, PgStore, WORKER_LEASE_SECS};
 use retinue_testkit::T0;
-use retinue_testkit::conformance::{Backend, DeadPids};
+use retinue_testkit::conformance::{DeadPids, SuiteBackend};
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
 
@@ -46,7 +46,7 @@ fn open(url: &str, schema: &str, clock: &Arc<ManualClock>, d: &DelegationConfig)
     PgStore::open(url, opts).expect("open the PostgreSQL store")
 }
 
-fn pg_backend(url: &str, d: DelegationConfig) -> Backend {
+fn pg_backend(url: &str, d: DelegationConfig) -> SuiteBackend {
     let schema = scratch_schema();
     let clock = Arc::new(ManualClock::new(T0));
     let store = Arc::new(open(url, &schema, &clock, &d));
@@ -54,7 +54,7 @@ fn pg_backend(url: &str, d: DelegationConfig) -> Backend {
     let (url3, schema3, clock3) = (url.to_owned(), schema.clone(), clock.clone());
     let (url4, schema4, worker) = (url.to_owned(), schema.clone(), store.worker_id().to_owned());
     let (url5, schema5) = (url.to_owned(), schema.clone());
-    Backend {
+    SuiteBackend {
         seams: retinue_core::Backend::of(store),
         clock,
         probe: Arc::new(DeadPids::default()),
@@ -120,7 +120,7 @@ fn expire_claims(url: &str, schema: &str) {
 
 /// The conformance suite's factory: a fresh schema per case on the test
 /// server; `None` (after saying why, or failing under CI) without one.
-fn pg_factory() -> Option<impl Fn(DelegationConfig) -> Backend> {
+fn pg_factory() -> Option<impl Fn(DelegationConfig) -> SuiteBackend> {
     let url = retinue_testkit::pg_url("PostgreSQL conformance tests")?;
     Some(move |d| pg_backend(&url, d))
 }
@@ -177,7 +177,7 @@ fn retention_cap_is_per_profile() {
     assert_eq!(store.prune_retained_children(None, None).expect("prune").units, 0);
 }
 
-fn scratch_schema_of(b: &Backend) -> String {
+fn scratch_schema_of(b: &SuiteBackend) -> String {
     b.guard.downcast_ref::<Scratch>().map(|s| s.schema.clone()).expect("a PostgreSQL backend")
 }
 

@@ -174,9 +174,9 @@ fn model_config_case(value: &Hostile, on_requester: bool) {
     }
 }
 
-fn store_err(e: retinue_usage::Error) -> retinue_core::Error {
+fn store_err(e: retinue_usage::UsageError) -> retinue_core::Error {
     match e {
-        retinue_usage::Error::Store(e) => e,
+        retinue_usage::UsageError::Store(e) => e,
         other => retinue_core::Error::Invalid(other.to_string()),
     }
 }

@@ -183,7 +183,7 @@ fn read_only_file_refuses_writes_unchanged() {
             )
             .map(|_| ())
             .map_err(|e| match e {
-                retinue_usage::Error::Store(e) => e,
+                retinue_usage::UsageError::Store(e) => e,
                 other => Error::Invalid(other.to_string()),
             }),
         ),
