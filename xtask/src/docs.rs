@@ -237,10 +237,12 @@ fn slug(heading: &str) -> String {
     }
     text.push_str(rest);
     let mut out = String::new();
-    let mut in_tag = false;
+    let (mut in_tag, mut in_code) = (false, false);
     for c in text.trim().chars() {
         match c {
-            '<' => in_tag = true,
+            '`' => in_code = !in_code,
+            // Inside a code span `<` is text (GitHub drops it as punctuation).
+            '<' if !in_code => in_tag = true,
             '>' if in_tag => in_tag = false,
             _ if in_tag => {}
             ' ' => out.push('-'),
@@ -268,6 +270,7 @@ mod tests {
         );
         assert_eq!(slug("Issue #41 — tail latency"), "issue-41--tail-latency");
         assert_eq!(slug("[Link](x.md) and <b>bold</b>"), "link-and-bold");
+        assert_eq!(slug("The `Arc<dyn Delegate>` capability"), "the-arcdyn-delegate-capability");
     }
 
     #[test]

@@ -89,26 +89,54 @@ pub(crate) fn measure(root: &Path) -> Vec<Item> {
             }
             let Ok(text) = fs::read_to_string(&file) else { continue };
             let rel = file.strip_prefix(root).unwrap_or(&file).display().to_string();
-            let lib = text.split("\n#[cfg(test)]").next().unwrap_or(&text);
+            let lib = library_part(&text);
             // Module docs (`//!`) are prose, not code.
             let lines = lib.lines().filter(|l| !l.trim_start().starts_with("//!")).count();
             if lines > FILE_LIMIT {
                 out.push(Item { key: rel.clone(), lines });
             }
-            for (name, lines) in functions(lib) {
+            // Functions of one name in one file (two `run` methods) are
+            // told apart by their order: `name`, `name#2`, …
+            let mut seen = BTreeMap::<String, usize>::new();
+            for (name, lines) in functions(&lib) {
+                let n = seen.entry(name.clone()).or_default();
+                *n += 1;
                 if lines > FUNCTION_LIMIT {
-                    out.push(Item { key: format!("{rel}::{name}"), lines });
+                    let key = if *n == 1 { name } else { format!("{name}#{n}") };
+                    out.push(Item { key: format!("{rel}::{key}"), lines });
                 }
             }
         }
     }
     out.sort();
-    out.dedup_by(|a, b| {
-        a.key == b.key && {
-            b.lines = b.lines.max(a.lines);
-            true
+    out
+}
+
+/// Library code of a file: the file without its `#[cfg(test)]` items (a
+/// test module up to its closing brace, or a one-line item such as a
+/// test-only `use`), wherever they stand.
+pub(crate) fn library_part(text: &str) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out = String::with_capacity(text.len());
+    let mut i = 0;
+    while i < lines.len() {
+        if lines[i].trim() != "#[cfg(test)]" {
+            out.push_str(lines[i]);
+            out.push('\n');
+            i += 1;
+            continue;
         }
-    });
+        let Some(item) = lines.get(i + 1) else { break };
+        let indent = &item[..item.len() - item.trim_start().len()];
+        i += 2;
+        if item.trim_end().ends_with('{') {
+            let close = format!("{indent}}}");
+            while i < lines.len() && lines[i].trim_end() != close {
+                i += 1;
+            }
+            i += 1;
+        }
+    }
     out
 }
 

@@ -143,7 +143,7 @@ fn check_type_names(root: &Path, problems: &mut Vec<String>) {
         let mut names = std::collections::BTreeSet::new();
         for file in files.iter().filter(|f| f.extension().is_some_and(|e| e == "rs")) {
             let Ok(text) = fs::read_to_string(file) else { continue };
-            for line in library_part(&text).lines() {
+            for line in crate::sizes::library_part(&text).lines() {
                 let line = line.trim_start();
                 for kind in ["pub struct ", "pub enum ", "pub trait ", "pub type "] {
                     if let Some(rest) = line.strip_prefix(kind) {
@@ -231,11 +231,6 @@ fn is_test_path(path: &Path) -> bool {
         || path.file_name().is_some_and(|n| n == "tests.rs")
 }
 
-/// Library code of a file: everything before its first `#[cfg(test)]`.
-fn library_part(text: &str) -> &str {
-    text.find("#[cfg(test)]").map_or(text, |at| &text[..at])
-}
-
 fn check_sources(root: &Path, problems: &mut Vec<String>) {
     let mut files = Vec::new();
     walk(&root.join("crates"), &mut files);
@@ -271,8 +266,8 @@ fn check_sources(root: &Path, problems: &mut Vec<String>) {
         if is_test_path(path) || rel.starts_with("xtask") {
             continue;
         }
-        let lib = library_part(&text);
-        string_errors(&rel, lib, problems);
+        let lib = crate::sizes::library_part(&text);
+        string_errors(&rel, &lib, problems);
         // The configuration is read once per process, by the command's
         // environment, and handed out from there.
         if lib.contains("LoadedConfig::load(")
@@ -490,7 +485,10 @@ mod tests {
 
     #[test]
     fn library_part_stops_at_cfg_test() {
-        assert_eq!(super::library_part("a\n#[cfg(test)]\nb"), "a\n");
-        assert_eq!(super::library_part("a"), "a");
+        assert_eq!(crate::sizes::library_part("a\n#[cfg(test)]\nb"), "a\n");
+        assert_eq!(crate::sizes::library_part("a"), "a\n");
+        // A test module in the middle: the code after it is library code again.
+        let text = "a\n#[cfg(test)]\nmod t {\n    x\n}\nb\n#[cfg(test)]\nuse y;\nc\n";
+        assert_eq!(crate::sizes::library_part(text), "a\nb\nc\n");
     }
 }

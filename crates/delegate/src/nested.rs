@@ -5,16 +5,25 @@
 
 use std::sync::Arc;
 
+use retinue_core::run::toolsets::DELEGATION;
 use retinue_core::run::{CancelToken, ChildHandle, Delegate, RunContext};
 use serde_json::Value;
 
 use crate::{DelegateRequest, Delegator, Inner, ParentContext, error_json};
 
-/// The context of one child run under `cancel`: this delegator is the
-/// capability its `delegate_task` calls go through.
-pub(crate) fn run_context(inner: &Arc<Inner>, cancel: &CancelToken) -> RunContext {
-    let nested = Nested(Delegator { inner: Arc::clone(inner) });
-    RunContext::new(cancel.clone()).with_delegate(Arc::new(nested))
+/// The context of one child run under `cancel`: for an orchestrator child
+/// (one granted the `delegation` toolset) this delegator is the capability
+/// its `delegate_task` calls go through; any other child gets none.
+pub(crate) fn run_context(
+    inner: &Arc<Inner>,
+    child: &ChildHandle,
+    cancel: &CancelToken,
+) -> RunContext {
+    let ctx = RunContext::new(cancel.clone());
+    if !child.toolsets.iter().any(|t| t == DELEGATION) {
+        return ctx;
+    }
+    ctx.with_delegate(Arc::new(Nested(Delegator { inner: Arc::clone(inner) })))
 }
 
 /// The capability handed to a run: the delegator that runs the child.

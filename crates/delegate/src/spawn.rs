@@ -27,8 +27,8 @@ use crate::{Inner, ParentContext, texts};
 use retinue_core::run::{self, CancelReason, CancelToken, ChildHandle, ChildOutcome, ChildSpec};
 
 /// The default id source: [`retinue_core::random_hex`]. A failing random
-/// source draws the empty string, so every id after the first is taken and
-/// `fresh_ids` refuses the spawn rather than reuse one.
+/// source draws the empty string, which `fresh_ids` never takes for an id:
+/// the spawn is refused.
 pub(crate) fn random_hex(bytes: usize) -> String {
     retinue_core::random_hex(bytes).unwrap_or_default()
 }
@@ -104,7 +104,7 @@ fn run_child(
         closed: Arc::clone(&closed),
     };
     let run_handle = handle.clone();
-    let ctx = crate::nested::run_context(inner, cancel);
+    let ctx = crate::nested::run_context(inner, handle, cancel);
     let spawned = std::thread::Builder::new().name(format!("child-{}", handle.subagent_id)).spawn(
         move || {
             let _attached = span.attach();
@@ -367,8 +367,12 @@ fn fresh_ids(
 ) -> Result<(String, String), DelegateError> {
     let parts = &inner.parts;
     for _ in 0..ID_DRAWS {
-        let sa = format!("sa-{i}-{}", (inner.ids)(4));
-        let sess = format!("sess_{}", (inner.ids)(8));
+        let (sa_hex, sess_hex) = ((inner.ids)(4), (inner.ids)(8));
+        if sa_hex.len() < 8 || sess_hex.len() < 16 {
+            // A short draw (a failing random source) is never an id.
+            continue;
+        }
+        let (sa, sess) = (format!("sa-{i}-{sa_hex}"), format!("sess_{sess_hex}"));
         let taken_here = planned.iter().any(|p| {
             p.spec.subagent_id == sa || p.spec.session_id == sess || p.spec.session_id == sa
         });

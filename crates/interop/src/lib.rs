@@ -77,7 +77,7 @@ pub enum InteropError {
     },
 }
 
-/// InteropResult of the inspection helpers.
+/// The result of the inspection helpers.
 pub type InteropResult<T> = std::result::Result<T, InteropError>;
 
 /// One message as hermes' `get_messages` returned it.

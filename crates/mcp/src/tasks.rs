@@ -24,7 +24,7 @@ use crate::tools::{self, DEFAULT_WAIT_SECS, MAX_WAIT_SECS};
 const POLL_INTERVAL_MS: u64 = 1_000;
 
 /// The wall clock, through core's [`retinue_core::Clock`].
-pub(crate) fn now() -> f64 {
+fn now() -> f64 {
     retinue_core::Clock::now(&retinue_core::SystemClock)
 }
 

@@ -7,7 +7,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use crate::Spend;
 
 /// The store side of a [`BudgetMeter`]: the lineage reservation its runs
-/// grow call by call.
+/// grow call by call (the orchestrator's; not for runtimes).
+#[doc(hidden)]
 pub struct MeterStore {
     /// The budget store.
     pub budgets: Arc<dyn crate::Budgets>,
@@ -82,6 +83,7 @@ impl BudgetMeter {
     }
 
     /// A meter over a held store reservation (`held`: what it holds now).
+    #[doc(hidden)]
     pub fn with_store(cap: Spend, store: MeterStore, held: Spend) -> Arc<BudgetMeter> {
         let state = MeterState { held, ..MeterState::default() };
         Arc::new(BudgetMeter { cap, state: Mutex::new(state), store: Some(store) })
@@ -126,6 +128,7 @@ impl BudgetMeter {
 
     /// Charges usage the core found after a run (a runtime that did not
     /// meter its calls, or reported more than it metered).
+    #[doc(hidden)]
     pub fn charge_after(&self, extra: Spend) {
         let mut st = self.lock();
         st.charged =
@@ -135,6 +138,7 @@ impl BudgetMeter {
 
     /// Closes the meter (no call starts after this) and returns what the
     /// calls still in flight hold (an abandoned child's calls).
+    #[doc(hidden)]
     pub fn close(&self) -> Spend {
         let mut st = self.lock();
         st.closed = true;
@@ -142,6 +146,7 @@ impl BudgetMeter {
     }
 
     /// What the store reservation holds now.
+    #[doc(hidden)]
     pub fn held(&self) -> Spend {
         self.lock().held
     }

@@ -1664,6 +1664,11 @@ mod ids {
         );
         let out = stuck.delegate_task(&json!({"goal": "three"}), Some(&parent("A")));
         assert!(out["error"].as_str().is_some_and(|e| e.contains("unused child id")), "{out}");
+        // A failing source (empty draws) starts nothing, not even a first child.
+        let empty = Delegator::new_with_ids(parts(&fx), Arc::new(|_: usize| String::new()));
+        let out = empty.delegate_task(&json!({"goal": "four"}), Some(&parent("A")));
+        assert!(out["error"].as_str().is_some_and(|e| e.contains("unused child id")), "{out}");
+        assert!(fx.store.lookup("sa-0-").is_ok_and(|l| matches!(l, Lookup::Unknown)));
     }
 }
 
@@ -1981,11 +1986,14 @@ mod background_units {
         assert!(r.entries.iter().all(|e| e.state == WaitState::Delivered), "{r:?}");
     }
 
-    /// Counts the children running at once around a scripted runtime.
+    /// Counts the children running at once around a scripted runtime; a
+    /// run waits for `open` first (bounded), so no unit can finish while
+    /// the test is still dispatching, however slow the machine.
     struct Gauge {
         inner: Arc<ScriptedRuntime>,
         now: AtomicUsize,
         peak: AtomicUsize,
+        open: std::sync::atomic::AtomicBool,
     }
 
     impl retinue_delegate::ChildRuntime for Gauge {
@@ -2005,6 +2013,10 @@ mod background_units {
         ) -> retinue_delegate::ChildOutcome {
             let n = self.now.fetch_add(1, Ordering::SeqCst) + 1;
             self.peak.fetch_max(n, Ordering::SeqCst);
+            let until = std::time::Instant::now() + Duration::from_secs(30);
+            while !self.open.load(Ordering::SeqCst) && std::time::Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(2));
+            }
             let out = self.inner.run(child, input, sink, ctx);
             self.now.fetch_sub(1, Ordering::SeqCst);
             out
@@ -2026,12 +2038,14 @@ mod background_units {
             inner: Arc::new(runtime),
             now: AtomicUsize::new(0),
             peak: AtomicUsize::new(0),
+            open: std::sync::atomic::AtomicBool::new(false),
         });
         let tool = Delegator::new(parts_over(&fx, gauge.clone(), config));
         let outs: Vec<Value> =
             (0..50).map(|i| dispatch(&tool, &format!("unit {i}"), "P")).collect();
         let queued = outs.iter().filter(|o| o["queued"] == true).count();
         assert!(queued >= 46, "at most 4 start at once, the rest queue: {queued} queued");
+        gauge.open.store(true, Ordering::SeqCst);
         let all: Vec<String> = outs.iter().flat_map(ids).collect();
         let r = tool
             .collector()
