@@ -34,7 +34,7 @@ pub(crate) fn bench(args: &[String]) -> Result<(), String> {
             .collect();
         let (url, _cluster) = pg::for_tests(&root)?;
         let quick = args.iter().any(|a| a == "--quick");
-        let (mut cmd, pinned) = pg_bench_command(&root, &url, quick);
+        let (mut cmd, pinned) = pg_bench_command(&root, &url, quick)?;
         let result = run(cmd.args(rest));
         unpin(pinned);
         return result;
@@ -58,9 +58,8 @@ pub(crate) fn bench(args: &[String]) -> Result<(), String> {
     let scratch = root.join("target/bench");
     std::fs::create_dir_all(&scratch).map_err(|e| format!("{}: {e}", scratch.display()))?;
     let sqlite_json = scratch.join("sqlite.json");
-    let mut cmd = cargo();
-    cmd.args(["run", "--profile", profile(quick), "--locked", "-p", "retinue-bench", "--"])
-        .args(args);
+    let mut cmd = program(quick, "retinue-bench", None)?;
+    cmd.args(args);
     if !partial {
         cmd.arg("--json").arg(&sqlite_json);
     }
@@ -68,7 +67,7 @@ pub(crate) fn bench(args: &[String]) -> Result<(), String> {
     if !partial {
         let pg_json = scratch.join("postgresql.json");
         let (url, _cluster) = pg::for_tests(&root)?;
-        let (mut pg_cmd, pinned) = pg_bench_command(&root, &url, quick);
+        let (mut pg_cmd, pinned) = pg_bench_command(&root, &url, quick)?;
         pg_cmd.args(quick.then_some("--quick")).arg("--json").arg(&pg_json);
         let result = run(&mut pg_cmd);
         unpin(pinned);
@@ -102,20 +101,36 @@ pub(crate) fn bench(args: &[String]) -> Result<(), String> {
     // The child runtime against the fake model server: overhead per model
     // call next to a bare HTTP request, and 32 children at once.
     let quick_arg: Vec<&str> = quick.then_some("--quick").into_iter().collect();
-    let mut runtime = cargo();
-    runtime
-        .args(["run", "--profile", profile(quick), "--locked", "-p", "retinue-bench"])
-        .args(["--example", "runtime", "--"])
-        .args(&quick_arg);
-    run(&mut runtime)?;
+    let mut runtime = program(quick, "retinue-bench", Some("runtime"))?;
+    run(runtime.args(&quick_arg))?;
     // The children's tools: read_file against a bare read, the sandboxed
     // terminal against a bare spawn.
-    let mut tools = cargo();
-    tools
-        .args(["run", "--profile", profile(quick), "--locked", "-p", "retinue-bench"])
-        .args(["--example", "tools", "--"])
-        .args(&quick_arg);
-    run(&mut tools)
+    let mut tools = program(quick, "retinue-bench", Some("tools"))?;
+    run(tools.args(&quick_arg))
+}
+
+/// The command that runs a bench binary (`example: None`) or example of
+/// `package`. A `--quick` run uses the dev build of the whole workspace
+/// (after `cargo xtask test`, already compiled); a full run
+/// `cargo run --release` of that package alone (fat LTO per binary: the
+/// workspace's every binary would take a quarter of an hour).
+fn program(
+    quick: bool,
+    package: &str,
+    example: Option<&str>,
+) -> Result<std::process::Command, String> {
+    if quick {
+        crate::build_workspace("dev")?;
+        let path = crate::built("dev", example.unwrap_or(package), example.is_some());
+        return Ok(std::process::Command::new(path));
+    }
+    let mut cmd = cargo();
+    cmd.args(["run", "--profile", "release", "--locked", "-p", package]);
+    if let Some(example) = example {
+        cmd.args(["--example", example]);
+    }
+    cmd.arg("--");
+    Ok(cmd)
 }
 
 /// Where the throughput block of `docs/benchmarks.md` starts and ends.
@@ -135,19 +150,8 @@ fn throughput(root: &Path, url: &str, quick: bool) -> Result<(), String> {
     let mut rows = Vec::new();
     for (backend, caps) in [("sqlite", "over"), ("pg", "both")] {
         let part = scratch.join(format!("throughput-{backend}.json"));
-        let mut cmd = cargo();
-        cmd.args([
-            "run",
-            "--profile",
-            profile(quick),
-            "--locked",
-            "-p",
-            "retinue-bench",
-            "--example",
-        ])
-        .args(["throughput", "--", "--backend", backend, "--cap", caps, "--json"])
-        .arg(&part)
-        .env(pg::URL_VAR, url);
+        let mut cmd = program(quick, "retinue-bench", Some("throughput"))?;
+        cmd.args(["--backend", backend, "--cap", caps, "--json"]).arg(&part).env(pg::URL_VAR, url);
         if quick {
             cmd.args(["--quick", "--repeat", "1", "--procs", "1,4"]);
         } else {
@@ -242,30 +246,33 @@ fn replace_between(text: &str, block: &str, begin: &str, end: &str) -> Result<St
     Ok(format!("{}{block}{}", &text[..start], &text[stop + end.len()..]))
 }
 
-/// The cargo profile of a bench build: a smoke run (`--quick`, CI's) reuses
-/// the test build's `dev` artefacts, since it asserts no timing; a measured
-/// run is `release`.
-fn profile(quick: bool) -> &'static str {
-    if quick { "dev" } else { "release" }
-}
-
 /// The PostgreSQL bench's command, pinned with the local server to CPU 0
 /// when both can be (`taskset`; a cluster of this checkout): on a VM a
 /// round trip between two CPUs costs ~3× one on the same CPU, and which
 /// CPUs the bench and each server process landed on otherwise decided a
 /// row's ratio. The server's affinity is restored afterwards by `unpin`.
-fn pg_bench_command(root: &Path, url: &str, quick: bool) -> (std::process::Command, Option<u32>) {
+fn pg_bench_command(
+    root: &Path,
+    url: &str,
+    quick: bool,
+) -> Result<(std::process::Command, Option<u32>), String> {
     // Built first, on every CPU (a pinned cargo would compile on one).
-    let _ = run(cargo().args([
-        "build",
-        "--profile",
-        profile(quick),
-        "--locked",
-        "-p",
-        "retinue-store-pg",
-        "--example",
-        "bench",
-    ]));
+    let program_path = if quick {
+        crate::build_workspace("dev")?;
+        crate::built("dev", "bench", true)
+    } else {
+        run(cargo().args([
+            "build",
+            "--profile",
+            "release",
+            "--locked",
+            "-p",
+            "retinue-store-pg",
+            "--example",
+            "bench",
+        ]))?;
+        crate::built("release", "bench", true)
+    };
     let has_taskset = std::process::Command::new("taskset")
         .arg("--version")
         .output()
@@ -279,27 +286,16 @@ fn pg_bench_command(root: &Path, url: &str, quick: bool) -> (std::process::Comma
     });
     let mut cmd = if pinned {
         let mut c = std::process::Command::new("taskset");
-        c.args(["-c", "0"]).arg(std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned()));
+        c.args(["-c", "0"]).arg(&program_path);
         c
     } else {
         eprintln!(
             "xtask: the PostgreSQL bench runs unpinned (no taskset, or not this checkout's server)"
         );
-        cargo()
+        std::process::Command::new(&program_path)
     };
-    cmd.args([
-        "run",
-        "--profile",
-        profile(quick),
-        "--locked",
-        "-p",
-        "retinue-store-pg",
-        "--example",
-        "bench",
-        "--",
-    ])
-    .env(pg::URL_VAR, url);
-    (cmd, pid.filter(|_| pinned))
+    cmd.env(pg::URL_VAR, url);
+    Ok((cmd, pid.filter(|_| pinned)))
 }
 
 /// Gives a pinned server back every CPU.

@@ -116,17 +116,17 @@ fn driver(root: &Path, site: &Path, phase: &str, db: &Path) -> Result<(), String
 }
 
 /// The `retinue` binary, when the CLI crate is part of the workspace.
-fn retinue_bin(root: &Path, target: &Path) -> Result<Option<PathBuf>, String> {
+fn retinue_bin(root: &Path) -> Result<Option<PathBuf>, String> {
     if !root.join("crates/cli/Cargo.toml").is_file() {
         eprintln!("interop: no crates/cli; the `retinue lineage` comparison is skipped");
         return Ok(None);
     }
-    exec(cargo().args(["build", "-p", "retinue-cli", "--locked"]))?;
-    let bin = target.join("debug").join(format!("retinue{}", std::env::consts::EXE_SUFFIX));
+    crate::build_workspace("dev")?;
+    let bin = crate::built("dev", "retinue", false);
     if bin.is_file() {
         Ok(Some(bin))
     } else {
-        Err(format!("`cargo build -p retinue-cli` produced no {}", bin.display()))
+        Err(format!("the workspace build produced no {}", bin.display()))
     }
 }
 
@@ -146,12 +146,12 @@ pub(crate) fn run(root: &Path) -> Result<(), String> {
     // A home where hermes's async_delegation module wrote before any SessionDB.
     let early = run_dir.join("early-home").join("state.db");
     driver(root, &site, "early-write", &early)?;
-    let bin = retinue_bin(root, &target)?;
+    let bin = retinue_bin(root)?;
     let mut test = cargo();
     test.args([
         "test",
-        "-p",
-        "retinue-interop",
+        "--workspace",
+        "--all-features",
         "--test",
         "interop",
         "--locked",

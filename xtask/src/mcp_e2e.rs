@@ -18,7 +18,7 @@ use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
-use crate::{cargo, run as exec};
+use crate::run as exec;
 
 /// The `mcp` release the end-to-end test is pinned to.
 pub(crate) const MCP_VERSION: &str = "2.3.0";
@@ -62,19 +62,9 @@ pub(crate) fn run(root: &Path) -> Result<(), String> {
     let base = target.join("mcp-e2e");
     fs::create_dir_all(&base).map_err(|e| format!("cannot create {}: {e}", base.display()))?;
     let python = ensure_venv(&base)?;
-    exec(cargo().args([
-        "build",
-        "--locked",
-        "-p",
-        "retinue-cli",
-        "-p",
-        "retinue-testkit",
-        "--example",
-        "fake_model",
-    ]))?;
-    let exe = std::env::consts::EXE_SUFFIX;
-    let retinue = target.join("debug").join(format!("retinue{exe}"));
-    let fake = target.join("debug/examples").join(format!("fake_model{exe}"));
+    crate::build_workspace("dev")?;
+    let retinue = crate::built("dev", "retinue", false);
+    let fake = crate::built("dev", "fake_model", true);
 
     let run_dir = base.join("run");
     if run_dir.exists() {
