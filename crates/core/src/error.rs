@@ -268,6 +268,49 @@ impl Error {
 /// The registry's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// Declares a storage backend's crate-private `Fail`: what goes wrong inside
+/// an operation before its context is attached, an engine error not yet
+/// classified or an already classified [`Error`]; `?` converts both, and
+/// `Fail::during(operation)` gives the public error (the engine's through
+/// `$classify(operation, e)`, which reads codes, never message text). Both
+/// backends declare theirs with it, so the two cannot drift.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! backend_fail {
+    ($variant:ident($engine:ty), $classify:path) => {
+        /// A failure inside an operation, before its context is attached.
+        #[derive(Debug)]
+        pub(crate) enum Fail {
+            /// An engine error, not yet classified.
+            $variant($engine),
+            /// A domain error.
+            Store($crate::Error),
+        }
+
+        impl From<$engine> for Fail {
+            fn from(e: $engine) -> Self {
+                Fail::$variant(e)
+            }
+        }
+
+        impl From<$crate::Error> for Fail {
+            fn from(e: $crate::Error) -> Self {
+                Fail::Store(e)
+            }
+        }
+
+        impl Fail {
+            /// The public error, naming `operation` when the engine failed.
+            pub(crate) fn during(self, operation: &'static str) -> $crate::Error {
+                match self {
+                    Fail::$variant(e) => $classify(operation, e),
+                    Fail::Store(e) => e,
+                }
+            }
+        }
+    };
+}
+
 #[cfg(test)]
 mod tests {
     use super::busy_message;

@@ -56,26 +56,27 @@ pub use control::{
 };
 pub use dump::{Cell, CellType, StateDump, StateReader, TableSpec};
 pub use error::{Error, ErrorKind, Result, Source};
-pub use ids::random_hex;
+pub use ids::{insert_with_unit_id, random_hex};
 pub use ledger::{
     AttributionDraft, PendingUsage, TotalsCatchUp, TotalsSnapshot, TotalsUpdate, UsageAttribution,
     UsageLedger, UsageTotals,
 };
 pub use model::{
     ABANDONED_ERROR, ChildManifest, Completion, CompletionEvent, CompletionPlan, DeliveryClaim,
-    DeliveryFilter, GOAL_MAX_CHARS, Lookup, Message, NewSession, PruneCount, RecoveryReport,
-    ResumeClaim, RetainedChild, SessionCost, SessionRow, TombstoneReason, Unaddressable, UnitDraft,
-    UsageSwap, abandoned_event, children_json, parse_children_json, parse_json_opt,
-    redact_endpoint, redact_url, strip_userinfo, truncate_chars, userinfo_at,
+    DeliveryFilter, GOAL_MAX_CHARS, Lookup, Message, NewSession, PruneCount, ResumeClaim,
+    RetainedChild, SessionCost, SessionRow, TombstoneReason, Unaddressable, UnitDraft, UsageSwap,
+    abandoned_event, children_json, parse_children_json, parse_json_opt, redact_endpoint,
+    redact_url, strip_userinfo, truncate_chars, userinfo_at,
 };
 pub use options::{JournalMode, Synchronous, default_profile_key};
 pub use probe::{OwnerProbe, ProcProbe, ProcessState, current_owner};
 pub use registry::{
     Backend, Claims, DELIVERED_MAX_AGE_SECS, LEASE_SECS, MAX_DELIVERY_ATTEMPTS, PENDING_KEEP,
-    Registry, RegistryRead, Retention, TERMINAL_KEEP, UnitLifecycle,
+    RecoveryReport, Registry, RegistryRead, Retention, TERMINAL_KEEP, UnitLifecycle,
 };
 pub use rules::{
-    ChildFacts, Limits, LookupKey, RetentionPolicy, child_status, covered_status, lookup_order,
+    ChildFacts, ChildRow, Limits, LookupKey, RetentionPolicy, child_status, covered_status,
+    lookup_order,
 };
 pub use scope::{Scope, Scoped};
 pub use sessions::{

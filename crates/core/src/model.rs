@@ -211,6 +211,15 @@ impl TombstoneReason {
         }
     }
 
+    /// The tombstone's stored note: none for an operator's `manual`
+    /// tombstone, otherwise the reason's text.
+    pub fn note(&self) -> Option<String> {
+        match self {
+            TombstoneReason::Manual => None,
+            other => Some(other.as_str().to_owned()),
+        }
+    }
+
     /// Reads the stored text (NULL or blank reads as `external`).
     pub fn parse(s: Option<&str>) -> TombstoneReason {
         match s.map(str::trim) {
@@ -683,17 +692,6 @@ pub struct UsageSwap {
     pub expected: Option<Value>,
     /// The new value.
     pub new: Value,
-}
-
-/// Outcome of restart recovery (semantics §3.8).
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct RecoveryReport {
-    /// Units marked `unknown`.
-    pub abandoned: usize,
-    /// Addressable children after rehydration.
-    pub addressable: usize,
-    /// The classification error, if step 1 failed.
-    pub error: Option<String>,
 }
 
 /// One stored session row.

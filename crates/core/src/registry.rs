@@ -26,19 +26,66 @@ use crate::control::Controls;
 use crate::error::Result;
 use crate::ledger::UsageLedger;
 use crate::model::{
-    ChildManifest, Completion, DeliveryClaim, DeliveryFilter, Lookup, PruneCount, RecoveryReport,
-    ResumeClaim, RetainedChild, TombstoneReason, UnitDraft, UsageSwap,
+    ChildManifest, Completion, DeliveryClaim, DeliveryFilter, Lookup, PruneCount, ResumeClaim,
+    RetainedChild, TombstoneReason, UnitDraft, UsageSwap,
 };
 use crate::probe::OwnerProbe;
 use crate::sessions::{SessionGraph, SessionStore};
+
+/// Outcome of restart recovery (semantics §3.8).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct RecoveryReport {
+    /// Units marked `unknown`.
+    pub abandoned: usize,
+    /// Addressable children after rehydration.
+    pub addressable: usize,
+    /// What failed, each step's message in order (`"; "`-separated).
+    pub error: Option<String>,
+}
+
+impl RecoveryReport {
+    /// Runs recovery's two steps, each whatever the other did: `classify`
+    /// marks abandoned units `unknown`, then `rehydrate` prunes and counts
+    /// the addressable children. Both backends recover through this.
+    pub fn run(
+        mut self,
+        classify: impl FnOnce() -> crate::Result<usize>,
+        rehydrate: impl FnOnce() -> crate::Result<usize>,
+    ) -> RecoveryReport {
+        match classify() {
+            Ok(n) => self.abandoned = n,
+            Err(e) => self.failed("classification", &e),
+        }
+        match rehydrate() {
+            Ok(n) => self.addressable = n,
+            Err(e) => self.failed("rehydration", &e),
+        }
+        self
+    }
+
+    /// Adds `step failed: e` to [`RecoveryReport::error`].
+    pub fn failed(&mut self, step: &str, e: &dyn std::fmt::Display) {
+        let msg = format!("{step} failed: {e}");
+        self.error = Some(match self.error.take() {
+            Some(prev) => format!("{prev}; {msg}"),
+            None => msg,
+        });
+    }
+}
 
 /// Reading the registry: what lineage (and the tool's listing) needs.
 #[cfg_attr(any(test, feature = "mocks"), mockall::automock)]
 pub trait RegistryRead: Send + Sync {
     /// Every addressable child, newest unit first, then by child index.
     fn list_retained_children(&self) -> Result<Vec<RetainedChild>>;
-    /// The addressable child for a subagent, session or delegation id.
-    fn find_retained_child(&self, id: &str) -> Result<Option<RetainedChild>>;
+    /// The addressable child for a subagent, session or delegation id:
+    /// [`RegistryRead::lookup`]'s entry when it is addressable.
+    fn find_retained_child(&self, id: &str) -> Result<Option<RetainedChild>> {
+        Ok(match self.lookup(id)? {
+            Lookup::Addressable(entry) => Some(entry),
+            _ => None,
+        })
+    }
     /// The unscoped status of an id.
     fn lookup(&self, id: &str) -> Result<Lookup>;
     /// The unit's `usage_json` (malformed = `None`).

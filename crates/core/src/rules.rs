@@ -5,7 +5,7 @@
 //! them instead of restating them.
 
 use crate::error::{Error, Result};
-use crate::model::{TombstoneReason, Unaddressable};
+use crate::model::{ChildManifest, RetainedChild, TombstoneReason, Unaddressable};
 
 /// The retention policy a backend is opened with (`delegation.max_retained`
 /// and `delegation.retained_ttl_hours` in config.yaml; the backends never
@@ -94,6 +94,62 @@ pub struct ChildFacts<'a> {
     /// A prune's unit-level tombstone (time, TTL seconds then in force), if
     /// the backend records them: it covers the children of that unit.
     pub covered: Option<(f64, f64)>,
+}
+
+/// A child row joined with its unit, as either backend reads it (the same
+/// columns in both: the SQLite backend's `CHILD_COLS` and the PostgreSQL
+/// one's). Backends decode into this and decide addressability with
+/// [`ChildRow::facts`] and [`child_status`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChildRow {
+    /// The engine's row id where it has one (SQLite's `rowid`, named in
+    /// messages about bad rows).
+    pub rowid: Option<i64>,
+    /// Whether an id column was unreadable (BLOB, invalid UTF-8, NULL): such
+    /// a row is skipped by lists and never resolved by lookups.
+    pub malformed: bool,
+    /// The entry, its `manifest` not yet parsed (see [`ChildRow::into_entry`]).
+    pub entry: RetainedChild,
+    /// The child's raw `manifest_json`.
+    pub manifest_json: Option<String>,
+    /// The child's own tombstone time.
+    pub child_tombstoned_at: Option<f64>,
+    /// The child's own tombstone reason, as stored.
+    pub child_tombstone_reason: Option<String>,
+    /// The operator's note of a manual tombstone (read by lookups only).
+    pub tombstone_note: Option<String>,
+    /// Whether the unit is retained (`retained = 1`).
+    pub unit_retained: bool,
+    /// The unit's `retained_at` (its rank in the cap).
+    pub unit_retained_at: Option<f64>,
+    /// The unit's tombstone time.
+    pub unit_tombstoned_at: Option<f64>,
+    /// A prune's unit-level tombstone, where the backend writes them: its
+    /// time and the TTL in force, in seconds.
+    pub covered: Option<(f64, f64)>,
+}
+
+impl ChildRow {
+    /// The entry with its manifest parsed (only for rows that are returned).
+    pub fn into_entry(self) -> RetainedChild {
+        let mut entry = self.entry;
+        entry.manifest =
+            self.manifest_json.as_deref().and_then(ChildManifest::parse).unwrap_or_default();
+        entry
+    }
+
+    /// The facts the shared addressability rule reads.
+    pub fn facts(&self) -> ChildFacts<'_> {
+        ChildFacts {
+            tombstoned_at: self.child_tombstoned_at,
+            tombstone_reason: self.child_tombstone_reason.as_deref(),
+            tombstone_note: self.tombstone_note.as_deref(),
+            retained_at: self.entry.retained_at,
+            unit_retained: self.unit_retained,
+            unit_tombstoned_at: self.unit_tombstoned_at,
+            covered: self.covered,
+        }
+    }
 }
 
 /// A child's status without the cap rank: `Some(status)` when it is not

@@ -53,6 +53,38 @@ pub struct Spend {
     pub tokens: u64,
 }
 
+impl Spend {
+    /// A spend as stored columns (or their sums) read it: a negative or
+    /// non-finite amount is 0, tokens beyond `u64` saturate. Both backends
+    /// read every stored amount through here, so an absurd row can neither
+    /// lower a budget's spend nor break every later reservation.
+    pub fn from_stored(cost_usd: f64, tokens: f64) -> Spend {
+        let cost_usd = if cost_usd.is_finite() && cost_usd > 0.0 { cost_usd } else { 0.0 };
+        // `as` saturates a float beyond the range (and NaN is excluded above).
+        let tokens = if tokens.is_finite() && tokens > 0.0 { tokens as u64 } else { 0 };
+        Spend { cost_usd, tokens }
+    }
+
+    /// `self` and `other` together (tokens saturating).
+    #[must_use]
+    pub fn plus(self, other: Spend) -> Spend {
+        Spend {
+            cost_usd: self.cost_usd + other.cost_usd,
+            tokens: self.tokens.saturating_add(other.tokens),
+        }
+    }
+
+    /// The cost as a column stores it (negative or non-finite is 0).
+    pub fn stored_cost(&self) -> f64 {
+        Spend::from_stored(self.cost_usd, 0.0).cost_usd
+    }
+
+    /// The tokens as a column stores them (saturating at `i64::MAX`).
+    pub fn stored_tokens(&self) -> i64 {
+        i64::try_from(self.tokens).unwrap_or(i64::MAX)
+    }
+}
+
 /// A lineage's budget at one instant.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct BudgetStatus {

@@ -9,9 +9,6 @@ use std::sync::Arc;
 use retinue_core::{
     BudgetLimit, BudgetStatus, Budgets, Message, Reservation, ReservationDraft, SettleReason, Spend,
 };
-use serde_json::Value;
-#[cfg(test)]
-use serde_json::json;
 
 use crate::Inner;
 use crate::error::DelegateError;
@@ -82,25 +79,6 @@ pub(crate) fn resume_estimate(transcript: &[Message], next: &str) -> u64 {
             }
         })
         .fold(tokens_of(next), u64::saturating_add)
-}
-
-/// The call's `budget` argument: `{max_cost_usd, max_tokens}`, non-negative
-/// numbers; anything else is an invalid argument.
-pub(crate) fn parse_call_budget(args: &Value) -> Result<BudgetLimit, DelegateError> {
-    let Some(raw) = args.get("budget").filter(|v| !v.is_null()) else {
-        return Ok(BudgetLimit::default());
-    };
-    let bad = || DelegateError::InvalidArguments(crate::texts::BAD_BUDGET.to_owned());
-    let obj = raw.as_object().ok_or_else(bad)?;
-    let mut limit = BudgetLimit::default();
-    if let Some(v) = obj.get("max_cost_usd").filter(|v| !v.is_null()) {
-        let f = v.as_f64().filter(|f| f.is_finite() && *f >= 0.0).ok_or_else(bad)?;
-        limit.max_cost_usd = Some(f);
-    }
-    if let Some(v) = obj.get("max_tokens").filter(|v| !v.is_null()) {
-        limit.max_tokens = Some(v.as_u64().ok_or_else(bad)?);
-    }
-    Ok(limit)
 }
 
 /// The budget root `payer`'s delegations draw on: the root recorded for
@@ -281,19 +259,5 @@ mod tests {
         let transcript = [m("abcdefgh", None), m("ignored text", Some(100)), m("", Some(0))];
         // 8 chars → 2, a recorded 100, an empty message 0, the new turn 1.
         assert_eq!(resume_estimate(&transcript, "abcd"), 103);
-    }
-
-    #[test]
-    fn call_budgets_are_validated() {
-        assert_eq!(parse_call_budget(&json!({})).ok(), Some(BudgetLimit::default()));
-        let ok = parse_call_budget(&json!({"budget": {"max_cost_usd": 0.5, "max_tokens": 10}}));
-        assert_eq!(ok.ok(), Some(BudgetLimit { max_cost_usd: Some(0.5), max_tokens: Some(10) }));
-        for bad in [
-            json!({"budget": 3}),
-            json!({"budget": {"max_cost_usd": -1}}),
-            json!({"budget": {"max_tokens": 1.5}}),
-        ] {
-            assert!(matches!(parse_call_budget(&bad), Err(DelegateError::InvalidArguments(_))));
-        }
     }
 }

@@ -10,9 +10,9 @@ use retinue_core::{
 };
 use retinue_lineage::Resolution;
 
-use crate::args::FollowUp;
 use crate::budget;
 use crate::error::DelegateError;
+use crate::request::FollowUp;
 use crate::request::{DelegateOutcome, FollowUpReport};
 use crate::results::ChildReport;
 use crate::spawn::{execute, finalize, runs_of};

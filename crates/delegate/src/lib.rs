@@ -3,15 +3,16 @@
 //! The typed core, [`Delegator::delegate`], takes a [`DelegateRequest`] (a
 //! spawn of one or more tasks, or a follow-up) and the calling parent's
 //! [`ParentContext`] and returns a [`DelegateOutcome`] or a [`DelegateError`]
-//! (never a panic, never a partial write). The JSON tool,
-//! [`Delegator::delegate_task`], is a thin adapter: parse, call, render.
+//! (never a panic, never a partial write): the orchestration core. The JSON
+//! tool, [`tool`] ([`Delegator::delegate_task`] and the schema), is a thin
+//! adapter over it: parse, call, render; the core never reads the tool's
+//! arguments.
 //! Every delegation — sync or background — becomes a durable unit; children
 //! that complete are retained and can be followed up, budget-exempt, by the
 //! parent's compression lineage. The crate reaches storage only through the
 //! store's traits and the lineage and usage crates; models only through the
 //! [`ChildRuntime`] trait.
 
-mod args;
 mod background;
 mod budget;
 mod error;
@@ -20,12 +21,10 @@ mod live;
 mod nested;
 mod request;
 mod results;
-mod schema;
-#[cfg(any(test, feature = "scripted"))]
-pub mod scripted;
 mod spawn;
 pub mod telemetry;
 pub mod texts;
+pub mod tool;
 pub mod toolsets;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -34,14 +33,12 @@ use std::sync::{Arc, Mutex};
 use retinue_config::DelegationConfig;
 use retinue_core::Backend;
 use retinue_lineage::LineageAuthority;
-use serde_json::{Value, json};
 
-pub use args::{FollowUp, TaskSpec, parse_follow_up, parse_tasks};
 pub use background::{CancelReport, Collector, SteerReport, WaitEntry, WaitReport, WaitState};
 pub use error::{DelegateError, DelegateErrorKind};
 pub use request::{
-    DelegateOutcome, DelegateRequest, Dispatch, DispatchedChild, FollowUpReport, SpawnRequest,
-    UnitReport,
+    DelegateOutcome, DelegateRequest, Dispatch, DispatchedChild, FollowUp, FollowUpReport,
+    SpawnRequest, TaskSpec, UnitReport,
 };
 pub use results::ChildReport;
 pub use retinue_core::run::{
@@ -51,7 +48,7 @@ pub use retinue_core::run::{
 };
 #[cfg(any(test, feature = "mocks"))]
 pub use retinue_core::run::{MockChildRuntime, MockCompletionSink, MockTranscriptSink};
-pub use schema::delegate_task_schema;
+pub use tool::{delegate_task_schema, error_json, parse_follow_up, parse_tasks};
 
 /// The calling parent agent.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -150,11 +147,6 @@ impl std::fmt::Debug for Delegator {
     }
 }
 
-/// The tool's JSON form of an error: `{"error": TEXT}`.
-pub fn error_json(e: &DelegateError) -> Value {
-    json!({ "error": e.to_string() })
-}
-
 impl Delegator {
     /// The `delegation:` configuration it runs under.
     pub fn config(&self) -> &DelegationConfig {
@@ -197,11 +189,6 @@ impl Delegator {
         Delegator::build(parts, Arc::new(spawn::random_hex), threads)
     }
 
-    /// The tool schema with this delegator's limits.
-    pub fn schema(&self) -> Value {
-        delegate_task_schema(&self.inner.parts.config)
-    }
-
     /// Pauses or resumes spawning (follow-ups are never paused).
     pub fn set_spawn_paused(&self, paused: bool) {
         self.inner.paused.store(paused, Ordering::SeqCst);
@@ -236,7 +223,7 @@ impl Delegator {
 
     /// Why a spawn by `parent` would be refused before its tasks are read
     /// (hermes's check order: paused, then depth).
-    fn spawn_refusal(&self, parent: &ParentContext) -> Option<DelegateError> {
+    pub(crate) fn spawn_refusal(&self, parent: &ParentContext) -> Option<DelegateError> {
         let max = self.inner.parts.config.max_spawn_depth;
         if self.inner.paused.load(Ordering::SeqCst) {
             Some(DelegateError::Paused)
@@ -273,25 +260,6 @@ impl Delegator {
                     )));
                 }
                 spawn::run(&self.inner, spawn, parent, cancel)
-            }
-        }
-    }
-
-    /// The tool entry point (semantics §6.2): JSON arguments in, JSON result out
-    /// (`{"error": …}` on failure).
-    pub fn delegate_task(&self, args: &Value, parent: Option<&ParentContext>) -> Value {
-        let Some(parent) = parent else { return error_json(&DelegateError::NoParent) };
-        match DelegateRequest::from_json(args) {
-            Ok(request) => match self.delegate(&request, parent, &CancelToken::new()) {
-                Ok(outcome) => outcome.to_json(),
-                Err(e) => error_json(&e),
-            },
-            Err(e) => {
-                // A spawn that would be refused anyway reports the refusal
-                // first, whatever is wrong with its tasks.
-                let is_spawn = parse_follow_up(args).is_none();
-                let first = if is_spawn { self.spawn_refusal(parent) } else { None };
-                error_json(&first.unwrap_or(e))
             }
         }
     }

@@ -1,16 +1,60 @@
-//! The typed core's request and outcome, and their JSON forms.
-//!
-//! [`DelegateRequest::from_json`] is the parsing half of the JSON tool and
-//! [`DelegateOutcome::to_json`] its rendering half; between them sits
-//! [`crate::Delegator::delegate`].
+//! The typed core's request and outcome: what [`crate::Delegator::delegate`]
+//! takes and returns. Their JSON forms are the tool's ([`crate::tool`]).
 
 use retinue_core::{BudgetLimit, BudgetStatus, Role};
 use serde_json::{Value, json};
 
-use crate::args::{FollowUp, TaskSpec, parse_follow_up, parse_tasks};
 use crate::error::DelegateError;
 use crate::results::{ChildReport, seconds};
 use crate::texts;
+
+/// One task of a spawn.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct TaskSpec {
+    /// The goal (non-blank).
+    pub goal: String,
+    /// Extra context.
+    pub context: Option<String>,
+    /// Per-task role.
+    pub role: Option<String>,
+}
+
+/// A follow-up request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FollowUp {
+    /// The addressed id, as given.
+    pub target: String,
+    /// The message: trimmed goal, plus `\n\nContext: <context>`.
+    pub text: String,
+}
+
+/// A malformed argument: [`DelegateError::InvalidArguments`] with hermes's text.
+pub(crate) fn invalid(text: impl Into<String>) -> DelegateError {
+    DelegateError::InvalidArguments(text.into())
+}
+
+impl FollowUp {
+    /// A follow-up to `target` (non-blank) with `goal` (non-blank) and an
+    /// optional `context`, checked in hermes's order with hermes's texts.
+    pub fn new(
+        target: &str,
+        goal: Option<&str>,
+        context: Option<&str>,
+    ) -> Result<FollowUp, DelegateError> {
+        if target.trim().is_empty() {
+            return Err(invalid(texts::FOLLOW_UP_BLANK));
+        }
+        let clean = |s: Option<&str>| s.map(str::trim).filter(|s| !s.is_empty()).map(str::to_owned);
+        let Some(goal) = clean(goal) else {
+            return Err(invalid(texts::FOLLOW_UP_NO_GOAL));
+        };
+        let text = match clean(context) {
+            Some(ctx) => format!("{goal}\n\nContext: {ctx}"),
+            None => goal,
+        };
+        Ok(FollowUp { target: target.to_owned(), text })
+    }
+}
 
 /// A spawn of one or more children.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -36,45 +80,6 @@ pub enum DelegateRequest {
     Spawn(SpawnRequest),
     /// Steer a running child or resume a retained one.
     FollowUp(FollowUp),
-}
-
-impl DelegateRequest {
-    /// Parses the tool's JSON arguments (a non-object reads as `{}`).
-    pub fn from_json(args: &Value) -> Result<DelegateRequest, DelegateError> {
-        let empty = json!({});
-        let args = if args.is_object() { args } else { &empty };
-        if let Some(fu) = parse_follow_up(args) {
-            return fu.map(DelegateRequest::FollowUp);
-        }
-        let tasks = parse_tasks(args, usize::MAX)?;
-        let budget = crate::budget::parse_call_budget(args)?;
-        let toolsets = match args.get("toolsets") {
-            None | Some(Value::Null) => None,
-            Some(Value::Array(items)) => Some(
-                items
-                    .iter()
-                    .map(|i| i.as_str().map(|s| s.trim().to_owned()))
-                    .collect::<Option<Vec<_>>>()
-                    .ok_or_else(|| {
-                        DelegateError::InvalidArguments(
-                            "toolsets must be an array of toolset names".to_owned(),
-                        )
-                    })?,
-            ),
-            Some(_) => {
-                return Err(DelegateError::InvalidArguments(
-                    "toolsets must be an array of toolset names".to_owned(),
-                ));
-            }
-        };
-        Ok(DelegateRequest::Spawn(SpawnRequest {
-            budget,
-            toolsets,
-            tasks,
-            role: args.get("role").and_then(Value::as_str).map_or(Role::Leaf, Role::parse),
-            background: args.get("background").and_then(Value::as_bool).unwrap_or(false),
-        }))
-    }
 }
 
 /// A finished synchronous spawn.
@@ -174,72 +179,6 @@ impl UnitReport {
 }
 
 impl DelegateOutcome {
-    /// The tool's JSON result.
-    pub fn to_json(&self) -> Value {
-        match self {
-            DelegateOutcome::Completed(unit) => {
-                let mut out = unit.body();
-                if let Some(note) = &unit.note {
-                    out["note"] = json!(note);
-                }
-                if let Some(budget) = &unit.budget {
-                    out["budget"] = retinue_usage::budget_json(budget);
-                }
-                if let Some(e) = &unit.ledger_error {
-                    out["ledger_error"] = json!(e);
-                }
-                out
-            }
-            DelegateOutcome::Dispatched(d) => json!({
-                "status": "dispatched",
-                "mode": "background",
-                "count": d.goals.len(),
-                "delegation_id": d.delegation_id,
-                "goals": d.goals,
-                "children": d.children.iter().map(|c| json!({
-                    "subagent_id": c.subagent_id,
-                    "session_id": c.session_id,
-                    "model": c.model,
-                    "goal": c.goal,
-                })).collect::<Vec<_>>(),
-                "note": if d.queued {
-                    texts::BACKGROUND_QUEUED_NOTE
-                } else {
-                    texts::BACKGROUND_NOTE
-                },
-                "queued": d.queued,
-            }),
-            DelegateOutcome::Steered { child_id } => json!({
-                "status": "queued",
-                "mode": "follow_up",
-                "child_id": child_id,
-                "receipt": texts::STEER_RECEIPT,
-            }),
-            DelegateOutcome::FollowedUp(f) => {
-                let mut out = json!({
-                    "mode": "follow_up",
-                    "child_id": f.child_id,
-                    "child_session_id": f.child_session_id,
-                    "delegation_id": f.delegation_id,
-                    "results": [f.result.to_json()],
-                    "total_duration_seconds": seconds(f.total_duration_seconds),
-                    "note": if f.budget.is_some() {
-                        texts::RESUME_NOTE_CHARGED
-                    } else {
-                        texts::RESUME_NOTE
-                    },
-                });
-                if let Some(budget) = &f.budget {
-                    out["budget"] = retinue_usage::budget_json(budget);
-                }
-                if let Some(e) = &f.ledger_error {
-                    out["ledger_error"] = json!(e);
-                }
-                out
-            }
-        }
-    }
-
     /// Why the usage ledger could not be written, if it could not (the
     /// caller must report a failure: the spend is kept as spent).
     pub fn ledger_error(&self) -> Option<&str> {

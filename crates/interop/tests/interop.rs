@@ -15,7 +15,6 @@ use retinue_core::{
     ChildManifest, Claims, DeliveryFilter, Message, NewSession, RegistryRead, SessionGraph,
     SessionStore, SystemClock, UnitLifecycle,
 };
-use retinue_delegate::scripted::{RecordingSink, ScriptedRuntime};
 use retinue_delegate::{Delegator, DelegatorParts, ParentContext};
 use retinue_interop::{
     BIN_ENV, DB_ENV, FRESH_REPORT_FILE, HermesExpect, REPORT_FILE, columns, integrity_check,
@@ -23,6 +22,7 @@ use retinue_interop::{
 };
 use retinue_lineage::{Authority, Denial, LineageAuthority, RootError, lineage_chain, root};
 use retinue_store::{Store, StoreOptions};
+use retinue_testkit::scripted::{RecordingSink, ScriptedRuntime};
 use serde_json::{Value, json};
 
 /// A column as `PRAGMA table_info` shows it: (name, type, NOT NULL, default).

@@ -36,17 +36,10 @@ fn status_in(
            (SELECT session_id FROM retinue_budget_members WHERE budget_root = $2)",
         &[&sessions, &root],
     )?;
-    let (cost, tokens): (f64, f64) = (row.try_get(0)?, row.try_get(1)?);
-    if cost.is_finite() && cost > 0.0 {
-        spent.cost_usd += cost;
-    }
-    let tokens = if tokens.is_finite() && tokens > 0.0 { tokens as u64 } else { 0 };
-    spent.tokens = spent.tokens.saturating_add(tokens);
+    spent = spent.plus(Spend::from_stored(row.try_get(0)?, row.try_get(1)?));
     let sum = |tx: &mut Tx<'_>, sql: &str| -> PgResult<Spend> {
         let row = tx.query_one(sql, &[&root])?;
-        let (cost, tokens): (f64, f64) = (row.try_get(0)?, row.try_get(1)?);
-        let tokens = if tokens.is_finite() && tokens > 0.0 { tokens as u64 } else { 0 };
-        Ok(Spend { cost_usd: if cost.is_finite() { cost.max(0.0) } else { 0.0 }, tokens })
+        Ok(Spend::from_stored(row.try_get(0)?, row.try_get(1)?))
     };
     // Reservations kept as spent count as spent; open ones as reserved.
     let kept = sum(
@@ -56,8 +49,7 @@ fn status_in(
          FROM retinue_budget_reservations WHERE lineage_root = $1 \
          AND settled_at IS NOT NULL AND kept_spent_at IS NOT NULL",
     )?;
-    spent.cost_usd += kept.cost_usd;
-    spent.tokens = spent.tokens.saturating_add(kept.tokens);
+    spent = spent.plus(kept);
     let reserved = sum(
         tx,
         "SELECT COALESCE(SUM(cost_usd), 0)::DOUBLE PRECISION, \
@@ -65,11 +57,6 @@ fn status_in(
          FROM retinue_budget_reservations WHERE lineage_root = $1 AND settled_at IS NULL",
     )?;
     Ok(BudgetStatus { limit, spent, reserved })
-}
-
-/// A token count as a column stores it (saturating at `i64::MAX`).
-fn stored_tokens(tokens: u64) -> i64 {
-    i64::try_from(tokens).unwrap_or(i64::MAX)
 }
 
 fn keep_in(tx: &mut Tx<'_>, id: &str, reason: &str, now: f64) -> PgResult<bool> {
@@ -99,7 +86,7 @@ impl Budgets for PgStore {
                 return Ok(Reservation::Refused(before));
             }
             let want = before.grant(draft.minimum, draft.maximum);
-            let tokens = stored_tokens(want.tokens);
+            let (cost, tokens) = (want.stored_cost(), want.stored_tokens());
             tx.execute(
                 "INSERT INTO retinue_budget_reservations (reservation_id, lineage_root, \
                  delegation_id, cost_usd, tokens, owner_pid, owner_started_at, owner_worker, \
@@ -108,7 +95,7 @@ impl Budgets for PgStore {
                     &id,
                     &draft.lineage_root,
                     &draft.delegation_id,
-                    &want.cost_usd,
+                    &cost,
                     &tokens,
                     &pid,
                     &started,
@@ -197,9 +184,8 @@ impl Budgets for PgStore {
                 return Ok(Reservation::Refused(before));
             }
             let more = before.grant(draft.minimum, draft.maximum);
-            let cost = if cost.is_finite() { cost.max(0.0) } else { 0.0 } + more.cost_usd;
-            let tokens =
-                stored_tokens(u64::try_from(tokens).unwrap_or(0).saturating_add(more.tokens));
+            let hold = Spend::from_stored(cost, tokens as f64).plus(more);
+            let (cost, tokens) = (hold.stored_cost(), hold.stored_tokens());
             tx.execute(
                 "UPDATE retinue_budget_reservations SET cost_usd = $2, tokens = $3 \
                  WHERE reservation_id = $1",
@@ -210,8 +196,7 @@ impl Budgets for PgStore {
     }
 
     fn set_hold(&self, id: &str, hold: Spend) -> Result<bool> {
-        let cost = if hold.cost_usd.is_finite() { hold.cost_usd.max(0.0) } else { 0.0 };
-        let tokens = stored_tokens(hold.tokens);
+        let (cost, tokens) = (hold.stored_cost(), hold.stored_tokens());
         self.pool.tx("setting a budget reservation", Mode::Write, |tx| {
             Ok(tx.execute(
                 "UPDATE retinue_budget_reservations SET cost_usd = $2, tokens = $3 \

@@ -13,36 +13,7 @@ use postgres::types::ToSql;
 use postgres::{Client, Config, NoTls, Row, Statement};
 use retinue_core::{Error, Result, Source};
 
-/// A failure inside an operation, before its context is attached.
-#[derive(Debug)]
-pub(crate) enum Fail {
-    /// A database error, not yet classified.
-    Pg(postgres::Error),
-    /// A domain error.
-    Store(Error),
-}
-
-impl From<postgres::Error> for Fail {
-    fn from(e: postgres::Error) -> Self {
-        Fail::Pg(e)
-    }
-}
-
-impl From<Error> for Fail {
-    fn from(e: Error) -> Self {
-        Fail::Store(e)
-    }
-}
-
-impl Fail {
-    /// The public error, naming `operation`.
-    pub(crate) fn during(self, operation: &'static str) -> Error {
-        match self {
-            Fail::Pg(e) => classify(operation, e),
-            Fail::Store(e) => e,
-        }
-    }
-}
+retinue_core::backend_fail!(Pg(postgres::Error), classify);
 
 /// Result of the inside of an operation.
 pub(crate) type PgResult<T> = std::result::Result<T, Fail>;

@@ -2,7 +2,7 @@
 //! SQLite backend's) and the per-profile key.
 
 use postgres::Row;
-use retinue_core::{ChildFacts, ChildManifest, RetainedChild, UnitState};
+use retinue_core::{ChildManifest, ChildRow, RetainedChild, UnitState};
 
 use crate::pool::{PgResult, u32_of};
 
@@ -24,49 +24,14 @@ pub(crate) const PROFILE: &str = "COALESCE(owner_profile, '')";
 /// [`PROFILE`] of the unit aliased `u`.
 pub(crate) const PROFILE_U: &str = "COALESCE(u.owner_profile, '')";
 
-/// A child row joined with its unit.
-pub(crate) struct ChildRow {
-    pub(crate) entry: RetainedChild,
-    pub(crate) manifest_json: Option<String>,
-    pub(crate) child_tombstoned_at: Option<f64>,
-    pub(crate) child_tombstone_reason: Option<String>,
-    /// The operator's note of a manual tombstone.
-    pub(crate) tombstone_note: Option<String>,
-    pub(crate) unit_retained: bool,
-    pub(crate) unit_retained_at: Option<f64>,
-    pub(crate) unit_tombstoned_at: Option<f64>,
-}
-
-impl ChildRow {
-    /// The entry with its manifest parsed.
-    pub(crate) fn into_entry(self) -> RetainedChild {
-        let mut entry = self.entry;
-        entry.manifest =
-            self.manifest_json.as_deref().and_then(ChildManifest::parse).unwrap_or_default();
-        entry
-    }
-
-    /// The facts the store's shared addressability rule reads (this backend
-    /// writes no unit-level prune tombstones: nothing is covered).
-    pub(crate) fn facts(&self) -> ChildFacts<'_> {
-        ChildFacts {
-            tombstoned_at: self.child_tombstoned_at,
-            tombstone_reason: self.child_tombstone_reason.as_deref(),
-            tombstone_note: self.tombstone_note.as_deref(),
-            retained_at: self.entry.retained_at,
-            unit_retained: self.unit_retained,
-            unit_tombstoned_at: self.unit_tombstoned_at,
-            covered: None,
-        }
-    }
-}
-
 /// Reads the [`CHILD_COLS`] columns starting at column `o`.
 pub(crate) fn read_child_row_at(r: &Row, o: usize) -> PgResult<ChildRow> {
     let index: i64 = r.try_get(o + 1)?;
     let retained: Option<i64> = r.try_get(o + 12)?;
     let state: Option<String> = r.try_get(o + 10)?;
     Ok(ChildRow {
+        rowid: None,
+        malformed: false,
         entry: RetainedChild {
             delegation_id: r.try_get(o)?,
             child_index: u32_of(index),
@@ -86,5 +51,7 @@ pub(crate) fn read_child_row_at(r: &Row, o: usize) -> PgResult<ChildRow> {
         unit_retained: retained == Some(1),
         unit_retained_at: r.try_get(o + 13)?,
         unit_tombstoned_at: r.try_get(o + 14)?,
+        // This backend writes no unit-level prune tombstones.
+        covered: None,
     })
 }

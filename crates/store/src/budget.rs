@@ -35,21 +35,6 @@ use retinue_core::{OwnerProbe, ProcessState, current_owner};
 
 pub(crate) use retinue_core::Budgets;
 
-/// Tokens as a stored value reads them: negative or non-finite is 0, a
-/// value beyond `u64` saturates.
-fn tokens_of(total: f64) -> u64 {
-    if total.is_finite() && total > 0.0 {
-        // Saturating by definition of `as` for floats.
-        total as u64
-    } else {
-        0
-    }
-}
-
-fn dollars(total: f64) -> f64 {
-    if total.is_finite() && total > 0.0 { total } else { 0.0 }
-}
-
 fn status_in(
     conn: &rusqlite::Connection,
     root: &str,
@@ -70,29 +55,22 @@ fn status_in(
                  UNION SELECT session_id FROM retinue_budget_members WHERE budget_root = ?2)",
         )?
         .query_row(params![listed, root], |r| Ok((r.get(0)?, r.get(1)?)))?;
-    spent.cost_usd += dollars(cost);
-    spent.tokens = spent.tokens.saturating_add(tokens_of(tokens));
+    spent = spent.plus(Spend::from_stored(cost, tokens));
     let (cost, tokens): (f64, f64) = conn
         .prepare_cached(
             "SELECT total(cost_usd), total(tokens) FROM retinue_budget_reservations \
              WHERE lineage_root = ?1 AND settled_at IS NOT NULL AND kept_spent_at IS NOT NULL",
         )?
         .query_row([root], |r| Ok((r.get(0)?, r.get(1)?)))?;
-    spent.cost_usd += dollars(cost);
-    spent.tokens = spent.tokens.saturating_add(tokens_of(tokens));
+    spent = spent.plus(Spend::from_stored(cost, tokens));
     let (cost, tokens): (f64, f64) = conn
         .prepare_cached(
             "SELECT total(cost_usd), total(tokens) \
              FROM retinue_budget_reservations WHERE lineage_root = ?1 AND settled_at IS NULL",
         )?
         .query_row([root], |r| Ok((r.get(0)?, r.get(1)?)))?;
-    let reserved = Spend { cost_usd: dollars(cost), tokens: tokens_of(tokens) };
+    let reserved = Spend::from_stored(cost, tokens);
     Ok(BudgetStatus { limit, spent, reserved })
-}
-
-/// A token count as a column stores it (saturating at `i64::MAX`).
-fn stored_tokens(tokens: u64) -> i64 {
-    i64::try_from(tokens).unwrap_or(i64::MAX)
 }
 
 fn reservation_id() -> Result<String> {
@@ -119,8 +97,8 @@ impl Budgets for Store {
                 id,
                 draft.lineage_root,
                 draft.delegation_id,
-                want.cost_usd,
-                stored_tokens(want.tokens),
+                want.stored_cost(),
+                want.stored_tokens(),
                 pid,
                 started,
                 now
@@ -202,15 +180,12 @@ impl Budgets for Store {
                 return Ok(Reservation::Refused(before));
             }
             let more = before.grant(draft.minimum, draft.maximum);
-            let hold = Spend {
-                cost_usd: dollars(cost) + more.cost_usd,
-                tokens: u64::try_from(tokens).unwrap_or(0).saturating_add(more.tokens),
-            };
+            let hold = Spend::from_stored(cost, tokens as f64).plus(more);
             tx.prepare_cached(
                 "UPDATE retinue_budget_reservations SET cost_usd = ?2, tokens = ?3 \
                  WHERE reservation_id = ?1",
             )?
-            .execute(params![id, hold.cost_usd, stored_tokens(hold.tokens)])?;
+            .execute(params![id, hold.stored_cost(), hold.stored_tokens()])?;
             Ok(Reservation::Held { id: id.to_owned(), granted: more, before })
         })
     }
@@ -222,7 +197,7 @@ impl Budgets for Store {
                     "UPDATE retinue_budget_reservations SET cost_usd = ?2, tokens = ?3 \
                      WHERE reservation_id = ?1 AND settled_at IS NULL",
                 )?
-                .execute(params![id, dollars(hold.cost_usd), stored_tokens(hold.tokens)])?
+                .execute(params![id, hold.stored_cost(), hold.stored_tokens()])?
                 == 1)
         })
     }

@@ -6,39 +6,7 @@
 use retinue_core::Source;
 pub(crate) use retinue_core::{Error, Result};
 
-/// A failure inside a store operation, before the operation's context is
-/// attached: a raw SQLite error, or an already classified [`Error`].
-/// Crate-private, so `?` works on rusqlite results without a public
-/// `From<rusqlite::Error>`.
-#[derive(Debug)]
-pub(crate) enum Fail {
-    /// A database error, not yet classified.
-    Sql(rusqlite::Error),
-    /// A domain error.
-    Store(Error),
-}
-
-impl From<rusqlite::Error> for Fail {
-    fn from(e: rusqlite::Error) -> Self {
-        Fail::Sql(e)
-    }
-}
-
-impl From<Error> for Fail {
-    fn from(e: Error) -> Self {
-        Fail::Store(e)
-    }
-}
-
-impl Fail {
-    /// The public error, naming `operation` when the failure came from SQLite.
-    pub(crate) fn during(self, operation: &'static str) -> Error {
-        match self {
-            Fail::Sql(e) => classify(operation, e),
-            Fail::Store(e) => e,
-        }
-    }
-}
+retinue_core::backend_fail!(Sql(rusqlite::Error), classify);
 
 /// Result of the inside of a store operation.
 pub(crate) type SqlResult<T> = std::result::Result<T, Fail>;

@@ -5,7 +5,7 @@
 use rusqlite::Row;
 
 use retinue_core::UnitState;
-use retinue_core::{ChildManifest, RetainedChild};
+use retinue_core::{ChildManifest, ChildRow, RetainedChild};
 
 pub(crate) use retinue_core::Limits;
 
@@ -149,52 +149,9 @@ pub(crate) const CHILD_COLS: &str = "c.delegation_id, c.child_index, c.subagent_
      u.parent_session_id, u.owner_profile, u.state, u.completed_at, u.retained, \
      u.retained_at, u.tombstoned_at, c.rowid, ut.tombstoned_at, ut.ttl_seconds";
 
-/// A child row joined with its unit (and, as `ut`, the unit-level tombstone
-/// of `retinue_unit_tombstones`; callers that read no tombstoned unit select
-/// `NULL, NULL` there).
-pub(crate) struct ChildRow {
-    /// The row's `rowid` in `retinue_children` (for messages about bad rows).
-    pub(crate) rowid: i64,
-    /// Whether an id column was unreadable (BLOB, invalid UTF-8, NULL): such
-    /// a row is skipped by lists and never resolved by lookups.
-    pub(crate) malformed: bool,
-    /// The entry, its `manifest` not yet parsed (see [`ChildRow::into_entry`]).
-    pub(crate) entry: RetainedChild,
-    pub(crate) manifest_json: Option<String>,
-    pub(crate) child_tombstoned_at: Option<f64>,
-    pub(crate) child_tombstone_reason: Option<String>,
-    /// The operator's note of a manual tombstone (read by lookups only).
-    pub(crate) tombstone_note: Option<String>,
-    pub(crate) unit_retained: bool,
-    pub(crate) unit_retained_at: Option<f64>,
-    pub(crate) unit_tombstoned_at: Option<f64>,
-    /// The unit-level tombstone a prune wrote (`retinue_unit_tombstones`):
-    /// its time and the TTL in force, in seconds.
-    pub(crate) covered: Option<(f64, f64)>,
-}
-
-impl ChildRow {
-    /// The entry with its manifest parsed (only for rows that are returned).
-    pub(crate) fn into_entry(self) -> RetainedChild {
-        let mut entry = self.entry;
-        entry.manifest =
-            self.manifest_json.as_deref().and_then(ChildManifest::parse).unwrap_or_default();
-        entry
-    }
-
-    /// The facts the shared addressability rule reads.
-    pub(crate) fn facts(&self) -> retinue_core::ChildFacts<'_> {
-        retinue_core::ChildFacts {
-            tombstoned_at: self.child_tombstoned_at,
-            tombstone_reason: self.child_tombstone_reason.as_deref(),
-            tombstone_note: self.tombstone_note.as_deref(),
-            retained_at: self.entry.retained_at,
-            unit_retained: self.unit_retained,
-            unit_tombstoned_at: self.unit_tombstoned_at,
-            covered: self.covered,
-        }
-    }
-}
+// The child row (joined with its unit and, as `ut`, the unit-level
+// tombstone of `retinue_unit_tombstones`; callers that read no tombstoned
+// unit select `NULL, NULL` there) is core's `ChildRow`.
 
 pub(crate) fn read_child_row(r: &Row<'_>) -> rusqlite::Result<ChildRow> {
     read_child_row_at(r, 0)
@@ -228,7 +185,7 @@ pub(crate) fn read_child_row_at(r: &Row<'_>, o: usize) -> rusqlite::Result<Child
     let child_index =
         index.filter(|i| (0.0..=f64::from(u32::MAX)).contains(i)).map_or(u32::MAX, |i| i as u32);
     Ok(ChildRow {
-        rowid: r.get(o + 15)?,
+        rowid: Some(r.get(o + 15)?),
         malformed,
         entry: RetainedChild {
             delegation_id: delegation_id.unwrap_or_default(),

@@ -10,6 +10,9 @@
 //! * [`dispatch_and_retain`]: the semantics §10.1 fixture unit;
 //! * [`conformance`]: the backend conformance suite, written once against the
 //!   seam traits and run by every storage backend;
+//! * [`scripted`]: a deterministic [`ChildRuntime`](retinue_core::run::ChildRuntime)
+//!   and a recording completion sink for the orchestrator's tests (never a
+//!   runtime for a user's real home: no shipped crate depends on testkit);
 //! * [`fake_model::FakeModel`]: a scripted OpenAI-compatible model server on
 //!   127.0.0.1 (text, tool calls, SSE streams, usage, delays, 429/5xx/401,
 //!   malformed bodies, dropped connections), recording every request.
@@ -37,6 +40,7 @@ use retinue_store::{Store, StoreOptions};
 use serde_json::Value;
 
 pub mod conformance;
+pub mod scripted;
 pub use retinue_fake_model as fake_model;
 pub mod hermes;
 pub mod otlp;

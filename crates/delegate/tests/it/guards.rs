@@ -11,11 +11,11 @@ use retinue_core::{
     AttributionDraft, Backend, BudgetLimit, Budgets, ManualClock, NewSession, Result, SessionCost,
     SessionStore, TotalsSnapshot, TotalsUpdate, UsageAttribution, UsageLedger,
 };
-use retinue_delegate::scripted::{Script, ScriptedRuntime};
 use retinue_delegate::{Delegator, DelegatorParts, ParentContext, ThreadStarter};
 use retinue_lineage::Authority;
 use retinue_store::{Store, StoreOptions};
 use retinue_testkit::T0;
+use retinue_testkit::scripted::{Script, ScriptedRuntime};
 use serde_json::{Value, json};
 
 struct Fx {

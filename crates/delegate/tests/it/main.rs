@@ -8,10 +8,10 @@ use retinue_core::{
     Claims, DeliveryFilter, ManualClock, Message, NewSession, RegistryRead, Retention,
     SessionGraph, SessionStore, TombstoneReason,
 };
-use retinue_delegate::scripted::{RecordingSink, Script, ScriptedRuntime};
 use retinue_delegate::{ChildHandle, Delegator, DelegatorParts, LiveChild, ParentContext};
 use retinue_lineage::Authority;
 use retinue_store::{Store, StoreOptions};
+use retinue_testkit::scripted::{RecordingSink, Script, ScriptedRuntime};
 use serde_json::{Value, json};
 
 const T0: f64 = 1_800_000_000.0;
@@ -815,11 +815,11 @@ mod stopping {
 
     use retinue_config::DelegationConfig;
     use retinue_core::{ChildStatus, ExitReason, RegistryRead, SessionGraph, SessionStore};
-    use retinue_delegate::scripted::{Script, ScriptedRuntime};
     use retinue_delegate::{
         CancelToken, DelegateError, DelegateErrorKind, DelegateOutcome, DelegateRequest,
         MockChildRuntime, RuntimeError, SpawnRequest, TaskSpec,
     };
+    use retinue_testkit::scripted::{Script, ScriptedRuntime};
     use serde_json::json;
 
     use super::{Fx, parent};
@@ -967,12 +967,12 @@ mod sinks {
 
     use retinue_config::DelegationConfig;
     use retinue_core::{Claims, DeliveryFilter, ExitReason};
-    use retinue_delegate::scripted::ScriptedRuntime;
     use retinue_delegate::{
         ChildHandle, ChildRuntime, ChildSpec, Delegator, DelegatorParts, MockCompletionSink,
         MockTranscriptSink, RunInput, SinkError,
     };
     use retinue_lineage::Authority;
+    use retinue_testkit::scripted::ScriptedRuntime;
     use serde_json::json;
 
     use super::{Fx, ParentContext, parent};
@@ -1051,7 +1051,7 @@ fn parts_over(
 mod budgets {
     use retinue_config::DelegationConfig;
     use retinue_core::{BudgetLimit, Claims, ResumeClaim, SessionStore};
-    use retinue_delegate::scripted::ScriptedRuntime;
+    use retinue_testkit::scripted::ScriptedRuntime;
     use serde_json::{Value, json};
 
     use super::{Fx, err, parent};
@@ -1171,9 +1171,9 @@ mod budget_seam {
 
     use retinue_config::DelegationConfig;
     use retinue_core::{BudgetLimit, BudgetStatus, Error, MockBudgets, Reservation, Spend};
-    use retinue_delegate::scripted::ScriptedRuntime;
     use retinue_delegate::{Delegator, DelegatorParts};
     use retinue_lineage::Authority;
+    use retinue_testkit::scripted::ScriptedRuntime;
     use serde_json::json;
 
     use super::{Fx, err, parent};
@@ -1301,8 +1301,8 @@ mod budget_tree {
         AttributionDraft, BudgetLimit, Budgets, Result, SessionCost, TotalsSnapshot, TotalsUpdate,
         UsageAttribution, UsageLedger,
     };
-    use retinue_delegate::scripted::{Script, ScriptedRuntime};
     use retinue_delegate::{Delegator, DelegatorParts};
+    use retinue_testkit::scripted::{Script, ScriptedRuntime};
     use serde_json::{Value, json};
 
     use super::{Fx, err, parent};
@@ -1520,7 +1520,7 @@ mod no_overspend {
     use proptest::prelude::*;
     use retinue_config::DelegationConfig;
     use retinue_core::{BudgetLimit, Budgets};
-    use retinue_delegate::scripted::{Script, ScriptedRuntime};
+    use retinue_testkit::scripted::{Script, ScriptedRuntime};
     use serde_json::{Value, json};
 
     use super::{Fx, parent};
@@ -1613,8 +1613,8 @@ mod ids {
 
     use retinue_config::DelegationConfig;
     use retinue_core::{Lookup, RegistryRead};
-    use retinue_delegate::scripted::ScriptedRuntime;
     use retinue_delegate::{Delegator, DelegatorParts};
+    use retinue_testkit::scripted::ScriptedRuntime;
     use serde_json::json;
 
     use super::{Fx, parent};
@@ -1679,11 +1679,11 @@ mod unknown_price {
 
     use retinue_config::DelegationConfig;
     use retinue_core::{BudgetLimit, Budgets, ExitReason};
-    use retinue_delegate::scripted::ScriptedRuntime;
     use retinue_delegate::{
         CallPlan, ChildHandle, ChildOutcome, ChildRuntime, ChildSpec, Delegator, RunInput,
         RuntimeError, TranscriptSink,
     };
+    use retinue_testkit::scripted::ScriptedRuntime;
     use serde_json::json;
 
     use super::{Fx, err, parent};
@@ -1745,8 +1745,8 @@ mod background_units {
 
     use retinue_config::DelegationConfig;
     use retinue_core::{ControlOutcome, UnitState};
-    use retinue_delegate::scripted::{Script, ScriptedRuntime};
     use retinue_delegate::{CancelToken, DelegateErrorKind, Delegator, ParentContext, WaitState};
+    use retinue_testkit::scripted::{Script, ScriptedRuntime};
     use serde_json::{Value, json};
 
     use super::{Fx, parent, parts_over, wait_for_runs};

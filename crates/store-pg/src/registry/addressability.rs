@@ -9,8 +9,9 @@ use serde_json::Value;
 
 use crate::pool::{Mode, PgResult, Tx, int};
 use crate::registry::backfill::backfill;
-use crate::rows::{CHILD_COLS, CHILD_RETAINED_AT, ChildRow, PROFILE_U, read_child_row_at};
+use crate::rows::{CHILD_COLS, CHILD_RETAINED_AT, PROFILE_U, read_child_row_at};
 use crate::store::{Limits, PgStore};
+use retinue_core::ChildRow;
 
 /// Whether a unit counts towards its profile's cap: `{a}` is a live retained
 /// unit (the partial index's rows) with a live child within the TTL ($2).
@@ -167,13 +168,6 @@ impl RegistryRead for PgStore {
     fn list_retained_children(&self) -> Result<Vec<RetainedChild>> {
         let lim = self.limits();
         self.pool.tx("listing retained children", Mode::ReadOne, |tx| list_in(tx, lim))
-    }
-
-    fn find_retained_child(&self, id: &str) -> Result<Option<RetainedChild>> {
-        Ok(match self.lookup(id)? {
-            Lookup::Addressable(entry) => Some(entry),
-            _ => None,
-        })
     }
 
     fn lookup(&self, id: &str) -> Result<Lookup> {

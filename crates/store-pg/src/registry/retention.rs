@@ -185,11 +185,7 @@ impl Retention for PgStore {
         if id.is_empty() {
             return Ok(false);
         }
-        // The reason of an operator's tombstone is `manual`; any text is its note.
-        let note = match reason {
-            TombstoneReason::Manual => None,
-            other => Some(other.as_str().to_owned()),
-        };
+        let note = reason.note();
         let lim = self.limits();
         self.pool.tx("tombstoning a retained child", Mode::Write, |tx| {
             tombstone_in(tx, id, note.as_deref(), lim)
@@ -239,23 +235,9 @@ impl Retention for PgStore {
     fn recover_abandoned_delegations(&self, probe: &dyn OwnerProbe) -> RecoveryReport {
         let mut report = RecoveryReport::default();
         if let Err(e) = self.heartbeat() {
-            report.error = Some(format!("renewing the worker lease failed: {e}"));
+            report.failed("renewing the worker lease", &e);
         }
-        match self.classify(probe) {
-            Ok(n) => report.abandoned = n,
-            Err(e) => report.error = Some(format!("classification failed: {e}")),
-        }
-        match self.rehydrate_retained_children() {
-            Ok(n) => report.addressable = n,
-            Err(e) => {
-                let msg = format!("rehydration failed: {e}");
-                report.error = Some(match report.error.take() {
-                    Some(prev) => format!("{prev}; {msg}"),
-                    None => msg,
-                });
-            }
-        }
-        report
+        report.run(|| self.classify(probe), || self.rehydrate_retained_children())
     }
 
     fn prune_history(&self) -> Result<usize> {

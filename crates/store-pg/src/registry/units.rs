@@ -1,13 +1,12 @@
 //! [`UnitLifecycle`] on PostgreSQL: insert, manifest, completion, retain.
 
 use retinue_core::{
-    ChildManifest, Completion, Error, Result, UnitDraft, UnitLifecycle, children_json,
-    truncate_chars,
+    ChildManifest, Completion, Result, UnitDraft, UnitLifecycle, children_json, truncate_chars,
 };
 use serde_json::Value;
 use std::sync::atomic::Ordering;
 
-use crate::pool::{Mode, PgResult, Tx, random_hex};
+use crate::pool::{Mode, PgResult, Tx};
 use crate::registry::backfill::backfill;
 use crate::registry::retain::{Done, retain_in, retain_one};
 use crate::sessions::{SessionArrays, chained, insert_sessions, sessions_from_arrays};
@@ -197,13 +196,12 @@ impl<'a> UnitRow<'a> {
 
 impl UnitLifecycle for PgStore {
     fn insert_unit(&self, draft: &UnitDraft) -> Result<String> {
-        for _ in 0..8 {
-            let id = format!("deleg_{}", random_hex(4)?);
+        retinue_core::insert_with_unit_id(|id| {
             let now = self.clock.now();
-            let inserted = if chained(&draft.child_sessions) {
+            if chained(&draft.child_sessions) {
                 self.pool.tx("inserting a unit", Mode::Write, |tx| {
-                    self.insert_unit_in(tx, draft, &id, now)
-                })?
+                    self.insert_unit_in(tx, draft, id, now)
+                })
             } else {
                 // One statement whose every rule is a constraint (the id's
                 // key, the children's and sessions' keys and references):
@@ -212,14 +210,10 @@ impl UnitLifecycle for PgStore {
                 // concurrent dispatches fail to serialize with each other
                 // (half of them at 4 × 8, issue #41).
                 self.pool.tx("inserting a unit", Mode::WriteCommitted, |tx| {
-                    self.insert_unit_one(tx, draft, &id, now)
-                })?
-            };
-            if inserted {
-                return Ok(id);
+                    self.insert_unit_one(tx, draft, id, now)
+                })
             }
-        }
-        Err(Error::Invalid("could not allocate a unique delegation id".to_owned()))
+        })
     }
 
     fn record_dispatched_children(&self, id: &str, children: &[ChildManifest]) -> Result<bool> {

@@ -8,10 +8,11 @@ use serde_json::Value;
 use crate::error::{Result, SqlResult};
 use crate::registry::RegistryRead;
 use crate::rows::{
-    CHILD_COLS, CHILD_RETAINED_AT, ChildRow, Limits, json_column, live_profiles, read_child_row,
+    CHILD_COLS, CHILD_RETAINED_AT, Limits, json_column, live_profiles, read_child_row,
     read_child_row_at, text_column,
 };
 use crate::store::Store;
+use retinue_core::ChildRow;
 use retinue_core::child_status;
 use retinue_core::{Lookup, RetainedChild, TombstoneReason, Unaddressable, parse_json_opt};
 
@@ -42,7 +43,7 @@ fn candidates(conn: &Connection, id: &str) -> SqlResult<Vec<(u8, ChildRow)>> {
             if row.malformed {
                 log::warn!(
                     "retinue_children rowid {} is malformed (unreadable id or profile); skipped",
-                    row.rowid
+                    row.rowid.unwrap_or_default()
                 );
             }
             !row.malformed
@@ -175,7 +176,7 @@ pub(crate) fn list_in(tx: &Connection, lim: Limits) -> SqlResult<Vec<RetainedChi
             if row.malformed {
                 log::warn!(
                     "retinue_children rowid {} is malformed (unreadable id or profile); skipped",
-                    row.rowid
+                    row.rowid.unwrap_or_default()
                 );
             }
             !row.malformed
@@ -202,13 +203,6 @@ impl RegistryRead for Store {
             end?;
             cache.keep_list(lim.cutoff(), lim.max_retained, &rows);
             Ok(rows)
-        })
-    }
-
-    fn find_retained_child(&self, id: &str) -> Result<Option<RetainedChild>> {
-        Ok(match self.lookup(id)? {
-            Lookup::Addressable(entry) => Some(entry),
-            _ => None,
         })
     }
 

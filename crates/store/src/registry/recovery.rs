@@ -69,20 +69,5 @@ fn classify(store: &Store, probe: &dyn OwnerProbe) -> Result<usize> {
 }
 
 pub(crate) fn recover(store: &Store, probe: &dyn OwnerProbe) -> RecoveryReport {
-    let mut report = RecoveryReport::default();
-    match classify(store, probe) {
-        Ok(n) => report.abandoned = n,
-        Err(e) => report.error = Some(format!("classification failed: {e}")),
-    }
-    match store.rehydrate_retained_children() {
-        Ok(n) => report.addressable = n,
-        Err(e) => {
-            let msg = format!("rehydration failed: {e}");
-            report.error = Some(match report.error.take() {
-                Some(prev) => format!("{prev}; {msg}"),
-                None => msg,
-            });
-        }
-    }
-    report
+    RecoveryReport::default().run(|| classify(store, probe), || store.rehydrate_retained_children())
 }

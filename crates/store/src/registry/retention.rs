@@ -272,11 +272,7 @@ impl Retention for Store {
         if id.is_empty() {
             return Ok(false);
         }
-        // The reason of an operator's tombstone is `manual`; any text is its note.
-        let note = match reason {
-            TombstoneReason::Manual => None,
-            other => Some(other.as_str().to_owned()),
-        };
+        let note = reason.note();
         let lim = self.limits();
         self.pool.write("tombstoning a retained child", |tx| {
             backfill(tx, None)?;

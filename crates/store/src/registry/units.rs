@@ -4,7 +4,7 @@
 use rusqlite::{Transaction, params};
 use serde_json::Value;
 
-use crate::error::{Error, Result, SqlResult};
+use crate::error::{Result, SqlResult};
 use crate::registry::UnitLifecycle;
 use crate::registry::backfill::backfill;
 use crate::registry::retention::prune_in;
@@ -127,15 +127,9 @@ impl Store {
 
 impl UnitLifecycle for Store {
     fn insert_unit(&self, draft: &UnitDraft) -> Result<String> {
-        for _ in 0..8 {
-            let id = format!("deleg_{}", crate::db::random_hex(4)?);
-            // An id already taken is seen inside the same write transaction
-            // (no message text is ever inspected), and a new id is drawn.
-            if self.pool.write("inserting a unit", |tx| self.insert_unit_in(tx, draft, &id))? {
-                return Ok(id);
-            }
-        }
-        Err(Error::Invalid("could not allocate a unique delegation id".to_owned()))
+        retinue_core::insert_with_unit_id(|id| {
+            self.pool.write("inserting a unit", |tx| self.insert_unit_in(tx, draft, id))
+        })
     }
 
     fn record_dispatched_children(&self, id: &str, children: &[ChildManifest]) -> Result<bool> {

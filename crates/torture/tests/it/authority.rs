@@ -7,11 +7,11 @@ use std::sync::Arc;
 
 use retinue_config::DelegationConfig;
 use retinue_core::{ChildManifest, RegistryRead, Retention, TombstoneReason};
-use retinue_delegate::scripted::{RecordingSink, ScriptedRuntime};
 use retinue_delegate::{ChildHandle, Delegator, DelegatorParts, LiveChild, ParentContext};
 use retinue_lineage::Authority;
 use retinue_store::Store;
 use retinue_testkit::SessionGraphBuilder;
+use retinue_testkit::scripted::{RecordingSink, ScriptedRuntime};
 use serde_json::{Value, json};
 
 use super::common::Fx;

@@ -13,12 +13,12 @@ use retinue_core::{
     AttributionDraft, Claims, DeliveryFilter, RegistryRead, Retention, SessionGraph, SessionStore,
     TombstoneReason, UsageLedger, parse_children_json,
 };
-use retinue_delegate::scripted::{RecordingSink, ScriptedRuntime};
 use retinue_delegate::{
     Delegator, DelegatorParts, ParentContext, parse_follow_up, parse_tasks, texts,
 };
 use retinue_lineage::Authority;
 use retinue_testkit::SessionGraphBuilder;
+use retinue_testkit::scripted::{RecordingSink, ScriptedRuntime};
 use serde_json::{Value, json};
 
 use super::common::{Fx, Hostile, T0, hostile, huge, json_value, refused_means_unchanged};

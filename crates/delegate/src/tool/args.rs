@@ -1,34 +1,11 @@
 //! Parsing `delegate_task` arguments into a request, in hermes's check order.
 
+use retinue_core::BudgetLimit;
 use serde_json::Value;
 
 use crate::error::DelegateError;
+use crate::request::{FollowUp, TaskSpec, invalid};
 use crate::texts;
-
-/// One task of a spawn.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct TaskSpec {
-    /// The goal (non-blank).
-    pub goal: String,
-    /// Extra context.
-    pub context: Option<String>,
-    /// Per-task role.
-    pub role: Option<String>,
-}
-
-/// A follow-up request.
-#[derive(Debug, Clone, PartialEq)]
-pub struct FollowUp {
-    /// The addressed id, as given.
-    pub target: String,
-    /// The message: trimmed goal, plus `\n\nContext: <context>`.
-    pub text: String,
-}
-
-/// A malformed argument: [`DelegateError::InvalidArguments`] with hermes's text.
-fn invalid(text: impl Into<String>) -> DelegateError {
-    DelegateError::InvalidArguments(text.into())
-}
 
 fn non_blank(v: Option<&Value>) -> Option<String> {
     v.and_then(Value::as_str).map(str::trim).filter(|s| !s.is_empty()).map(str::to_owned)
@@ -42,29 +19,6 @@ pub fn parse_follow_up(args: &Value) -> Option<Result<FollowUp, DelegateError>> 
     };
     let text = |k: &str| args.get(k).and_then(Value::as_str);
     Some(FollowUp::new(target, text("goal"), text("context")))
-}
-
-impl FollowUp {
-    /// A follow-up to `target` (non-blank) with `goal` (non-blank) and an
-    /// optional `context`, checked in hermes's order with hermes's texts.
-    pub fn new(
-        target: &str,
-        goal: Option<&str>,
-        context: Option<&str>,
-    ) -> Result<FollowUp, DelegateError> {
-        if target.trim().is_empty() {
-            return Err(invalid(texts::FOLLOW_UP_BLANK));
-        }
-        let clean = |s: Option<&str>| s.map(str::trim).filter(|s| !s.is_empty()).map(str::to_owned);
-        let Some(goal) = clean(goal) else {
-            return Err(invalid(texts::FOLLOW_UP_NO_GOAL));
-        };
-        let text = match clean(context) {
-            Some(ctx) => format!("{goal}\n\nContext: {ctx}"),
-            None => goal,
-        };
-        Ok(FollowUp { target: target.to_owned(), text })
-    }
 }
 
 impl TaskSpec {
@@ -122,6 +76,25 @@ pub fn parse_tasks(args: &Value, max: usize) -> Result<Vec<TaskSpec>, DelegateEr
     };
     let text = |k: &str| args.get(k).and_then(Value::as_str);
     TaskSpec::list(tasks.as_deref(), text("goal"), text("context"), max)
+}
+
+/// The call's `budget` argument: `{max_cost_usd, max_tokens}`, non-negative
+/// numbers; anything else is an invalid argument.
+pub(super) fn parse_call_budget(args: &Value) -> Result<BudgetLimit, DelegateError> {
+    let Some(raw) = args.get("budget").filter(|v| !v.is_null()) else {
+        return Ok(BudgetLimit::default());
+    };
+    let bad = || DelegateError::InvalidArguments(crate::texts::BAD_BUDGET.to_owned());
+    let obj = raw.as_object().ok_or_else(bad)?;
+    let mut limit = BudgetLimit::default();
+    if let Some(v) = obj.get("max_cost_usd").filter(|v| !v.is_null()) {
+        let f = v.as_f64().filter(|f| f.is_finite() && *f >= 0.0).ok_or_else(bad)?;
+        limit.max_cost_usd = Some(f);
+    }
+    if let Some(v) = obj.get("max_tokens").filter(|v| !v.is_null()) {
+        limit.max_tokens = Some(v.as_u64().ok_or_else(bad)?);
+    }
+    Ok(limit)
 }
 
 #[cfg(test)]
@@ -187,5 +160,19 @@ mod tests {
             single,
             vec![TaskSpec { goal: "g".into(), context: Some("c".into()), role: None }]
         );
+    }
+
+    #[test]
+    fn call_budgets_are_validated() {
+        assert_eq!(parse_call_budget(&json!({})).ok(), Some(BudgetLimit::default()));
+        let ok = parse_call_budget(&json!({"budget": {"max_cost_usd": 0.5, "max_tokens": 10}}));
+        assert_eq!(ok.ok(), Some(BudgetLimit { max_cost_usd: Some(0.5), max_tokens: Some(10) }));
+        for bad in [
+            json!({"budget": 3}),
+            json!({"budget": {"max_cost_usd": -1}}),
+            json!({"budget": {"max_tokens": 1.5}}),
+        ] {
+            assert!(matches!(parse_call_budget(&bad), Err(DelegateError::InvalidArguments(_))));
+        }
     }
 }

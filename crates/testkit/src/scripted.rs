@@ -1,5 +1,6 @@
 //! A deterministic child runtime and a recording completion sink: test
-//! doubles (the `scripted` feature), never a runtime for a user's real home.
+//! doubles of the orchestrator's seams (`retinue_core::run`), never a
+//! runtime for a user's real home (no shipped crate depends on testkit).
 
 use retinue_core::CompletionEvent;
 use std::collections::{BTreeSet, HashMap};
