@@ -101,7 +101,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         authority: authority.clone(),
         runtime: Arc::new(MyRuntime),
         completions: None, // background results: pass your CompletionSink
-        config: config.delegation.clone(),
+        config: (&config.delegation).into(),
         profile,
     });
     // Advertise the tool to the model with this schema.

@@ -655,7 +655,7 @@ pub(crate) fn delegator(
         runtime,
         completions: None,
         // The orchestrator's policy carries no key: the runtime alone holds it.
-        config: DelegationConfig { api_key: retinue_config::ApiKey::default(), ..config },
+        config: (&config).into(),
         profile: profile.to_owned(),
     })
 }

@@ -14,6 +14,7 @@ mod database;
 mod delegation;
 mod home;
 mod mcp;
+mod policy;
 mod reader;
 
 use std::path::Path;
@@ -24,6 +25,7 @@ pub use database::DatabaseConfig;
 pub use delegation::{ApiKey, DelegationConfig, ModelPrice, TerminalConfig};
 pub use home::{hermes_home, try_hermes_home, user_home};
 pub use mcp::McpServerConfig;
+pub use policy::OrchestratorPolicy;
 
 /// The configuration as loaded, with the warnings loading produced.
 #[derive(Debug, Clone, PartialEq, Default)]

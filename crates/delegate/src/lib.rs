@@ -30,7 +30,7 @@ pub mod toolsets;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use retinue_config::DelegationConfig;
+use retinue_config::OrchestratorPolicy;
 use retinue_core::Backend;
 use retinue_lineage::LineageAuthority;
 
@@ -87,8 +87,9 @@ pub struct DelegatorParts {
     pub runtime: Arc<dyn ChildRuntime>,
     /// Where background completions go.
     pub completions: Option<Arc<dyn CompletionSink>>,
-    /// The `delegation:` configuration.
-    pub config: DelegationConfig,
+    /// The orchestrator's part of `delegation:` (no API key: the runtime
+    /// holds it).
+    pub config: OrchestratorPolicy,
     /// The process profile key.
     pub profile: String,
 }
@@ -148,8 +149,8 @@ impl std::fmt::Debug for Delegator {
 }
 
 impl Delegator {
-    /// The `delegation:` configuration it runs under.
-    pub fn config(&self) -> &DelegationConfig {
+    /// The orchestrator policy it runs under.
+    pub fn config(&self) -> &OrchestratorPolicy {
         &self.inner.parts.config
     }
 

@@ -37,7 +37,7 @@ pub(crate) fn random_hex(bytes: usize) -> String {
 /// (`orchestrator_enabled`, and the child's depth below `max_spawn_depth`).
 pub(crate) fn effective_role(
     wanted: Role,
-    config: &retinue_config::DelegationConfig,
+    config: &retinue_config::OrchestratorPolicy,
     parent: &ParentContext,
 ) -> Role {
     if wanted == Role::Orchestrator
@@ -649,7 +649,7 @@ fn persist(
                 model: p.spec.model.clone(),
                 provider: p.spec.provider.clone(),
                 // Informational: a run calls the runtime's own endpoint.
-                base_url: parts.config.recorded_endpoint(),
+                base_url: parts.config.recorded_endpoint.clone(),
                 api_mode: p.spec.api_mode.clone(),
                 toolsets: Some(p.spec.toolsets.clone()),
                 role: Some(p.spec.role.as_str().to_owned()),

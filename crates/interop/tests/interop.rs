@@ -377,7 +377,7 @@ fn delegator(store: &Arc<Store>, runtime: &Arc<ScriptedRuntime>) -> Delegator {
         authority: Arc::new(Authority::new(store.clone(), store.clone(), "")),
         runtime: runtime.clone(),
         completions: Some(Arc::new(RecordingSink::default())),
-        config: DelegationConfig::default(),
+        config: DelegationConfig::default().into(),
         profile: String::new(),
     })
 }
@@ -678,7 +678,7 @@ fn child_with_tool_turns(store: &Arc<Store>, parent_session: &str) -> Value {
         authority: Arc::new(Authority::new(store.clone(), store.clone(), "")),
         runtime,
         completions: None,
-        config: DelegationConfig::default(),
+        config: DelegationConfig::default().into(),
         profile: String::new(),
     });
     let ctx = ParentContext { workspace: Some(ws.path().to_path_buf()), ..parent(parent_session) };

@@ -120,7 +120,7 @@ fn server(
         authority: authority.clone(),
         runtime: Arc::new(runtime),
         completions: None,
-        config,
+        config: (&config).into(),
         profile: String::new(),
     });
     let parent = retinue_mcp::resolve_session(store.as_ref(), choice, "").unwrap();

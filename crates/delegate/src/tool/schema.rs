@@ -1,10 +1,10 @@
 //! The `delegate_task` tool schema (semantics §6.1), with live limits in its texts.
 
-use retinue_config::DelegationConfig;
+use retinue_config::OrchestratorPolicy;
 use serde_json::{Value, json};
 
 /// The tool's JSON schema.
-pub fn delegate_task_schema(config: &DelegationConfig) -> Value {
+pub fn delegate_task_schema(config: &OrchestratorPolicy) -> Value {
     let follow_up = format!(
         "Pass a subagent_id or child session id from an earlier result, with `goal` as the \
          message. A running child is steered (queued); a completed retained child resumes with \

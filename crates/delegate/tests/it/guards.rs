@@ -51,7 +51,7 @@ fn parts(fx: &Fx, backend: Backend, runtime: ScriptedRuntime) -> DelegatorParts 
         authority: Arc::new(Authority::new(fx.store.clone(), fx.store.clone(), "")),
         runtime: Arc::new(runtime),
         completions: None,
-        config: fx.config.clone(),
+        config: (&fx.config).into(),
         profile: String::new(),
     }
 }

@@ -36,7 +36,7 @@ fn tool_over(
         authority: Arc::new(Authority::new(store.clone(), store.clone(), "")),
         runtime: runtime.clone(),
         completions: Some(sink.clone()),
-        config,
+        config: config.into(),
         profile: String::new(),
     })
 }
@@ -711,7 +711,7 @@ mod seams {
             authority: Arc::new(authority),
             runtime: Arc::new(runtime),
             completions: None,
-            config: DelegationConfig::default(),
+            config: DelegationConfig::default().into(),
             profile: String::new(),
         })
     }
@@ -1010,7 +1010,7 @@ mod sinks {
             authority: Arc::new(Authority::new(fx.store.clone(), fx.store.clone(), "")),
             runtime: Arc::new(ScriptedRuntime::new()),
             completions: Some(Arc::new(refusing)),
-            config: DelegationConfig::default(),
+            config: DelegationConfig::default().into(),
             profile: String::new(),
         });
         let bg = ParentContext { can_receive_detached: true, ..parent("P") };
@@ -1041,7 +1041,7 @@ fn parts_over(
         authority: Arc::new(Authority::new(fx.store.clone(), fx.store.clone(), "")),
         runtime,
         completions: None,
-        config,
+        config: config.into(),
         profile: String::new(),
     }
 }
@@ -1190,7 +1190,8 @@ mod budget_seam {
             config: DelegationConfig {
                 budget: BudgetLimit { max_cost_usd: Some(1.0), max_tokens: None },
                 ..DelegationConfig::default()
-            },
+            }
+            .into(),
             profile: String::new(),
         })
     }

@@ -79,7 +79,7 @@ fn tool_over(store: &Arc<Store>, runtime: &Arc<ScriptedRuntime>) -> Delegator {
         authority: Arc::new(Authority::new(store.clone(), store.clone(), "")),
         runtime: runtime.clone(),
         completions: Some(Arc::new(RecordingSink::default())),
-        config: DelegationConfig::default(),
+        config: DelegationConfig::default().into(),
         profile: String::new(),
     })
 }
@@ -185,7 +185,7 @@ fn parts(w: &World) -> DelegatorParts {
         runtime: w.runtime.clone(),
         completions: None,
 
-        config: DelegationConfig::default(),
+        config: DelegationConfig::default().into(),
         profile: String::new(),
     }
 }

@@ -187,7 +187,7 @@ pub(crate) fn delegator(fx: &Fx) -> Delegator {
         authority: Arc::new(Authority::new(fx.store.clone(), fx.store.clone(), "")),
         runtime: Arc::new(ScriptedRuntime::new()),
         completions: Some(Arc::new(RecordingSink::default())),
-        config: DelegationConfig::default(),
+        config: DelegationConfig::default().into(),
         profile: String::new(),
     })
 }
