@@ -16,6 +16,7 @@
 //! every failure is a [`ToolError`] the model reads.
 
 pub mod args;
+pub mod danger;
 pub mod file;
 pub mod mcp;
 pub mod read;
