@@ -112,8 +112,11 @@ pub struct DelegationConfig {
     pub max_spawn_depth: u32,
     /// Whether the `orchestrator` role is allowed.
     pub orchestrator_enabled: bool,
-    /// Whether children auto-approve tool calls.
+    /// hermes's `subagent_auto_approve`: `true` makes approvals' default
+    /// mode `allow`.
     pub subagent_auto_approve: bool,
+    /// `delegation.approvals`: which calls wait for a human.
+    pub approvals: crate::ApprovalPolicy,
     /// Retained units kept addressable (floor 1).
     pub max_retained: u32,
     /// Hours a retained child stays addressable (floor 1.0).
@@ -197,6 +200,7 @@ impl Default for DelegationConfig {
             max_spawn_depth: 1,
             orchestrator_enabled: true,
             subagent_auto_approve: false,
+            approvals: crate::ApprovalPolicy::default(),
             max_retained: 10,
             retained_ttl_hours: 72.0,
             budget: BudgetLimit::default(),
@@ -231,6 +235,7 @@ impl fmt::Debug for DelegationConfig {
             .field("max_spawn_depth", &self.max_spawn_depth)
             .field("orchestrator_enabled", &self.orchestrator_enabled)
             .field("subagent_auto_approve", &self.subagent_auto_approve)
+            .field("approvals", &self.approvals)
             .field("max_retained", &self.max_retained)
             .field("retained_ttl_hours", &self.retained_ttl_hours)
             .field("budget", &self.budget)
@@ -289,6 +294,7 @@ impl LoadedConfig {
         d.max_spawn_depth = d.max_spawn_depth.max(1);
         r.boolean("orchestrator_enabled", &mut d.orchestrator_enabled);
         r.boolean("subagent_auto_approve", &mut d.subagent_auto_approve);
+        r.approvals(d.subagent_auto_approve, &mut d.approvals);
         r.uint("max_retained", &mut d.max_retained);
         d.max_retained = d.max_retained.max(1);
         r.float("retained_ttl_hours", &mut d.retained_ttl_hours);

@@ -10,6 +10,7 @@
 //! affected keys take their defaults and a warning naming the file and key is
 //! recorded in [`LoadedConfig::warnings`] (the caller reports them, once).
 
+mod approvals;
 mod database;
 mod delegation;
 mod home;
@@ -21,6 +22,7 @@ use std::path::Path;
 
 use serde_yaml_ng::Value;
 
+pub use approvals::{ApprovalAction, ApprovalPolicy, ApprovalRule};
 pub use database::DatabaseConfig;
 pub use delegation::{ApiKey, DelegationConfig, ModelPrice, TerminalConfig};
 pub use home::{hermes_home, try_hermes_home, user_home};

@@ -15,6 +15,7 @@
 //! workspace ([`workspace::Workspace`]); model arguments are untrusted and
 //! every failure is a [`ToolError`] the model reads.
 
+pub mod approval;
 pub mod args;
 pub mod danger;
 pub mod file;

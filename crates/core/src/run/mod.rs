@@ -39,6 +39,10 @@ pub mod toolsets {
     pub const DELEGATION: &str = "delegation";
     /// The prefix of an MCP server's toolset (`mcp-<server>`, hermes's name).
     pub const MCP_PREFIX: &str = "mcp-";
+    /// The built-in tools' names (hermes's); an MCP server's tools are
+    /// `mcp__<server>__<tool>`.
+    pub const TOOL_NAMES: &[&str] =
+        &["read_file", "search_files", "write_file", "patch", "terminal", "delegate_task"];
 }
 
 /// Everything a runtime needs to build one child.

@@ -14,6 +14,10 @@
 //! known by its base name (`/bin/rm` is `rm`). What this cannot see — a
 //! script file's contents, a variable's value — runs sandboxed as before.
 
+mod lex;
+
+use lex::{Cmd, Parsed, lex};
+
 /// Why a command needs approval.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Danger {
@@ -111,176 +115,6 @@ fn classify_at(command: &str, depth: usize) -> Option<Danger> {
     None
 }
 
-/// One simple command as the lexer read it.
-#[derive(Debug, Default, Clone)]
-struct Cmd {
-    /// Its words, quotes removed; a substitution is `\u{0}N\u{0}` (its index).
-    words: Vec<String>,
-    /// Where its output redirections write.
-    redirects: Vec<String>,
-}
-
-#[derive(Debug, Default)]
-struct Parsed {
-    /// Commands joined by `|` form a pipeline; `;`, `&&`, `||`, `&` and
-    /// newlines end one.
-    pipelines: Vec<Vec<Cmd>>,
-    /// The texts of `$(…)`, backticks, `<(…)` and `>(…)`.
-    substitutions: Vec<String>,
-}
-
-/// A shell-like reading of `text` (POSIX quoting, operators, substitutions).
-fn lex(text: &str) -> Parsed {
-    let chars: Vec<char> = text.chars().collect();
-    let mut out = Parsed::default();
-    let mut pipeline: Vec<Cmd> = Vec::new();
-    let mut cmd = Cmd::default();
-    let mut word = String::new();
-    let mut in_word = false;
-    let mut redirect_next = false;
-    let mut i = 0;
-    let end_word = |word: &mut String, in_word: &mut bool, cmd: &mut Cmd, redirect: &mut bool| {
-        if *in_word {
-            if *redirect {
-                cmd.redirects.push(std::mem::take(word));
-                *redirect = false;
-            } else {
-                cmd.words.push(std::mem::take(word));
-            }
-            *in_word = false;
-        }
-    };
-    while i < chars.len() {
-        let c = chars[i];
-        match c {
-            '\'' => {
-                in_word = true;
-                i += 1;
-                while i < chars.len() && chars[i] != '\'' {
-                    word.push(chars[i]);
-                    i += 1;
-                }
-            }
-            '"' => {
-                in_word = true;
-                i += 1;
-                while i < chars.len() && chars[i] != '"' {
-                    match chars[i] {
-                        '\\' if i + 1 < chars.len() && "\"\\$`\n".contains(chars[i + 1]) => {
-                            if chars[i + 1] != '\n' {
-                                word.push(chars[i + 1]);
-                            }
-                            i += 1;
-                        }
-                        '$' if chars.get(i + 1) == Some(&'(') => {
-                            let (inner, next) = balanced(&chars, i + 2);
-                            push_sub(&mut out, &mut word, inner);
-                            i = next;
-                            continue;
-                        }
-                        '`' => {
-                            let (inner, next) = backticked(&chars, i + 1);
-                            push_sub(&mut out, &mut word, inner);
-                            i = next;
-                            continue;
-                        }
-                        other => word.push(other),
-                    }
-                    i += 1;
-                }
-            }
-            '\\' => {
-                if let Some(&next) = chars.get(i + 1) {
-                    if next != '\n' {
-                        word.push(next);
-                        in_word = true;
-                    }
-                    i += 1;
-                }
-            }
-            '$' | '<' | '>' if chars.get(i + 1) == Some(&'(') => {
-                let (inner, next) = balanced(&chars, i + 2);
-                push_sub(&mut out, &mut word, inner);
-                in_word = true;
-                i = next;
-                continue;
-            }
-            '`' => {
-                let (inner, next) = backticked(&chars, i + 1);
-                push_sub(&mut out, &mut word, inner);
-                in_word = true;
-                i = next;
-                continue;
-            }
-            '#' if !in_word => {
-                while i < chars.len() && chars[i] != '\n' {
-                    i += 1;
-                }
-                continue;
-            }
-            '>' | '<' => {
-                // A pending all-digit word is the redirected descriptor (`2>`).
-                if in_word && !word.is_empty() && word.chars().all(|d| d.is_ascii_digit()) {
-                    word.clear();
-                    in_word = false;
-                }
-                end_word(&mut word, &mut in_word, &mut cmd, &mut redirect_next);
-                let output = c == '>';
-                while i + 1 < chars.len() && matches!(chars[i + 1], '>' | '<' | '|' | '&') {
-                    i += 1;
-                }
-                redirect_next = output;
-            }
-            ';' | '&' | '|' | '\n' | '(' | ')' => {
-                end_word(&mut word, &mut in_word, &mut cmd, &mut redirect_next);
-                let piped = c == '|' && chars.get(i + 1) != Some(&'|');
-                if c == '&' && chars.get(i + 1) == Some(&'>') {
-                    // `&>` / `&>>`: both streams to a file.
-                    i += 1;
-                    while i + 1 < chars.len() && chars[i + 1] == '>' {
-                        i += 1;
-                    }
-                    redirect_next = true;
-                    i += 1;
-                    continue;
-                }
-                if !cmd.words.is_empty() || !cmd.redirects.is_empty() {
-                    pipeline.push(std::mem::take(&mut cmd));
-                }
-                if !piped && !pipeline.is_empty() {
-                    out.pipelines.push(std::mem::take(&mut pipeline));
-                }
-                // `&&`, `||`, `|&`, `;;`: one operator.
-                if i + 1 < chars.len() && matches!(chars[i + 1], '&' | '|' | ';') {
-                    i += 1;
-                }
-            }
-            c if c.is_whitespace() => {
-                end_word(&mut word, &mut in_word, &mut cmd, &mut redirect_next);
-            }
-            other => {
-                word.push(other);
-                in_word = true;
-            }
-        }
-        i += 1;
-    }
-    end_word(&mut word, &mut in_word, &mut cmd, &mut redirect_next);
-    if !cmd.words.is_empty() || !cmd.redirects.is_empty() {
-        pipeline.push(cmd);
-    }
-    if !pipeline.is_empty() {
-        out.pipelines.push(pipeline);
-    }
-    // `{` and `}` group commands; as words they carry no meaning here.
-    for p in &mut out.pipelines {
-        for c in p.iter_mut() {
-            c.words.retain(|w| w != "{" && w != "}");
-        }
-    }
-    out
-}
-
 /// Expands `$NAME` and `${NAME}` with the values earlier plain assignments
 /// in the same command line gave them (`a=rm; $a -rf build`).
 fn expand_variables(parsed: &mut Parsed) {
@@ -303,55 +137,6 @@ fn expand_variables(parsed: &mut Parsed) {
             }
         }
     }
-}
-
-fn push_sub(out: &mut Parsed, word: &mut String, inner: String) {
-    word.push_str(&format!("\u{0}{}\u{0}", out.substitutions.len()));
-    out.substitutions.push(inner);
-}
-
-/// The text up to the `)` that closes a `(` before `start`, and the index
-/// after it (quotes inside are skipped over; an unclosed one runs to the end).
-fn balanced(chars: &[char], start: usize) -> (String, usize) {
-    let mut depth = 1;
-    let mut i = start;
-    let mut quote: Option<char> = None;
-    while i < chars.len() {
-        let c = chars[i];
-        match quote {
-            Some(q) if c == q => quote = None,
-            Some(_) if c == '\\' => i += 1,
-            Some(_) => {}
-            None => match c {
-                '\'' | '"' => quote = Some(c),
-                '\\' => i += 1,
-                '(' => depth += 1,
-                ')' => {
-                    depth -= 1;
-                    if depth == 0 {
-                        return (chars[start..i].iter().collect(), i + 1);
-                    }
-                }
-                _ => {}
-            },
-        }
-        i += 1;
-    }
-    (chars[start.min(chars.len())..].iter().collect(), chars.len())
-}
-
-/// The text up to the next unescaped backtick, and the index after it.
-fn backticked(chars: &[char], start: usize) -> (String, usize) {
-    let mut i = start;
-    let mut inner = String::new();
-    while i < chars.len() && chars[i] != '`' {
-        if chars[i] == '\\' && i + 1 < chars.len() {
-            i += 1;
-        }
-        inner.push(chars[i]);
-        i += 1;
-    }
-    (inner, i + 1)
 }
 
 /// Programs that fetch from the network.

@@ -1,0 +1,193 @@
+//! What one tool call gets under `delegation.approvals` (issue #37): run
+//! it, ask a human, or refuse it. Rules come first, in order; a call no
+//! rule matches needs approval when [`crate::danger`] finds its terminal
+//! command risky or its MCP tool is annotated `destructiveHint: true`, and
+//! then gets the policy's mode. Everything else runs as before (sandboxed).
+
+use globset::{Glob, GlobBuilder, GlobMatcher};
+use retinue_config::{ApprovalAction, ApprovalPolicy};
+use serde_json::Value;
+
+use crate::danger;
+
+/// The verdict on one call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ApprovalVerdict {
+    /// Run it without asking.
+    Run,
+    /// Wait for a human's decision; the reason the request shows.
+    Ask(String),
+    /// Refuse it; the reason the model reads.
+    Deny(String),
+}
+
+/// A compiled `delegation.approvals` policy.
+#[derive(Debug, Clone)]
+pub struct Approvals {
+    mode: ApprovalAction,
+    rules: Vec<Rule>,
+}
+
+#[derive(Debug, Clone)]
+struct Rule {
+    tool: GlobMatcher,
+    command: Option<GlobMatcher>,
+    path: Option<GlobMatcher>,
+    decision: ApprovalAction,
+    shown: String,
+}
+
+impl Approvals {
+    /// Compiles `policy` (its globs were validated when the configuration
+    /// loaded; one that still fails to compile is an error here, never a
+    /// rule skipped).
+    pub fn new(policy: &ApprovalPolicy) -> Result<Approvals, globset::Error> {
+        let mut rules = Vec::with_capacity(policy.rules.len());
+        for (i, r) in policy.rules.iter().enumerate() {
+            let path = match &r.path {
+                Some(p) => {
+                    Some(GlobBuilder::new(p).literal_separator(true).build()?.compile_matcher())
+                }
+                None => None,
+            };
+            let command = match &r.command {
+                Some(c) => Some(Glob::new(c)?.compile_matcher()),
+                None => None,
+            };
+            rules.push(Rule {
+                tool: Glob::new(&r.tool)?.compile_matcher(),
+                command,
+                path,
+                decision: r.decision,
+                shown: format!("approvals rule {} (tool {})", i + 1, r.tool),
+            });
+        }
+        Ok(Approvals { mode: policy.mode, rules })
+    }
+
+    /// The verdict on calling `tool` with `args`; `destructive` is an MCP
+    /// tool's `destructiveHint` annotation.
+    pub fn verdict(&self, tool: &str, args: &Value, destructive: bool) -> ApprovalVerdict {
+        let text = |k: &str| args.get(k).and_then(Value::as_str);
+        for rule in &self.rules {
+            let matches = rule.tool.is_match(tool)
+                && rule
+                    .command
+                    .as_ref()
+                    .is_none_or(|g| text("command").is_some_and(|c| g.is_match(c)))
+                && rule.path.as_ref().is_none_or(|g| {
+                    text("path").is_some_and(|p| g.is_match(p.trim_start_matches("./")))
+                });
+            if matches {
+                return match rule.decision {
+                    ApprovalAction::Allow => ApprovalVerdict::Run,
+                    ApprovalAction::Ask => ApprovalVerdict::Ask(format!("{} asks", rule.shown)),
+                    ApprovalAction::Deny => {
+                        ApprovalVerdict::Deny(format!("denied by {}", rule.shown))
+                    }
+                };
+            }
+        }
+        let reason = if tool == "terminal" {
+            text("command").and_then(danger::classify).map(|d| d.reason())
+        } else if destructive {
+            Some(format!("{tool} is marked destructive by its MCP server"))
+        } else {
+            None
+        };
+        match (reason, self.mode) {
+            (None, _) | (Some(_), ApprovalAction::Allow) => ApprovalVerdict::Run,
+            (Some(reason), ApprovalAction::Ask) => ApprovalVerdict::Ask(reason),
+            (Some(reason), ApprovalAction::Deny) => {
+                ApprovalVerdict::Deny(format!("{reason} (delegation.approvals.mode is deny)"))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use retinue_config::{ApprovalAction, ApprovalPolicy, ApprovalRule};
+    use serde_json::json;
+
+    use super::{ApprovalVerdict, Approvals};
+
+    fn policy(mode: ApprovalAction, rules: Vec<ApprovalRule>) -> Approvals {
+        Approvals::new(&ApprovalPolicy { mode, rules, ..ApprovalPolicy::default() })
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn rule(
+        tool: &str,
+        command: Option<&str>,
+        path: Option<&str>,
+        d: ApprovalAction,
+    ) -> ApprovalRule {
+        ApprovalRule {
+            tool: tool.into(),
+            command: command.map(Into::into),
+            path: path.map(Into::into),
+            decision: d,
+        }
+    }
+
+    #[test]
+    fn risky_calls_get_the_mode_and_the_rest_run() {
+        let rm = json!({"command": "rm -rf build"});
+        for (mode, want_ask, want_deny) in [
+            (ApprovalAction::Ask, true, false),
+            (ApprovalAction::Deny, false, true),
+            (ApprovalAction::Allow, false, false),
+        ] {
+            let v = policy(mode, vec![]).verdict("terminal", &rm, false);
+            assert_eq!(matches!(v, ApprovalVerdict::Ask(_)), want_ask, "{mode:?}: {v:?}");
+            assert_eq!(matches!(v, ApprovalVerdict::Deny(_)), want_deny, "{mode:?}: {v:?}");
+            let safe = policy(mode, vec![]).verdict("terminal", &json!({"command": "ls"}), false);
+            assert_eq!(safe, ApprovalVerdict::Run);
+        }
+        let ask = policy(ApprovalAction::Ask, vec![]);
+        assert_eq!(
+            ask.verdict("terminal", &rm, false),
+            ApprovalVerdict::Ask("recursive or forced deletion: rm -rf build".into())
+        );
+        assert!(
+            matches!(ask.verdict("mcp__db__drop", &json!({}), true), ApprovalVerdict::Ask(r) if r.contains("destructive"))
+        );
+        assert_eq!(ask.verdict("mcp__db__query", &json!({}), false), ApprovalVerdict::Run);
+        assert_eq!(ask.verdict("write_file", &json!({"path": "a"}), false), ApprovalVerdict::Run);
+    }
+
+    #[test]
+    fn the_first_matching_rule_decides() {
+        let a = policy(
+            ApprovalAction::Ask,
+            vec![
+                rule("terminal", Some("git status*"), None, ApprovalAction::Allow),
+                rule("terminal", Some("npm publish*"), None, ApprovalAction::Deny),
+                rule("terminal", Some("rm -rf build"), None, ApprovalAction::Allow),
+                rule("write_file", None, Some("docs/**"), ApprovalAction::Allow),
+                rule("write_file", None, None, ApprovalAction::Ask),
+                rule("mcp__github__*", None, None, ApprovalAction::Ask),
+            ],
+        );
+        let term = |c: &str| a.verdict("terminal", &json!({"command": c}), false);
+        assert_eq!(term("git status --short"), ApprovalVerdict::Run);
+        assert_eq!(
+            term("rm -rf build"),
+            ApprovalVerdict::Run,
+            "an allow rule wins over the classifier"
+        );
+        assert!(
+            matches!(term("npm publish --tag x"), ApprovalVerdict::Deny(r) if r.contains("rule 2"))
+        );
+        assert!(matches!(term("rm -rf src"), ApprovalVerdict::Ask(_)), "no rule: the classifier");
+        let write = |p: &str| a.verdict("write_file", &json!({"path": p, "content": ""}), false);
+        assert_eq!(write("docs/guide/intro.md"), ApprovalVerdict::Run);
+        assert_eq!(write("./docs/a.md"), ApprovalVerdict::Run);
+        assert!(matches!(write("src/main.rs"), ApprovalVerdict::Ask(r) if r.contains("rule 5")));
+        assert!(matches!(
+            a.verdict("mcp__github__merge", &json!({}), false),
+            ApprovalVerdict::Ask(_)
+        ));
+    }
+}
