@@ -211,14 +211,23 @@ const HARNESSES: &[&str] =
 /// with the test build's features into the same target directory, so only
 /// the packaged crates themselves are compiled.
 fn package() -> Result<(), String> {
+    let target = interop::target_dir(&root());
+    let packages = target.join("package");
+    // Tarballs of an earlier run (another version, a crate since renamed)
+    // would be built too: only this run's are.
+    if let Ok(entries) = std::fs::read_dir(&packages) {
+        for entry in entries.flatten() {
+            if entry.file_name().to_string_lossy().ends_with(".crate") {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+    }
     let mut cmd = cargo();
     cmd.args(["package", "--workspace", "--locked", "--allow-dirty", "--no-verify"]);
     for harness in HARNESSES {
         cmd.args(["--exclude", harness]);
     }
     run(&mut cmd)?;
-    let target = interop::target_dir(&root());
-    let packages = target.join("package");
     let verify = packages.join("verify");
     if verify.exists() {
         std::fs::remove_dir_all(&verify).map_err(|e| format!("{}: {e}", verify.display()))?;
@@ -232,7 +241,7 @@ fn package() -> Result<(), String> {
         let file = entry.file_name().to_string_lossy().into_owned();
         let Some(unpacked) = file.strip_suffix(".crate") else { continue };
         run(Command::new("tar").arg("-xzf").arg(entry.path()).arg("-C").arg(&verify))?;
-        let name = unpacked.rsplit_once('-').map_or(unpacked, |(name, _version)| name);
+        let name = package_name(&verify.join(unpacked).join("Cargo.toml"))?;
         patches.push_str(&format!("{name} = {{ path = \"{unpacked}\" }}\n"));
         members.push(format!("\"{unpacked}\""));
     }
@@ -248,7 +257,11 @@ fn package() -> Result<(), String> {
     std::fs::copy(root().join("Cargo.lock"), verify.join("Cargo.lock"))
         .map_err(|e| format!("copying Cargo.lock: {e}"))?;
     eprintln!("xtask: building the {} packaged crates from their tarballs", members.len());
+    // The root's `.cargo/config.toml` (the dev profile) named explicitly:
+    // with CARGO_TARGET_DIR elsewhere it is not above `verify`.
     let status = cargo()
+        .arg("--config")
+        .arg(root().join(".cargo").join("config.toml"))
         .args(["build", "--workspace", "--all-features", "--offline"])
         .env("CARGO_TARGET_DIR", &target)
         .current_dir(&verify)
@@ -259,6 +272,25 @@ fn package() -> Result<(), String> {
     } else {
         Err(format!("the packaged crates do not build from their tarballs ({status})"))
     }
+}
+
+/// The `[package]` name of a manifest (`name-version` cannot be split at
+/// a dash: names and pre-release versions both hold them).
+fn package_name(manifest: &Path) -> Result<String, String> {
+    let text =
+        std::fs::read_to_string(manifest).map_err(|e| format!("{}: {e}", manifest.display()))?;
+    let mut in_package = false;
+    for line in text.lines().map(str::trim) {
+        if line.starts_with('[') {
+            in_package = line == "[package]";
+        } else if in_package
+            && let Some(value) = line.strip_prefix("name").map(str::trim_start)
+            && let Some(value) = value.strip_prefix('=')
+        {
+            return Ok(value.trim().trim_matches('"').to_owned());
+        }
+    }
+    Err(format!("{}: no [package] name", manifest.display()))
 }
 
 /// One step of `cargo xtask ci`.

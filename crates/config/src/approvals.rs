@@ -24,7 +24,7 @@ use globset::Glob;
 use retinue_core::run::toolsets::TOOL_NAMES;
 use serde_yaml_ng::Value;
 
-use crate::reader::{Reader, shown};
+use crate::reader::Reader;
 
 /// What a call that needs approval gets, and what a rule decides.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -112,6 +112,17 @@ impl Reader<'_> {
             self.invalid("approvals", section, "a mapping {mode, timeout_s, rules}");
             out.mode = ApprovalAction::Deny;
             return;
+        }
+        for key in section.as_mapping().into_iter().flat_map(|m| m.keys()) {
+            let name = key.as_str().unwrap_or_default();
+            if !matches!(name, "mode" | "timeout_s" | "rules" | "allow_bypass") {
+                // A misspelt key (`rule:`) must not silently mean "no rules".
+                self.invalid(
+                    &format!("approvals.{name}"),
+                    key,
+                    "one of mode, timeout_s, rules, allow_bypass",
+                );
+            }
         }
         match section.get("mode") {
             None | Some(Value::Null) => {}
@@ -201,16 +212,34 @@ impl Reader<'_> {
         for unknown in item.as_mapping().into_iter().flat_map(|m| m.keys()) {
             let name = unknown.as_str().unwrap_or_default();
             if !matches!(name, "tool" | "command" | "path" | "decision") {
-                self.warnings.push(format!(
-                    "{}: delegation.{} = {} is not a rule key (tool, command, path, decision); ignored",
-                    self.origin.display(),
-                    key(name),
-                    shown(unknown)
-                ));
+                // A misspelt `comand:` would make the rule match every call.
+                self.invalid(&key(name), unknown, "one of tool, command, path, decision");
+                ok = false;
             }
+        }
+        if ok && command.is_some() && !matches_any(&tool, &["terminal"]) {
+            let v = item.get("command").cloned().unwrap_or(Value::Null);
+            self.invalid(&key("command"), &v, "given only with a tool glob that names terminal");
+            ok = false;
+        }
+        if ok && path.is_some() && !tool.starts_with("mcp__") && !matches_any(&tool, PATH_TOOLS) {
+            let v = item.get("path").cloned().unwrap_or(Value::Null);
+            self.invalid(&key("path"), &v, "given only with a file tool or an MCP tool");
+            ok = false;
         }
         ok.then_some(ApprovalRule { tool, command, path, decision })
     }
+}
+
+/// The built-in tools that take a `path`.
+const PATH_TOOLS: &[&str] = &["read_file", "search_files", "write_file", "patch"];
+
+/// Whether the glob `pattern` matches any of `names`.
+fn matches_any(pattern: &str, names: &[&str]) -> bool {
+    Glob::new(pattern).is_ok_and(|g| {
+        let m = g.compile_matcher();
+        names.iter().any(|n| m.is_match(n))
+    })
 }
 
 /// Whether a tool glob can match a built-in tool or an MCP tool.
@@ -272,6 +301,12 @@ mod tests {
             ("{tool: terminal, decision: maybe}", "approvals.rules[0].decision"),
             ("{tool: terminal}", "approvals.rules[0].decision"),
             ("terminal", "approvals.rules[0]"),
+            (
+                "{tool: terminal, comand: \"git status*\", decision: allow}",
+                "approvals.rules[0].comand",
+            ),
+            ("{tool: write_file, command: \"x*\", decision: allow}", "approvals.rules[0].command"),
+            ("{tool: terminal, path: \"docs/**\", decision: allow}", "approvals.rules[0].path"),
         ];
         for (rule, key) in cases {
             let c = load(&format!("delegation:\n  approvals:\n    rules:\n      - {rule}\n"));
@@ -280,6 +315,14 @@ mod tests {
             assert!(c.errors[0].contains("config.yaml"), "{}", c.errors[0]);
             assert!(c.delegation.approvals.rules.is_empty());
         }
+        let typo = load(
+            "delegation:\n  approvals:\n    rule:\n      - {tool: terminal, decision: allow}\n",
+        );
+        assert!(
+            typo.errors.iter().any(|e| e.contains("delegation.approvals.rule =")),
+            "{:?}",
+            typo.errors
+        );
         let bad_mode = load("delegation:\n  approvals: {mode: sometimes}\n");
         assert!(bad_mode.errors[0].contains("delegation.approvals.mode = \"sometimes\""));
         assert_eq!(bad_mode.delegation.approvals.mode, ApprovalAction::Deny);

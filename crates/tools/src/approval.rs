@@ -70,13 +70,21 @@ impl Approvals {
     pub fn verdict(&self, tool: &str, args: &Value, destructive: bool) -> ApprovalVerdict {
         let text = |k: &str| args.get(k).and_then(Value::as_str);
         for rule in &self.rules {
+            let allow = rule.decision == ApprovalAction::Allow;
+            // An allowing rule never reaches past what it names: a command
+            // glob matches one simple command only, a path glob a path
+            // inside the workspace (no `..`, not absolute).
+            let command_ok = |c: &str| !allow || danger::is_single_command(c);
+            let path_ok = |p: &str| {
+                !allow || !(p.starts_with('/') || p.split(['/', '\\']).any(|part| part == ".."))
+            };
             let matches = rule.tool.is_match(tool)
-                && rule
-                    .command
-                    .as_ref()
-                    .is_none_or(|g| text("command").is_some_and(|c| g.is_match(c)))
+                && rule.command.as_ref().is_none_or(|g| {
+                    text("command").is_some_and(|c| command_ok(c) && g.is_match(c.trim()))
+                })
                 && rule.path.as_ref().is_none_or(|g| {
-                    text("path").is_some_and(|p| g.is_match(p.trim_start_matches("./")))
+                    text("path")
+                        .is_some_and(|p| path_ok(p) && g.is_match(p.trim_start_matches("./")))
                 });
             if matches {
                 return match rule.decision {
@@ -189,5 +197,12 @@ mod tests {
             a.verdict("mcp__github__merge", &json!({}), false),
             ApprovalVerdict::Ask(_)
         ));
+        // An allowing rule reaches no further than what it names.
+        assert!(matches!(term("git status; rm -rf src"), ApprovalVerdict::Ask(_)));
+        assert!(matches!(term("git status $(rm -rf src)"), ApprovalVerdict::Ask(_)));
+        assert!(
+            matches!(write("docs/../src/main.rs"), ApprovalVerdict::Ask(r) if r.contains("rule 5"))
+        );
+        assert!(matches!(write("/etc/passwd"), ApprovalVerdict::Ask(r) if r.contains("rule 5")));
     }
 }

@@ -1,6 +1,6 @@
 //! The `delegate_task` JSON tool over the orchestration core: its schema,
 //! its arguments parsed into a [`DelegateRequest`] (in hermes's check order,
-//! with hermes's texts), the [`DelegateOutcome`] rendered as its result, and
+//! with hermes's texts), the [`DelegateOutcome`](crate::DelegateOutcome) rendered as its result, and
 //! `{"error": …}` for a refusal. Nothing here decides anything: every rule
 //! is [`Delegator::delegate`]'s.
 

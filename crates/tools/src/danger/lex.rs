@@ -31,9 +31,17 @@ pub(super) fn lex(text: &str) -> Parsed {
     lexer.end_word();
     lexer.end_command();
     lexer.end_pipeline();
-    // `{` and `}` group commands; as words they carry no meaning here.
+    // `{` and `}` group commands; as words they carry no meaning here. A
+    // brace list (`{rm,-rf,build}`) is the words it expands to.
     for c in lexer.out.pipelines.iter_mut().flatten() {
         c.words.retain(|w| w != "{" && w != "}");
+        c.words = std::mem::take(&mut c.words)
+            .into_iter()
+            .flat_map(|w| match w.strip_prefix('{').and_then(|w| w.strip_suffix('}')) {
+                Some(list) if list.contains(',') => list.split(',').map(str::to_owned).collect(),
+                _ => vec![w],
+            })
+            .collect();
     }
     lexer.out
 }
@@ -72,6 +80,10 @@ impl Lexer {
                     self.i += 1;
                 }
             }
+            '$' if self.peek() == Some('\'') => {
+                self.i += 1;
+                self.ansi_c_quoted();
+            }
             '$' | '<' | '>' if self.peek() == Some('(') => {
                 let (inner, next) = balanced(&self.chars, self.i + 2);
                 self.substitution(inner, next);
@@ -95,7 +107,13 @@ impl Lexer {
                 }
                 self.redirect_next = true;
             }
-            ';' | '&' | '|' | '\n' | '(' | ')' => self.operator(c),
+            // A subshell's parentheses end a command, not its pipeline:
+            // `(curl URL) | sh` still pipes a download into a shell.
+            '(' | ')' => {
+                self.end_word();
+                self.end_command();
+            }
+            ';' | '&' | '|' | '\n' => self.operator(c),
             c if c.is_whitespace() => self.end_word(),
             other => {
                 self.word.push(other);
@@ -109,6 +127,32 @@ impl Lexer {
         self.i += 1;
         while self.i < self.chars.len() && self.chars[self.i] != '\'' {
             self.word.push(self.chars[self.i]);
+            self.i += 1;
+        }
+    }
+
+    /// `$'…'`: single-quoted with backslash escapes (`\xHH`, `\'`, `\\`).
+    fn ansi_c_quoted(&mut self) {
+        self.in_word = true;
+        self.i += 1;
+        while self.i < self.chars.len() && self.chars[self.i] != '\'' {
+            let c = self.chars[self.i];
+            if c == '\\' && self.i + 1 < self.chars.len() {
+                self.i += 1;
+                let e = self.chars[self.i];
+                let hex: String = self.chars.iter().skip(self.i + 1).take(2).collect();
+                match e {
+                    'x' if hex.len() == 2 && u8::from_str_radix(&hex, 16).is_ok() => {
+                        self.word.push(char::from(u8::from_str_radix(&hex, 16).unwrap_or(b'?')));
+                        self.i += 2;
+                    }
+                    'n' => self.word.push('\n'),
+                    't' => self.word.push('\t'),
+                    other => self.word.push(other),
+                }
+            } else {
+                self.word.push(c);
+            }
             self.i += 1;
         }
     }
