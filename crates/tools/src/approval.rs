@@ -205,4 +205,47 @@ mod tests {
         );
         assert!(matches!(write("/etc/passwd"), ApprovalVerdict::Ask(r) if r.contains("rule 5")));
     }
+
+    /// The issue's example, from config.yaml text to each call's verdict.
+    #[test]
+    fn the_configured_example_decides_calls_as_written() {
+        let yaml = "delegation:\n  approvals:\n    mode: ask\n    rules:\n\
+                    \x20     - {tool: terminal, command: \"git status*\", decision: allow}\n\
+                    \x20     - {tool: terminal, command: \"npm publish*\", decision: deny}\n\
+                    \x20     - {tool: write_file, path: \"docs/**\", decision: allow}\n\
+                    \x20     - {tool: \"mcp__github__*\", decision: ask}\n";
+        let loaded =
+            retinue_config::LoadedConfig::from_yaml(yaml, std::path::Path::new("config.yaml"));
+        assert!(loaded.errors.is_empty(), "{:?}", loaded.errors);
+        let a = Approvals::new(&loaded.delegation.approvals).unwrap_or_else(|e| panic!("{e}"));
+        let term = |c: &str| a.verdict("terminal", &json!({"command": c}), false);
+        assert_eq!(term("git status"), ApprovalVerdict::Run);
+        assert!(matches!(term("npm publish"), ApprovalVerdict::Deny(_)));
+        assert!(
+            matches!(term("rm -rf build"), ApprovalVerdict::Ask(r) if r.starts_with("recursive or forced deletion"))
+        );
+        assert_eq!(term("cargo test"), ApprovalVerdict::Run);
+        assert_eq!(
+            a.verdict("write_file", &json!({"path": "docs/a.md"}), false),
+            ApprovalVerdict::Run
+        );
+        assert_eq!(
+            a.verdict("write_file", &json!({"path": "src/a.rs"}), false),
+            ApprovalVerdict::Run
+        );
+        assert!(matches!(
+            a.verdict("mcp__github__push", &json!({}), false),
+            ApprovalVerdict::Ask(_)
+        ));
+        // hermes's key alone: every risky call runs.
+        let auto = retinue_config::LoadedConfig::from_yaml(
+            "delegation:\n  subagent_auto_approve: true\n",
+            std::path::Path::new("config.yaml"),
+        );
+        let allow = Approvals::new(&auto.delegation.approvals).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            allow.verdict("terminal", &json!({"command": "rm -rf build"}), false),
+            ApprovalVerdict::Run
+        );
+    }
 }
