@@ -266,6 +266,14 @@ const WRAPPERS: &[(&str, &[&str])] = &[
     ("torsocks", &[]),
 ];
 
+/// Wrappers whose command follows one operand (`flock`'s `-c TEXT` is
+/// read by `wrapped_text`), with the options of each that take a value.
+const WRAPPERS_WITH_OPERAND: &[(&str, &[&str])] = &[
+    ("timeout", &["-s", "-k", "--signal", "--kill-after"]),
+    ("chroot", &["--userspec", "--groups"]),
+    ("flock", &["-w", "-E", "--timeout", "--conflict-exit-code"]),
+];
+
 /// The program a command runs once assignments and wrappers are stepped
 /// over: its base name and the index of its first argument.
 fn program(words: &[String], subs: &[String]) -> (String, usize) {
@@ -285,37 +293,17 @@ fn program(words: &[String], subs: &[String]) -> (String, usize) {
             i += 1;
             continue;
         }
-        if name == "chroot" {
-            // chroot [OPTION]... NEWROOT [COMMAND]
+        // Wrappers with one operand before the command (`timeout DURATION`,
+        // `chroot NEWROOT`, `flock FILE`): options, the operand, then it.
+        if let Some((_, valued)) = WRAPPERS_WITH_OPERAND.iter().find(|(n, _)| *n == name) {
             i += 1;
             while i < words.len() && words[i].starts_with('-') {
-                i += 1;
-            }
-            i += 1;
-            continue;
-        }
-        if name == "flock" {
-            // flock [OPTION]... FILE COMMAND (its `-c TEXT` is read by the caller)
-            i += 1;
-            while i < words.len() && words[i].starts_with('-') {
-                if matches!(words[i].as_str(), "-w" | "-E" | "--timeout" | "--conflict-exit-code") {
+                if valued.contains(&words[i].as_str()) {
                     i += 1;
                 }
                 i += 1;
             }
             i += 1;
-            continue;
-        }
-        if name == "timeout" {
-            // timeout [OPTION]... DURATION COMMAND
-            i += 1;
-            while i < words.len() && words[i].starts_with('-') {
-                if matches!(words[i].as_str(), "-s" | "-k" | "--signal" | "--kill-after") {
-                    i += 1;
-                }
-                i += 1;
-            }
-            i += 1; // the duration
             continue;
         }
         if let Some((_, valued)) = WRAPPERS.iter().find(|(n, _)| *n == name) {
