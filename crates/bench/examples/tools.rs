@@ -71,6 +71,7 @@ fn main() {
         sandbox_helper: Some(helper),
         mcp_servers: Vec::new(),
         protected: Default::default(),
+        approvals: Default::default(),
     });
     let child = ChildHandle {
         subagent_id: "sa-0-bench".into(),

@@ -700,6 +700,7 @@ pub(crate) fn configured_runtime(
         sandbox_helper: sandbox_helper(),
         protected: protected(env, &loaded.mcp_servers),
         mcp_servers: loaded.mcp_servers,
+        approvals: config.approvals.clone(),
     }));
     let tools: Arc<dyn retinue_runtime::ToolExecutor> = toolbox.clone();
     let runtime =

@@ -46,6 +46,9 @@ pub struct OrchestratorPolicy {
     pub toolsets: Vec<String>,
     /// Whether children keep the parent's MCP toolsets.
     pub inherit_mcp_toolsets: bool,
+    /// `delegation.approvals.timeout_s`: how long a request waits for a
+    /// human before it expires.
+    pub approval_timeout_s: u64,
 }
 
 impl OrchestratorPolicy {
@@ -74,6 +77,7 @@ impl From<&DelegationConfig> for OrchestratorPolicy {
             max_resume_tokens: c.max_resume_tokens,
             toolsets: c.toolsets.clone(),
             inherit_mcp_toolsets: c.inherit_mcp_toolsets,
+            approval_timeout_s: c.approvals.timeout_s,
         }
     }
 }

@@ -29,6 +29,7 @@
 //! assert!(matches!(child_status(&facts, limits), Some(Unaddressable::Tombstoned { .. })));
 //! ```
 
+mod approval;
 mod budget;
 mod clock;
 mod control;
@@ -48,6 +49,11 @@ mod sessions;
 mod spend;
 mod status;
 
+pub use approval::{
+    ApprovalFilter, ApprovalPrompter, ApprovalQueue, ApprovalRequest, ApprovalScope, ApprovalState, DecideOutcome,
+    Decision, EXPIRED_BY, MAX_PENDING_PER_UNIT, NewApproval, REASON_MAX_CHARS, Requested, TIMED_OUT,
+    new_approval_id,
+};
 pub use budget::Budgets;
 pub use clock::{Clock, ManualClock, SystemClock, iso8601};
 pub use control::{
@@ -86,6 +92,8 @@ pub use sessions::{
 pub use spend::{BudgetLimit, BudgetStatus, Reservation, ReservationDraft, Spend, UsageColumns};
 pub use status::{ChildStatus, EndReason, ExitReason, Role, SettleReason, UnitState};
 
+#[cfg(any(test, feature = "mocks"))]
+pub use approval::MockApprovalQueue;
 #[cfg(any(test, feature = "mocks"))]
 pub use budget::MockBudgets;
 #[cfg(any(test, feature = "mocks"))]

@@ -21,6 +21,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
+use crate::approval::ApprovalQueue;
 use crate::budget::Budgets;
 use crate::control::Controls;
 use crate::error::Result;
@@ -225,13 +226,15 @@ pub struct Backend {
     pub budgets: Arc<dyn Budgets>,
     /// Background units from outside their worker: views and controls.
     pub controls: Arc<dyn Controls>,
+    /// Approval requests of children's risky calls.
+    pub approvals: Arc<dyn ApprovalQueue>,
 }
 
 impl Backend {
     /// Every seam served by one store.
     pub fn of<T>(store: Arc<T>) -> Backend
     where
-        T: Registry + SessionStore + UsageLedger + Budgets + Controls + 'static,
+        T: Registry + SessionStore + UsageLedger + Budgets + Controls + ApprovalQueue + 'static,
     {
         Backend {
             registry: store.clone(),
@@ -239,7 +242,8 @@ impl Backend {
             graph: store.clone(),
             ledger: store.clone(),
             budgets: store.clone(),
-            controls: store,
+            controls: store.clone(),
+            approvals: store,
         }
     }
 }

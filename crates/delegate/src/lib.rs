@@ -13,6 +13,7 @@
 //! store's traits and the lineage and usage crates; models only through the
 //! [`ChildRuntime`] trait.
 
+mod approvals;
 mod background;
 mod budget;
 mod error;
@@ -108,6 +109,8 @@ pub(crate) struct Inner {
     pub(crate) ids: IdSource,
     /// Starts a background unit's thread.
     pub(crate) threads: ThreadStarter,
+    /// The embedder's inline approval prompter, if any.
+    pub(crate) prompter: approvals::PrompterSlot,
 }
 
 /// Draws the hex of `n` random bytes for a new subagent or session id.
@@ -178,6 +181,7 @@ impl Delegator {
                 background_threads: Mutex::new(Vec::new()),
                 ids,
                 threads,
+                prompter: approvals::PrompterSlot::new(),
             }),
         }
     }
@@ -188,6 +192,13 @@ impl Delegator {
     /// slot and budget reservation given back.
     pub fn new_with_threads(parts: DelegatorParts, threads: ThreadStarter) -> Delegator {
         Delegator::build(parts, Arc::new(spawn::random_hex), threads)
+    }
+
+    /// Asks `prompter` too about every approval request of this
+    /// delegator's children (the CLI's inline prompt on a terminal); the
+    /// first one set stays.
+    pub fn set_approval_prompter(&self, prompter: Arc<dyn retinue_core::ApprovalPrompter>) {
+        let _ = self.inner.prompter.set(prompter);
     }
 
     /// Pauses or resumes spawning (follow-ups are never paused).

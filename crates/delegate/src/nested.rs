@@ -19,7 +19,8 @@ pub(crate) fn run_context(
     child: &ChildHandle,
     cancel: &CancelToken,
 ) -> RunContext {
-    let ctx = RunContext::new(cancel.clone());
+    let gate = crate::approvals::Gate { inner: Arc::clone(inner) };
+    let ctx = RunContext::new(cancel.clone()).with_approvals(Arc::new(gate));
     if !child.toolsets.iter().any(|t| t == DELEGATION) {
         return ctx;
     }

@@ -203,3 +203,16 @@ pub const CANCEL_REQUESTED: &str =
 
 /// A queued unit's deadline passed before a slot freed.
 pub const QUEUED_TIMEOUT: &str = "Subagent timed out while queued for a background slot.";
+
+/// A unit already holds `MAX_PENDING_PER_UNIT` pending approval requests.
+pub const TOO_MANY_APPROVALS: &str =
+    "denied: too many pending approvals (wait for the earlier requests to be decided)";
+
+/// A call that needs approval in a child whose unit is gone or ended.
+pub const APPROVAL_NO_UNIT: &str =
+    "this call needs a human's approval, and this child's unit has ended: nobody can approve it";
+
+/// The approval request could not be stored.
+pub fn approval_unrecorded(error: &str) -> String {
+    format!("this call needs a human's approval, and the request could not be recorded: {error}")
+}

@@ -37,6 +37,7 @@
 //! # Ok::<(), retinue_core::Error>(())
 //! ```
 
+mod approvals;
 mod budget;
 mod ledger;
 mod migrate;

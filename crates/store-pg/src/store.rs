@@ -51,6 +51,9 @@
 //!   the server: triggers on `async_delegations` move each tenant's live
 //!   count on the stripe `pg_backend_pid() % 64` whoever writes, so a
 //!   retain under the cap needs no ranking (issue #41).
+//! - **V12** `retinue_pg_approvals`: the approval queue of children's risky
+//!   calls, expired by a trigger when its unit ends, deleted with it
+//!   (issue #37).
 
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -119,6 +122,7 @@ const MIGRATIONS: &[(&str, &str)] = &[
         "V11__retinue_pg_live_count_stripes",
         include_str!("../migrations/V11__retinue_pg_live_count_stripes.sql"),
     ),
+    ("V12__retinue_pg_approvals", include_str!("../migrations/V12__retinue_pg_approvals.sql")),
 ];
 
 const SCHEMA_VERSION: i32 = MIGRATIONS.len() as i32;

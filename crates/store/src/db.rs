@@ -57,6 +57,10 @@
 //! - **V12** `retinue_change_clock`: one counter, bumped by triggers on
 //!   `async_delegations` and `retinue_children` (claims excepted), that
 //!   with the newest message id is the web view's change marker (issue #35).
+//! - **V13** `retinue_approvals`: the approval queue of children's risky
+//!   calls (pending → approved | denied | expired), expired by a trigger
+//!   when its unit ends (`worker gone` for a unit found `unknown`), deleted
+//!   with its unit, bumping the change clock (issue #37).
 //!
 //! Two columns of Retinue's own tables are added by the reconcile step after
 //! the migrations rather than in SQL (SQLite cannot add a column

@@ -18,6 +18,7 @@
 //! # Ok::<(), retinue_core::Error>(())
 //! ```
 
+mod approvals;
 mod budget;
 mod db;
 mod error;

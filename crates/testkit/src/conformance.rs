@@ -176,6 +176,9 @@ macro_rules! conformance_cases {
             tenant_scope_lookup,
             tenant_scope_children,
             tenant_scope_units,
+            approvals_queue,
+            approvals_end_with_their_unit,
+            approvals_decided_once_concurrently,
         );
     };
 }
@@ -1492,4 +1495,189 @@ pub fn tenant_scope_units(make: Factory<'_>) {
     }
     let theirs = ids(b.controls.list_units(Some("tenant-a"), 100).expect("list"));
     assert!(theirs.contains(&unit) && theirs.contains(&running) && theirs.contains(&unprofiled));
+}
+
+// ---------------------------------------------------------------- approvals
+
+fn ask(b: &SuiteBackend, unit: &str, child: &str, command: &str) -> retinue_core::Requested {
+    b.approvals
+        .request_approval(&retinue_core::NewApproval {
+            delegation_id: unit.to_owned(),
+            subagent_id: child.to_owned(),
+            tool: "terminal".into(),
+            arguments: json!({"command": command}),
+            reason: "recursive deletion".into(),
+        })
+        .expect("request")
+}
+
+fn pending_id(r: retinue_core::Requested) -> String {
+    match r {
+        retinue_core::Requested::Pending(r) => r.approval_id,
+        other => panic!("not pending: {other:?}"),
+    }
+}
+
+/// The queue's rules: a request is stored pending, listed per tenant, decided
+/// once; an `always` approval covers the same command of the same child
+/// (and nothing else); a unit holds at most `MAX_PENDING_PER_UNIT` pending;
+/// another tenant's request is missing to a decider; a decided request says
+/// so; stored texts are bounded.
+pub fn approvals_queue(make: Factory<'_>) {
+    use retinue_core::{
+        ApprovalFilter, ApprovalScope, ApprovalState, DecideOutcome, Decision,
+        MAX_PENDING_PER_UNIT, REASON_MAX_CHARS, Requested, Scope,
+    };
+    let b = make(default_config());
+    let (unit, children) = insert(&b, "P", "tenant-a", 2);
+    let (other, others) = insert(&b, "Q", "tenant-b", 1);
+    let child = &children[0].subagent_id;
+    let first = pending_id(ask(&b, &unit, child, "rm -rf build"));
+    assert!(first.starts_with("appr_"), "{first}");
+    let theirs = pending_id(ask(&b, &other, &others[0].subagent_id, "git push --force"));
+
+    let a = b.approvals.approval(&first, &Scope::Operator).expect("read").expect("found");
+    assert_eq!((a.state, a.tool.as_str()), (ApprovalState::Pending, "terminal"));
+    assert_eq!(a.arguments, json!({"command": "rm -rf build"}));
+    assert_eq!((a.delegation_id.as_str(), a.subagent_id.as_str()), (unit.as_str(), child.as_str()));
+    assert_eq!(a.owner_profile.as_deref(), Some("tenant-a"));
+    assert_eq!(a.parent_session_id.as_deref(), Some("P"));
+    assert_eq!(a.requested_at, T0);
+
+    // Tenants see their own; the operator sees both.
+    let tenant_b = Scope::Tenant("tenant-b".into());
+    assert!(b.approvals.approval(&first, &tenant_b).expect("read").is_none(), "foreign = missing");
+    let listed = |scope: &Scope, pending_only: bool| -> Vec<String> {
+        let filter = ApprovalFilter { pending_only, ..ApprovalFilter::pending(scope) };
+        b.approvals.list_approvals(&filter).expect("list").into_iter().map(|r| r.approval_id).collect()
+    };
+    assert_eq!(listed(&tenant_b, true), vec![theirs.clone()]);
+    assert_eq!(listed(&Scope::Operator, true).len(), 2);
+    assert_eq!(
+        b.approvals
+            .decide_approval(&first, &tenant_b, &Decision::approve("session:Q", ApprovalScope::Once))
+            .expect("decide"),
+        DecideOutcome::Missing,
+        "another tenant's decision is refused as a missing id"
+    );
+    assert_eq!(
+        b.approvals.decide_approval("appr_000000000000", &Scope::Operator, &Decision::deny("x", None))
+            .expect("decide"),
+        DecideOutcome::Missing
+    );
+    assert!(
+        b.approvals
+            .decide_approval(&first, &Scope::Operator, &retinue_core::Decision {
+                state: ApprovalState::Pending,
+                ..Decision::deny("x", None)
+            })
+            .is_err(),
+        "pending is not a decision"
+    );
+
+    // Decided once: approve always, then a late denial is told.
+    b.clock.advance(5.0);
+    let tenant_a = Scope::Tenant("tenant-a".into());
+    let DecideOutcome::Decided(done) = b
+        .approvals
+        .decide_approval(&first, &tenant_a, &Decision::approve("operator", ApprovalScope::Always))
+        .expect("decide")
+    else {
+        panic!("the first decision wins")
+    };
+    assert_eq!((done.state, done.scope), (ApprovalState::Approved, ApprovalScope::Always));
+    assert_eq!((done.decided_at, done.decided_by.as_deref()), (Some(T0 + 5.0), Some("operator")));
+    let late = b
+        .approvals
+        .decide_approval(&first, &Scope::Operator, &Decision::deny("web", Some("no".into())))
+        .expect("decide");
+    assert!(
+        matches!(&late, DecideOutcome::AlreadyDecided(r) if r.state == ApprovalState::Approved),
+        "{late:?}"
+    );
+    assert_eq!(listed(&tenant_a, true), Vec::<String>::new());
+    assert_eq!(listed(&tenant_a, false), vec![first.clone()], "--all shows decided ones");
+
+    // Always covers the same command of the same child, nothing else.
+    assert!(matches!(ask(&b, &unit, child, "rm -rf build"), Requested::Covered(r) if r.approval_id == first));
+    let _ = pending_id(ask(&b, &unit, child, "rm -rf /"));
+    let _ = pending_id(ask(&b, &unit, &children[1].subagent_id, "rm -rf build"));
+
+    // The per-unit cap (two are pending now).
+    for i in 2..MAX_PENDING_PER_UNIT {
+        let _ = pending_id(ask(&b, &unit, child, &format!("rm -rf d{i}")));
+    }
+    assert_eq!(ask(&b, &unit, child, "rm -rf more"), Requested::TooMany);
+
+    // A 1 MB reason is stored bounded.
+    let DecideOutcome::Decided(denied) = b
+        .approvals
+        .decide_approval(&theirs, &tenant_b, &Decision::deny("session:Q", Some("x".repeat(1 << 20))))
+        .expect("decide")
+    else {
+        panic!("decided")
+    };
+    assert_eq!(denied.state, ApprovalState::Denied);
+    assert_eq!(denied.decision_reason.map(|r| r.chars().count()), Some(REASON_MAX_CHARS));
+    assert_eq!(ask(&b, "deleg_missing", child, "rm -rf x"), Requested::UnitEnded);
+}
+
+/// A pending request ends with its unit: `the unit ended (…)` when the
+/// unit completes, `worker gone` when recovery finds its worker dead, and a
+/// unit that ended takes no new request.
+pub fn approvals_end_with_their_unit(make: Factory<'_>) {
+    use retinue_core::{ApprovalState, Requested, Scope};
+    let b = make(default_config());
+    let (done, c1) = insert(&b, "P", "", 1);
+    let (dead, c2) = insert(&b, "P", "", 1);
+    let a = pending_id(ask(&b, &done, &c1[0].subagent_id, "rm -rf build"));
+    let z = pending_id(ask(&b, &dead, &c2[0].subagent_id, "rm -rf build"));
+    assert!(complete(&b, &done, "completed", true));
+    let read = |id: &str| b.approvals.approval(id, &Scope::Operator).expect("read").expect("found");
+    let ended = read(&a);
+    assert_eq!(ended.state, ApprovalState::Expired);
+    assert_eq!(ended.decision_reason.as_deref(), Some("the unit ended (completed)"));
+    assert_eq!(ended.decided_by.as_deref(), Some(retinue_core::EXPIRED_BY));
+    assert_eq!(ask(&b, &done, &c1[0].subagent_id, "rm -rf x"), Requested::UnitEnded);
+    assert_eq!(read(&z).state, ApprovalState::Pending, "a restart keeps it pending");
+    (b.owner_died)();
+    let report = (b.reopen)().recover_abandoned_delegations(b.probe.as_ref());
+    assert_eq!(report.abandoned, 1);
+    let gone = read(&z);
+    assert_eq!(gone.state, ApprovalState::Expired);
+    assert_eq!(gone.decision_reason.as_deref(), Some("worker gone"));
+}
+
+/// Eight deciders race on one request: exactly one decision is recorded,
+/// the others are told it was already decided.
+pub fn approvals_decided_once_concurrently(make: Factory<'_>) {
+    use retinue_core::{ApprovalScope, DecideOutcome, Decision, Scope};
+    let b = make(default_config());
+    let (unit, children) = insert(&b, "P", "", 1);
+    let id = pending_id(ask(&b, &unit, &children[0].subagent_id, "rm -rf build"));
+    let outcomes = Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for i in 0..8 {
+            let (approvals, outcomes, id) = (b.approvals.clone(), &outcomes, &id);
+            s.spawn(move || {
+                let d = if i % 2 == 0 {
+                    Decision::approve(format!("decider-{i}"), ApprovalScope::Once)
+                } else {
+                    Decision::deny(format!("decider-{i}"), Some("no".into()))
+                };
+                let got = approvals.decide_approval(id, &Scope::Operator, &d).expect("decide");
+                outcomes.lock().expect("lock").push(got);
+            });
+        }
+    });
+    let outcomes = outcomes.into_inner().expect("lock");
+    let winners: Vec<_> =
+        outcomes.iter().filter(|o| matches!(o, DecideOutcome::Decided(_))).collect();
+    assert_eq!(winners.len(), 1, "{outcomes:?}");
+    let DecideOutcome::Decided(won) = winners[0] else { unreachable!() };
+    for o in &outcomes {
+        if let DecideOutcome::AlreadyDecided(r) = o {
+            assert_eq!((r.state, &r.decided_by), (won.state, &won.decided_by), "one decision");
+        }
+    }
 }

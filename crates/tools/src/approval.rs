@@ -113,12 +113,102 @@ impl Approvals {
     }
 }
 
+/// Words that mark a value as a secret (in a JSON key or a shell
+/// variable's name).
+const SECRET_WORDS: &[&str] =
+    &["key", "token", "secret", "password", "passwd", "credential", "auth", "cookie"];
+
+/// What a stored secret is replaced with.
+pub const REDACTED: &str = "[redacted]";
+
+fn secret_name(name: &str) -> bool {
+    let n = name.to_ascii_lowercase();
+    SECRET_WORDS.iter().any(|w| n.contains(w))
+}
+
+/// A call's arguments as an approval request stores and shows them: the
+/// values of keys that name a secret, and in a command the values of
+/// secret-named variables (`API_KEY=…`, `--token …`, `--password=…`), a
+/// bearer token and a URL's userinfo, are replaced with [`REDACTED`].
+pub fn redact_arguments(args: &Value) -> Value {
+    match args {
+        Value::Object(map) => Value::Object(
+            map.iter()
+                .map(|(k, v)| {
+                    let v = if secret_name(k) && !v.is_null() {
+                        Value::String(REDACTED.to_owned())
+                    } else {
+                        redact_arguments(v)
+                    };
+                    (k.clone(), v)
+                })
+                .collect(),
+        ),
+        Value::Array(items) => Value::Array(items.iter().map(redact_arguments).collect()),
+        Value::String(s) => Value::String(redact_text(s)),
+        other => other.clone(),
+    }
+}
+
+/// [`redact_arguments`] for one text (a command line).
+pub fn redact_text(text: &str) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut hide_next = false;
+    for word in text.split(' ') {
+        if hide_next && !word.is_empty() {
+            out.push(REDACTED.to_owned());
+            hide_next = false;
+            continue;
+        }
+        let mut w = redact_userinfo(word);
+        if let Some((name, value)) = w.split_once('=')
+            && !value.is_empty()
+            && secret_name(name.trim_start_matches('-'))
+        {
+            w = format!("{name}={REDACTED}");
+        } else if w.starts_with('-') && secret_name(w.trim_start_matches('-')) {
+            hide_next = true;
+        } else if w.eq_ignore_ascii_case("bearer") || w.eq_ignore_ascii_case("basic") {
+            hide_next = true;
+        }
+        out.push(w);
+    }
+    out.join(" ")
+}
+
+/// `scheme://user:pass@host` → `scheme://[redacted]@host`.
+fn redact_userinfo(word: &str) -> String {
+    let Some(at_scheme) = word.find("://") else { return word.to_owned() };
+    let rest = &word[at_scheme + 3..];
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    match rest[..end].rfind('@') {
+        Some(at) => format!("{}{REDACTED}{}", &word[..at_scheme + 3], &rest[at..]),
+        None => word.to_owned(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use retinue_config::{ApprovalAction, ApprovalPolicy, ApprovalRule};
     use serde_json::json;
 
     use super::{ApprovalVerdict, Approvals};
+
+    #[test]
+    fn secrets_never_reach_a_stored_request() {
+        use super::redact_arguments as r;
+        let shown = r(&json!({
+            "command": "API_KEY=sk-live-1 curl -H 'Authorization: Bearer abc123' \
+                        https://me:pw@host/x --token t0k --password=hunter2 && rm -rf build",
+            "api_key": "sk-2",
+            "nested": {"password": "p", "path": "docs/a.md"},
+        }));
+        let text = shown.to_string();
+        for secret in ["sk-live-1", "abc123", "me:pw", "t0k", "hunter2", "sk-2", "\"p\""] {
+            assert!(!text.contains(secret), "{secret} leaked: {text}");
+        }
+        assert!(text.contains("rm -rf build") && text.contains("docs/a.md"), "{text}");
+    }
 
     fn policy(mode: ApprovalAction, rules: Vec<ApprovalRule>) -> Approvals {
         Approvals::new(&ApprovalPolicy { mode, rules, ..ApprovalPolicy::default() })

@@ -28,10 +28,11 @@ pub mod workspace;
 
 use std::sync::Arc;
 
-use retinue_config::{McpServerConfig, TerminalConfig};
-use retinue_core::run::{ChildHandle, RunContext, ToolError, ToolExecutor};
+use retinue_config::{ApprovalPolicy, McpServerConfig, TerminalConfig};
+use retinue_core::run::{ChildHandle, GateAnswer, GatedCall, RunContext, ToolError, ToolExecutor};
 use serde_json::{Value, json};
 
+use crate::approval::{ApprovalVerdict, Approvals};
 use crate::args::Args;
 use crate::mcp::McpServers;
 use crate::terminal::{Helper, Terminal};
@@ -51,6 +52,8 @@ pub struct ToolboxConfig {
     pub mcp_servers: Vec<McpServerConfig>,
     /// What no child may reach (the home, the database).
     pub protected: Protected,
+    /// `delegation.approvals`: which calls wait for a human.
+    pub approvals: ApprovalPolicy,
 }
 
 /// The children's tools: every toolset, for each child only those it was
@@ -59,6 +62,9 @@ pub struct Toolbox {
     terminal: Terminal,
     mcp: McpServers,
     protected: Protected,
+    /// The compiled policy, or why it could not be compiled (then every
+    /// call that would need approval is refused: fail closed).
+    approvals: Result<Approvals, String>,
     workspaces: std::sync::Mutex<std::collections::HashMap<std::path::PathBuf, Workspace>>,
 }
 
@@ -83,6 +89,7 @@ impl Toolbox {
             terminal: Terminal::new(config.terminal, config.sandbox_helper),
             mcp: McpServers::new(config.mcp_servers),
             protected: config.protected,
+            approvals: Approvals::new(&config.approvals).map_err(|e| e.to_string()),
             workspaces: Default::default(),
         }
     }
@@ -114,6 +121,45 @@ impl Toolbox {
         }
         open.insert(root.to_path_buf(), ws.clone());
         Ok(ws)
+    }
+
+    /// Whether `name` may run now under the approval policy: at once, after
+    /// a human approved it through the run's gate, or never (the error the
+    /// model reads).
+    fn approve(
+        &self,
+        child: &ChildHandle,
+        name: &str,
+        arguments: &Value,
+        ctx: &RunContext,
+    ) -> Result<Option<String>, ToolError> {
+        let verdict = match &self.approvals {
+            Ok(a) => {
+                let destructive =
+                    name.starts_with("mcp__") && self.mcp.destructive(&child.toolsets, name);
+                a.verdict(name, arguments, destructive)
+            }
+            Err(why) => ApprovalVerdict::Deny(format!("the approval policy is invalid: {why}")),
+        };
+        let reason = match verdict {
+            ApprovalVerdict::Run => return Ok(None),
+            ApprovalVerdict::Deny(why) => return Err(ToolError::Refused(why)),
+            ApprovalVerdict::Ask(reason) => reason,
+        };
+        let Some(gate) = &ctx.approvals else {
+            return Err(ToolError::Refused(format!(
+                "this call needs a human's approval ({reason}) and nobody can approve it here"
+            )));
+        };
+        let call = GatedCall {
+            tool: name.to_owned(),
+            arguments: approval::redact_arguments(arguments),
+            reason,
+        };
+        match gate.ask(child, &call, &ctx.cancel) {
+            GateAnswer::Run(note) => Ok(Some(note)),
+            GateAnswer::Refuse(text) => Err(ToolError::Refused(text)),
+        }
     }
 
     fn has(child: &ChildHandle, toolset: &str) -> bool {
@@ -190,11 +236,38 @@ impl ToolExecutor for Toolbox {
                 )));
             }
             None if self.mcp.owns(&child.toolsets, name) => {
-                return self.mcp.call(&child.toolsets, name, arguments);
+                let note = self.approve(child, name, arguments, ctx)?;
+                return self.mcp.call(&child.toolsets, name, arguments).map(|o| noted(note, o));
             }
             None => return Err(ToolError::Unknown { name: name.to_owned() }),
             Some(true) => {}
         }
+        let note = match name {
+            "delegate_task" => None,
+            _ => self.approve(child, name, arguments, ctx)?,
+        };
+        self.run_tool(child, name, &args, arguments, ctx).map(|o| noted(note, o))
+    }
+}
+
+/// A call's output after the approval it waited for (`[approved by …]`
+/// first), so the decision sits next to the call in the transcript.
+fn noted(note: Option<String>, output: String) -> String {
+    match note {
+        Some(n) => format!("[{n}]\n{output}"),
+        None => output,
+    }
+}
+
+impl Toolbox {
+    fn run_tool(
+        &self,
+        child: &ChildHandle,
+        name: &str,
+        args: &Args<'_>,
+        arguments: &Value,
+        ctx: &RunContext,
+    ) -> Result<String, ToolError> {
         match name {
             // The grandchildren run under the child's own token (its
             // deadline, budget meter and stop).
@@ -207,11 +280,11 @@ impl ToolExecutor for Toolbox {
             _ => {
                 let ws = self.workspace(child)?;
                 match name {
-                    "read_file" => read::read_file(&ws, &args),
-                    "search_files" => read::search_files(&ws, &args),
-                    "write_file" => file::write_file(&ws, &args),
-                    "patch" => file::patch(&ws, &args),
-                    "terminal" => self.terminal.run(&ws, &args, &ctx.cancel),
+                    "read_file" => read::read_file(&ws, args),
+                    "search_files" => read::search_files(&ws, args),
+                    "write_file" => file::write_file(&ws, args),
+                    "patch" => file::patch(&ws, args),
+                    "terminal" => self.terminal.run(&ws, args, &ctx.cancel),
                     _ => Err(ToolError::Unknown { name: name.to_owned() }),
                 }
             }

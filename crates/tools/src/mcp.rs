@@ -205,6 +205,21 @@ impl McpServers {
                 .any(|s| name.starts_with(&format!("{TOOL_PREFIX}{}__", sanitize(&s.config.name))))
     }
 
+    /// Whether the MCP tool `name` of `toolsets` is annotated
+    /// `destructiveHint: true` by its server (an unknown or unavailable
+    /// tool is not: its call fails anyway).
+    pub fn destructive(&self, toolsets: &[String], name: &str) -> bool {
+        toolsets.iter().filter_map(|t| self.server(t)).any(|server| {
+            let prefix = format!("{TOOL_PREFIX}{}__", sanitize(&server.config.name));
+            let Some(wanted) = name.strip_prefix(&prefix) else { return false };
+            self.ensure(server).is_ok_and(|(_, tools)| {
+                tools.iter().find(|t| sanitize(&t.name) == wanted).is_some_and(|t| {
+                    t.annotations.as_ref().and_then(|a| a.destructive_hint) == Some(true)
+                })
+            })
+        })
+    }
+
     /// Calls `name` (`mcp__<server>__<tool>`) for a child with `toolsets`.
     pub fn call(
         &self,

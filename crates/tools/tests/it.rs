@@ -27,6 +27,7 @@ fn toolbox() -> Toolbox {
         sandbox_helper: Some(helper()),
         mcp_servers: Vec::new(),
         protected: Default::default(),
+        approvals: Default::default(),
     })
 }
 
@@ -561,7 +562,7 @@ fn fake_server(name: &str) -> McpServerConfig {
 fn an_mcp_server_offers_its_tools_and_a_crash_leaves_them_unavailable() {
     let dir = tempfile::tempdir().expect("tmp");
     let mut config = fake_server("fake.srv");
-    config.exclude = vec!["fail".into(), "big".into()];
+    config.exclude = vec!["fail".into(), "big".into(), "wipe".into()];
     let tb = mcp_box(vec![config]);
     assert_eq!(tb.mcp_toolsets(), ["mcp-fake.srv"]);
     let c = child(dir.path(), &["mcp-fake.srv"]);
@@ -964,6 +965,7 @@ fn protected_box(home: &Path) -> Toolbox {
         protected: retinue_tools::workspace::Protected {
             hidden: vec![home.to_path_buf(), home.join("state.db")],
         },
+        approvals: Default::default(),
     })
 }
 
@@ -1355,4 +1357,111 @@ fn read_only_names_are_matched_without_case() {
         let why = refused(tb.execute(&c, "write_file", &json!({"path": path, "content": "x"})));
         assert!(why.contains("read-only for children"), "{path}: {why}");
     }
+}
+
+// ---------------------------------------------------------------- approvals
+
+/// A gate that answers as scripted and remembers what it was asked.
+struct ScriptedGate {
+    answer: retinue_core::run::GateAnswer,
+    asked: Mutex<Vec<retinue_core::run::GatedCall>>,
+}
+
+impl retinue_core::run::ApprovalGate for ScriptedGate {
+    fn ask(
+        &self,
+        _child: &ChildHandle,
+        call: &retinue_core::run::GatedCall,
+        _cancel: &CancelToken,
+    ) -> retinue_core::run::GateAnswer {
+        self.asked.lock().expect("lock").push(call.clone());
+        self.answer.clone()
+    }
+}
+
+fn gated(answer: retinue_core::run::GateAnswer) -> (Arc<ScriptedGate>, RunContext) {
+    let gate = Arc::new(ScriptedGate { answer, asked: Mutex::new(Vec::new()) });
+    let ctx = RunContext::new(CancelToken::new()).with_approvals(gate.clone());
+    (gate, ctx)
+}
+
+#[test]
+fn a_risky_command_waits_for_the_gate_and_runs_only_when_approved() {
+    use retinue_core::run::GateAnswer;
+    let dir = tempfile::tempdir().expect("tmp");
+    std::fs::create_dir(dir.path().join("build")).expect("build/");
+    let tb = toolbox();
+    let c = child(dir.path(), &["terminal"]);
+    let rm = json!({"command": "TOKEN=s3cret rm -rf build"});
+
+    // Denied: the model reads the denial and build/ is still there.
+    let (gate, ctx) = gated(GateAnswer::Refuse("denied by operator: not now".into()));
+    let why = refused(tb.execute_in(&c, "terminal", &rm, &ctx));
+    assert_eq!(why, "denied by operator: not now");
+    assert!(dir.path().join("build").exists());
+    let asked = gate.asked.lock().expect("lock").clone();
+    assert_eq!(asked.len(), 1);
+    assert_eq!(asked[0].tool, "terminal");
+    assert!(asked[0].reason.contains("delet"), "{}", asked[0].reason);
+    assert_eq!(asked[0].arguments["command"], "TOKEN=[redacted] rm -rf build", "no secret stored");
+
+    // Nobody to ask: refused, never run.
+    let why = refused(tb.execute(&c, "terminal", &rm));
+    assert!(why.contains("nobody can approve"), "{why}");
+    assert!(dir.path().join("build").exists());
+
+    // A safe command never asks.
+    let (gate, ctx) = gated(GateAnswer::Refuse("unused".into()));
+    let out = tb.execute_in(&c, "terminal", &json!({"command": "ls"}), &ctx).expect("ls runs");
+    assert!(out.contains("build"), "{out}");
+    assert!(gate.asked.lock().expect("lock").is_empty());
+
+    // Approved: it ran, its output came back after the decision.
+    let (_, ctx) = gated(GateAnswer::Run("approved by operator (appr_1)".into()));
+    let out = tb.execute_in(&c, "terminal", &rm, &ctx).expect("ran");
+    assert!(out.starts_with("[approved by operator (appr_1)]\n"), "{out}");
+    assert!(!dir.path().join("build").exists(), "the command ran");
+}
+
+#[test]
+fn rules_decide_before_the_classifier_and_a_destructive_mcp_tool_asks() {
+    use retinue_config::{ApprovalAction, ApprovalPolicy, ApprovalRule};
+    use retinue_core::run::GateAnswer;
+    let dir = tempfile::tempdir().expect("tmp");
+    std::fs::create_dir(dir.path().join("docs")).expect("docs/");
+    let rule = |tool: &str, path: Option<&str>, decision| ApprovalRule {
+        tool: tool.into(),
+        command: None,
+        path: path.map(Into::into),
+        decision,
+    };
+    let tb = Toolbox::new(ToolboxConfig {
+        terminal: TerminalConfig::default(),
+        sandbox_helper: Some(helper()),
+        mcp_servers: vec![fake_server("fake")],
+        approvals: ApprovalPolicy {
+            rules: vec![
+                rule("write_file", Some("docs/**"), ApprovalAction::Allow),
+                rule("write_file", None, ApprovalAction::Ask),
+                rule("mcp__fake__echo", None, ApprovalAction::Deny),
+            ],
+            ..ApprovalPolicy::default()
+        },
+        ..ToolboxConfig::default()
+    });
+    let c = child(dir.path(), &["file", "mcp-fake"]);
+    let (gate, ctx) = gated(GateAnswer::Refuse("denied by web: no".into()));
+    let write = |path: &str| json!({"path": path, "content": "x"});
+    tb.execute_in(&c, "write_file", &write("docs/a.md"), &ctx).expect("allowed by rule");
+    assert_eq!(refused(tb.execute_in(&c, "write_file", &write("src/a.rs"), &ctx)), "denied by web: no");
+    assert!(!dir.path().join("src/a.rs").exists());
+    let why = refused(tb.execute_in(&c, "mcp__fake__echo", &json!({"text": "hi"}), &ctx));
+    assert!(why.contains("approvals rule 3"), "{why}");
+    assert_eq!(refused(tb.execute_in(&c, "mcp__fake__wipe", &json!({}), &ctx)), "denied by web: no");
+    let asked: Vec<String> =
+        gate.asked.lock().expect("lock").iter().map(|a| a.tool.clone()).collect();
+    assert_eq!(asked, vec!["write_file", "mcp__fake__wipe"], "rules first, then destructiveHint");
+    // The harmless MCP tool still runs.
+    let out = tb.execute_in(&c, "mcp__fake__add", &json!({"a": 1, "b": 2}), &ctx).expect("add");
+    assert!(out.contains('3'), "{out}");
 }

@@ -21,6 +21,65 @@ pub enum CancelReason {
     Requested,
 }
 
+/// Time a run spent waiting for a human (an approval): its deadline is
+/// moved by it, so a run timeout never counts the wait.
+#[derive(Debug, Default)]
+struct PauseClock {
+    inner: Mutex<Paused>,
+}
+
+#[derive(Debug, Default)]
+struct Paused {
+    /// Waits in progress.
+    depth: u32,
+    /// When the current wait began.
+    since: Option<Instant>,
+    /// Waits already over.
+    total: Duration,
+}
+
+impl PauseClock {
+    fn enter(&self) {
+        let mut p = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        if p.depth == 0 {
+            p.since = Some(Instant::now());
+        }
+        p.depth = p.depth.saturating_add(1);
+    }
+
+    fn leave(&self) {
+        let mut p = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        p.depth = p.depth.saturating_sub(1);
+        if p.depth == 0
+            && let Some(since) = p.since.take()
+        {
+            p.total = p.total.saturating_add(since.elapsed());
+        }
+    }
+
+    /// How far the deadline has moved (a wait in progress counts up to now).
+    fn moved(&self) -> Duration {
+        let p = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        p.total.saturating_add(p.since.map_or(Duration::ZERO, |s| s.elapsed()))
+    }
+}
+
+/// A wait for a human in progress ([`CancelToken::pause`]); the deadlines
+/// of the run and of every run above it resume when it is dropped.
+#[derive(Debug)]
+#[must_use = "the pause ends when the guard is dropped"]
+pub struct PauseGuard {
+    clocks: Vec<Arc<PauseClock>>,
+}
+
+impl Drop for PauseGuard {
+    fn drop(&mut self) {
+        for c in &self.clocks {
+            c.leave();
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 struct CancelState {
     reason: Mutex<Option<CancelReason>>,
@@ -36,6 +95,8 @@ pub struct CancelToken {
     budget: Option<Arc<BudgetMeter>>,
     /// What this run's permits charged (a fresh counter per [`CancelToken::child`]).
     metered: Arc<Mutex<Spend>>,
+    /// This run's pause clock first, then those of the runs above it.
+    pauses: Vec<Arc<PauseClock>>,
 }
 
 impl CancelToken {
@@ -48,7 +109,13 @@ impl CancelToken {
     /// large to represent, means no deadline (never a panic).
     pub fn with_timeout(timeout: Option<Duration>) -> CancelToken {
         let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
-        CancelToken { state: Arc::default(), deadline, budget: None, metered: Arc::default() }
+        CancelToken {
+            state: Arc::default(),
+            deadline,
+            budget: None,
+            metered: Arc::default(),
+            pauses: vec![Arc::default()],
+        }
     }
 
     /// This token, with runs charged against `meter` (a run stops with
@@ -104,11 +171,15 @@ impl CancelToken {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
+        let mut pauses = Vec::with_capacity(self.pauses.len() + 1);
+        pauses.push(Arc::default());
+        pauses.extend(self.pauses.iter().cloned());
         CancelToken {
             state: Arc::clone(&self.state),
             deadline,
             budget: self.budget.clone(),
             metered: Arc::default(),
+            pauses,
         }
     }
 
@@ -136,7 +207,7 @@ impl CancelToken {
         let fired = *self.state.reason.lock().unwrap_or_else(PoisonError::into_inner);
         fired
             .or_else(|| {
-                self.deadline.filter(|d| Instant::now() >= *d).map(|_| CancelReason::Timeout)
+                self.deadline().filter(|d| Instant::now() >= *d).map(|_| CancelReason::Timeout)
             })
             .or_else(|| {
                 self.budget.as_ref().filter(|m| m.exhausted()).map(|_| CancelReason::Budget)
@@ -148,14 +219,27 @@ impl CancelToken {
         self.reason().is_some()
     }
 
-    /// The deadline, if any.
+    /// The deadline, if any: moved by every wait for a human so far
+    /// ([`CancelToken::pause`]).
     pub fn deadline(&self) -> Option<Instant> {
-        self.deadline
+        let moved = self.pauses.first().map_or(Duration::ZERO, |c| c.moved());
+        self.deadline.map(|d| d.checked_add(moved).unwrap_or(d))
     }
 
     /// Time left before the deadline (`None`: no deadline; zero: passed).
     pub fn remaining(&self) -> Option<Duration> {
-        self.deadline.map(|d| d.saturating_duration_since(Instant::now()))
+        self.deadline().map(|d| d.saturating_duration_since(Instant::now()))
+    }
+
+    /// Stops this run's clock, and the clocks of the runs above it, while
+    /// it waits for a human (an approval): the wait never counts towards a
+    /// deadline. The clocks run again when the guard is dropped. A
+    /// cancellation still stops the run at once.
+    pub fn pause(&self) -> PauseGuard {
+        for c in &self.pauses {
+            c.enter();
+        }
+        PauseGuard { clocks: self.pauses.clone() }
     }
 
     /// Sleeps up to `pause` (never past the deadline), waking early on
@@ -276,6 +360,27 @@ mod tests {
         assert_eq!(permit.max_completion_tokens(), None);
         permit.finish(CallUsage { tokens: 30, cost_usd: 0.0 });
         assert_eq!(t.metered().tokens, 30);
+    }
+
+    #[test]
+    fn a_wait_for_a_human_moves_the_deadline_of_the_run_and_its_parents() {
+        let parent = CancelToken::with_timeout(Some(Duration::from_millis(300)));
+        let child = parent.child(Some(Duration::from_millis(300)));
+        let sibling = parent.child(Some(Duration::from_millis(300)));
+        let guard = child.pause();
+        std::thread::sleep(Duration::from_millis(400));
+        assert!(!child.is_cancelled(), "the wait does not count");
+        assert!(!parent.is_cancelled(), "the parent waits on the child");
+        assert_eq!(sibling.reason(), Some(CancelReason::Timeout), "a sibling's clock ran");
+        drop(guard);
+        assert!(!child.is_cancelled());
+        std::thread::sleep(Duration::from_millis(400));
+        assert_eq!(child.reason(), Some(CancelReason::Timeout), "the clock runs again");
+        // A cancellation during a wait still stops the run.
+        let t = CancelToken::with_timeout(Some(Duration::from_secs(60)));
+        let _g = t.pause();
+        t.cancel_requested();
+        assert_eq!(t.reason(), Some(CancelReason::Requested));
     }
 
     #[test]

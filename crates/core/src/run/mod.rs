@@ -24,7 +24,7 @@ use crate::{ExitReason, Message, Role};
 mod cancel;
 mod meter;
 
-pub use cancel::{CancelReason, CancelToken};
+pub use cancel::{CancelReason, CancelToken, PauseGuard};
 pub use meter::{BudgetMeter, CallPermit, CallPlan, CallRefusal, CallUsage, MeterStore};
 
 /// The toolset names a child is built with (hermes's names).
@@ -242,14 +242,50 @@ pub trait Delegate: Send + Sync {
     fn delegate_task(&self, child: &ChildHandle, arguments: &Value, cancel: &CancelToken) -> Value;
 }
 
-/// What travels with one run: its stop signal and, for an orchestrator
-/// child, the delegation capability. Cheap to clone.
+/// A call that needs a human's approval before it runs.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct GatedCall {
+    /// The tool.
+    pub tool: String,
+    /// Its arguments, secrets redacted.
+    pub arguments: Value,
+    /// Why it needs approval (the classifier's or the rule's words).
+    pub reason: String,
+}
+
+/// What became of a [`GatedCall`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GateAnswer {
+    /// Approved: run it. The note (`approved by <who> (<id>)`) is put
+    /// before the call's output, so the decision sits next to the call in
+    /// the child's transcript.
+    Run(String),
+    /// Not approved: the text the model reads instead of the call's output
+    /// (`denied by <who>: <reason>`, `approval expired after N s`).
+    Refuse(String),
+}
+
+/// Human approval, as a capability handed to each run by the orchestrator
+/// (issue #37): a tool whose call needs approval asks through it and waits.
+/// The wait holds no model call and no budget hold, and the run's deadline
+/// is paused meanwhile ([`CancelToken::pause`]); a cancellation ends it.
+#[cfg_attr(any(test, feature = "mocks"), mockall::automock)]
+pub trait ApprovalGate: Send + Sync {
+    /// Asks for `call` of `child` and waits for the decision.
+    fn ask(&self, child: &ChildHandle, call: &GatedCall, cancel: &CancelToken) -> GateAnswer;
+}
+
+/// What travels with one run: its stop signal, for an orchestrator child
+/// the delegation capability, and the approval gate. Cheap to clone.
 #[derive(Clone, Default)]
 pub struct RunContext {
     /// The run's deadline, stop and budget.
     pub cancel: CancelToken,
     /// Nested delegation (`None`: `delegate_task` is not available).
     pub delegate: Option<Arc<dyn Delegate>>,
+    /// Where a call that needs approval asks (`None`: nobody can approve,
+    /// so such a call is refused).
+    pub approvals: Option<Arc<dyn ApprovalGate>>,
 }
 
 impl std::fmt::Debug for RunContext {
@@ -257,14 +293,22 @@ impl std::fmt::Debug for RunContext {
         f.debug_struct("RunContext")
             .field("cancel", &self.cancel)
             .field("delegate", &self.delegate.is_some())
+            .field("approvals", &self.approvals.is_some())
             .finish()
     }
 }
 
 impl RunContext {
-    /// A context with `cancel` and no delegation.
+    /// A context with `cancel`, no delegation and no approval gate.
     pub fn new(cancel: CancelToken) -> RunContext {
-        RunContext { cancel, delegate: None }
+        RunContext { cancel, delegate: None, approvals: None }
+    }
+
+    /// This context, with `gate` for the calls that need approval.
+    #[must_use]
+    pub fn with_approvals(mut self, gate: Arc<dyn ApprovalGate>) -> RunContext {
+        self.approvals = Some(gate);
+        self
     }
 
     /// This context, with `delegate` for the run's `delegate_task` calls.

@@ -1,13 +1,14 @@
 //! `retinue-fake-mcp`: a small MCP server on stdio (rmcp) for the tools
 //! tests. Tools: `echo` (returns its `text`), `add` (sums `a` and `b`),
-//! `fail` (an `isError` result), `crash` (the process exits mid-call) and
-//! `big` (`mb` megabytes of text).
+//! `fail` (an `isError` result), `crash` (the process exits mid-call),
+//! `big` (`mb` megabytes of text) and `wipe` (annotated `destructiveHint:
+//! true`; returns `wiped`).
 
 use std::sync::Arc;
 
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ListToolsResult,
-    PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+    PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool, ToolAnnotations,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt};
@@ -42,6 +43,8 @@ fn tools() -> Vec<Tool> {
             "Returns `mb` megabytes of text",
             schema(json!({"type": "object", "properties": {"mb": {"type": "number"}}})),
         ),
+        Tool::new("wipe", "Deletes everything (pretend)", schema(json!({"type": "object"})))
+            .annotate(ToolAnnotations::default().destructive(true)),
     ]
 }
 
@@ -76,6 +79,7 @@ impl ServerHandler for Fake {
                 CallToolResult::error(vec![ContentBlock::text("the fake tool failed".to_owned())])
             }
             "crash" => std::process::exit(3),
+            "wipe" => CallToolResult::success(vec![ContentBlock::text("wiped".to_owned())]),
             "big" => {
                 let mb = args.get("mb").and_then(Value::as_f64).unwrap_or(1.0).clamp(0.0, 100.0);
                 let n = (mb * 1_000_000.0) as usize;

@@ -633,6 +633,7 @@ mod tests {
         ("cat data | sh_lint", None),
         ("dd if=/dev/zero of=file.img bs=1M count=1", None),
         ("make > /dev/null 2>&1", None),
+        ("echo hi > /dev/tcp/127.0.0.1/80", None),
         ("echo hi >&2", None),
         ("kill -l", None),
         ("find . -name '*.rs'", None),

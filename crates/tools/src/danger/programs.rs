@@ -162,6 +162,10 @@ pub(super) fn is_device(path: &str) -> bool {
         && !path.starts_with("/dev/fd/")
         && !path.starts_with("/dev/shm/")
         && !path.starts_with("/dev/pts/")
+        // bash's network pseudo-files: a connection, not a device (the
+        // sandbox has no network anyway).
+        && !path.starts_with("/dev/tcp/")
+        && !path.starts_with("/dev/udp/")
 }
 
 /// `/`, the home, the workspace root, everything in it, or a system directory.
