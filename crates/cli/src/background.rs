@@ -249,7 +249,7 @@ fn parent_of(session: &str) -> ParentContext {
     }
 }
 
-fn error_output(e: &DelegateError) -> Output {
+pub(crate) fn error_output(e: &DelegateError) -> Output {
     Output {
         json: Some(json!({ "error": e.to_string(), "code": e.kind().as_str() })),
         human: String::new(),

@@ -157,6 +157,42 @@ pub(crate) enum Command {
         parent: Option<String>,
     },
 
+    /// List the approval requests of children's risky calls (pending ones; --all: decided too)
+    Approvals {
+        /// Decided and expired requests too
+        #[arg(long)]
+        all: bool,
+        /// Decide as this parent session (the children its lineage spawned) [default on a state.db: the home's operator; required in team mode and for a profile]
+        #[arg(long, value_name = "SESSION", value_parser = non_blank)]
+        parent: Option<String>,
+    },
+
+    /// Approve a pending request: the child's call runs (exit 4 unknown id, 1 already decided)
+    Approve {
+        /// The approval id (appr_…)
+        #[arg(value_name = "ID", value_parser = non_blank)]
+        id: String,
+        /// Approve this call and the same call of this child for the rest of its unit and follow-ups
+        #[arg(long)]
+        always: bool,
+        /// Decide as this parent session [default on a state.db: the home's operator; required in team mode and for a profile]
+        #[arg(long, value_name = "SESSION", value_parser = non_blank)]
+        parent: Option<String>,
+    },
+
+    /// Deny a pending request: the child's model reads the reason (exit 4 unknown id, 1 already decided)
+    Deny {
+        /// The approval id (appr_…)
+        #[arg(value_name = "ID", value_parser = non_blank)]
+        id: String,
+        /// Why (the model reads it)
+        #[arg(long, value_name = "TEXT")]
+        reason: Option<String>,
+        /// Decide as this parent session [default on a state.db: the home's operator; required in team mode and for a profile]
+        #[arg(long, value_name = "SESSION", value_parser = non_blank)]
+        parent: Option<String>,
+    },
+
     /// Serve MCP (stdio, or --http on loopback): delegate_task and the registry tools for an agent host
     #[command(long_about = "Serve the Model Context Protocol for an agent host (Claude Code, \
                       Codex, goose, …): delegate_task, list_subagents, show_subagent, \

@@ -9,6 +9,7 @@
 //! mode, behind [`backend::Backend`]), the lineage rules, the usage ledger and
 //! the delegate tool together.
 
+mod approvals;
 mod backend;
 mod background;
 mod cli;
@@ -109,6 +110,19 @@ fn run(cli: &Cli) -> error::Result<Output> {
             background::steer(&env, id, message, parent.as_deref())
         }
         Command::Cancel { id, parent } => background::cancel(&env, id, parent.as_deref()),
+        Command::Approvals { all, parent } => approvals::list(&env, *all, parent.as_deref()),
+        Command::Approve { id, always, parent } => approvals::decide(
+            &env,
+            id,
+            &retinue_delegate::Verdict::Approve { always: *always },
+            parent.as_deref(),
+        ),
+        Command::Deny { id, reason, parent } => approvals::decide(
+            &env,
+            id,
+            &retinue_delegate::Verdict::Deny { reason: reason.clone() },
+            parent.as_deref(),
+        ),
         Command::Mcp(args) => mcp::run(&env, args),
         Command::Migrate { to } => migrate::migrate(&env, to),
         Command::Demo => {

@@ -45,6 +45,7 @@ impl Status {
         parent: &str,
         profile: &str,
         json: bool,
+        hold: Arc<AtomicBool>,
     ) -> Option<Status> {
         if json || !std::io::stderr().is_terminal() {
             return None;
@@ -53,7 +54,7 @@ impl Status {
         let (flag, parent, profile) = (stop.clone(), parent.to_owned(), profile.to_owned());
         let thread = std::thread::Builder::new()
             .name("status".to_owned())
-            .spawn(move || draw(&seams, &parent, &profile, &flag))
+            .spawn(move || draw(&seams, &parent, &profile, &flag, &hold))
             .ok()?;
         Some(Status { stop, thread: Some(thread) })
     }
@@ -68,12 +69,27 @@ impl Drop for Status {
     }
 }
 
-fn draw(seams: &retinue_core::Backend, parent: &str, profile: &str, stop: &AtomicBool) {
+/// Draws until `stop`; while `hold` is set (an approval prompt is on
+/// screen) the lines are cleared and not redrawn.
+fn draw(
+    seams: &retinue_core::Backend,
+    parent: &str,
+    profile: &str,
+    stop: &AtomicBool,
+    hold: &AtomicBool,
+) {
     let bars = MultiProgress::with_draw_target(ProgressDrawTarget::stderr());
     let style = ProgressStyle::with_template("{spinner} {msg}")
         .unwrap_or_else(|_| ProgressStyle::default_spinner());
     let mut shown: HashMap<String, ProgressBar> = HashMap::new();
     while !stop.load(Ordering::SeqCst) {
+        if hold.load(Ordering::SeqCst) {
+            for (_, bar) in shown.drain() {
+                bar.finish_and_clear();
+            }
+            std::thread::sleep(Duration::from_millis(200));
+            continue;
+        }
         let now = SystemClock.now();
         let scope = retinue_core::Scope::of(profile);
         let units = seams.controls.running_units(scope.filter()).unwrap_or_default();

@@ -161,7 +161,10 @@ impl ApprovalRequest {
             ApprovalState::Denied => Some(format!(
                 "denied by {}: {}",
                 self.decided_by.as_deref().unwrap_or("a reviewer"),
-                self.decision_reason.as_deref().filter(|r| !r.is_empty()).unwrap_or("no reason given")
+                self.decision_reason
+                    .as_deref()
+                    .filter(|r| !r.is_empty())
+                    .unwrap_or("no reason given")
             )),
             ApprovalState::Expired => Some(match self.decision_reason.as_deref() {
                 Some(r) if r != TIMED_OUT => format!("approval expired: {r}"),

@@ -354,9 +354,9 @@ fn now_secs() -> f64 {
 /// any process may hold one (`retinue wait` runs no model).
 #[derive(Clone)]
 pub struct Collector {
-    backend: Backend,
+    pub(crate) backend: Backend,
     authority: Arc<dyn LineageAuthority>,
-    profile: String,
+    pub(crate) profile: String,
 }
 
 impl std::fmt::Debug for Collector {

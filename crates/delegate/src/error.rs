@@ -156,6 +156,23 @@ pub enum DelegateError {
     /// The registry could not be read.
     #[error("Could not read the registry: {0}")]
     Registry(#[source] retinue_core::Error),
+    /// No approval request of that id exists for this caller (foreign ≡
+    /// missing).
+    #[error("No approval request '{}' is known to this caller.", texts::shown_id(id))]
+    UnknownApproval {
+        /// The id as given.
+        id: String,
+    },
+    /// The approval request was decided (or expired) before this decision.
+    #[error("Approval '{id}' was already decided: {state} by {decided_by}.")]
+    AlreadyDecided {
+        /// The request's id.
+        id: String,
+        /// Its state (`approved`, `denied`, `expired`).
+        state: &'static str,
+        /// Who decided it.
+        decided_by: String,
+    },
 }
 
 /// The class of a [`DelegateError`], for exit codes and protocol errors.
@@ -172,13 +189,15 @@ pub enum DelegateErrorKind {
     NotFound,
     /// Retry later.
     Busy,
+    /// Someone decided the approval request first.
+    AlreadyDecided,
     /// Anything else.
     Failed,
 }
 
 impl DelegateErrorKind {
     /// The kind as a stable machine-readable code (`usage`, `denied`,
-    /// `limit`, `not_found`, `busy`, `failed`), as the MCP server reports it.
+    /// `limit`, `not_found`, `busy`, `already_decided`, `failed`), as the MCP server reports it.
     pub fn as_str(self) -> &'static str {
         match self {
             DelegateErrorKind::Usage => "usage",
@@ -186,6 +205,7 @@ impl DelegateErrorKind {
             DelegateErrorKind::Limit => "limit",
             DelegateErrorKind::NotFound => "not_found",
             DelegateErrorKind::Busy => "busy",
+            DelegateErrorKind::AlreadyDecided => "already_decided",
             DelegateErrorKind::Failed => "failed",
         }
     }
@@ -218,6 +238,8 @@ impl DelegateError {
             | DelegateError::Runtime(_) => DelegateErrorKind::Failed,
             DelegateError::Finished { .. } => DelegateErrorKind::Limit,
             DelegateError::WhichChild { .. } => DelegateErrorKind::Usage,
+            DelegateError::UnknownApproval { .. } => DelegateErrorKind::NotFound,
+            DelegateError::AlreadyDecided { .. } => DelegateErrorKind::AlreadyDecided,
         }
     }
 }

@@ -103,6 +103,7 @@ const RETINUE_TABLES: &[&str] = &[
     "delegation_child_usage",
     "refinery_schema_history",
     "retinue_adoption_queue",
+    "retinue_approvals",
     "retinue_budget_members",
     "retinue_budget_reservations",
     "retinue_change_clock",

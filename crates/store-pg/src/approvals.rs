@@ -6,8 +6,8 @@
 use postgres::Row;
 use retinue_core::{
     ApprovalFilter, ApprovalQueue, ApprovalRequest, ApprovalScope, ApprovalState, DecideOutcome,
-    Decision, EXPIRED_BY, Error, LEASE_SECS, MAX_PENDING_PER_UNIT, NewApproval, REASON_MAX_CHARS, Requested, Result, Scope,
-    new_approval_id, parse_json_opt, truncate_chars,
+    Decision, EXPIRED_BY, Error, LEASE_SECS, MAX_PENDING_PER_UNIT, NewApproval, REASON_MAX_CHARS,
+    Requested, Result, Scope, new_approval_id, parse_json_opt, truncate_chars,
 };
 
 use crate::pool::{Mode, PgResult, Tx};
@@ -132,10 +132,14 @@ impl ApprovalQueue for PgStore {
             Ok(tx.query_one(sql.as_str(), &[&(now - LEASE_SECS)])?.get::<_, bool>(0))
         })?;
         if any {
-            self.pool.tx("expiring orphaned approvals", Mode::Write, |tx| expire_orphans(tx, now))?;
+            self.pool
+                .tx("expiring orphaned approvals", Mode::Write, |tx| expire_orphans(tx, now))?;
         }
-        let limit =
-            if filter.limit == 0 { i64::MAX } else { i64::try_from(filter.limit).unwrap_or(i64::MAX) };
+        let limit = if filter.limit == 0 {
+            i64::MAX
+        } else {
+            i64::try_from(filter.limit).unwrap_or(i64::MAX)
+        };
         self.pool.tx("listing approvals", Mode::Read, |tx| {
             let sql = format!(
                 "SELECT {COLUMNS} {FROM} \
@@ -152,7 +156,12 @@ impl ApprovalQueue for PgStore {
         })
     }
 
-    fn decide_approval(&self, id: &str, scope: &Scope, decision: &Decision) -> Result<DecideOutcome> {
+    fn decide_approval(
+        &self,
+        id: &str,
+        scope: &Scope,
+        decision: &Decision,
+    ) -> Result<DecideOutcome> {
         if decision.state == ApprovalState::Pending {
             return Err(Error::Invalid("a decision approves, denies or expires".to_owned()));
         }

@@ -10,8 +10,8 @@ use crate::rows::json_column;
 use crate::store::Store;
 use retinue_core::{
     ApprovalFilter, ApprovalQueue, ApprovalRequest, ApprovalScope, ApprovalState, DecideOutcome,
-    Decision, EXPIRED_BY, Error, LEASE_SECS, MAX_PENDING_PER_UNIT, NewApproval, REASON_MAX_CHARS, Requested, Scope,
-    new_approval_id, parse_json_opt, truncate_chars,
+    Decision, EXPIRED_BY, Error, LEASE_SECS, MAX_PENDING_PER_UNIT, NewApproval, REASON_MAX_CHARS,
+    Requested, Scope, new_approval_id, parse_json_opt, truncate_chars,
 };
 
 const COLUMNS: &str = "a.approval_id, a.delegation_id, a.subagent_id, a.tool, a.arguments_json, \
@@ -116,17 +116,15 @@ impl ApprovalQueue for Store {
                  tool, arguments_json, reason, requested_at) \
                  SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7 WHERE {LIVE}"
             );
-            let n = tx
-                .prepare_cached(&insert)?
-                .execute(params![
-                    id,
-                    new.delegation_id,
-                    new.subagent_id,
-                    new.tool,
-                    arguments,
-                    reason,
-                    now
-                ])?;
+            let n = tx.prepare_cached(&insert)?.execute(params![
+                id,
+                new.delegation_id,
+                new.subagent_id,
+                new.tool,
+                arguments,
+                reason,
+                now
+            ])?;
             if n == 0 {
                 return Ok(Requested::UnitEnded);
             }
@@ -147,7 +145,11 @@ impl ApprovalQueue for Store {
         if self.pool.read("looking for orphaned approvals", |conn| any_orphan(conn, now))? {
             self.pool.write("expiring orphaned approvals", |tx| expire_orphans(tx, now))?;
         }
-        let limit = if filter.limit == 0 { i64::MAX } else { i64::try_from(filter.limit).unwrap_or(i64::MAX) };
+        let limit = if filter.limit == 0 {
+            i64::MAX
+        } else {
+            i64::try_from(filter.limit).unwrap_or(i64::MAX)
+        };
         self.pool.read("listing approvals", |conn| {
             let sql = format!(
                 "SELECT {COLUMNS} {FROM} \
@@ -166,7 +168,12 @@ impl ApprovalQueue for Store {
         })
     }
 
-    fn decide_approval(&self, id: &str, scope: &Scope, decision: &Decision) -> Result<DecideOutcome> {
+    fn decide_approval(
+        &self,
+        id: &str,
+        scope: &Scope,
+        decision: &Decision,
+    ) -> Result<DecideOutcome> {
         if decision.state == ApprovalState::Pending {
             return Err(Error::Invalid("a decision approves, denies or expires".to_owned()));
         }
@@ -190,9 +197,20 @@ impl ApprovalQueue for Store {
                      decided_by = ?4, decision_reason = ?5 \
                      WHERE approval_id = ?6 AND state = 'pending'",
                 )?
-                .execute(params![decision.state.as_str(), scope_word.as_str(), now, by, reason, id])?;
+                .execute(params![
+                    decision.state.as_str(),
+                    scope_word.as_str(),
+                    now,
+                    by,
+                    reason,
+                    id
+                ])?;
             let after = one(tx, id)?.unwrap_or(current);
-            Ok(if n == 1 { DecideOutcome::Decided(after) } else { DecideOutcome::AlreadyDecided(after) })
+            Ok(if n == 1 {
+                DecideOutcome::Decided(after)
+            } else {
+                DecideOutcome::AlreadyDecided(after)
+            })
         })
     }
 }

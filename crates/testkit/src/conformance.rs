@@ -1549,28 +1549,42 @@ pub fn approvals_queue(make: Factory<'_>) {
     assert!(b.approvals.approval(&first, &tenant_b).expect("read").is_none(), "foreign = missing");
     let listed = |scope: &Scope, pending_only: bool| -> Vec<String> {
         let filter = ApprovalFilter { pending_only, ..ApprovalFilter::pending(scope) };
-        b.approvals.list_approvals(&filter).expect("list").into_iter().map(|r| r.approval_id).collect()
+        b.approvals
+            .list_approvals(&filter)
+            .expect("list")
+            .into_iter()
+            .map(|r| r.approval_id)
+            .collect()
     };
     assert_eq!(listed(&tenant_b, true), vec![theirs.clone()]);
     assert_eq!(listed(&Scope::Operator, true).len(), 2);
     assert_eq!(
         b.approvals
-            .decide_approval(&first, &tenant_b, &Decision::approve("session:Q", ApprovalScope::Once))
+            .decide_approval(
+                &first,
+                &tenant_b,
+                &Decision::approve("session:Q", ApprovalScope::Once)
+            )
             .expect("decide"),
         DecideOutcome::Missing,
         "another tenant's decision is refused as a missing id"
     );
     assert_eq!(
-        b.approvals.decide_approval("appr_000000000000", &Scope::Operator, &Decision::deny("x", None))
+        b.approvals
+            .decide_approval("appr_000000000000", &Scope::Operator, &Decision::deny("x", None))
             .expect("decide"),
         DecideOutcome::Missing
     );
     assert!(
         b.approvals
-            .decide_approval(&first, &Scope::Operator, &retinue_core::Decision {
-                state: ApprovalState::Pending,
-                ..Decision::deny("x", None)
-            })
+            .decide_approval(
+                &first,
+                &Scope::Operator,
+                &retinue_core::Decision {
+                    state: ApprovalState::Pending,
+                    ..Decision::deny("x", None)
+                }
+            )
             .is_err(),
         "pending is not a decision"
     );
@@ -1599,7 +1613,9 @@ pub fn approvals_queue(make: Factory<'_>) {
     assert_eq!(listed(&tenant_a, false), vec![first.clone()], "--all shows decided ones");
 
     // Always covers the same command of the same child, nothing else.
-    assert!(matches!(ask(&b, &unit, child, "rm -rf build"), Requested::Covered(r) if r.approval_id == first));
+    assert!(
+        matches!(ask(&b, &unit, child, "rm -rf build"), Requested::Covered(r) if r.approval_id == first)
+    );
     let _ = pending_id(ask(&b, &unit, child, "rm -rf /"));
     let _ = pending_id(ask(&b, &unit, &children[1].subagent_id, "rm -rf build"));
 
@@ -1612,7 +1628,11 @@ pub fn approvals_queue(make: Factory<'_>) {
     // A 1 MB reason is stored bounded.
     let DecideOutcome::Decided(denied) = b
         .approvals
-        .decide_approval(&theirs, &tenant_b, &Decision::deny("session:Q", Some("x".repeat(1 << 20))))
+        .decide_approval(
+            &theirs,
+            &tenant_b,
+            &Decision::deny("session:Q", Some("x".repeat(1 << 20))),
+        )
         .expect("decide")
     else {
         panic!("decided")

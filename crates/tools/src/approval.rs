@@ -166,9 +166,10 @@ pub fn redact_text(text: &str) -> String {
             && secret_name(name.trim_start_matches('-'))
         {
             w = format!("{name}={REDACTED}");
-        } else if w.starts_with('-') && secret_name(w.trim_start_matches('-')) {
-            hide_next = true;
-        } else if w.eq_ignore_ascii_case("bearer") || w.eq_ignore_ascii_case("basic") {
+        } else if (w.starts_with('-') && secret_name(w.trim_start_matches('-')))
+            || w.eq_ignore_ascii_case("bearer")
+            || w.eq_ignore_ascii_case("basic")
+        {
             hide_next = true;
         }
         out.push(w);

@@ -1453,11 +1453,17 @@ fn rules_decide_before_the_classifier_and_a_destructive_mcp_tool_asks() {
     let (gate, ctx) = gated(GateAnswer::Refuse("denied by web: no".into()));
     let write = |path: &str| json!({"path": path, "content": "x"});
     tb.execute_in(&c, "write_file", &write("docs/a.md"), &ctx).expect("allowed by rule");
-    assert_eq!(refused(tb.execute_in(&c, "write_file", &write("src/a.rs"), &ctx)), "denied by web: no");
+    assert_eq!(
+        refused(tb.execute_in(&c, "write_file", &write("src/a.rs"), &ctx)),
+        "denied by web: no"
+    );
     assert!(!dir.path().join("src/a.rs").exists());
     let why = refused(tb.execute_in(&c, "mcp__fake__echo", &json!({"text": "hi"}), &ctx));
     assert!(why.contains("approvals rule 3"), "{why}");
-    assert_eq!(refused(tb.execute_in(&c, "mcp__fake__wipe", &json!({}), &ctx)), "denied by web: no");
+    assert_eq!(
+        refused(tb.execute_in(&c, "mcp__fake__wipe", &json!({}), &ctx)),
+        "denied by web: no"
+    );
     let asked: Vec<String> =
         gate.asked.lock().expect("lock").iter().map(|a| a.tool.clone()).collect();
     assert_eq!(asked, vec!["write_file", "mcp__fake__wipe"], "rules first, then destructiveHint");

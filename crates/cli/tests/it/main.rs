@@ -2181,6 +2181,7 @@ fn a_workspace_of_root_or_the_home_directory_is_refused_naming_the_flag() {
 
 // The crate's other suites, in this one test binary (one link, one process
 // start per run).
+mod approvals;
 mod background;
 mod conventions;
 mod mcp_tasks;

@@ -707,6 +707,8 @@ mod seams {
                     c.expect_take_controls().returning(|_| Ok(Vec::new()));
                     c
                 }),
+                // No tool asks for approval here: the queue is never touched.
+                approvals: Arc::new(retinue_core::MockApprovalQueue::new()),
             },
             authority: Arc::new(authority),
             runtime: Arc::new(runtime),
