@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use retinue_core::{
     ApprovalPrompter, ApprovalRequest, ApprovalScope, ApprovalState, Decision, SystemClock,
 };
-use retinue_delegate::{Collector, Decider, ParentContext, Verdict, approval_json};
+use retinue_delegate::{Collector, Decider, ParentContext, Ruling, approval_json};
 use retinue_lineage::Authority;
 use serde_json::{Value, json};
 
@@ -104,7 +104,7 @@ pub(crate) fn list(env: &Env, all: bool, parent: Option<&str>) -> Result<Output>
 pub(crate) fn decide(
     env: &Env,
     id: &str,
-    verdict: &Verdict,
+    verdict: &Ruling,
     parent: Option<&str>,
 ) -> Result<Output> {
     let store = Backend::open(env, Arc::new(SystemClock), Access::WriteExisting)?;
@@ -188,6 +188,20 @@ impl TtyPrompter {
             shown(&r.reason)
         );
         let _ = err.flush();
+    }
+}
+
+/// On a terminal (not `--json`), `tool`'s children's risky calls are asked
+/// about inline too (the request is in the queue for every other surface
+/// meanwhile); returns the flag the status lines step aside on.
+pub(crate) fn prompt_inline(env: &Env, tool: &retinue_delegate::Delegator) -> Arc<AtomicBool> {
+    match TtyPrompter::on_terminal().filter(|_| !env.json) {
+        Some(prompter) => {
+            let hold = prompter.prompting.clone();
+            tool.set_approval_prompter(Arc::new(prompter));
+            hold
+        }
+        None => Arc::new(AtomicBool::new(false)),
     }
 }
 

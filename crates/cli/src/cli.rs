@@ -106,6 +106,9 @@ pub(crate) enum Command {
         /// A host name remote browsers reach the view by (repeatable; no port or wildcard): requests with any other Host are refused
         #[arg(long = "host-name", value_name = "NAME", requires = "allow_remote", value_parser = host_name)]
         host_name: Vec<String>,
+        /// Open the registry read-only: no approve/deny buttons
+        #[arg(long)]
+        read_only: bool,
     },
 
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell)

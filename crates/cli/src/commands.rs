@@ -918,15 +918,7 @@ pub(crate) fn delegate(env: &Env, args: &DelegateArgs) -> Result<Output> {
     // is finalised (`interrupted`), and the command exits 130/143.
     let cancel = CancelToken::new();
     let interrupts = crate::interrupt::Interrupts::watch(&cancel);
-    // On a terminal a risky call is asked about inline too (the request is
-    // in the queue for every other surface meanwhile).
-    let mut hold = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    if !env.json
-        && let Some(prompter) = crate::approvals::TtyPrompter::on_terminal()
-    {
-        hold = prompter.prompting.clone();
-        tool.set_approval_prompter(Arc::new(prompter));
-    }
+    let hold = crate::approvals::prompt_inline(env, &tool);
     let status = crate::progress::Status::start(
         store.seams.clone(),
         &parent_id,

@@ -100,8 +100,8 @@ fn run(cli: &Cli) -> error::Result<Output> {
                 stderr: None,
             })
         }
-        Command::Serve { http, allow_remote, token, host_name } => {
-            serve::run(&env, *http, *allow_remote, token.as_deref(), host_name)
+        Command::Serve { http, allow_remote, token, host_name, read_only } => {
+            serve::run(&env, *http, *allow_remote, token.as_deref(), host_name, *read_only)
         }
         Command::Wait { ids, parent, timeout, peek } => {
             background::wait(&env, ids, parent.as_deref(), *timeout, *peek)
@@ -114,13 +114,13 @@ fn run(cli: &Cli) -> error::Result<Output> {
         Command::Approve { id, always, parent } => approvals::decide(
             &env,
             id,
-            &retinue_delegate::Verdict::Approve { always: *always },
+            &retinue_delegate::Ruling::Approve { always: *always },
             parent.as_deref(),
         ),
         Command::Deny { id, reason, parent } => approvals::decide(
             &env,
             id,
-            &retinue_delegate::Verdict::Deny { reason: reason.clone() },
+            &retinue_delegate::Ruling::Deny { reason: reason.clone() },
             parent.as_deref(),
         ),
         Command::Mcp(args) => mcp::run(&env, args),

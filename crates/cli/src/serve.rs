@@ -1,5 +1,7 @@
-//! `retinue serve [--http ADDR] [--allow-remote [--token T]]`: the web view
-//! (`retinue-web`) over a read-only open of the registry. A non-loopback
+//! `retinue serve [--http ADDR] [--allow-remote [--token T]] [--read-only]`:
+//! the web view (`retinue-web`); its approval buttons decide requests as the
+//! home's operator, and `--read-only` opens the registry read-only with no
+//! buttons. A non-loopback
 //! address is refused (exit 2) unless `--allow-remote` is given, and then
 //! every request must present a token. SIGINT/SIGTERM stop it.
 
@@ -27,6 +29,7 @@ pub(crate) fn run(
     allow_remote: bool,
     token: Option<&str>,
     host_names: &[String],
+    read_only: bool,
 ) -> Result<Output> {
     if !addr.ip().is_loopback() && !allow_remote {
         return Err(CliError::Usage(format!(
@@ -67,13 +70,17 @@ pub(crate) fn run(
     } else {
         None
     };
-    let store = Backend::open(env, Arc::new(SystemClock), Access::Read)?;
+    // Approving needs a writable open; `--read-only` keeps the view's
+    // read-only open and shows no buttons.
+    let access = if read_only { Access::Read } else { Access::WriteExisting };
+    let store = Backend::open(env, Arc::new(SystemClock), access)?;
     let parts = retinue_web::WebParts {
         backend: store.seams.clone(),
         budget: store.config.delegation.budget,
         retention: store.config.delegation.retention(),
         profile: env.profile.clone(),
         all_profiles: env.all_profiles,
+        writable: !read_only,
     };
     let bound = retinue_web::bind(addr).map_err(|e| CliError::Failed(e.to_string()))?;
     let base = match host_names.first() {

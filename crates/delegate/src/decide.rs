@@ -28,7 +28,7 @@ pub enum Decider<'a> {
 
 /// A decision, as a decider gives it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verdict {
+pub enum Ruling {
     /// Run the call (`always`: and every call like it for the rest of the
     /// child's unit and its follow-ups).
     Approve {
@@ -92,7 +92,7 @@ impl Collector {
         &self,
         id: &str,
         decider: Decider<'_>,
-        verdict: &Verdict,
+        verdict: &Ruling,
     ) -> Result<ApprovalRequest, DelegateError> {
         let request = self.approval(id, decider)?;
         let by = match decider {
@@ -100,11 +100,11 @@ impl Collector {
             Decider::Parent(p) => format!("session:{}", p.session_id.as_deref().unwrap_or("")),
         };
         let decision = match verdict {
-            Verdict::Approve { always } => Decision::approve(
+            Ruling::Approve { always } => Decision::approve(
                 by,
                 if *always { ApprovalScope::Always } else { ApprovalScope::Once },
             ),
-            Verdict::Deny { reason } => Decision::deny(by, reason.clone()),
+            Ruling::Deny { reason } => Decision::deny(by, reason.clone()),
         };
         let outcome = self
             .backend

@@ -37,7 +37,7 @@ use retinue_core::Backend;
 use retinue_lineage::LineageAuthority;
 
 pub use background::{CancelReport, Collector, SteerReport, WaitEntry, WaitReport, WaitState};
-pub use decide::{Decider, Verdict, approval_json, is_pending};
+pub use decide::{Decider, Ruling, approval_json, is_pending};
 pub use error::{DelegateError, DelegateErrorKind};
 pub use request::{
     DelegateOutcome, DelegateRequest, Dispatch, DispatchedChild, FollowUp, FollowUpReport,

@@ -17,6 +17,7 @@
 //! a delegation that takes minutes never blocks other requests. Logs go to
 //! the `log` facade (the CLI sends them to stderr); stdout is the protocol.
 
+mod approvals;
 mod error;
 mod framing;
 mod server;
@@ -42,9 +43,9 @@ pub use session::{
     ParentSession, SESSION_SOURCE, SessionChoice, project_session_id, resolve_session,
 };
 pub use tools::{
-    CANCEL_SUBAGENT, DEFAULT_WAIT_SECS, DELEGATE_TASK, LAST_ANSWER_MAX_CHARS, LIST_SUBAGENTS,
-    MAX_WAIT_SECS, SHOW_SUBAGENT, STEER_SUBAGENT, SUBAGENT_USAGE, TOMBSTONE_SUBAGENT, ToolSpec,
-    WAIT_SUBAGENTS, tool_specs,
+    CANCEL_SUBAGENT, DECIDE_APPROVAL, DEFAULT_WAIT_SECS, DELEGATE_TASK, LAST_ANSWER_MAX_CHARS,
+    LIST_APPROVALS, LIST_SUBAGENTS, MAX_WAIT_SECS, SHOW_SUBAGENT, STEER_SUBAGENT, SUBAGENT_USAGE,
+    TOMBSTONE_SUBAGENT, ToolSpec, WAIT_SUBAGENTS, tool_specs,
 };
 
 /// Why `delegate_task` cannot be offered (e.g. no model is configured): the

@@ -57,6 +57,9 @@ struct Shared {
     /// The least severe `notifications/message` the client wants
     /// (`logging/setLevel`; [`level_rank`]): everything until it says.
     log_level: std::sync::atomic::AtomicU8,
+    /// Asks the host's user about approval requests (elicitation), when
+    /// the server runs on a tokio runtime.
+    prompter: Option<Arc<crate::approvals::McpPrompter>>,
 }
 
 /// The severity rank of a logging level (debug 0 … emergency 7).
@@ -131,6 +134,14 @@ impl RetinueServer {
         let specs = tools::tool_specs(&schema);
         let collector =
             Collector::new(parts.backend.clone(), parts.authority.clone(), &parts.profile);
+        let prompter = match (&parts.delegator, tokio::runtime::Handle::try_current()) {
+            (Ok(d), Ok(runtime)) => {
+                let p = Arc::new(crate::approvals::McpPrompter::new(runtime));
+                d.set_approval_prompter(p.clone());
+                Some(p)
+            }
+            _ => None,
+        };
         RetinueServer {
             shared: Arc::new(Shared {
                 parts,
@@ -143,6 +154,7 @@ impl RetinueServer {
                 collector,
                 background: Mutex::new(HashMap::new()),
                 log_level: std::sync::atomic::AtomicU8::new(0),
+                prompter,
             }),
         }
     }
@@ -553,6 +565,9 @@ impl ServerHandler for RetinueServer {
         if !self.shared.specs.iter().any(|s| s.name == name) {
             return Err(RpcError::invalid_params(format!("unknown tool '{name}'"), None));
         }
+        if let Some(p) = &self.shared.prompter {
+            p.set_peer(context.peer.clone());
+        }
         // What finished since the last call goes out with this one — after
         // a wait (which delivers its own ids itself), before anything else
         // (so a unit this very call dispatches is never in it).
@@ -566,9 +581,11 @@ impl ServerHandler for RetinueServer {
         };
         let response = match name {
             tools::DELEGATE_TASK => self.delegate_task(args, progress, &context, as_task).await,
-            tools::WAIT_SUBAGENTS | tools::STEER_SUBAGENT | tools::CANCEL_SUBAGENT => {
-                self.background_tool(name, args, &context).await.into()
-            }
+            tools::WAIT_SUBAGENTS
+            | tools::STEER_SUBAGENT
+            | tools::CANCEL_SUBAGENT
+            | tools::LIST_APPROVALS
+            | tools::DECIDE_APPROVAL => self.background_tool(name, args, &context).await.into(),
             _ => self.registry_tool(name, args).await.into(),
         };
         let late =
@@ -578,6 +595,12 @@ impl ServerHandler for RetinueServer {
             CallToolResponse::Complete(mut result) => {
                 let delivered = self.ack_inbox([early, late].concat(), cancelled).await;
                 attach_inbox(&mut result, delivered);
+                if !matches!(name, tools::LIST_APPROVALS | tools::WAIT_SUBAGENTS) {
+                    crate::approvals::attach(
+                        &mut result,
+                        crate::approvals::pending(&self.shared.collector, self.parent()).await,
+                    );
+                }
                 CallToolResponse::Complete(result)
             }
             other => other,

@@ -13,7 +13,9 @@
 use std::time::Duration;
 
 use retinue_core::{ControlOutcome, UnitState, UnitView, iso8601};
-use retinue_delegate::{CancelToken, Collector, DelegateError, ParentContext};
+use retinue_delegate::{
+    CancelToken, Collector, Decider, DelegateError, ParentContext, Ruling, approval_json,
+};
 use rmcp::ErrorData as RpcError;
 use rmcp::model::{DetailedTask, GetTaskResult, JsonObject, Task, TaskPayload, TaskStatus};
 use serde_json::{Map, Value, json};
@@ -153,6 +155,18 @@ fn string_arg<'a>(args: &'a Map<String, Value>, key: &str) -> Result<&'a str, (S
     }
 }
 
+/// The pending approval requests of `parent`'s subagents, as JSON (`None`:
+/// the registry could not be read).
+pub(crate) fn pending_approvals(
+    collector: &Collector,
+    parent: &ParentContext,
+) -> Option<Vec<Value>> {
+    collector
+        .approvals(Decider::Parent(parent), false)
+        .ok()
+        .map(|list| list.iter().map(approval_json).collect())
+}
+
 /// The bodies of `wait_subagents`, `steer_subagent` and `cancel_subagent`
 /// (blocking; `cancel` stops a wait when the client cancels the call).
 pub(crate) fn run_tool(
@@ -185,10 +199,30 @@ pub(crate) fn run_tool(
                 },
             };
             let timeout = Duration::try_from_secs_f64(secs).unwrap_or(Duration::ZERO);
-            collector
-                .wait(&ids, parent, timeout, false, cancel)
-                .map(|r| r.to_json())
-                .map_err(|e| failure(&e))
+            // A unit waiting for the host's user must not keep the host
+            // waiting for the unit: a pending approval ends the wait (as a
+            // peek: nothing is consumed) and is reported.
+            let done = std::sync::atomic::AtomicBool::new(false);
+            let waited = std::thread::scope(|s| {
+                s.spawn(|| {
+                    while !done.load(std::sync::atomic::Ordering::SeqCst) && !cancel.is_cancelled()
+                    {
+                        if pending_approvals(collector, parent).is_some_and(|p| !p.is_empty()) {
+                            cancel.cancel();
+                            break;
+                        }
+                        std::thread::sleep(Duration::from_millis(retinue_core::CONTROL_POLL_MS));
+                    }
+                });
+                let waited = collector.wait(&ids, parent, timeout, false, cancel);
+                done.store(true, std::sync::atomic::Ordering::SeqCst);
+                waited
+            });
+            let mut out = waited.map(|r| r.to_json()).map_err(|e| failure(&e))?;
+            if let Some(p) = pending_approvals(collector, parent).filter(|p| !p.is_empty()) {
+                out["approval_required"] = Value::Array(p);
+            }
+            Ok(out)
         }
         tools::STEER_SUBAGENT => {
             let id = string_arg(args, "id")?;
@@ -206,6 +240,30 @@ pub(crate) fn run_tool(
         tools::CANCEL_SUBAGENT => {
             let id = string_arg(args, "id")?;
             collector.cancel_unit(id, parent).map(|r| r.to_json()).map_err(|e| failure(&e))
+        }
+        tools::LIST_APPROVALS => {
+            let all = args.get("all").and_then(Value::as_bool).unwrap_or(false);
+            let listed =
+                collector.approvals(Decider::Parent(parent), all).map_err(|e| failure(&e))?;
+            Ok(json!({ "approvals": listed.iter().map(approval_json).collect::<Vec<_>>() }))
+        }
+        tools::DECIDE_APPROVAL => {
+            let id = string_arg(args, "approval_id")?;
+            let Some(approve) = args.get("approve").and_then(Value::as_bool) else {
+                return Err(usage("'approve' must be true or false."));
+            };
+            let reason = args.get("reason").and_then(Value::as_str).map(str::to_owned);
+            let verdict = if approve {
+                Ruling::Approve {
+                    always: args.get("always").and_then(Value::as_bool).unwrap_or(false),
+                }
+            } else {
+                Ruling::Deny { reason }
+            };
+            collector
+                .decide(id, Decider::Parent(parent), &verdict)
+                .map(|r| approval_json(&r))
+                .map_err(|e| failure(&e))
         }
         other => Err(usage(&format!("unknown tool '{other}'"))),
     }

@@ -30,6 +30,10 @@ pub const WAIT_SUBAGENTS: &str = "wait_subagents";
 pub const STEER_SUBAGENT: &str = "steer_subagent";
 /// `cancel_subagent`.
 pub const CANCEL_SUBAGENT: &str = "cancel_subagent";
+/// `list_approvals`.
+pub const LIST_APPROVALS: &str = "list_approvals";
+/// `decide_approval`.
+pub const DECIDE_APPROVAL: &str = "decide_approval";
 
 /// The longest `wait_subagents` may block, in seconds (below the usual
 /// host tool timeouts; wait again for longer).
@@ -39,6 +43,47 @@ pub const DEFAULT_WAIT_SECS: f64 = 30.0;
 
 /// How many characters of a child's last answer `show_subagent` returns.
 pub const LAST_ANSWER_MAX_CHARS: usize = 4000;
+
+/// `list_approvals` and `decide_approval` (issue #37).
+fn approval_specs() -> Vec<ToolSpec> {
+    vec![
+        ToolSpec {
+            name: LIST_APPROVALS,
+            description: "Risky calls of this session's subagents waiting for a human's \
+                          decision (a recursive delete, a force push, a destructive MCP tool, \
+                          or what config.yaml's delegation.approvals asks about): each with its \
+                          approval_id, the tool, its arguments and why it needs approval. \
+                          all=true lists decided ones too. Ask the user, then call \
+                          decide_approval; never decide on the user's behalf."
+                .to_owned(),
+            input_schema: object(json!({
+                "type": "object",
+                "properties": {
+                    "all": {"type": "boolean", "description": "Decided and expired requests too."}
+                }
+            })),
+        },
+        ToolSpec {
+            name: DECIDE_APPROVAL,
+            description: "Record the user's decision on a pending approval request: \
+                          approve=true runs the subagent's call (always=true: and the same call \
+                          of that subagent from now on), approve=false refuses it and the \
+                          subagent reads the reason. A request already decided elsewhere is \
+                          reported with code already_decided."
+                .to_owned(),
+            input_schema: object(json!({
+                "type": "object",
+                "properties": {
+                    "approval_id": {"type": "string", "description": "From list_approvals."},
+                    "approve": {"type": "boolean"},
+                    "always": {"type": "boolean", "description": "Approve this call and its likes for the rest of the subagent's work."},
+                    "reason": {"type": "string", "description": "Why (a denial's reason is what the subagent reads)."}
+                },
+                "required": ["approval_id", "approve"]
+            })),
+        },
+    ]
+}
 
 /// A tool's advertised form: name, description, input schema (a JSON object).
 #[derive(Debug, Clone, PartialEq)]
@@ -196,6 +241,9 @@ pub fn tool_specs(delegate_schema: &Value) -> Vec<ToolSpec> {
             input_schema: id_schema("The running delegation or subagent"),
         },
     ]
+    .into_iter()
+    .chain(approval_specs())
+    .collect()
 }
 
 /// A tool failure: its text goes back as an MCP tool error (`isError`).

@@ -1,8 +1,15 @@
 //! Routing and headers. Every response carries a strict
 //! Content-Security-Policy (same-origin script and style only, nothing
-//! inline, no frames, no forms), `nosniff` and `no-referrer`. With a token
-//! (`--allow-remote`), every request must present it: `Authorization:
-//! Bearer TOKEN`, or the cookie a first `?token=TOKEN` visit sets.
+//! inline, no frames; forms only to the view itself, and only when it is
+//! writable), `nosniff` and `no-referrer`. With a token (`--allow-remote`),
+//! every request must present it: `Authorization: Bearer TOKEN`, or the
+//! cookie a first `?token=TOKEN` visit sets.
+//!
+//! The view's only state-changing requests are the approval decisions
+//! (`POST /approvals/ID`, issue #37): refused on a read-only view (405),
+//! without an `Origin` of the view itself (403: another page cannot post
+//! here), without a CSRF token this server issued for a page (403), or
+//! with a body over [`MAX_FORM_BYTES`] (413).
 
 use std::sync::Arc;
 
@@ -19,6 +26,18 @@ pub const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; 
      img-src 'self'; connect-src 'self'; base-uri 'none'; form-action 'none'; \
      frame-ancestors 'none'";
 
+/// The Content-Security-Policy of a writable view: forms may post to the
+/// view itself.
+pub const CSP_WRITABLE: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
+     img-src 'self'; connect-src 'self'; base-uri 'none'; form-action 'self'; \
+     frame-ancestors 'none'";
+
+/// The largest decision form accepted.
+pub const MAX_FORM_BYTES: usize = 16 * 1024;
+
+/// CSRF tokens remembered (the oldest are forgotten first).
+const MAX_CSRF_TOKENS: usize = 4096;
+
 const APP_JS: &str = include_str!("assets/app.js");
 const APP_CSS: &str = include_str!("assets/app.css");
 const TOKEN_COOKIE: &str = "retinue_token";
@@ -30,6 +49,45 @@ pub(crate) struct Site {
     /// The `Host` values answered (lowercase `name:port`): anything else is
     /// 403 before any read, so a rebound DNS name reads nothing.
     pub(crate) hosts: Vec<String>,
+    /// Whether approval decisions may be posted (`serve` without
+    /// `--read-only`).
+    pub(crate) writable: bool,
+    /// The CSRF tokens issued with the pages rendered so far.
+    pub(crate) csrf: std::sync::Mutex<std::collections::VecDeque<String>>,
+}
+
+impl Site {
+    /// A fresh CSRF token for one rendered page (`None`: read-only, or no
+    /// secure random source — then no form is shown).
+    fn issue(&self) -> Option<String> {
+        if !self.writable {
+            return None;
+        }
+        let token = retinue_core::random_hex(16).ok()?;
+        let mut issued = self.csrf.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if issued.len() >= MAX_CSRF_TOKENS {
+            issued.pop_front();
+        }
+        issued.push_back(token.clone());
+        Some(token)
+    }
+
+    /// Whether `given` is a token this server issued.
+    pub(crate) fn issued(&self, given: &str) -> bool {
+        let issued = self.csrf.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        issued.iter().fold(false, |found, t| found | same(t, given))
+    }
+
+    /// Whether the request's `Origin` is this view (`http://` or
+    /// `https://` and a `Host` the view answers).
+    pub(crate) fn same_origin<B>(&self, req: &Request<B>) -> bool {
+        let Some(origin) = req.headers().get("origin").and_then(|v| v.to_str().ok()) else {
+            return false;
+        };
+        let origin = origin.trim().to_ascii_lowercase();
+        let host = origin.strip_prefix("http://").or_else(|| origin.strip_prefix("https://"));
+        host.is_some_and(|h| self.hosts.iter().any(|known| known == h))
+    }
 }
 
 /// Whether the request's `Host` (or its absolute URI's authority) is one
@@ -51,7 +109,7 @@ fn now() -> f64 {
     retinue_core::Clock::now(&retinue_core::SystemClock)
 }
 
-fn respond(
+pub(crate) fn respond(
     status: StatusCode,
     kind: &'static str,
     body: impl Into<Bytes>,
@@ -68,7 +126,7 @@ fn respond(
     r
 }
 
-const HTML: &str = "text/html; charset=utf-8";
+pub(crate) const HTML: &str = "text/html; charset=utf-8";
 const JSON: &str = "application/json";
 
 /// Constant-time equality of two secrets.
@@ -102,11 +160,34 @@ fn query_token(query: Option<&str>) -> Option<String> {
 }
 
 /// Answers one request (blocking reads run on tokio's blocking pool).
-pub(crate) async fn handle<B>(site: Arc<Site>, req: Request<B>) -> Response<Full<Bytes>> {
+pub(crate) async fn handle<B>(site: Arc<Site>, req: Request<B>) -> Response<Full<Bytes>>
+where
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: std::error::Error + Send + Sync + 'static,
+{
+    let writable = site.writable;
+    let mut r = route(site, req).await;
+    if writable {
+        r.headers_mut().insert("content-security-policy", HeaderValue::from_static(CSP_WRITABLE));
+    }
+    r
+}
+
+async fn route<B>(site: Arc<Site>, req: Request<B>) -> Response<Full<Bytes>>
+where
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: std::error::Error + Send + Sync + 'static,
+{
     if !host_allowed(&site, &req) {
         return respond(StatusCode::FORBIDDEN, "text/plain", "unknown Host\n");
     }
-    if req.method() != Method::GET && req.method() != Method::HEAD {
+    let post = req.method() == Method::POST;
+    if !post && req.method() != Method::GET && req.method() != Method::HEAD {
+        return respond(StatusCode::METHOD_NOT_ALLOWED, "text/plain", "method not allowed\n");
+    }
+    if post && !site.writable {
         return respond(StatusCode::METHOD_NOT_ALLOWED, "text/plain", "read-only view\n");
     }
     let path = req.uri().path().to_owned();
@@ -134,6 +215,9 @@ pub(crate) async fn handle<B>(site: Arc<Site>, req: Request<B>) -> Response<Full
             );
         }
     }
+    if post {
+        return crate::decide::post(site, req).await;
+    }
     match path.as_str() {
         "/static/app.js" => respond(StatusCode::OK, "text/javascript; charset=utf-8", APP_JS),
         "/static/app.css" => respond(StatusCode::OK, "text/css; charset=utf-8", APP_CSS),
@@ -150,6 +234,7 @@ pub(crate) async fn handle<B>(site: Arc<Site>, req: Request<B>) -> Response<Full
 }
 
 fn render(site: &Site, path: &str) -> Response<Full<Bytes>> {
+    let forms = |back: &str| site.issue().map(|csrf| pages::Forms { csrf, back: back.to_owned() });
     let parts = &site.parts;
     let failed = |e: crate::WebError| {
         log::warn!("{path}: {e}");
@@ -162,7 +247,7 @@ fn render(site: &Site, path: &str) -> Response<Full<Bytes>> {
     match path {
         "/" | "/fragment/tree" => match model::tree(parts, now()) {
             Ok(tree) => {
-                let body = pages::tree_fragment(&tree);
+                let body = pages::tree_fragment(&tree, forms("/").as_ref());
                 let markup = if path == "/" {
                     pages::layout("Subagent tree", Some("/fragment/tree"), body)
                 } else {
@@ -193,7 +278,14 @@ fn render(site: &Site, path: &str) -> Response<Full<Bytes>> {
             let id = percent_encoding::percent_decode_str(id).decode_utf8_lossy().into_owned();
             match model::child_page(parts, &id, now()) {
                 Ok(Some(page)) => {
-                    let body = pages::child_fragment(&page);
+                    let back = format!(
+                        "/child/{}",
+                        percent_encoding::utf8_percent_encode(
+                            &id,
+                            percent_encoding::NON_ALPHANUMERIC
+                        )
+                    );
+                    let body = pages::child_fragment(&page, forms(&back).as_ref());
                     let markup = if fragment {
                         body
                     } else {

@@ -1,5 +1,5 @@
-//! `retinue-web`: `retinue serve`, a read-only web view of the subagent
-//! tree.
+//! `retinue-web`: `retinue serve`, a web view of the subagent tree, read
+//! only but for the approval buttons (`--read-only`: none).
 //!
 //! It shows, from the same registry the other commands use (SQLite or
 //! PostgreSQL, opened read-only by the caller): parent sessions with their
@@ -19,6 +19,7 @@
 //! Content-Security-Policy forbids anything inline. The tokio runtime and
 //! the HTTP stack (hyper) stay inside this crate: [`serve`] is blocking.
 
+mod decide;
 mod http;
 mod model;
 mod pages;
@@ -29,7 +30,7 @@ use std::sync::Arc;
 use crate::tokio_util_shim::StopSignal as ShutdownInner;
 use retinue_core::{Backend, BudgetLimit, RetentionPolicy};
 
-pub use http::CSP;
+pub use http::{CSP, CSP_WRITABLE, MAX_FORM_BYTES};
 pub use model::{
     ChildNode, ChildPage, ChildState, LineageNode, MAX_UNITS, SessionNode, Tree, UnitNode,
     child_page, tree,
@@ -48,6 +49,9 @@ pub struct WebParts {
     pub profile: String,
     /// Show every profile's units (team mode's operator view).
     pub all_profiles: bool,
+    /// Whether the approve/deny buttons work (the backend must be
+    /// writable); `false` is `serve --read-only`.
+    pub writable: bool,
 }
 
 impl std::fmt::Debug for WebParts {
@@ -238,7 +242,8 @@ pub fn serve_as(
         .thread_name("retinue-web")
         .build()
         .map_err(WebError::Runtime)?;
-    let site = Arc::new(http::Site { parts, token, hosts });
+    let writable = parts.writable;
+    let site = Arc::new(http::Site { parts, token, hosts, writable, csrf: Default::default() });
     let addr = bound.addr;
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::from_std(bound.listener)

@@ -7,7 +7,8 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use retinue_core::{
-    BudgetLimit, BudgetStatus, Message, UnitChild, UnitState, UnitView, UsageSoFar, UsageTotals,
+    ApprovalFilter, ApprovalRequest, BudgetLimit, BudgetStatus, Message, Scope, UnitChild,
+    UnitState, UnitView, UsageSoFar, UsageTotals,
 };
 use retinue_usage::fold_usage;
 
@@ -114,6 +115,8 @@ pub struct LineageNode {
 /// The whole tree.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Tree {
+    /// Approval requests waiting for a human, newest first.
+    pub approvals: Vec<ApprovalRequest>,
     /// Lineages, the most recently active first.
     pub lineages: Vec<LineageNode>,
     /// Units running now (anywhere in the tree).
@@ -262,7 +265,7 @@ pub fn tree(parts: &WebParts, now: f64) -> Result<Tree, WebError> {
             l.budget = backend.budgets.budget_status(&l.root, &members, parts.budget).ok();
         }
     }
-    Ok(Tree { lineages: out, running, units: count })
+    Ok(Tree { approvals: requests(parts, true)?, lineages: out, running, units: count })
 }
 
 /// One child's page: where it sits, its transcript and its cost.
@@ -274,6 +277,43 @@ pub struct ChildPage {
     pub child: ChildNode,
     /// Its transcript, oldest first.
     pub transcript: Vec<Message>,
+    /// Its approval requests (pending and decided), newest first.
+    pub approvals: Vec<ApprovalRequest>,
+}
+
+/// The scope the view reads and decides in: every profile with
+/// `--all-profiles`, else its own and the unprofiled rows (the empty
+/// profile: only those), as the tree's listing.
+pub(crate) fn scope(parts: &WebParts) -> Scope {
+    if parts.all_profiles {
+        Scope::Operator
+    } else {
+        Scope::Tenant(parts.profile.trim().to_owned())
+    }
+}
+
+/// The approval requests inside the view's scope, newest first: pending
+/// ones (`pending_only`), or every one.
+pub(crate) fn requests(
+    parts: &WebParts,
+    pending_only: bool,
+) -> Result<Vec<ApprovalRequest>, WebError> {
+    let s = scope(parts);
+    let filter = ApprovalFilter {
+        profile: match &s {
+            Scope::Operator => None,
+            Scope::Tenant(p) => Some(p.clone()),
+        },
+        pending_only,
+        delegation_id: None,
+        limit: 200,
+    };
+    let listed = parts
+        .backend
+        .approvals
+        .list_approvals(&filter)
+        .map_err(|e| WebError::Read(e.to_string()))?;
+    Ok(listed.into_iter().filter(|r| s.admits(r.owner_profile.as_deref())).collect())
 }
 
 /// Whether the view of `profile` shows a unit owned by `owner`: the same
@@ -320,5 +360,9 @@ pub fn child_page(parts: &WebParts, id: &str, now: f64) -> Result<Option<ChildPa
         child: c.clone(),
         nested: Vec::new(),
     };
-    Ok(Some(ChildPage { unit, child, transcript }))
+    let approvals = requests(parts, false)?
+        .into_iter()
+        .filter(|r| r.subagent_id == child.child.subagent_id)
+        .collect();
+    Ok(Some(ChildPage { unit, child, transcript, approvals }))
 }

@@ -5,7 +5,9 @@
 
 use maud::{DOCTYPE, Markup, html};
 use percent_encoding::{NON_ALPHANUMERIC, utf8_percent_encode};
-use retinue_core::{BudgetStatus, Message, UsageSoFar, UsageTotals, iso8601};
+use retinue_core::{
+    ApprovalRequest, ApprovalState, BudgetStatus, Message, UsageSoFar, UsageTotals, iso8601,
+};
 use serde_json::Value;
 
 use crate::model::{ChildNode, ChildPage, ChildState, LineageNode, Tree, UnitNode};
@@ -171,9 +173,68 @@ fn lineage_block(l: &LineageNode) -> Markup {
     }
 }
 
-/// The tree (the fragment the live script reloads).
-pub(crate) fn tree_fragment(tree: &Tree) -> Markup {
+/// What a page's decision forms carry: a CSRF token issued for this
+/// render, and the page to return to. `None`: the view is read-only.
+#[derive(Debug, Clone)]
+pub(crate) struct Forms {
+    /// The per-page token every POST must present.
+    pub(crate) csrf: String,
+    /// The page the decision returns to (a fixed path, or a child's).
+    pub(crate) back: String,
+}
+
+fn approval_href(id: &str) -> String {
+    format!("/approvals/{}", utf8_percent_encode(id, NON_ALPHANUMERIC))
+}
+
+fn call_text(r: &ApprovalRequest) -> String {
+    match r.arguments.get("command").and_then(Value::as_str) {
+        Some(c) if r.tool == "terminal" => c.to_owned(),
+        _ => r.arguments.to_string(),
+    }
+}
+
+/// Approval requests: each with its call and reason and, while it waits on
+/// a writable view, the approve / always / deny buttons (a POST form with
+/// the page's CSRF token).
+pub(crate) fn approvals_section(list: &[ApprovalRequest], forms: Option<&Forms>) -> Markup {
     html! {
+        @if !list.is_empty() {
+            section.approvals {
+                h2 { "Approvals" }
+                @for r in list {
+                    div class={ "approval " (r.state.as_str()) } data-approval=(r.approval_id) {
+                        div.meta {
+                            span.id { (r.approval_id) }
+                            " · " a href=(child_href(&r.subagent_id)) { (r.subagent_id) }
+                            " · " span.tool { (r.tool) }
+                            " · " span.state { (r.state.as_str()) }
+                            @if let Some(by) = &r.decided_by { " by " (by) }
+                        }
+                        pre.call { (clip(&call_text(r), 2000)) }
+                        p.reason { (r.reason) }
+                        @if let Some(why) = &r.decision_reason { p.decision { (clip(why, 500)) } }
+                        @if let (ApprovalState::Pending, Some(f)) = (r.state, forms) {
+                            form method="post" action=(approval_href(&r.approval_id)) {
+                                input type="hidden" name="csrf" value=(f.csrf);
+                                input type="hidden" name="back" value=(f.back);
+                                button type="submit" name="decision" value="approve" { "Approve once" }
+                                button type="submit" name="decision" value="always" { "Approve always" }
+                                input type="text" name="reason" maxlength="2000" placeholder="reason (for a denial)";
+                                button type="submit" name="decision" value="deny" { "Deny" }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The tree (the fragment the live script reloads).
+pub(crate) fn tree_fragment(tree: &Tree, forms: Option<&Forms>) -> Markup {
+    html! {
+        (approvals_section(&tree.approvals, forms))
         p.summary {
             (tree.units) " delegation unit(s), " span #running { (tree.running) } " running"
         }
@@ -224,7 +285,7 @@ fn message_block(m: &Message, first_user: bool) -> Markup {
 }
 
 /// A child's page: where it sits, its cost, its transcript.
-pub(crate) fn child_fragment(page: &ChildPage) -> Markup {
+pub(crate) fn child_fragment(page: &ChildPage, forms: Option<&Forms>) -> Markup {
     let c = &page.child;
     // The first user turn is the task; later ones were steers or follow-ups.
     let mut seen_user = false;
@@ -255,6 +316,7 @@ pub(crate) fn child_fragment(page: &ChildPage) -> Markup {
                     dt { "tombstoned" } dd { (iso8601(*at)) " (" (reason) ")" }
                 }
             }
+            (approvals_section(&page.approvals, forms))
             @if let Some(goal) = &c.child.goal { h3 { "goal" } (collapsible(goal)) }
             h3 { "transcript (" (page.transcript.len()) " turns)" }
             div.transcript {
@@ -262,6 +324,21 @@ pub(crate) fn child_fragment(page: &ChildPage) -> Markup {
                     (message_block(m, *plain))
                 }
             }
+        }
+    }
+}
+
+/// The answer to a decision someone else made first.
+pub(crate) fn already_decided(r: &ApprovalRequest, back: &str) -> Markup {
+    html! {
+        section {
+            h2 { "Already decided" }
+            p {
+                code { (r.approval_id) } " is " (r.state.as_str())
+                @if let Some(by) = &r.decided_by { " by " (by) }
+                "."
+            }
+            p { a href=(back) { "Back" } }
         }
     }
 }

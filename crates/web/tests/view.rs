@@ -41,6 +41,7 @@ fn serve(store: &Arc<Store>, profile: &str, token: Option<&str>) -> Served {
         retention: RetentionPolicy::default(),
         profile: profile.to_owned(),
         all_profiles: false,
+        writable: false,
     };
     let bound = retinue_web::bind("127.0.0.1:0".parse().unwrap()).unwrap();
     let base = format!("http://{}", bound.addr());
