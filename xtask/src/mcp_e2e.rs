@@ -97,6 +97,7 @@ pub(crate) fn run(root: &Path) -> Result<(), String> {
     let echo = root.join("crates/mcp/e2e/echo_server.py");
     let config = format!(
         "delegation:\n  model: fake-model\n  base_url: {url}\n  toolsets: [read, file]\n\
+         \x20 approvals: {{timeout_s: 60}}\n\
          mcp_servers:\n  pyecho:\n    command: {}\n    args: [{}]\n    timeout: 30\n",
         python.display(),
         echo.display()

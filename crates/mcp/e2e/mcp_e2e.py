@@ -9,6 +9,12 @@ Then the children's tools: in project C a child reads and writes files in
 its workspace and calls a tool of an MCP server written on the same SDK
 (`echo_server.py`, configured under `mcp_servers:`).
 
+Then approvals (#37): a child calls the echo server's `wipe` (annotated
+destructiveHint), and its call waits for the host's user: a host with the
+elicitation capability is asked with a form (accepted, then declined); a
+host without it reads `approval_required` and answers with
+`decide_approval` while its `delegate_task` call still runs.
+
 Usage: python mcp_e2e.py RETINUE_BIN HOME PROJECT_A PROJECT_B PROJECT_C
 (`cargo xtask mcp-e2e` sets everything up: venv, fake model, home.)
 """
@@ -17,7 +23,7 @@ import asyncio
 import json
 import sys
 
-from mcp import ClientSession, StdioServerParameters
+from mcp import ClientSession, StdioServerParameters, types
 from mcp.client.stdio import stdio_client
 
 RETINUE, HOME, PROJECT_A, PROJECT_B, PROJECT_C = sys.argv[1:6]
@@ -58,12 +64,12 @@ async def call(session, tool, args, **kw):
     return result
 
 
-async def server(cwd, story):
+async def server(cwd, story, **session_options):
     params = StdioServerParameters(
         command=RETINUE, args=["--home", HOME, "mcp"], cwd=cwd, env={"RETINUE_LOG": "warn"}
     )
     async with stdio_client(params) as (read, write):
-        async with ClientSession(read, write) as session:
+        async with ClientSession(read, write, **session_options) as session:
             init = await session.initialize()
             return await story(session, init)
 
@@ -86,8 +92,10 @@ async def day_one(session, init):
             "wait_subagents",
             "steer_subagent",
             "cancel_subagent",
+            "list_approvals",
+            "decide_approval",
         ],
-        "eight tools",
+        "ten tools",
     )
     check("follow_up" in tools.tools[0].input_schema["properties"], "delegate_task schema")
 
@@ -227,6 +235,63 @@ async def main():
         check("delivered" not in payload(r), "and only once")
 
     await server(PROJECT_A, background_story)
+
+    say()
+    say("## Project C again: approvals, asked through elicitation")
+    asked = []
+    answers = [
+        types.ElicitResult(action="accept", content={"approve": True, "always": False}),
+        types.ElicitResult(action="decline"),
+    ]
+
+    async def elicit(context, params):
+        asked.append(params.message)
+        say(f"< elicitation/create: {params.message.splitlines()[0]}")
+        return answers[len(asked) - 1]
+
+    async def elicited_story(session, init):
+        wipe = 'Clean up [tool mcp__pyecho__wipe {"target": "build"}]'
+        r = await call(session, "delegate_task", {"goal": wipe})
+        res = payload(r)["results"][0]
+        check(len(asked) == 1 and "mcp__pyecho__wipe" in asked[0], "the host's user was asked")
+        check("wiped build" in res["summary"], "approved: the destructive tool ran")
+        check("approved by mcp:" in res["summary"], "the decision sits next to the call")
+        r = await call(session, "delegate_task", {"goal": wipe})
+        res = payload(r)["results"][0]
+        check(len(asked) == 2, "asked again for the second call")
+        check("wiped build" not in res["summary"], "declined: it never ran")
+        check("declined by the host's user" in res["summary"], "the model read the refusal")
+        r = await call(session, "list_approvals", {"all": True})
+        states = sorted(a["state"] for a in payload(r)["approvals"])
+        check(states == ["approved", "denied"], f"both decisions recorded: {states}")
+
+    await server(PROJECT_C, elicited_story, elicitation_callback=elicit)
+
+    say()
+    say("## Project C again: a host without elicitation decides with decide_approval")
+
+    async def tool_story(session, init):
+        wipe = 'Clean up [tool mcp__pyecho__wipe {"target": "dist"}]'
+        running = asyncio.create_task(session.call_tool("delegate_task", {"goal": wipe}))
+        pending = []
+        for _ in range(200):
+            r = await call(session, "list_approvals", {})
+            pending = payload(r)["approvals"]
+            if pending:
+                break
+            await asyncio.sleep(0.1)
+        check(len(pending) == 1 and pending[0]["tool"] == "mcp__pyecho__wipe", "one request waits")
+        r = await call(session, "subagent_usage", {})
+        attached = payload(r).get("approval_required", [])
+        check([a["approval_id"] for a in attached] == [pending[0]["approval_id"]], "attached to a tool result")
+        r = await call(session, "decide_approval", {"approval_id": pending[0]["approval_id"], "approve": True})
+        check(payload(r)["state"] == "approved", "recorded")
+        r = await call(session, "decide_approval", {"approval_id": pending[0]["approval_id"], "approve": False})
+        check(r.is_error and payload(r)["code"] == "already_decided", "decided once")
+        r = await running
+        check("wiped dist" in payload(r)["results"][0]["summary"], "the waiting call ran")
+
+    await server(PROJECT_C, tool_story)
     say()
     say("mcp-e2e: ok")
 

@@ -36,21 +36,20 @@ enum Asked {
 }
 
 /// The MCP server's [`ApprovalPrompter`]: asks the host of the latest call.
+#[derive(Default)]
 pub(crate) struct McpPrompter {
-    peer: Mutex<Option<Peer<RoleServer>>>,
-    runtime: tokio::runtime::Handle,
+    /// The latest call's host, and the runtime its protocol task runs on.
+    peer: Mutex<Option<(Peer<RoleServer>, tokio::runtime::Handle)>>,
     asked: Arc<Mutex<HashMap<String, Asked>>>,
 }
 
 impl McpPrompter {
-    /// A prompter spawning its requests on `runtime`.
-    pub(crate) fn new(runtime: tokio::runtime::Handle) -> McpPrompter {
-        McpPrompter { peer: Mutex::new(None), runtime, asked: Arc::default() }
-    }
-
-    /// The host to ask from now on (the latest call's).
+    /// The host to ask from now on (the latest call's); called on the
+    /// server's runtime.
     pub(crate) fn set_peer(&self, peer: Peer<RoleServer>) {
-        *self.peer.lock().unwrap_or_else(PoisonError::into_inner) = Some(peer);
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            *self.peer.lock().unwrap_or_else(PoisonError::into_inner) = Some((peer, runtime));
+        }
     }
 }
 
@@ -107,7 +106,7 @@ impl ApprovalPrompter for McpPrompter {
             None => {}
         }
         let peer = self.peer.lock().unwrap_or_else(PoisonError::into_inner).clone();
-        let Some(peer) = peer else {
+        let Some((peer, runtime)) = peer else {
             asked.insert(request.approval_id.clone(), Asked::Elsewhere);
             return None;
         };
@@ -122,7 +121,7 @@ impl ApprovalPrompter for McpPrompter {
                     "mcp:{}",
                     peer.peer_info().map_or("host".to_owned(), |i| i.client_info.name.clone())
                 );
-                self.runtime.spawn(async move {
+                runtime.spawn(async move {
                     let params = ElicitRequestParams::FormElicitationParams {
                         meta: None,
                         message: text,
@@ -163,7 +162,7 @@ impl ApprovalPrompter for McpPrompter {
                     note.logger = Some("retinue".to_owned());
                     note
                 };
-                self.runtime.spawn(async move {
+                runtime.spawn(async move {
                     #[expect(deprecated)]
                     let sent = peer.notify_logging_message(note).await;
                     if let Err(e) = sent {

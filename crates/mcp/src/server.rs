@@ -57,8 +57,7 @@ struct Shared {
     /// The least severe `notifications/message` the client wants
     /// (`logging/setLevel`; [`level_rank`]): everything until it says.
     log_level: std::sync::atomic::AtomicU8,
-    /// Asks the host's user about approval requests (elicitation), when
-    /// the server runs on a tokio runtime.
+    /// Asks the host's user about approval requests (elicitation).
     prompter: Option<Arc<crate::approvals::McpPrompter>>,
 }
 
@@ -134,14 +133,11 @@ impl RetinueServer {
         let specs = tools::tool_specs(&schema);
         let collector =
             Collector::new(parts.backend.clone(), parts.authority.clone(), &parts.profile);
-        let prompter = match (&parts.delegator, tokio::runtime::Handle::try_current()) {
-            (Ok(d), Ok(runtime)) => {
-                let p = Arc::new(crate::approvals::McpPrompter::new(runtime));
-                d.set_approval_prompter(p.clone());
-                Some(p)
-            }
-            _ => None,
-        };
+        let prompter = parts.delegator.as_ref().ok().map(|d| {
+            let p = Arc::new(crate::approvals::McpPrompter::default());
+            d.set_approval_prompter(p.clone());
+            p
+        });
         RetinueServer {
             shared: Arc::new(Shared {
                 parts,

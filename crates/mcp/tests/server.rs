@@ -199,7 +199,9 @@ async fn the_story_over_mcp() {
             "subagent_usage",
             "wait_subagents",
             "steer_subagent",
-            "cancel_subagent"
+            "cancel_subagent",
+            "list_approvals",
+            "decide_approval"
         ]
     );
     let schema = serde_json::to_value(&*tools[0].input_schema).unwrap();
