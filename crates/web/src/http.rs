@@ -1,7 +1,8 @@
 //! Routing and headers. Every response carries a strict
 //! Content-Security-Policy (same-origin script and style only, nothing
 //! inline, no frames; forms only to the view itself, and only when it is
-//! writable), `nosniff` and `no-referrer`. With a token (`--allow-remote`),
+//! writable), `nosniff` and `no-referrer` (`same-origin` on a writable
+//! view, whose form posts must carry their `Origin`). With a token (`--allow-remote`),
 //! every request must present it: `Authorization: Bearer TOKEN`, or the
 //! cookie a first `?token=TOKEN` visit sets.
 //!
@@ -169,7 +170,12 @@ where
     let writable = site.writable;
     let mut r = route(site, req).await;
     if writable {
-        r.headers_mut().insert("content-security-policy", HeaderValue::from_static(CSP_WRITABLE));
+        let h = r.headers_mut();
+        h.insert("content-security-policy", HeaderValue::from_static(CSP_WRITABLE));
+        // `no-referrer` would make a browser send `Origin: null` with the
+        // view's own form posts; `same-origin` still tells other sites
+        // nothing.
+        h.insert("referrer-policy", HeaderValue::from_static("same-origin"));
     }
     r
 }

@@ -35,13 +35,17 @@ impl Drop for Served {
 }
 
 fn serve(store: &Arc<Store>, profile: &str, token: Option<&str>) -> Served {
+    serve_with(store, profile, token, false)
+}
+
+fn serve_with(store: &Arc<Store>, profile: &str, token: Option<&str>, writable: bool) -> Served {
     let parts = WebParts {
         backend: retinue_core::Backend::of(store.clone()),
         budget: BudgetLimit { max_cost_usd: Some(1.0), max_tokens: None },
         retention: RetentionPolicy::default(),
         profile: profile.to_owned(),
         all_profiles: false,
-        writable: false,
+        writable,
     };
     let bound = retinue_web::bind("127.0.0.1:0".parse().unwrap()).unwrap();
     let base = format!("http://{}", bound.addr());
@@ -370,4 +374,103 @@ fn a_foreign_host_header_is_refused_before_any_read() {
     assert!(retinue_web::host_name("box.lan:8080").is_err());
     assert!(retinue_web::host_name("box.lan.").is_err());
     assert_eq!(retinue_web::host_name("Box.LAN").expect("ok"), "box.lan");
+}
+
+// ---------------------------------------------------------------- approvals
+
+fn ask(store: &Store, unit: &str, sa: &str, command: &str) -> String {
+    use retinue_core::{ApprovalQueue, NewApproval, Requested};
+    match store
+        .request_approval(&NewApproval {
+            delegation_id: unit.into(),
+            subagent_id: sa.into(),
+            tool: "terminal".into(),
+            arguments: json!({"command": command}),
+            reason: format!("recursive deletion {XSS}"),
+        })
+        .unwrap()
+    {
+        Requested::Pending(r) => r.approval_id,
+        other => panic!("{other:?}"),
+    }
+}
+
+/// The form fields of the first approval form on `page` (csrf, back).
+fn form_fields(page: &str) -> (String, String) {
+    let field = |name: &str| {
+        let at = page.find(&format!("name=\"{name}\" value=\"")).unwrap() + name.len() + 15;
+        page[at..].split('"').next().unwrap().to_owned()
+    };
+    (field("csrf"), field("back"))
+}
+
+fn post(url: &str, origin: Option<&str>, body: &str) -> (u16, Option<String>) {
+    let agent: ureq::Agent =
+        ureq::Agent::config_builder().http_status_as_error(false).max_redirects(0).build().into();
+    let mut req = agent.post(url).header("content-type", "application/x-www-form-urlencoded");
+    if let Some(o) = origin {
+        req = req.header("origin", o);
+    }
+    let r = req.send(body).unwrap();
+    let location = r.headers().get("location").map(|v| v.to_str().unwrap().to_owned());
+    (r.status().as_u16(), location)
+}
+
+#[test]
+fn a_writable_view_decides_approvals_only_from_its_own_pages() {
+    use retinue_core::{ApprovalQueue, ApprovalState, Scope};
+    let (_home, store) = fixture();
+    let u = unit(&store, "root-2", "sa-0-0000a001", "child-a1", "clean up", "");
+    let theirs = unit(&store, "root", "sa-0-0000b001", "child-b1", "theirs", "tenant-b");
+    let id = ask(&store, &u, "sa-0-0000a001", "rm -rf build");
+    let foreign = ask(&store, &theirs, "sa-0-0000b001", "rm -rf build");
+
+    // Read-only: the request is shown, with no form, and a post is refused.
+    let ro = serve(&store, "", None);
+    let (status, page, csp) = get(&format!("{}/", ro.base));
+    assert_eq!(status, 200);
+    assert!(page.contains(&id) && page.contains("rm -rf build"), "listed");
+    assert!(!page.contains(&foreign), "another tenant's request is not shown");
+    assert!(!page.contains("<form"), "no buttons on a read-only view");
+    assert!(!page.contains("<script>window"), "the reason is escaped");
+    assert_eq!(csp.as_deref(), Some(CSP));
+    let origin = ro.base.clone();
+    assert_eq!(post(&format!("{}/approvals/{id}", ro.base), Some(&origin), "decision=approve").0, 405);
+    drop(ro);
+
+    let served = serve_with(&store, "", None, true);
+    let base = served.base.clone();
+    let (_, page, csp) = get(&format!("{base}/child/sa-0-0000a001"));
+    assert_eq!(csp.as_deref(), Some(retinue_web::CSP_WRITABLE));
+    assert!(page.contains("<form method=\"post\""), "{page}");
+    let (csrf, back) = form_fields(&page);
+    assert_eq!(back, "/child/sa%2D0%2D0000a001");
+    let url = format!("{base}/approvals/{id}");
+    let body = |decision: &str, token: &str| format!("csrf={token}&back={back}&decision={decision}");
+
+    // Another page (another origin, or none) cannot post; nor a made-up token.
+    assert_eq!(post(&url, Some("http://evil.example"), &body("approve", &csrf)).0, 403);
+    assert_eq!(post(&url, None, &body("approve", &csrf)).0, 403);
+    assert_eq!(post(&url, Some(&base), &body("approve", "0123456789abcdef")).0, 403);
+    assert_eq!(post(&url, Some(&base), &format!("{}&reason={}", body("deny", &csrf), "x".repeat(40_000))).0, 413);
+    assert_eq!(post(&url, Some(&base), &body("maybe", &csrf)).0, 400);
+    let pending = |i: &str| store.approval(i, &Scope::Operator).unwrap().unwrap().state;
+    assert_eq!(pending(&id), ApprovalState::Pending, "nothing was decided yet");
+    // Another tenant's request: missing to this view.
+    assert_eq!(post(&format!("{base}/approvals/{foreign}"), Some(&base), &body("approve", &csrf)).0, 404);
+    assert_eq!(pending(&foreign), ApprovalState::Pending);
+
+    // The real thing: denied with a reason, back to the child's page.
+    let deny = format!("{}&reason=not+today", body("deny", &csrf));
+    let (status, location) = post(&url, Some(&base), &deny);
+    assert_eq!((status, location.as_deref()), (303, Some("/child/sa-0-0000a001")));
+    let r = store.approval(&id, &Scope::Operator).unwrap().unwrap();
+    assert_eq!((r.state, r.decided_by.as_deref()), (ApprovalState::Denied, Some("web")));
+    assert_eq!(r.decision_reason.as_deref(), Some("not today"));
+    // Decided once: a second click is told so.
+    assert_eq!(post(&url, Some(&base), &body("approve", &csrf)).0, 409);
+    // The decided request stays on the child's page, without buttons.
+    let (_, page, _) = get(&format!("{base}/child/sa-0-0000a001"));
+    assert!(page.contains("denied") && page.contains("not today"), "{page}");
+    assert!(!page.contains("<form"), "no buttons for a decided request");
 }

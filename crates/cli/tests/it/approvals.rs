@@ -289,3 +289,36 @@ fn a_background_childs_request_is_answered_from_another_process_and_a_dead_worke
     assert_eq!((code, v["code"].as_str()), (1, Some("already_decided")), "{v}");
     assert!(w.ws.path().join("build").exists());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_web_views_approve_button_in_chromium_runs_the_waiting_call() {
+    use fantoccini::Locator;
+
+    use super::web_browser::{browser, browser_available, chromedriver, serve, target_dir, until};
+    if !browser_available() || !sandbox_available() {
+        return;
+    }
+    let w = world("");
+    let child = spawn_delegate(&w, &[]);
+    let id = pending(&w)["approval_id"].as_str().expect("id").to_owned();
+    let (_server, base) = serve(w.home.path());
+    let (_driver, webdriver) = chromedriver();
+    let c = browser(&webdriver).await;
+    c.goto(&format!("{base}/")).await.expect("open the tree");
+    let shown = format!("div.approval[data-approval='{id}'] .meta");
+    until(&c, "the pending approval", &shown, |t| t.contains("pending")).await;
+    let call = until(&c, "its call", "div.approval pre.call", |t| t.contains("rm -rf")).await;
+    assert_eq!(call, "rm -rf build");
+    std::fs::write(target_dir().join("approval.png"), c.screenshot().await.expect("shot"))
+        .expect("write");
+    let button = format!("div.approval[data-approval='{id}'] button[value='approve']");
+    c.find(Locator::Css(&button)).await.expect("the approve button").click().await.expect("click");
+    // The post returns to the tree, where the request is no longer pending.
+    let (code, v, err) = tokio::task::spawn_blocking(move || finish(child)).await.expect("join");
+    assert_eq!(code, 0, "{v} {err}");
+    assert!(!w.ws.path().join("build").exists(), "the approved command ran");
+    let (_, all) = run(&w, &["approvals", "--all"]);
+    assert_eq!(all["approvals"][0]["state"], "approved", "{all}");
+    assert_eq!(all["approvals"][0]["decided_by"], "web", "{all}");
+    c.close().await.expect("close");
+}

@@ -24,7 +24,7 @@ const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
 const XSS: &str = "<script>window.__xss=1</script><img src=x onerror=\"window.__xss=2\">";
 
 /// Kills a child process when dropped.
-struct Killed(Child);
+pub(super) struct Killed(Child);
 
 impl Drop for Killed {
     fn drop(&mut self) {
@@ -33,7 +33,7 @@ impl Drop for Killed {
     }
 }
 
-fn browser_available() -> bool {
+pub(super) fn browser_available() -> bool {
     let there = Path::new(CHROMIUM).exists() && Path::new(CHROMEDRIVER).exists();
     if !there {
         assert!(
@@ -64,7 +64,7 @@ fn retinue(home: &Path, args: &[&str]) -> Value {
     serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
 }
 
-fn chromedriver() -> (Killed, String) {
+pub(super) fn chromedriver() -> (Killed, String) {
     let port = free_port();
     let child = Command::new(CHROMEDRIVER)
         .arg(format!("--port={port}"))
@@ -81,7 +81,7 @@ fn chromedriver() -> (Killed, String) {
     (Killed(child), url)
 }
 
-fn serve(home: &Path) -> (Killed, String) {
+pub(super) fn serve(home: &Path) -> (Killed, String) {
     let mut child = Command::new(BIN)
         .arg("--home")
         .arg(home)
@@ -98,7 +98,7 @@ fn serve(home: &Path) -> (Killed, String) {
     (Killed(child), line.trim().trim_end_matches('/').to_owned())
 }
 
-async fn browser(webdriver: &str) -> Client {
+pub(super) async fn browser(webdriver: &str) -> Client {
     // WebDriver runs over plain HTTP on loopback, but the client's TLS stack
     // wants a process-wide crypto provider chosen.
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -126,7 +126,7 @@ async fn text_of(c: &Client, css: &str) -> Option<String> {
     }
 }
 
-async fn until(c: &Client, what: &str, css: &str, want: impl Fn(&str) -> bool) -> String {
+pub(super) async fn until(c: &Client, what: &str, css: &str, want: impl Fn(&str) -> bool) -> String {
     let started = Instant::now();
     loop {
         if let Some(t) = text_of(c, css).await
@@ -139,7 +139,7 @@ async fn until(c: &Client, what: &str, css: &str, want: impl Fn(&str) -> bool) -
     }
 }
 
-fn target_dir() -> PathBuf {
+pub(super) fn target_dir() -> PathBuf {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/web");
     std::fs::create_dir_all(&dir).expect("target/web");
     dir
