@@ -191,6 +191,31 @@ impl TtyPrompter {
     }
 }
 
+/// Every approval request (any state) of a unit or a child, as `children
+/// show` reports them: the decisions next to the child's story.
+pub(crate) fn of(
+    store: &Backend,
+    scope: &retinue_core::Scope,
+    unit: Option<&str>,
+    subagent: Option<&str>,
+) -> Result<Value> {
+    let filter = retinue_core::ApprovalFilter {
+        profile: scope.filter().map(str::to_owned),
+        pending_only: false,
+        delegation_id: unit.map(str::to_owned),
+        subagent_id: subagent.map(str::to_owned),
+        limit: 100,
+    };
+    let listed = store.approvals.list_approvals(&filter)?;
+    Ok(Value::Array(
+        listed
+            .iter()
+            .filter(|r| scope.admits(r.owner_profile.as_deref()))
+            .map(retinue_delegate::approval_json)
+            .collect(),
+    ))
+}
+
 /// On a terminal (not `--json`), `tool`'s children's risky calls are asked
 /// about inline too (the request is in the queue for every other surface
 /// meanwhile); returns the flag the status lines step aside on.

@@ -161,20 +161,28 @@ pub(crate) fn children_show(env: &Env, id: &str, all: bool) -> Result<Output> {
         // Any state, read-only: why it stopped, or that it was tombstoned.
         return match scope.reads(&store).unit_view(id)? {
             Some(u) => {
-                let v = unit_json(&store, &scope, &u, Some(id));
+                let mut v = unit_json(&store, &scope, &u, Some(id));
                 let human = units_table(std::slice::from_ref(&v));
+                v["approvals"] =
+                    crate::approvals::of(&store, &scope, Some(&u.delegation_id), None)?;
                 Ok(Output::ok(v, human))
             }
             None => Err(not_addressable(&store, &scope, id)?),
         };
     }
     match scope.reads(&store).find_retained_child(id)? {
-        Some(entry) => Ok(Output::ok(entry.to_json(), entry_block(&entry))),
+        Some(entry) => {
+            let mut v = entry.to_json();
+            v["approvals"] = crate::approvals::of(&store, &scope, None, Some(&entry.subagent_id))?;
+            Ok(Output::ok(v, entry_block(&entry)))
+        }
         None => {
             let running = scope.reads(&store).unit_view(id)?.filter(|u| !u.is_finished());
             match running {
                 Some(u) => {
-                    let v = crate::background::running_json(&store, &u, SystemClock.now());
+                    let mut v = crate::background::running_json(&store, &u, SystemClock.now());
+                    v["approvals"] =
+                        crate::approvals::of(&store, &scope, Some(&u.delegation_id), None)?;
                     let human = crate::background::running_table(std::slice::from_ref(&v));
                     Ok(Output::ok(v, human))
                 }
@@ -697,8 +705,8 @@ pub(crate) fn configured_runtime(
     }
     let toolbox = Arc::new(Toolbox::new(ToolboxConfig {
         terminal: config.terminal.clone(),
-        sandbox_helper: sandbox_helper(),
-        protected: protected(env, &loaded.mcp_servers),
+        sandbox_helper: crate::env::sandbox_helper(),
+        protected: crate::env::protected(env, &loaded.mcp_servers),
         mcp_servers: loaded.mcp_servers,
         approvals: config.approvals.clone(),
     }));
@@ -706,49 +714,6 @@ pub(crate) fn configured_runtime(
     let runtime =
         ChatRuntime::new(runtime_config, tools).map_err(|e| CliError::Usage(e.to_string()))?;
     Ok((runtime, config, toolbox))
-}
-
-/// What no child of this process may reach: the home, the directory of
-/// the database (so its `-wal`, `-shm`, `-journal` and `-retinue-writers` files, present or
-/// not, are out of reach too), this binary (the sandbox helper: replaced,
-/// it would run unconfined) and the configured MCP servers' programs.
-pub(crate) fn protected(
-    env: &Env,
-    mcp: &[retinue_config::McpServerConfig],
-) -> retinue_tools::workspace::Protected {
-    let mut hidden = vec![env.home.clone()];
-    if env.pg_url.is_none()
-        && let Ok(db) = std::path::absolute(&env.db)
-        && let Some(dir) = db.parent()
-    {
-        hidden.push(dir.to_path_buf());
-    }
-    // The binary, by path: the sandbox cannot replace it (the helper itself
-    // is run as /proc/self/exe, the running inode, whatever the path holds).
-    hidden.extend(std::env::current_exe().ok());
-    for server in mcp {
-        if let Some(command) = &server.command {
-            let path = std::path::Path::new(command);
-            if path.is_absolute() {
-                hidden.push(path.to_path_buf());
-            } else if command.contains('/') {
-                hidden.extend(server.cwd.as_ref().map(|cwd| std::path::Path::new(cwd).join(path)));
-            }
-        }
-    }
-    retinue_tools::workspace::Protected { hidden }
-}
-
-/// The terminal's sandbox helper: this binary's hidden `__sandbox` mode.
-/// It is started as `/proc/self/exe`: always the binary that is running,
-/// never what its path holds by then (a child that swapped the file would
-/// otherwise run unconfined).
-fn sandbox_helper() -> Option<retinue_tools::terminal::Helper> {
-    let program = std::path::PathBuf::from("/proc/self/exe");
-    program.exists().then(|| retinue_tools::terminal::Helper {
-        program,
-        prefix: vec![crate::SANDBOX_SUBCOMMAND.into()],
-    })
 }
 
 /// The toolsets a parent run by this process grants its children: the
@@ -919,13 +884,7 @@ pub(crate) fn delegate(env: &Env, args: &DelegateArgs) -> Result<Output> {
     let cancel = CancelToken::new();
     let interrupts = crate::interrupt::Interrupts::watch(&cancel);
     let hold = crate::approvals::prompt_inline(env, &tool);
-    let status = crate::progress::Status::start(
-        store.seams.clone(),
-        &parent_id,
-        &env.profile,
-        env.json,
-        hold,
-    );
+    let status = crate::progress::Status::start(store.seams.clone(), &parent_id, env, hold);
     let outcome = tool.delegate(&request, &parent, &cancel);
     tool.wait_background();
     drop(status);

@@ -224,6 +224,49 @@ pub(crate) fn redact_url(url: &str) -> String {
     crate::table::clip(&retinue_core::redact_endpoint(url), 128)
 }
 
+/// What no child of this process may reach: the home, the directory of
+/// the database (so its `-wal`, `-shm`, `-journal` and `-retinue-writers` files, present or
+/// not, are out of reach too), this binary (the sandbox helper: replaced,
+/// it would run unconfined) and the configured MCP servers' programs.
+pub(crate) fn protected(
+    env: &Env,
+    mcp: &[retinue_config::McpServerConfig],
+) -> retinue_tools::workspace::Protected {
+    let mut hidden = vec![env.home.clone()];
+    if env.pg_url.is_none()
+        && let Ok(db) = std::path::absolute(&env.db)
+        && let Some(dir) = db.parent()
+    {
+        hidden.push(dir.to_path_buf());
+    }
+    // The binary, by path: the sandbox cannot replace it (the helper itself
+    // is run as /proc/self/exe, the running inode, whatever the path holds).
+    hidden.extend(std::env::current_exe().ok());
+    for server in mcp {
+        if let Some(command) = &server.command {
+            let path = std::path::Path::new(command);
+            if path.is_absolute() {
+                hidden.push(path.to_path_buf());
+            } else if command.contains('/') {
+                hidden.extend(server.cwd.as_ref().map(|cwd| std::path::Path::new(cwd).join(path)));
+            }
+        }
+    }
+    retinue_tools::workspace::Protected { hidden }
+}
+
+/// The terminal's sandbox helper: this binary's hidden `__sandbox` mode.
+/// It is started as `/proc/self/exe`: always the binary that is running,
+/// never what its path holds by then (a child that swapped the file would
+/// otherwise run unconfined).
+pub(crate) fn sandbox_helper() -> Option<retinue_tools::terminal::Helper> {
+    let program = std::path::PathBuf::from("/proc/self/exe");
+    program.exists().then(|| retinue_tools::terminal::Helper {
+        program,
+        prefix: vec![crate::SANDBOX_SUBCOMMAND.into()],
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::{db_url_scheme, redact_url};

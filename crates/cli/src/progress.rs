@@ -43,10 +43,10 @@ impl Status {
     pub(crate) fn start(
         seams: retinue_core::Backend,
         parent: &str,
-        profile: &str,
-        json: bool,
+        env: &crate::env::Env,
         hold: Arc<AtomicBool>,
     ) -> Option<Status> {
+        let (profile, json) = (env.profile.as_str(), env.json);
         if json || !std::io::stderr().is_terminal() {
             return None;
         }

@@ -275,6 +275,8 @@ pub struct ApprovalFilter {
     pub pending_only: bool,
     /// One unit's only.
     pub delegation_id: Option<String>,
+    /// One child's only.
+    pub subagent_id: Option<String>,
     /// The newest this many (0: no bound).
     pub limit: usize,
 }

@@ -12,13 +12,12 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use retinue_core::{ApprovalPrompter, ApprovalRequest, ApprovalScope, Decision};
 use retinue_delegate::{Collector, ParentContext};
-use rmcp::model::{CallToolResult, ContentBlock};
 use rmcp::model::{ElicitRequestParams, ElicitationAction, ElicitationSchema};
 #[expect(deprecated)] // logging: see `RetinueServer::announce_when_done`
 use rmcp::model::{LoggingLevel, LoggingMessageNotificationParam};
 use rmcp::service::ElicitationMode;
 use rmcp::{Peer, RoleServer};
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
 /// How long the host's user has to answer a form (the request's own
 /// `timeout_s` still bounds the child's wait).
@@ -176,34 +175,6 @@ impl ApprovalPrompter for McpPrompter {
 
     fn settled(&self, request: &ApprovalRequest) {
         self.asked.lock().unwrap_or_else(PoisonError::into_inner).remove(&request.approval_id);
-    }
-}
-
-/// Attaches the approval requests waiting for the host's user to a tool
-/// result: under `approval_required` in its structured content, and as a
-/// text block naming `decide_approval`.
-pub(crate) fn attach(result: &mut CallToolResult, pending: Vec<Value>) {
-    if pending.is_empty() {
-        return;
-    }
-    let text = serde_json::to_string_pretty(&pending).unwrap_or_default();
-    result.content.push(ContentBlock::text(format!(
-        "Subagents are waiting for the user's approval of a risky call. Ask the user, then \
-         call decide_approval (approval_id, approve, always, reason):\n{text}"
-    )));
-    match &mut result.structured_content {
-        Some(Value::Object(map)) => {
-            map.insert("approval_required".to_owned(), Value::Array(pending));
-        }
-        other => {
-            let previous = other.take();
-            let mut map = Map::new();
-            if let Some(previous) = previous {
-                map.insert("result".to_owned(), previous);
-            }
-            map.insert("approval_required".to_owned(), Value::Array(pending));
-            *other = Some(Value::Object(map));
-        }
     }
 }
 

@@ -18,6 +18,7 @@
 //! the `log` facade (the CLI sends them to stderr); stdout is the protocol.
 
 mod approvals;
+mod attach;
 mod error;
 mod framing;
 mod server;

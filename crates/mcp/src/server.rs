@@ -474,32 +474,6 @@ impl RetinueServer {
     }
 }
 
-/// Attaches delivered background results to a tool result: under
-/// `delivered` in its structured content, and as a text block.
-fn attach_inbox(result: &mut CallToolResult, delivered: Vec<Value>) {
-    if delivered.is_empty() {
-        return;
-    }
-    let text = serde_json::to_string_pretty(&delivered).unwrap_or_default();
-    result.content.push(ContentBlock::text(format!(
-        "Background delegations finished since the last call (delivered once):\n{text}"
-    )));
-    match &mut result.structured_content {
-        Some(Value::Object(map)) => {
-            map.insert("delivered".to_owned(), Value::Array(delivered));
-        }
-        other => {
-            let previous = other.take();
-            let mut map = Map::new();
-            if let Some(previous) = previous {
-                map.insert("result".to_owned(), previous);
-            }
-            map.insert("delivered".to_owned(), Value::Array(delivered));
-            *other = Some(Value::Object(map));
-        }
-    }
-}
-
 impl ServerHandler for RetinueServer {
     #[expect(deprecated)] // logging: see `announce_when_done`
     fn get_info(&self) -> ServerConfig {
@@ -590,12 +564,17 @@ impl ServerHandler for RetinueServer {
         Ok(match response {
             CallToolResponse::Complete(mut result) => {
                 let delivered = self.ack_inbox([early, late].concat(), cancelled).await;
-                attach_inbox(&mut result, delivered);
+                crate::attach::attach(
+                    &mut result,
+                    "delivered",
+                    crate::attach::DELIVERED,
+                    delivered,
+                );
                 if !matches!(name, tools::LIST_APPROVALS | tools::WAIT_SUBAGENTS) {
-                    crate::approvals::attach(
-                        &mut result,
-                        crate::approvals::pending(&self.shared.collector, self.parent()).await,
-                    );
+                    let pending =
+                        crate::approvals::pending(&self.shared.collector, self.parent()).await;
+                    let intro = crate::attach::APPROVAL_REQUIRED;
+                    crate::attach::attach(&mut result, "approval_required", intro, pending);
                 }
                 CallToolResponse::Complete(result)
             }

@@ -44,6 +44,18 @@ pub const DEFAULT_WAIT_SECS: f64 = 30.0;
 /// How many characters of a child's last answer `show_subagent` returns.
 pub const LAST_ANSWER_MAX_CHARS: usize = 4000;
 
+/// `delegate_task`'s description: hermes's, and how retention works here.
+fn delegate_description(base: &str) -> String {
+    format!(
+        "{base} Each subagent works on its own transcript and returns a summary. Completed \
+         subagents are retained: later — in this conversation, a later one, or after a \
+         restart — send one a follow-up with `follow_up` set to its subagent_id and `goal` as \
+         the message; it resumes with its whole context. Pass `goal` (and optional `context`) \
+         for one task, or `tasks` for several in parallel. Returns the delegation_id and, per \
+         task, status, subagent_id, child_session_id, summary and token usage."
+    )
+}
+
 /// `list_approvals` and `decide_approval` (issue #37).
 fn approval_specs() -> Vec<ToolSpec> {
     vec![
@@ -123,14 +135,7 @@ fn id_schema(what: &str) -> Map<String, Value> {
 /// `Delegator::schema()` (its `parameters` become the input schema).
 pub fn tool_specs(delegate_schema: &Value) -> Vec<ToolSpec> {
     let base = delegate_schema.get("description").and_then(Value::as_str).unwrap_or_default();
-    let delegate_description = format!(
-        "{base} Each subagent works on its own transcript and returns a summary. Completed \
-         subagents are retained: later — in this conversation, a later one, or after a \
-         restart — send one a follow-up with `follow_up` set to its subagent_id and `goal` as \
-         the message; it resumes with its whole context. Pass `goal` (and optional `context`) \
-         for one task, or `tasks` for several in parallel. Returns the delegation_id and, per \
-         task, status, subagent_id, child_session_id, summary and token usage."
-    );
+    let delegate_description = delegate_description(base);
     let parameters = delegate_schema
         .get("parameters")
         .cloned()

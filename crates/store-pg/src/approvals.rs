@@ -146,11 +146,18 @@ impl ApprovalQueue for PgStore {
                  WHERE ($1::TEXT IS NULL OR COALESCE(u.owner_profile, '') IN ('', $1)) \
                    AND (NOT $2 OR a.state = 'pending') \
                    AND ($3::TEXT IS NULL OR a.delegation_id = $3) \
+                   AND ($5::TEXT IS NULL OR a.subagent_id = $5) \
                  ORDER BY a.requested_at DESC, a.approval_id LIMIT $4"
             );
             let rows = tx.query(
                 sql.as_str(),
-                &[&filter.profile, &filter.pending_only, &filter.delegation_id, &limit],
+                &[
+                    &filter.profile,
+                    &filter.pending_only,
+                    &filter.delegation_id,
+                    &limit,
+                    &filter.subagent_id,
+                ],
             )?;
             Ok(rows.iter().map(request_row).collect())
         })

@@ -1611,6 +1611,15 @@ pub fn approvals_queue(make: Factory<'_>) {
     );
     assert_eq!(listed(&tenant_a, true), Vec::<String>::new());
     assert_eq!(listed(&tenant_a, false), vec![first.clone()], "--all shows decided ones");
+    let of_child = |sa: &str| {
+        let filter = ApprovalFilter {
+            pending_only: false,
+            subagent_id: Some(sa.to_owned()),
+            ..ApprovalFilter::pending(&Scope::Operator)
+        };
+        b.approvals.list_approvals(&filter).expect("list").len()
+    };
+    assert_eq!((of_child(child), of_child(&others[0].subagent_id), of_child("sa-x")), (1, 1, 0));
 
     // Always covers the same command of the same child, nothing else.
     assert!(

@@ -12,7 +12,7 @@ use hyper::header::HeaderValue;
 use hyper::{Request, Response, StatusCode};
 use retinue_core::{ApprovalScope, DecideOutcome, Decision};
 
-use crate::http::{HTML, MAX_FORM_BYTES, Site, respond};
+use crate::site::{HTML, MAX_FORM_BYTES, Site, respond};
 use crate::{model, pages};
 
 /// The fields of a decision form.

@@ -23,6 +23,7 @@ mod decide;
 mod http;
 mod model;
 mod pages;
+mod site;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -30,11 +31,11 @@ use std::sync::Arc;
 use crate::tokio_util_shim::StopSignal as ShutdownInner;
 use retinue_core::{Backend, BudgetLimit, RetentionPolicy};
 
-pub use http::{CSP, CSP_WRITABLE, MAX_FORM_BYTES};
 pub use model::{
     ChildNode, ChildPage, ChildState, LineageNode, MAX_UNITS, SessionNode, Tree, UnitNode,
     child_page, tree,
 };
+pub use site::{CSP, CSP_WRITABLE, MAX_FORM_BYTES};
 
 /// What the view reads.
 #[derive(Clone)]
@@ -243,7 +244,7 @@ pub fn serve_as(
         .build()
         .map_err(WebError::Runtime)?;
     let writable = parts.writable;
-    let site = Arc::new(http::Site { parts, token, hosts, writable, csrf: Default::default() });
+    let site = Arc::new(site::Site { parts, token, hosts, writable, csrf: Default::default() });
     let addr = bound.addr;
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::from_std(bound.listener)

@@ -305,8 +305,8 @@ pub(crate) fn requests(
             Scope::Tenant(p) => Some(p.clone()),
         },
         pending_only,
-        delegation_id: None,
         limit: 200,
+        ..ApprovalFilter::default()
     };
     let listed = parts
         .backend

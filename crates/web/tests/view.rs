@@ -435,7 +435,10 @@ fn a_writable_view_decides_approvals_only_from_its_own_pages() {
     assert!(!page.contains("<script>window"), "the reason is escaped");
     assert_eq!(csp.as_deref(), Some(CSP));
     let origin = ro.base.clone();
-    assert_eq!(post(&format!("{}/approvals/{id}", ro.base), Some(&origin), "decision=approve").0, 405);
+    assert_eq!(
+        post(&format!("{}/approvals/{id}", ro.base), Some(&origin), "decision=approve").0,
+        405
+    );
     drop(ro);
 
     let served = serve_with(&store, "", None, true);
@@ -446,18 +449,26 @@ fn a_writable_view_decides_approvals_only_from_its_own_pages() {
     let (csrf, back) = form_fields(&page);
     assert_eq!(back, "/child/sa%2D0%2D0000a001");
     let url = format!("{base}/approvals/{id}");
-    let body = |decision: &str, token: &str| format!("csrf={token}&back={back}&decision={decision}");
+    let body =
+        |decision: &str, token: &str| format!("csrf={token}&back={back}&decision={decision}");
 
     // Another page (another origin, or none) cannot post; nor a made-up token.
     assert_eq!(post(&url, Some("http://evil.example"), &body("approve", &csrf)).0, 403);
     assert_eq!(post(&url, None, &body("approve", &csrf)).0, 403);
     assert_eq!(post(&url, Some(&base), &body("approve", "0123456789abcdef")).0, 403);
-    assert_eq!(post(&url, Some(&base), &format!("{}&reason={}", body("deny", &csrf), "x".repeat(40_000))).0, 413);
+    assert_eq!(
+        post(&url, Some(&base), &format!("{}&reason={}", body("deny", &csrf), "x".repeat(40_000)))
+            .0,
+        413
+    );
     assert_eq!(post(&url, Some(&base), &body("maybe", &csrf)).0, 400);
     let pending = |i: &str| store.approval(i, &Scope::Operator).unwrap().unwrap().state;
     assert_eq!(pending(&id), ApprovalState::Pending, "nothing was decided yet");
     // Another tenant's request: missing to this view.
-    assert_eq!(post(&format!("{base}/approvals/{foreign}"), Some(&base), &body("approve", &csrf)).0, 404);
+    assert_eq!(
+        post(&format!("{base}/approvals/{foreign}"), Some(&base), &body("approve", &csrf)).0,
+        404
+    );
     assert_eq!(pending(&foreign), ApprovalState::Pending);
 
     // The real thing: denied with a reason, back to the child's page.

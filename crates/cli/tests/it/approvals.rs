@@ -220,6 +220,12 @@ fn denied_the_workspace_is_untouched_and_the_model_reads_who_and_why() {
     let said = tool_result(&w, r["child_session_id"].as_str().expect("sid"));
     assert!(said.contains(&format!("denied by session:{parent}: not on a Friday")), "{said}");
     assert!(r["summary"].as_str().unwrap_or_default().contains("not on a Friday"), "{v}");
+    // The decision is part of the child's story in `children show`.
+    let (code, shown) = run(&w, &["children", "show", r["subagent_id"].as_str().expect("sa")]);
+    assert_eq!(code, 0, "{shown}");
+    assert_eq!(shown["approvals"][0]["approval_id"], id, "{shown}");
+    assert_eq!(shown["approvals"][0]["state"], "denied");
+    assert_eq!(shown["approvals"][0]["decision_reason"], "not on a Friday");
 }
 
 #[test]

@@ -126,7 +126,12 @@ async fn text_of(c: &Client, css: &str) -> Option<String> {
     }
 }
 
-pub(super) async fn until(c: &Client, what: &str, css: &str, want: impl Fn(&str) -> bool) -> String {
+pub(super) async fn until(
+    c: &Client,
+    what: &str,
+    css: &str,
+    want: impl Fn(&str) -> bool,
+) -> String {
     let started = Instant::now();
     loop {
         if let Some(t) = text_of(c, css).await
