@@ -98,7 +98,8 @@ pub(crate) fn run(
         format!("{url}\n")
     };
     crate::print_stdout(&line)?;
-    eprintln!("retinue: serving the subagent view on {base} (read-only; Ctrl-C stops)");
+    let mode = if read_only { "read-only" } else { "approvals can be decided" };
+    eprintln!("retinue: serving the subagent view on {base} ({mode}; Ctrl-C stops)");
     let shutdown = retinue_web::WebShutdown::new();
     let cancel = CancelToken::new();
     let interrupts = crate::interrupt::Interrupts::watch(&cancel);
