@@ -918,9 +918,15 @@ fn connect_read_only(path: &Path, busy: Duration, adopt: Adopt) -> SqlResult<Con
 /// The `CREATE TABLE` statement of `table` in the base migration.
 fn base_table_ddl(table: &str) -> Option<String> {
     const V1: &str = include_str!("../migrations/V1__retinue_base.sql");
+    table_ddl(V1, table)
+}
+
+/// The `CREATE TABLE` statement of `table` in migration `sql`, as a TEMP
+/// table.
+fn table_ddl(sql: &str, table: &str) -> Option<String> {
     let head = format!("CREATE TABLE IF NOT EXISTS {table} (");
     // Comments first (they may hold a `;`), then statements.
-    let code: String = V1
+    let code: String = sql
         .lines()
         .map(|l| l.split_once("--").map_or(l, |(code, _)| code))
         .collect::<Vec<_>>()
@@ -977,6 +983,14 @@ fn read_view(conn: &Connection, adopt: Adopt) -> SqlResult<()> {
         {
             conn.execute_batch(&ddl)?;
         }
+    }
+    // The approval queue (V13) of a file no Retinue of that age opened:
+    // empty.
+    const V13: &str = include_str!("../migrations/V13__retinue_approvals.sql");
+    if !main_exists("retinue_approvals")?
+        && let Some(ddl) = table_ddl(V13, "retinue_approvals")
+    {
+        conn.execute_batch(&ddl)?;
     }
     // A hermes table lacking columns the reconcile step would add reads
     // through a TEMP view that supplies them (their default, else NULL).

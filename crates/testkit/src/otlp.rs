@@ -33,6 +33,8 @@ pub struct ReceivedSpan {
     pub service: String,
     /// Status code (0 unset, 1 ok, 2 error).
     pub status: i32,
+    /// Events: name and attributes (as strings).
+    pub events: Vec<(String, Vec<(String, String)>)>,
 }
 
 impl ReceivedSpan {
@@ -73,6 +75,18 @@ fn flatten(span: &Span, service: &str) -> ReceivedSpan {
         links: span.links.iter().map(|l| (hex(&l.trace_id), hex(&l.span_id))).collect(),
         service: service.to_owned(),
         status: span.status.as_ref().map_or(0, |s| s.code),
+        events: span
+            .events
+            .iter()
+            .map(|e| {
+                let attrs = e
+                    .attributes
+                    .iter()
+                    .map(|kv| (kv.key.clone(), text(kv.value.as_ref())))
+                    .collect();
+                (e.name.clone(), attrs)
+            })
+            .collect(),
     }
 }
 

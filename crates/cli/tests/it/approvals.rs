@@ -296,6 +296,26 @@ fn a_background_childs_request_is_answered_from_another_process_and_a_dead_worke
     assert!(w.ws.path().join("build").exists());
 }
 
+#[test]
+fn a_decision_for_a_unit_cancelled_meanwhile_is_told_it_came_too_late() {
+    if !sandbox_available() {
+        return;
+    }
+    let w = world("");
+    let (code, v) =
+        run(&w, &["delegate", "--goal", "clean", "--toolsets", "terminal", "--background"]);
+    assert_eq!(code, 0, "{v}");
+    let unit = v["delegation_id"].as_str().expect("unit").to_owned();
+    let id = pending(&w)["approval_id"].as_str().expect("id").to_owned();
+    let (code, v) = run(&w, &["cancel", &unit]);
+    assert_eq!(code, 0, "{v}");
+    let (code, v) = run(&w, &["approve", &id]);
+    assert_eq!((code, v["code"].as_str()), (1, Some("already_decided")), "{v}");
+    let (_, all) = run(&w, &["approvals", "--all"]);
+    assert_eq!(all["approvals"][0]["state"], "expired", "{all}");
+    assert!(w.ws.path().join("build").exists(), "a cancelled unit's call never ran");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_web_views_approve_button_in_chromium_runs_the_waiting_call() {
     use fantoccini::Locator;

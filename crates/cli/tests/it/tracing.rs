@@ -168,3 +168,50 @@ fn the_export_warning_never_shows_the_collectors_credentials() {
     assert!(!stderr.contains("PASSWORD-1234") && !stderr.contains("QUERYSECRET"), "{stderr}");
     assert!(stderr.contains("***@"), "{stderr}");
 }
+
+#[test]
+fn an_approval_is_an_event_on_the_tool_span() {
+    let receiver = OtlpReceiver::start();
+    let model = FakeModel::start();
+    model.push(
+        Reply::tool_call("call_rm", "terminal", json!({"command": "rm -rf build"}))
+            .with_usage(Usage::new(30, 7)),
+    );
+    model.set_default(Reply::text("Gave up").with_usage(Usage::new(40, 9)));
+    let (home, root) = self::home(&model);
+    let ws = tempfile::tempdir().expect("ws");
+    let yaml = format!(
+        "delegation:\n  model: test/fake-model\n  base_url: {}\n  api_key: sk-test\n  \
+         toolsets: [read, terminal]\n  approvals: {{timeout_s: 1}}\n",
+        model.base_url()
+    );
+    std::fs::write(home.path().join("config.yaml"), yaml).expect("config.yaml");
+    let endpoint = receiver.endpoint();
+    let env = [("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str())];
+    let workspace = ws.path().to_string_lossy().into_owned();
+    let out = run(
+        &home,
+        &env,
+        &[
+            "delegate",
+            "--parent",
+            &root,
+            "--goal",
+            "clean",
+            "--toolsets",
+            "terminal",
+            "--workspace",
+            &workspace,
+        ],
+    );
+    assert_eq!(out["results"][0]["status"], "completed", "{out}");
+    let spans = receiver.spans();
+    let tool = one(&spans, "execute_tool terminal");
+    let names: Vec<&str> = tool.events.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["retinue.approval.requested", "retinue.approval.decided"], "{tool:#?}");
+    let decided = &tool.events[1].1;
+    let attr = |k: &str| decided.iter().find(|(key, _)| key == k).map(|(_, v)| v.as_str());
+    assert_eq!(attr("retinue.approval.state"), Some("expired"));
+    assert_eq!(attr("retinue.approval.decided_by"), Some("retinue"));
+    assert!(attr("retinue.approval.id").is_some_and(|id| id.starts_with("appr_")));
+}
