@@ -57,10 +57,8 @@
 //! - **V12** `retinue_change_clock`: one counter, bumped by triggers on
 //!   `async_delegations` and `retinue_children` (claims excepted), that
 //!   with the newest message id is the web view's change marker (issue #35).
-//! - **V13** `retinue_approvals`: the approval queue of children's risky
-//!   calls (pending → approved | denied | expired), expired by a trigger
-//!   when its unit ends (`worker gone` for a unit found `unknown`), deleted
-//!   with its unit, bumping the change clock (issue #37).
+//! - **V13** `retinue_approvals`: the approval queue (issue #37), expired
+//!   by a trigger when its unit ends, deleted with it.
 //!
 //! Two columns of Retinue's own tables are added by the reconcile step after
 //! the migrations rather than in SQL (SQLite cannot add a column
@@ -75,6 +73,7 @@ use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
 
+use crate::conn::{Adopt, RECONCILE, RECONCILE_AFTER, column_names, set_connection_pragmas};
 use crate::error::{Error, Result, SqlResult, is_retryable, migration, sql};
 use crate::gate::{WriterGate, busy_handler};
 use retinue_core::{Clock, SystemClock};
@@ -189,8 +188,6 @@ pub(crate) struct Pool {
     adopt: Adopt,
 }
 
-/// The registry's adoption of hermes-retained units, handed in by the store.
-pub(crate) type Adopt = fn(&Connection, Option<f64>) -> SqlResult<usize>;
 /// A pooled connection and what it has read that is provably still fresh.
 struct Pooled {
     conn: Connection,
@@ -287,7 +284,7 @@ impl Pool {
 
     fn connect_raw(&self) -> SqlResult<Connection> {
         if self.read_only {
-            return connect_read_only(&self.path, self.busy_timeout, self.adopt);
+            return crate::read_view::connect_read_only(&self.path, self.busy_timeout, self.adopt);
         }
         let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
             | OpenFlags::SQLITE_OPEN_CREATE
@@ -419,34 +416,6 @@ impl Pool {
     }
 }
 
-fn set_connection_pragmas(
-    conn: &mut Connection,
-    busy: Duration,
-    probes: Arc<AtomicU64>,
-    sync: Synchronous,
-    read_only: bool,
-) -> SqlResult<()> {
-    // Short, growing waits instead of SQLite's sleeps of up to 100 ms (see
-    // `crate::gate`), each counted in `probes`.
-    conn.busy_handler(Some(busy_handler(busy, probes)))?;
-    // Every statement of the store fits: no re-prepare on the hot paths.
-    conn.set_prepared_statement_cache_capacity(256);
-    // Query-planner stability: without it, SQLite 3.5x marks every `col = ?`
-    // statement "re-prepare when the binding changes", and the statement
-    // cache's clear-bindings on return then forces a full re-prepare on every
-    // use (measured: 2-4x the cost of an indexed lookup).
-    conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)?;
-    conn.pragma_update(None, "foreign_keys", true)?;
-    if !read_only {
-        let level = match sync {
-            Synchronous::Full => "FULL",
-            Synchronous::Normal => "NORMAL",
-        };
-        conn.pragma_update(None, "synchronous", level)?;
-    }
-    Ok(())
-}
-
 /// Refuses files that are not SQLite databases without touching them.
 fn check_header(path: &Path) -> Result<()> {
     use std::io::Read;
@@ -488,107 +457,6 @@ fn check_not_newer(conn: &Connection) -> Result<()> {
         }
         _ => Ok(()),
     }
-}
-
-/// Columns the reconcile step adds to existing hermes tables, with hermes's
-/// declarations (semantics §2.6 step 2).
-const RECONCILE: &[(&str, &[(&str, &str)])] = &[
-    (
-        "async_delegations",
-        &[
-            ("origin_session", "TEXT"),
-            ("origin_ui_session_id", "TEXT NOT NULL DEFAULT ''"),
-            ("parent_session_id", "TEXT"),
-            ("state", "TEXT"),
-            ("dispatched_at", "REAL"),
-            ("completed_at", "REAL"),
-            ("updated_at", "REAL"),
-            ("event_json", "TEXT"),
-            ("result_json", "TEXT"),
-            ("delivery_state", "TEXT NOT NULL DEFAULT 'pending'"),
-            ("delivery_attempts", "INTEGER NOT NULL DEFAULT 0"),
-            ("delivered_at", "REAL"),
-            ("owner_pid", "INTEGER"),
-            ("owner_started_at", "INTEGER"),
-            ("task_json", "TEXT"),
-            ("delivery_claim", "TEXT"),
-            ("delivery_claimed_at", "REAL"),
-            ("origin_session_id", "TEXT"),
-            ("child_session_id", "TEXT"),
-            ("children_json", "TEXT"),
-            ("retained", "INTEGER"),
-            ("retained_at", "REAL"),
-            ("tombstoned_at", "REAL"),
-            ("owner_profile", "TEXT"),
-            ("usage_json", "TEXT"),
-        ],
-    ),
-    (
-        "delegation_child_usage",
-        &[
-            ("parent_session_id", "TEXT"),
-            ("parent_turn_id", "TEXT NOT NULL DEFAULT ''"),
-            ("child_session_id", "TEXT NOT NULL DEFAULT ''"),
-            ("usage_json", "TEXT"),
-            ("aggregate_json", "TEXT"),
-            ("created_at", "REAL"),
-        ],
-    ),
-    (
-        "sessions",
-        &[
-            ("source", "TEXT"),
-            ("model", "TEXT"),
-            ("model_config", "TEXT"),
-            ("parent_session_id", "TEXT"),
-            ("started_at", "REAL"),
-            ("ended_at", "REAL"),
-            ("end_reason", "TEXT"),
-            ("message_count", "INTEGER DEFAULT 0"),
-            ("tool_call_count", "INTEGER DEFAULT 0"),
-            ("profile_name", "TEXT"),
-            ("estimated_cost_usd", "REAL"),
-            ("cost_status", "TEXT"),
-            ("cost_source", "TEXT"),
-        ],
-    ),
-    (
-        "messages",
-        &[
-            ("session_id", "TEXT"),
-            ("role", "TEXT"),
-            ("content", "TEXT"),
-            ("timestamp", "REAL"),
-            ("active", "INTEGER NOT NULL DEFAULT 1"),
-            ("tool_call_id", "TEXT"),
-            ("tool_calls", "TEXT"),
-            ("tool_name", "TEXT"),
-            ("token_count", "INTEGER"),
-            ("finish_reason", "TEXT"),
-        ],
-    ),
-];
-
-/// Columns added to Retinue's own tables after the migrations (a column
-/// cannot be added idempotently in SQL, so it is reconciled like hermes').
-const RECONCILE_AFTER: &[(&str, &[(&str, &str)])] = &[
-    (
-        "retinue_children",
-        // An operator's free-text note on a tombstone; the reason stays `manual`.
-        &[("tombstone_note", "TEXT")],
-    ),
-    (
-        "retinue_budget_reservations",
-        // When a reservation was kept as spent (issue #23: a failed ledger
-        // write, an owner that died mid-run) rather than released.
-        &[("kept_spent_at", "REAL")],
-    ),
-];
-
-pub(crate) fn column_names(conn: &Connection, table: &str) -> SqlResult<Vec<String>> {
-    let mut stmt = conn.prepare("SELECT name FROM pragma_table_info(?1)")?;
-    let names = stmt.query_map([table], |r| r.get::<_, String>(0))?;
-    Ok(names.collect::<rusqlite::Result<Vec<_>>>()?)
 }
 
 fn reconcile(conn: &mut Connection) -> Result<()> {
@@ -855,231 +723,6 @@ fn open_pool_timed(
         .unwrap_or_else(PoisonError::into_inner)
         .push(Pooled { conn, cache: ConnCache::default() });
     Ok(pool)
-}
-
-/// The URI of a read-only open of `path` (`immutable` for a WAL file whose
-/// directory forbids the `-shm` companion).
-fn ro_uri(path: &Path, immutable: bool) -> String {
-    let text = path.to_string_lossy();
-    let mut uri = String::from("file:");
-    for b in text.bytes() {
-        match b {
-            b'%' | b'?' | b'#' => uri.push_str(&format!("%{b:02X}")),
-            _ => uri.push(char::from(b)),
-        }
-    }
-    uri.push_str(if immutable { "?mode=ro&immutable=1" } else { "?mode=ro" });
-    uri
-}
-
-/// A read-only connection: `SQLITE_OPEN_READ_ONLY`, no journal switch, and
-/// the connection-local (TEMP, in memory) view that answers as if the file
-/// were adopted. Nothing is written to the file.
-fn connect_read_only(path: &Path, busy: Duration, adopt: Adopt) -> SqlResult<Connection> {
-    let flags = OpenFlags::SQLITE_OPEN_READ_ONLY
-        | OpenFlags::SQLITE_OPEN_NO_MUTEX
-        | OpenFlags::SQLITE_OPEN_URI;
-    let non_utf8 = path.to_str().is_none();
-    let mut conn = Connection::open_with_flags(ro_uri(path, false), flags)?;
-    let probe = |c: &Connection| {
-        c.query_row("SELECT count(*) FROM main.sqlite_master", [], |r| r.get::<_, i64>(0))
-    };
-    if let Err(e) = probe(&conn) {
-        // A WAL file in a read-only directory or mount (a backup snapshot,
-        // another user's home): without a `-shm` companion SQLite cannot
-        // share memory (CANTOPEN), or would have to write to recover the
-        // WAL (READONLY); nobody can write it either, so read it immutable.
-        // READONLY only without a `-wal` file: a live writer's uncheckpointed
-        // pages would make an immutable read torn, not merely stale.
-        let code = e.sqlite_error_code();
-        let wal = Path::new(&format!("{}-wal", path.display())).exists();
-        let fallback = match code {
-            Some(rusqlite::ErrorCode::CannotOpen) => true,
-            Some(rusqlite::ErrorCode::ReadOnly) => !wal,
-            _ => false,
-        };
-        if fallback && !non_utf8 {
-            conn = Connection::open_with_flags(ro_uri(path, true), flags)?;
-            probe(&conn)?;
-            log::warn!(
-                "{} is read as an immutable snapshot (its directory is read-only, so the WAL \
-                 cannot be shared): changes a live writer has not checkpointed are not seen",
-                path.display()
-            );
-        } else {
-            return Err(e.into());
-        }
-    }
-    set_connection_pragmas(&mut conn, busy, Arc::default(), Synchronous::Full, true)?;
-    read_view(&conn, adopt)?;
-    Ok(conn)
-}
-
-/// The `CREATE TABLE` statement of `table` in the base migration.
-fn base_table_ddl(table: &str) -> Option<String> {
-    const V1: &str = include_str!("../migrations/V1__retinue_base.sql");
-    table_ddl(V1, table)
-}
-
-/// The `CREATE TABLE` statement of `table` in migration `sql`, as a TEMP
-/// table.
-fn table_ddl(sql: &str, table: &str) -> Option<String> {
-    let head = format!("CREATE TABLE IF NOT EXISTS {table} (");
-    // Comments first (they may hold a `;`), then statements.
-    let code: String = sql
-        .lines()
-        .map(|l| l.split_once("--").map_or(l, |(code, _)| code))
-        .collect::<Vec<_>>()
-        .join("\n");
-    code.split(';')
-        .map(str::trim)
-        .find(|stmt| stmt.starts_with(&head))
-        .map(|stmt| stmt.trim().replacen("CREATE TABLE IF NOT EXISTS", "CREATE TEMP TABLE", 1))
-}
-
-fn trigger_exists(conn: &Connection, name: &str) -> SqlResult<bool> {
-    Ok(conn
-        .query_row(
-            "SELECT 1 FROM main.sqlite_master WHERE type = 'trigger' AND name = ?1",
-            [name],
-            |_| Ok(()),
-        )
-        .optional()?
-        .is_some())
-}
-
-/// The read view of a read-only connection. Everything lives in the
-/// connection's TEMP schema (in memory), which shadows `main` for
-/// unqualified names:
-/// * a table the file lacks (a hermes file Retinue never opened) is an
-///   empty TEMP table, so every read runs unchanged;
-/// * units hermes retained that Retinue never adopted get their child rows
-///   from `children_json` (the same backfill a write runs, into a TEMP copy
-///   of `retinue_children`), hermes-tombstoned ones as `external`;
-/// * maintained usage totals are trusted only when the file's invalidation
-///   triggers exist; otherwise they are shadowed by an empty table and the
-///   totals are folded from the ledger rows.
-fn read_view(conn: &Connection, adopt: Adopt) -> SqlResult<()> {
-    conn.pragma_update(None, "temp_store", "MEMORY")?;
-    let main_exists = |t: &str| -> SqlResult<bool> {
-        Ok(conn
-            .query_row(
-                "SELECT 1 FROM main.sqlite_master WHERE type = 'table' AND name = ?1",
-                [t],
-                |_| Ok(()),
-            )
-            .optional()?
-            .is_some())
-    };
-    for table in [
-        "sessions",
-        "messages",
-        "async_delegations",
-        "delegation_child_usage",
-        "retinue_usage_keys",
-    ] {
-        if !main_exists(table)?
-            && let Some(ddl) = base_table_ddl(table)
-        {
-            conn.execute_batch(&ddl)?;
-        }
-    }
-    // The approval queue (V13) of a file no Retinue of that age opened:
-    // empty.
-    const V13: &str = include_str!("../migrations/V13__retinue_approvals.sql");
-    if !main_exists("retinue_approvals")?
-        && let Some(ddl) = table_ddl(V13, "retinue_approvals")
-    {
-        conn.execute_batch(&ddl)?;
-    }
-    // A hermes table lacking columns the reconcile step would add reads
-    // through a TEMP view that supplies them (their default, else NULL).
-    for (table, columns) in RECONCILE {
-        if !main_exists(table)? {
-            continue;
-        }
-        let present = conn
-            .prepare("SELECT name FROM pragma_table_info(?1, 'main')")?
-            .query_map([table], |r| r.get::<_, String>(0))?
-            .collect::<rusqlite::Result<Vec<_>>>()?;
-        let missing: Vec<String> = columns
-            .iter()
-            .filter(|(name, _)| !present.iter().any(|p| p.eq_ignore_ascii_case(name)))
-            .map(|(name, decl)| {
-                let default = decl.split_once("DEFAULT ").map_or("NULL", |(_, d)| d.trim());
-                format!("{default} AS \"{name}\"")
-            })
-            .collect();
-        if !missing.is_empty() {
-            // Identifiers and defaults come from the constant table, never from input.
-            // `rowid` is carried so reads that name a bad row by its rowid work.
-            conn.execute_batch(&format!(
-                "CREATE TEMP VIEW \"{table}\" AS SELECT *, rowid AS rowid, {} \
-                 FROM main.\"{table}\"",
-                missing.join(", ")
-            ))?;
-        }
-    }
-    // A file from before V5 has no unit-level tombstones: none covers a child.
-    if !main_exists("retinue_unit_tombstones")? {
-        conn.execute_batch(
-            "CREATE TEMP TABLE retinue_unit_tombstones (delegation_id TEXT PRIMARY KEY, \
-             tombstoned_at REAL NOT NULL, ttl_seconds REAL NOT NULL) WITHOUT ROWID",
-        )?;
-    }
-    let totals_trusted =
-        main_exists("retinue_usage_totals")? && trigger_exists(conn, "retinue_usage_totals_del")?;
-    if !totals_trusted && let Some(ddl) = base_table_ddl("retinue_usage_totals") {
-        conn.execute_batch(&ddl)?;
-    }
-    let has_children = main_exists("retinue_children")?;
-    // A file written before the tombstone note existed reads through a TEMP
-    // copy that has the column (NULL), as after the write that would add it.
-    let lacks_note = has_children
-        && !conn
-            .prepare("SELECT name FROM pragma_table_info('retinue_children', 'main')")?
-            .query_map([], |r| r.get::<_, String>(0))?
-            .collect::<rusqlite::Result<Vec<_>>>()?
-            .iter()
-            .any(|c| c.eq_ignore_ascii_case("tombstone_note"));
-    let unadopted = !has_children
-        || lacks_note
-        || conn.query_row(
-            "SELECT EXISTS (SELECT 1 FROM async_delegations u WHERE u.retained = 1 \
-             AND NOT EXISTS (SELECT 1 FROM main.retinue_children c \
-                             WHERE c.delegation_id = u.delegation_id))",
-            [],
-            |r| r.get::<_, bool>(0),
-        )?;
-    if !unadopted {
-        return Ok(());
-    }
-    let ddl = base_table_ddl("retinue_children").unwrap_or_default();
-    conn.execute_batch(&ddl)?;
-    conn.execute_batch(
-        "ALTER TABLE temp.retinue_children ADD COLUMN tombstone_note TEXT; \
-         CREATE INDEX temp.retinue_tmp_children_subagent ON retinue_children(subagent_id); \
-         CREATE INDEX temp.retinue_tmp_children_session ON retinue_children(child_session_id);",
-    )?;
-    if has_children {
-        let present = column_names(conn, "retinue_children")?;
-        let main_cols = conn
-            .prepare("SELECT name FROM pragma_table_info('retinue_children', 'main')")?
-            .query_map([], |r| r.get::<_, String>(0))?
-            .collect::<rusqlite::Result<Vec<_>>>()?;
-        let cols: Vec<String> = present
-            .into_iter()
-            .filter(|c| main_cols.iter().any(|m| m.eq_ignore_ascii_case(c)))
-            .map(|c| format!("\"{}\"", c.replace('"', "\"\"")))
-            .collect();
-        let cols = cols.join(", ");
-        // Column names come from the two schemas, never from input.
-        conn.execute_batch(&format!(
-            "INSERT INTO temp.retinue_children ({cols}) SELECT {cols} FROM main.retinue_children"
-        ))?;
-    }
-    adopt(conn, Some(f64::NEG_INFINITY))?;
-    Ok(())
 }
 
 fn set_journal_mode(conn: &Connection, wanted: JournalMode) -> SqlResult<()> {

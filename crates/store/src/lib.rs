@@ -20,6 +20,7 @@
 
 mod approvals;
 mod budget;
+mod conn;
 mod db;
 mod error;
 mod export;
@@ -27,6 +28,7 @@ mod gate;
 mod ledger;
 #[cfg(target_os = "linux")]
 mod queue;
+mod read_view;
 mod registry;
 mod rows;
 mod sessions;

@@ -55,7 +55,7 @@ impl Store {
             }
         }
         let has_system_prompt = pool.with("reading the sessions columns", |conn| {
-            Ok(db::column_names(conn, "sessions")?.iter().any(|c| c == "system_prompt"))
+            Ok(crate::conn::column_names(conn, "sessions")?.iter().any(|c| c == "system_prompt"))
         })?;
         Ok(Store {
             pool,
