@@ -184,7 +184,7 @@ impl TtyPrompter {
             r.approval_id,
             r.subagent_id,
             r.tool,
-            clip(&call_text(r), 200),
+            call_text(r),
             shown(&r.reason)
         );
         let _ = err.flush();
@@ -252,6 +252,8 @@ impl ApprovalPrompter for TtyPrompter {
             None => {
                 *current = Some(request.approval_id.clone());
                 self.prompting.store(true, Ordering::SeqCst);
+                // A line typed for an earlier prompt never answers this one.
+                while self.next_line().is_some() {}
                 TtyPrompter::ask(request);
                 return None;
             }

@@ -22,6 +22,38 @@ fn random_token() -> Result<String> {
     crate::error::random_hex(18)
 }
 
+/// The token every request must present under `--allow-remote`: `--token`,
+/// else `RETINUE_WEB_TOKEN`, else a random one; `None` on loopback.
+fn the_token(allow_remote: bool, token: Option<&str>) -> Result<Option<String>> {
+    let usable = |t: &str| {
+        !t.is_empty() && t.chars().all(|c| c.is_ascii_alphanumeric() || "-._~".contains(c))
+    };
+    if let Some(t) = token
+        && !usable(t)
+    {
+        return Err(CliError::Usage(
+            "--token may hold only letters, digits and - . _ ~ (it goes in a URL and a cookie)"
+                .to_owned(),
+        ));
+    }
+    Ok(if allow_remote {
+        Some(match token {
+            Some(t) => t.to_owned(),
+            None => match std::env::var("RETINUE_WEB_TOKEN") {
+                Ok(t) if usable(t.trim()) => t.trim().to_owned(),
+                Ok(t) if !t.trim().is_empty() => {
+                    return Err(CliError::Usage(
+                        "RETINUE_WEB_TOKEN may hold only letters, digits and - . _ ~".to_owned(),
+                    ));
+                }
+                _ => random_token()?,
+            },
+        })
+    } else {
+        None
+    })
+}
+
 /// Runs the view until interrupted.
 pub(crate) fn run(
     env: &Env,
@@ -43,33 +75,7 @@ pub(crate) fn run(
              names or IPs browsers use to reach it; requests with any other Host are refused"
         )));
     }
-    let usable = |t: &str| {
-        !t.is_empty() && t.chars().all(|c| c.is_ascii_alphanumeric() || "-._~".contains(c))
-    };
-    if let Some(t) = token
-        && !usable(t)
-    {
-        return Err(CliError::Usage(
-            "--token may hold only letters, digits and - . _ ~ (it goes in a URL and a cookie)"
-                .to_owned(),
-        ));
-    }
-    let token = if allow_remote {
-        Some(match token {
-            Some(t) => t.to_owned(),
-            None => match std::env::var("RETINUE_WEB_TOKEN") {
-                Ok(t) if usable(t.trim()) => t.trim().to_owned(),
-                Ok(t) if !t.trim().is_empty() => {
-                    return Err(CliError::Usage(
-                        "RETINUE_WEB_TOKEN may hold only letters, digits and - . _ ~".to_owned(),
-                    ));
-                }
-                _ => random_token()?,
-            },
-        })
-    } else {
-        None
-    };
+    let token = the_token(allow_remote, token)?;
     // Approving needs a writable open; `--read-only` keeps the view's
     // read-only open and shows no buttons.
     let access = if read_only { Access::Read } else { Access::WriteExisting };
@@ -81,15 +87,19 @@ pub(crate) fn run(
         profile: env.profile.clone(),
         all_profiles: env.all_profiles,
         writable: !read_only,
+        // On loopback the printed address carries the key that decides (a
+        // local process reading the page cannot); remotely the token does.
+        approve_key: if read_only || token.is_some() { None } else { Some(random_token()?) },
     };
     let bound = retinue_web::bind(addr).map_err(|e| CliError::Failed(e.to_string()))?;
     let base = match host_names.first() {
         Some(name) => format!("http://{name}:{}/", bound.addr().port()),
         None => format!("http://{}/", bound.addr()),
     };
-    let url = match &token {
-        Some(t) => format!("{base}?token={t}"),
-        None => base.clone(),
+    let url = match (&token, &parts.approve_key) {
+        (Some(t), _) => format!("{base}?token={t}"),
+        (None, Some(k)) => format!("{base}?approve={k}"),
+        (None, None) => base.clone(),
     };
     // The address goes out first, so a script (or a test) can read it.
     let line = if env.json {

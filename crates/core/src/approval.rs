@@ -29,6 +29,9 @@ pub const MAX_PENDING_PER_UNIT: u32 = 8;
 /// this many characters.
 pub const REASON_MAX_CHARS: usize = 2_000;
 
+/// What a redacted secret reads as in stored arguments.
+pub const REDACTED_MARK: &str = "[redacted]";
+
 /// What the backend records as the decider of a request it expired.
 pub const EXPIRED_BY: &str = "retinue";
 
@@ -132,13 +135,18 @@ pub struct ApprovalRequest {
 
 impl ApprovalRequest {
     /// Whether this request, approved `always`, lets `tool` with
-    /// `arguments` run without asking: the same tool and, for a terminal
-    /// command, the same command text (an approved `rm -rf build` never
-    /// approves `rm -rf /`); any other tool is covered by name.
+    /// `arguments` (redacted as stored) run without asking: the same tool
+    /// and, for a terminal command, the same arguments (command text and
+    /// working directory: an approved `rm -rf build` never approves
+    /// `rm -rf /`); any other tool is covered by name. A call with a
+    /// redacted value is never covered (two different secrets, or a secret
+    /// and code, would read alike).
     pub fn covers(&self, tool: &str, arguments: &Value) -> bool {
         if self.state != ApprovalState::Approved
             || self.scope != ApprovalScope::Always
             || self.tool != tool
+            || arguments.to_string().contains(REDACTED_MARK)
+            || self.arguments.to_string().contains(REDACTED_MARK)
         {
             return false;
         }
@@ -147,7 +155,10 @@ impl ApprovalRequest {
                 let command = |v: &Value| {
                     v.get("command").and_then(Value::as_str).map(str::trim).map(str::to_owned)
                 };
-                command(&self.arguments).is_some() && command(&self.arguments) == command(arguments)
+                let workdir = |v: &Value| v.get("workdir").cloned();
+                command(&self.arguments).is_some()
+                    && command(&self.arguments) == command(arguments)
+                    && workdir(&self.arguments) == workdir(arguments)
             }
             _ => true,
         }
@@ -367,6 +378,10 @@ mod tests {
         assert!(mcp.covers("mcp__gh__delete_repo", &json!({"repo": "b"})));
         let no_command = approved_always("terminal", json!({}));
         assert!(!no_command.covers("terminal", &json!({})));
+        let secret = approved_always("terminal", json!({"command": "T=[redacted] npm publish"}));
+        assert!(!secret.covers("terminal", &json!({"command": "T=[redacted] npm publish"})));
+        let here = approved_always("terminal", json!({"command": "rm -rf b", "workdir": "x"}));
+        assert!(!here.covers("terminal", &json!({"command": "rm -rf b", "workdir": "/"})));
     }
 
     #[test]

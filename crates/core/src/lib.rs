@@ -52,7 +52,7 @@ mod status;
 pub use approval::{
     ApprovalFilter, ApprovalPrompter, ApprovalQueue, ApprovalRequest, ApprovalScope, ApprovalState,
     DecideOutcome, Decision, EXPIRED_BY, MAX_PENDING_PER_UNIT, NewApproval, REASON_MAX_CHARS,
-    Requested, TIMED_OUT, new_approval_id,
+    REDACTED_MARK, Requested, TIMED_OUT, new_approval_id,
 };
 pub use budget::Budgets;
 pub use clock::{Clock, ManualClock, SystemClock, iso8601};

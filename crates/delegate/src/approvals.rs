@@ -64,10 +64,11 @@ impl Gate {
     fn settle(&self, id: &str, decision: &Decision, fallback: &ApprovalRequest) -> ApprovalRequest {
         match self.inner.parts.backend.approvals.decide_approval(id, &Scope::Operator, decision) {
             Ok(DecideOutcome::Decided(r) | DecideOutcome::AlreadyDecided(r)) => r,
+            // An unrecorded decision never runs the call (fail closed).
             Ok(DecideOutcome::Missing) | Err(_) => ApprovalRequest {
-                state: decision.state,
-                decided_by: Some(decision.decided_by.clone()),
-                decision_reason: decision.stored_reason(),
+                state: ApprovalState::Expired,
+                decided_by: Some(retinue_core::EXPIRED_BY.to_owned()),
+                decision_reason: Some("the decision could not be recorded".to_owned()),
                 ..fallback.clone()
             },
         }

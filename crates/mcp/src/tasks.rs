@@ -155,6 +155,13 @@ fn string_arg<'a>(args: &'a Map<String, Value>, key: &str) -> Result<&'a str, (S
     }
 }
 
+/// Whether the request (as JSON) is of a unit or child among `ids`.
+fn awaited(request: &Value, ids: &[String]) -> bool {
+    ["delegation_id", "subagent_id"]
+        .iter()
+        .any(|k| request[*k].as_str().is_some_and(|v| ids.iter().any(|id| id.trim() == v)))
+}
+
 /// The pending approval requests of `parent`'s subagents, as JSON (`None`:
 /// the registry could not be read).
 pub(crate) fn pending_approvals(
@@ -167,6 +174,67 @@ pub(crate) fn pending_approvals(
         .map(|list| list.iter().map(approval_json).collect())
 }
 
+/// `wait_subagents`: waits for the units `ids`, ending early (as a peek,
+/// nothing consumed) when one of them waits for the user's approval.
+fn wait_tool(
+    collector: &Collector,
+    parent: &ParentContext,
+    args: &Map<String, Value>,
+    cancel: &CancelToken,
+) -> Result<Value, (String, Value)> {
+    let ids: Vec<String> = match args.get("ids") {
+        Some(Value::Array(items)) if !items.is_empty() => items
+            .iter()
+            .map(|v| v.as_str().map(str::to_owned))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| usage("'ids' must be an array of id strings."))?,
+        Some(Value::String(one)) => vec![one.clone()],
+        _ => return Err(usage("'ids' must be a non-empty array of ids.")),
+    };
+    let secs = match args.get("timeout_seconds") {
+        None | Some(Value::Null) => DEFAULT_WAIT_SECS,
+        Some(v) => match v.as_f64() {
+            Some(s) if s.is_finite() && (0.0..=MAX_WAIT_SECS).contains(&s) => s,
+            _ => {
+                return Err(usage(&format!(
+                    "'timeout_seconds' must be a number from 0 to {MAX_WAIT_SECS}."
+                )));
+            }
+        },
+    };
+    let timeout = Duration::try_from_secs_f64(secs).unwrap_or(Duration::ZERO);
+    // A unit waiting for the host's user must not keep the host
+    // waiting for the unit: a pending approval ends the wait (as a
+    // peek: nothing is consumed) and is reported.
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let waited = std::thread::scope(|s| {
+        s.spawn(|| {
+            while !done.load(std::sync::atomic::Ordering::SeqCst) && !cancel.is_cancelled() {
+                if pending_approvals(collector, parent)
+                    .is_some_and(|p| p.iter().any(|a| awaited(a, &ids)))
+                {
+                    cancel.cancel();
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(retinue_core::CONTROL_POLL_MS));
+            }
+        });
+        let waited = collector.wait(&ids, parent, timeout, false, cancel);
+        done.store(true, std::sync::atomic::Ordering::SeqCst);
+        waited
+    });
+    let mut out = waited.map(|r| r.to_json()).map_err(|e| failure(&e))?;
+    let waiting: Vec<Value> = pending_approvals(collector, parent)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|a| awaited(a, &ids))
+        .collect();
+    if !waiting.is_empty() {
+        out["approval_required"] = Value::Array(waiting);
+    }
+    Ok(out)
+}
+
 /// The bodies of `wait_subagents`, `steer_subagent` and `cancel_subagent`
 /// (blocking; `cancel` stops a wait when the client cancels the call).
 pub(crate) fn run_tool(
@@ -177,53 +245,7 @@ pub(crate) fn run_tool(
     cancel: &CancelToken,
 ) -> Result<Value, (String, Value)> {
     match name {
-        tools::WAIT_SUBAGENTS => {
-            let ids: Vec<String> = match args.get("ids") {
-                Some(Value::Array(items)) if !items.is_empty() => items
-                    .iter()
-                    .map(|v| v.as_str().map(str::to_owned))
-                    .collect::<Option<Vec<_>>>()
-                    .ok_or_else(|| usage("'ids' must be an array of id strings."))?,
-                Some(Value::String(one)) => vec![one.clone()],
-                _ => return Err(usage("'ids' must be a non-empty array of ids.")),
-            };
-            let secs = match args.get("timeout_seconds") {
-                None | Some(Value::Null) => DEFAULT_WAIT_SECS,
-                Some(v) => match v.as_f64() {
-                    Some(s) if s.is_finite() && (0.0..=MAX_WAIT_SECS).contains(&s) => s,
-                    _ => {
-                        return Err(usage(&format!(
-                            "'timeout_seconds' must be a number from 0 to {MAX_WAIT_SECS}."
-                        )));
-                    }
-                },
-            };
-            let timeout = Duration::try_from_secs_f64(secs).unwrap_or(Duration::ZERO);
-            // A unit waiting for the host's user must not keep the host
-            // waiting for the unit: a pending approval ends the wait (as a
-            // peek: nothing is consumed) and is reported.
-            let done = std::sync::atomic::AtomicBool::new(false);
-            let waited = std::thread::scope(|s| {
-                s.spawn(|| {
-                    while !done.load(std::sync::atomic::Ordering::SeqCst) && !cancel.is_cancelled()
-                    {
-                        if pending_approvals(collector, parent).is_some_and(|p| !p.is_empty()) {
-                            cancel.cancel();
-                            break;
-                        }
-                        std::thread::sleep(Duration::from_millis(retinue_core::CONTROL_POLL_MS));
-                    }
-                });
-                let waited = collector.wait(&ids, parent, timeout, false, cancel);
-                done.store(true, std::sync::atomic::Ordering::SeqCst);
-                waited
-            });
-            let mut out = waited.map(|r| r.to_json()).map_err(|e| failure(&e))?;
-            if let Some(p) = pending_approvals(collector, parent).filter(|p| !p.is_empty()) {
-                out["approval_required"] = Value::Array(p);
-            }
-            Ok(out)
-        }
+        tools::WAIT_SUBAGENTS => wait_tool(collector, parent, args, cancel),
         tools::STEER_SUBAGENT => {
             let id = string_arg(args, "id")?;
             let message = string_arg(args, "message")?;

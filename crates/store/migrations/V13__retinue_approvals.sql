@@ -35,7 +35,7 @@ END;
 
 CREATE TRIGGER IF NOT EXISTS retinue_approvals_unit_ended
 AFTER UPDATE OF state ON async_delegations
-WHEN NEW.state NOT IN ('pending', 'running', 'finalizing')
+WHEN NEW.state NOT IN ('pending', 'running', 'finalizing') AND OLD.state IS NOT NEW.state
 BEGIN
     UPDATE retinue_approvals
        SET state = 'expired',

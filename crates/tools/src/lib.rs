@@ -154,7 +154,8 @@ impl Toolbox {
         let call = GatedCall {
             tool: name.to_owned(),
             arguments: approval::redact_arguments(arguments),
-            reason,
+            // The classifier quotes the command: redacted alike.
+            reason: approval::redact_text(&reason),
         };
         match gate.ask(child, &call, &ctx.cancel) {
             GateAnswer::Run(note) => Ok(Some(note)),

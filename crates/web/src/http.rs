@@ -63,11 +63,38 @@ fn presented<B>(req: &Request<B>) -> Vec<String> {
     out
 }
 
-fn query_token(query: Option<&str>) -> Option<String> {
+fn query_param(query: Option<&str>, name: &str) -> Option<String> {
+    let prefix = format!("{name}=");
     query?
         .split('&')
-        .find_map(|kv| kv.strip_prefix("token="))
+        .find_map(|kv| kv.strip_prefix(prefix.as_str()))
         .map(|t| percent_encoding::percent_decode_str(t).decode_utf8_lossy().into_owned())
+}
+
+fn query_token(query: Option<&str>) -> Option<String> {
+    query_param(query, "token")
+}
+
+/// The cookie that carries the approve key (loopback, no token).
+const APPROVE_COOKIE: &str = "retinue_approve";
+
+/// Whether the request may decide approvals: under a token every request
+/// has presented it; on loopback the approve key must come in its cookie
+/// (set by the `?approve=KEY` address `retinue serve` printed), so a local
+/// process that merely reads the page cannot post.
+fn may_decide<B>(site: &Site, req: &Request<B>) -> bool {
+    if site.token.is_some() {
+        return true;
+    }
+    let Some(key) = &site.approve_key else { return false };
+    req.headers().get_all("cookie").iter().filter_map(|v| v.to_str().ok()).any(|v| {
+        v.split(';').any(|part| {
+            part.trim()
+                .strip_prefix(APPROVE_COOKIE)
+                .and_then(|rest| rest.strip_prefix('='))
+                .is_some_and(|given| same(given, key))
+        })
+    })
 }
 
 /// Answers one request (blocking reads run on tokio's blocking pool).
@@ -131,7 +158,29 @@ where
             );
         }
     }
+    if let (Some(key), Some(given)) = (&site.approve_key, query_param(req.uri().query(), "approve"))
+    {
+        if !same(&given, key) {
+            return respond(StatusCode::UNAUTHORIZED, "text/plain", "bad approve key\n");
+        }
+        let mut r = respond(StatusCode::SEE_OTHER, "text/plain", "");
+        let cookie = format!("{APPROVE_COOKIE}={key}; HttpOnly; SameSite=Strict; Path=/");
+        let here = format!("/{}", path.trim_start_matches('/'));
+        if let (Ok(c), Ok(l)) = (HeaderValue::from_str(&cookie), HeaderValue::from_str(&here)) {
+            r.headers_mut().insert("set-cookie", c);
+            r.headers_mut().insert("location", l);
+        }
+        return r;
+    }
+    let decides = may_decide(&site, &req);
     if post {
+        if !decides {
+            return respond(
+                StatusCode::FORBIDDEN,
+                "text/plain",
+                "deciding needs the view's key: open the address `retinue serve` printed\n",
+            );
+        }
         return crate::decide::post(site, req).await;
     }
     match path.as_str() {
@@ -140,7 +189,7 @@ where
         "/favicon.ico" => respond(StatusCode::NOT_FOUND, "text/plain", ""),
         _ => {
             let site = site.clone();
-            let joined = tokio::task::spawn_blocking(move || render(&site, &path)).await;
+            let joined = tokio::task::spawn_blocking(move || render(&site, &path, decides)).await;
             joined.unwrap_or_else(|e| {
                 log::error!("a page did not render: {e}");
                 respond(StatusCode::INTERNAL_SERVER_ERROR, "text/plain", "internal error\n")
@@ -149,8 +198,10 @@ where
     }
 }
 
-fn render(site: &Site, path: &str) -> Response<Full<Bytes>> {
-    let forms = |back: &str| site.issue().map(|csrf| pages::Forms { csrf, back: back.to_owned() });
+fn render(site: &Site, path: &str, decides: bool) -> Response<Full<Bytes>> {
+    let forms = |back: &str| {
+        site.issue().filter(|_| decides).map(|csrf| pages::Forms { csrf, back: back.to_owned() })
+    };
     let parts = &site.parts;
     let failed = |e: crate::WebError| {
         log::warn!("{path}: {e}");

@@ -53,6 +53,10 @@ pub struct WebParts {
     /// Whether the approve/deny buttons work (the backend must be
     /// writable); `false` is `serve --read-only`.
     pub writable: bool,
+    /// Without a token (loopback): the key that a browser presents once
+    /// (`?approve=KEY`, then a cookie) to decide; `None` decides nothing
+    /// there. With a token, the token is the key.
+    pub approve_key: Option<String>,
 }
 
 impl std::fmt::Debug for WebParts {
@@ -243,8 +247,15 @@ pub fn serve_as(
         .thread_name("retinue-web")
         .build()
         .map_err(WebError::Runtime)?;
-    let writable = parts.writable;
-    let site = Arc::new(site::Site { parts, token, hosts, writable, csrf: Default::default() });
+    let (writable, approve_key) = (parts.writable, parts.approve_key.clone());
+    let site = Arc::new(site::Site {
+        parts,
+        token,
+        hosts,
+        writable,
+        approve_key,
+        csrf: Default::default(),
+    });
     let addr = bound.addr;
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::from_std(bound.listener)

@@ -36,6 +36,9 @@ pub(crate) struct Site {
     /// Whether approval decisions may be posted (`serve` without
     /// `--read-only`).
     pub(crate) writable: bool,
+    /// On a writable view without a token: the key a browser must carry (in
+    /// a cookie) to decide.
+    pub(crate) approve_key: Option<String>,
     /// The CSRF tokens issued with the pages rendered so far.
     pub(crate) csrf: std::sync::Mutex<std::collections::VecDeque<String>>,
 }

@@ -46,6 +46,7 @@ fn serve_with(store: &Arc<Store>, profile: &str, token: Option<&str>, writable: 
         profile: profile.to_owned(),
         all_profiles: false,
         writable,
+        approve_key: writable.then(|| "k3y".to_owned()),
     };
     let bound = retinue_web::bind("127.0.0.1:0".parse().unwrap()).unwrap();
     let base = format!("http://{}", bound.addr());
@@ -404,10 +405,40 @@ fn form_fields(page: &str) -> (String, String) {
     (field("csrf"), field("back"))
 }
 
+fn get_redirect(url: &str) -> (u16, Option<String>) {
+    let agent: ureq::Agent =
+        ureq::Agent::config_builder().http_status_as_error(false).max_redirects(0).build().into();
+    let r = agent.get(url).call().unwrap();
+    (r.status().as_u16(), r.headers().get("location").map(|v| v.to_str().unwrap().to_owned()))
+}
+
+/// The approve key's cookie (the test server's key is `k3y`).
+const KEY: &str = "retinue_approve=k3y";
+
+fn get_keyed(url: &str) -> (u16, String, Option<String>) {
+    let agent: ureq::Agent =
+        ureq::Agent::config_builder().http_status_as_error(false).max_redirects(0).build().into();
+    let mut r = agent.get(url).header("cookie", KEY).call().unwrap();
+    let csp = r.headers().get("content-security-policy").map(|v| v.to_str().unwrap().to_owned());
+    (r.status().as_u16(), r.body_mut().read_to_string().unwrap(), csp)
+}
+
 fn post(url: &str, origin: Option<&str>, body: &str) -> (u16, Option<String>) {
+    post_as(url, origin, body, Some(KEY))
+}
+
+fn post_as(
+    url: &str,
+    origin: Option<&str>,
+    body: &str,
+    cookie: Option<&str>,
+) -> (u16, Option<String>) {
     let agent: ureq::Agent =
         ureq::Agent::config_builder().http_status_as_error(false).max_redirects(0).build().into();
     let mut req = agent.post(url).header("content-type", "application/x-www-form-urlencoded");
+    if let Some(c) = cookie {
+        req = req.header("cookie", c);
+    }
     if let Some(o) = origin {
         req = req.header("origin", o);
     }
@@ -443,7 +474,14 @@ fn a_writable_view_decides_approvals_only_from_its_own_pages() {
 
     let served = serve_with(&store, "", None, true);
     let base = served.base.clone();
-    let (_, page, csp) = get(&format!("{base}/child/sa-0-0000a001"));
+    // A process that reads the page without the printed key sees no form
+    // and cannot post, even with a token it scraped.
+    let (_, page, _) = get(&format!("{base}/child/sa-0-0000a001"));
+    assert!(!page.contains("<form"), "no key, no buttons");
+    let (status, location) = get_redirect(&format!("{base}/?approve=k3y"));
+    assert_eq!((status, location.as_deref()), (303, Some("/")));
+    assert_eq!(get_redirect(&format!("{base}/?approve=wrong")).0, 401);
+    let (_, page, csp) = get_keyed(&format!("{base}/child/sa-0-0000a001"));
     assert_eq!(csp.as_deref(), Some(retinue_web::CSP_WRITABLE));
     assert!(page.contains("<form method=\"post\""), "{page}");
     let (csrf, back) = form_fields(&page);
@@ -452,6 +490,7 @@ fn a_writable_view_decides_approvals_only_from_its_own_pages() {
     let body =
         |decision: &str, token: &str| format!("csrf={token}&back={back}&decision={decision}");
 
+    assert_eq!(post_as(&url, Some(&base), &body("approve", &csrf), None).0, 403, "no key cookie");
     // Another page (another origin, or none) cannot post; nor a made-up token.
     assert_eq!(post(&url, Some("http://evil.example"), &body("approve", &csrf)).0, 403);
     assert_eq!(post(&url, None, &body("approve", &csrf)).0, 403);
@@ -481,7 +520,7 @@ fn a_writable_view_decides_approvals_only_from_its_own_pages() {
     // Decided once: a second click is told so.
     assert_eq!(post(&url, Some(&base), &body("approve", &csrf)).0, 409);
     // The decided request stays on the child's page, without buttons.
-    let (_, page, _) = get(&format!("{base}/child/sa-0-0000a001"));
+    let (_, page, _) = get_keyed(&format!("{base}/child/sa-0-0000a001"));
     assert!(page.contains("denied") && page.contains("not today"), "{page}");
     assert!(!page.contains("<form"), "no buttons for a decided request");
 }

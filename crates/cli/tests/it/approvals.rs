@@ -327,12 +327,17 @@ async fn the_web_views_approve_button_in_chromium_runs_the_waiting_call() {
     let w = world("");
     let child = spawn_delegate(&w, &[]);
     let id = pending(&w)["approval_id"].as_str().expect("id").to_owned();
-    let (_server, base) = serve(w.home.path());
+    let (_server, base, printed) = serve(w.home.path());
+    assert!(printed.contains("?approve="), "{printed}");
     let (_driver, webdriver) = chromedriver();
     let c = browser(&webdriver).await;
+    // Without the printed address's key the view shows no buttons.
     c.goto(&format!("{base}/")).await.expect("open the tree");
     let shown = format!("div.approval[data-approval='{id}'] .meta");
     until(&c, "the pending approval", &shown, |t| t.contains("pending")).await;
+    assert!(c.find(Locator::Css("div.approval form")).await.is_err(), "no key, no buttons");
+    c.goto(&printed).await.expect("open the printed address");
+    until(&c, "the buttons", "div.approval form button", |t| t.contains("Approve")).await;
     let call = until(&c, "its call", "div.approval pre.call", |t| t.contains("rm -rf")).await;
     assert_eq!(call, "rm -rf build");
     std::fs::write(target_dir().join("approval.png"), c.screenshot().await.expect("shot"))

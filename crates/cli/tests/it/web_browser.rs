@@ -81,7 +81,9 @@ pub(super) fn chromedriver() -> (Killed, String) {
     (Killed(child), url)
 }
 
-pub(super) fn serve(home: &Path) -> (Killed, String) {
+/// `retinue serve` on a free port: the process, its base URL and the
+/// address it printed (with the key that decides approvals).
+pub(super) fn serve(home: &Path) -> (Killed, String, String) {
     let mut child = Command::new(BIN)
         .arg("--home")
         .arg(home)
@@ -95,7 +97,9 @@ pub(super) fn serve(home: &Path) -> (Killed, String) {
     std::io::BufReader::new(child.stdout.take().expect("stdout"))
         .read_line(&mut line)
         .expect("the address");
-    (Killed(child), line.trim().trim_end_matches('/').to_owned())
+    let printed = line.trim().to_owned();
+    let base = printed.split('?').next().unwrap_or_default().trim_end_matches('/').to_owned();
+    (Killed(child), base, printed)
 }
 
 pub(super) async fn browser(webdriver: &str) -> Client {
@@ -212,7 +216,7 @@ async fn the_tree_transcripts_and_live_status_in_chromium() {
     )
     .expect("config");
 
-    let (_server, base) = serve(&dir);
+    let (_server, base, _) = serve(&dir);
     let (_driver, webdriver) = chromedriver();
     let c = browser(&webdriver).await;
 

@@ -167,7 +167,8 @@ impl CancelToken {
     #[must_use]
     pub fn child(&self, timeout: Option<Duration>) -> CancelToken {
         let own = timeout.and_then(|t| Instant::now().checked_add(t));
-        let deadline = match (self.deadline, own) {
+        // The parent's deadline as moved by its waits so far.
+        let deadline = match (self.deadline(), own) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
