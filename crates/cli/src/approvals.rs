@@ -13,8 +13,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use retinue_core::{
     ApprovalPrompter, ApprovalRequest, ApprovalScope, ApprovalState, Decision, SystemClock,
 };
-use retinue_delegate::{Collector, Decider, ParentContext, Ruling, approval_json};
-use retinue_lineage::Authority;
+use retinue_delegate::{Decider, ParentContext, Ruling, approval_json};
 use serde_json::{Value, json};
 
 use crate::backend::Backend;
@@ -46,12 +45,6 @@ fn decider_parent(
     Ok(None)
 }
 
-fn collector(store: &Backend, env: &Env) -> Collector {
-    let authority =
-        Arc::new(Authority::new(store.registry.clone(), store.graph.clone(), &env.profile));
-    Collector::new(store.seams.clone(), authority, &env.profile)
-}
-
 fn decider<'a>(parent: Option<&'a ParentContext>) -> Decider<'a> {
     match parent {
         Some(p) => Decider::Parent(p),
@@ -64,19 +57,16 @@ fn shown(text: &str) -> String {
     text.chars().map(|c| if c.is_control() { ' ' } else { c }).collect()
 }
 
-/// The call as one line: a terminal command, else the tool's arguments.
+/// The call as one printable line.
 fn call_text(r: &ApprovalRequest) -> String {
-    match r.arguments.get("command").and_then(Value::as_str) {
-        Some(c) if r.tool == "terminal" => shown(c),
-        _ => shown(&r.arguments.to_string()),
-    }
+    shown(&r.call_text())
 }
 
 /// `retinue approvals [--all] [--parent SESSION]`.
 pub(crate) fn list(env: &Env, all: bool, parent: Option<&str>) -> Result<Output> {
     let store = Backend::open(env, Arc::new(SystemClock), Access::WriteExisting)?;
     let parent = decider_parent(env, &store, parent)?;
-    let listed = match collector(&store, env).approvals(decider(parent.as_ref()), all) {
+    let listed = match background::collector(&store, env).approvals(decider(parent.as_ref()), all) {
         Ok(l) => l,
         Err(e) => return Ok(background::error_output(&e)),
     };
@@ -109,7 +99,7 @@ pub(crate) fn decide(
 ) -> Result<Output> {
     let store = Backend::open(env, Arc::new(SystemClock), Access::WriteExisting)?;
     let parent = decider_parent(env, &store, parent)?;
-    match collector(&store, env).decide(id, decider(parent.as_ref()), verdict) {
+    match background::collector(&store, env).decide(id, decider(parent.as_ref()), verdict) {
         Ok(r) => {
             let human = format!(
                 "{} {} by {}{}\n",

@@ -235,7 +235,8 @@ fn caller(store: &Backend, env: &Env, ids: &[String], parent: Option<&str>) -> R
     Ok(found.unwrap_or_default())
 }
 
-fn collector(store: &Backend, env: &Env) -> Collector {
+/// The collector of this command's backend, acting for its profile.
+pub(crate) fn collector(store: &Backend, env: &Env) -> Collector {
     let authority =
         Arc::new(Authority::new(store.registry.clone(), store.graph.clone(), &env.profile));
     Collector::new(store.seams.clone(), authority, &env.profile)

@@ -164,6 +164,15 @@ impl ApprovalRequest {
         }
     }
 
+    /// The call as a human reads it: a terminal call's command, else the
+    /// tool's arguments as JSON.
+    pub fn call_text(&self) -> String {
+        match self.arguments.get("command").and_then(Value::as_str) {
+            Some(c) if self.tool == "terminal" => c.to_owned(),
+            _ => self.arguments.to_string(),
+        }
+    }
+
     /// The text a model reads for a request that ended without running its
     /// call (`None`: approved).
     pub fn refusal_text(&self, timeout_s: u64) -> Option<String> {
@@ -241,6 +250,24 @@ impl Decision {
             decided_by: EXPIRED_BY.to_owned(),
             reason: Some(why.to_owned()),
         }
+    }
+
+    /// Refuses a "decision" that leaves the request pending.
+    pub fn check(&self) -> Result<()> {
+        if self.state == ApprovalState::Pending {
+            return Err(crate::Error::Invalid("a decision approves, denies or expires".to_owned()));
+        }
+        Ok(())
+    }
+
+    /// The scope as stored: `always` only on an approval.
+    pub fn stored_scope(&self) -> ApprovalScope {
+        if self.state == ApprovalState::Approved { self.scope } else { ApprovalScope::Once }
+    }
+
+    /// The decider as stored: trimmed, at most 200 characters.
+    pub fn stored_by(&self) -> String {
+        truncate_chars(self.decided_by.trim(), 200)
     }
 
     /// The reason as stored: trimmed, bounded, `None` when blank.

@@ -69,10 +69,7 @@ fn form() -> Option<ElicitationSchema> {
 
 /// What the host's user sees.
 fn message(r: &ApprovalRequest) -> String {
-    let call = match r.arguments.get("command").and_then(Value::as_str) {
-        Some(c) if r.tool == "terminal" => c.to_owned(),
-        _ => r.arguments.to_string(),
-    };
+    let call = r.call_text();
     format!(
         "Subagent {} wants to run {}: {}\nWhy it needs approval: {}\n(approval {})",
         r.subagent_id, r.tool, call, r.reason, r.approval_id

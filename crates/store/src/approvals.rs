@@ -185,15 +185,9 @@ impl ApprovalQueue for Store {
         scope: &Scope,
         decision: &Decision,
     ) -> Result<DecideOutcome> {
-        if decision.state == ApprovalState::Pending {
-            return Err(Error::Invalid("a decision approves, denies or expires".to_owned()));
-        }
-        let scope_word = match decision.state {
-            ApprovalState::Approved => decision.scope,
-            _ => ApprovalScope::Once,
-        };
-        let reason = decision.stored_reason();
-        let by = truncate_chars(decision.decided_by.trim(), 200);
+        decision.check()?;
+        let (scope_word, reason, by) =
+            (decision.stored_scope(), decision.stored_reason(), decision.stored_by());
         let now = self.clock.now();
         let id = id.trim();
         self.pool.write("deciding an approval", |tx| {

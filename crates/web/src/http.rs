@@ -53,14 +53,31 @@ fn presented<B>(req: &Request<B>) -> Vec<String> {
     {
         out.push(t.trim().to_owned());
     }
-    for v in req.headers().get_all("cookie").iter().filter_map(|v| v.to_str().ok()) {
-        for part in v.split(';') {
-            if let Some(t) = part.trim().strip_prefix("retinue_token=") {
-                out.push(t.to_owned());
-            }
-        }
-    }
+    out.extend(cookies(req, TOKEN_COOKIE));
     out
+}
+
+/// The values of the cookies named `name` the request carries.
+fn cookies<B>(req: &Request<B>, name: &str) -> Vec<String> {
+    let prefix = format!("{name}=");
+    let headers = req.headers().get_all("cookie");
+    let all = headers.iter().filter_map(|v| v.to_str().ok()).flat_map(|v| v.split(';'));
+    all.filter_map(|part| part.trim().strip_prefix(prefix.as_str()).map(str::to_owned)).collect()
+}
+
+/// A redirect to `path` (on this site) that sets the cookie `name` to
+/// `value`: a secret given in the address is remembered, and dropped from
+/// the address bar.
+fn remember(name: &str, value: &str, path: &str) -> Response<Full<Bytes>> {
+    let mut r = respond(StatusCode::SEE_OTHER, "text/plain", "");
+    let cookie = format!("{name}={value}; HttpOnly; SameSite=Strict; Path=/");
+    // Same origin only: `//host/…` would leave the site.
+    let here = format!("/{}", path.trim_start_matches('/'));
+    if let (Ok(c), Ok(l)) = (HeaderValue::from_str(&cookie), HeaderValue::from_str(&here)) {
+        r.headers_mut().insert("set-cookie", c);
+        r.headers_mut().insert("location", l);
+    }
+    r
 }
 
 fn query_param(query: Option<&str>, name: &str) -> Option<String> {
@@ -87,14 +104,7 @@ fn may_decide<B>(site: &Site, req: &Request<B>) -> bool {
         return true;
     }
     let Some(key) = &site.approve_key else { return false };
-    req.headers().get_all("cookie").iter().filter_map(|v| v.to_str().ok()).any(|v| {
-        v.split(';').any(|part| {
-            part.trim()
-                .strip_prefix(APPROVE_COOKIE)
-                .and_then(|rest| rest.strip_prefix('='))
-                .is_some_and(|given| same(given, key))
-        })
-    })
+    cookies(req, APPROVE_COOKIE).iter().any(|given| same(given, key))
 }
 
 /// Answers one request (blocking reads run on tokio's blocking pool).
@@ -139,16 +149,7 @@ where
             if !same(&given, token) {
                 return respond(StatusCode::UNAUTHORIZED, "text/plain", "bad token\n");
             }
-            // Remember it in a cookie and drop it from the address bar.
-            let mut r = respond(StatusCode::SEE_OTHER, "text/plain", "");
-            let cookie = format!("{TOKEN_COOKIE}={token}; HttpOnly; SameSite=Strict; Path=/");
-            // Same origin only: `//host/…` would leave the site.
-            let here = format!("/{}", path.trim_start_matches('/'));
-            if let (Ok(c), Ok(l)) = (HeaderValue::from_str(&cookie), HeaderValue::from_str(&here)) {
-                r.headers_mut().insert("set-cookie", c);
-                r.headers_mut().insert("location", l);
-            }
-            return r;
+            return remember(TOKEN_COOKIE, token, &path);
         }
         if !presented(&req).iter().any(|t| same(t, token)) {
             return respond(
@@ -163,14 +164,7 @@ where
         if !same(&given, key) {
             return respond(StatusCode::UNAUTHORIZED, "text/plain", "bad approve key\n");
         }
-        let mut r = respond(StatusCode::SEE_OTHER, "text/plain", "");
-        let cookie = format!("{APPROVE_COOKIE}={key}; HttpOnly; SameSite=Strict; Path=/");
-        let here = format!("/{}", path.trim_start_matches('/'));
-        if let (Ok(c), Ok(l)) = (HeaderValue::from_str(&cookie), HeaderValue::from_str(&here)) {
-            r.headers_mut().insert("set-cookie", c);
-            r.headers_mut().insert("location", l);
-        }
-        return r;
+        return remember(APPROVE_COOKIE, key, &path);
     }
     let decides = may_decide(&site, &req);
     if post {

@@ -187,13 +187,6 @@ fn approval_href(id: &str) -> String {
     format!("/approvals/{}", utf8_percent_encode(id, NON_ALPHANUMERIC))
 }
 
-fn call_text(r: &ApprovalRequest) -> String {
-    match r.arguments.get("command").and_then(Value::as_str) {
-        Some(c) if r.tool == "terminal" => c.to_owned(),
-        _ => r.arguments.to_string(),
-    }
-}
-
 /// Approval requests: each with its call and reason and, while it waits on
 /// a writable view, the approve / always / deny buttons (a POST form with
 /// the page's CSRF token).
@@ -211,7 +204,7 @@ pub(crate) fn approvals_section(list: &[ApprovalRequest], forms: Option<&Forms>)
                             " · " span.state { (r.state.as_str()) }
                             @if let Some(by) = &r.decided_by { " by " (by) }
                         }
-                        pre.call { (clip(&call_text(r), 2000)) }
+                        pre.call { (clip(&r.call_text(), 2000)) }
                         p.reason { (r.reason) }
                         @if let Some(why) = &r.decision_reason { p.decision { (clip(why, 500)) } }
                         @if let (ApprovalState::Pending, Some(f)) = (r.state, forms) {
