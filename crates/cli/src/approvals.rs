@@ -1,6 +1,6 @@
 //! `retinue approvals`, `retinue approve`, `retinue deny` (issue #37), and
 //! the inline prompt of `retinue delegate` on a terminal. Every decision
-//! goes through the delegator's [`Collector`]: the child's parent lineage
+//! goes through the delegator's [`Collector`](retinue_delegate::Collector): the child's parent lineage
 //! (`--parent`, the follow-up rule) or the home's operator decides; an id
 //! that is unknown or not the caller's exits 4, one decided first exits 1
 //! with `code: "already_decided"`.
