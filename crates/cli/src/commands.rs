@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use retinue_config::DelegationConfig;
 use retinue_core::{
-    Clock, Lookup, NewSession, ProcProbe, RetainedChild, Scope, SessionStore, SystemClock,
-    TombstoneReason, Unaddressable, UsageAttribution, UsageTotals, iso8601,
+    Clock, Lookup, NewSession, ProcProbe, Receipts, RetainedChild, Scope, SessionStore,
+    SystemClock, TombstoneReason, Unaddressable, UsageAttribution, UsageTotals, iso8601,
 };
 use retinue_delegate::{
     CancelToken, ChildRuntime, DelegateError, DelegateErrorKind, DelegateOutcome, DelegateRequest,
@@ -174,7 +174,17 @@ pub(crate) fn children_show(env: &Env, id: &str, all: bool) -> Result<Output> {
         Some(entry) => {
             let mut v = entry.to_json();
             v["approvals"] = crate::approvals::of(&store, &scope, None, Some(&entry.subagent_id))?;
-            Ok(Output::ok(v, entry_block(&entry)))
+            let mut human = entry_block(&entry);
+            // The whole transcript's receipts (every run, follow-ups too).
+            match store.sessions.conversation(&entry.child_session_id) {
+                Ok(messages) => {
+                    let receipts = Receipts::of(&messages);
+                    human.push_str(&format!("{}\n", receipts.line()));
+                    v["receipts"] = retinue_delegate::receipts_json(&receipts);
+                }
+                Err(e) => log::warn!("could not read {}'s transcript: {e}", entry.child_session_id),
+            }
+            Ok(Output::ok(v, human))
         }
         None => {
             let running = scope.reads(&store).unit_view(id)?.filter(|u| !u.is_finished());
@@ -643,6 +653,11 @@ pub(crate) fn delegate_human(outcome: Option<&DelegateOutcome>) -> String {
     }
     if !t.is_empty() {
         text.push_str(&t.render());
+    }
+    for r in outcome.map(DelegateOutcome::results).unwrap_or_default() {
+        if let Some(receipts) = &r.receipts {
+            text.push_str(&format!("{}: {}\n", r.subagent_id, receipts.line()));
+        }
     }
     if let Some(note) = outcome.and_then(DelegateOutcome::note) {
         text.push_str(&format!("note: {note}\n"));

@@ -43,7 +43,7 @@ pub use request::{
     DelegateOutcome, DelegateRequest, Dispatch, DispatchedChild, FollowUp, FollowUpReport,
     SpawnRequest, TaskSpec, UnitReport,
 };
-pub use results::ChildReport;
+pub use results::{ChildReport, model_text, receipt_lines, receipts_json};
 pub use retinue_core::run::{
     BudgetMeter, CallPermit, CallPlan, CallRefusal, CallUsage, CancelReason, CancelToken,
     ChildHandle, ChildOutcome, ChildRuntime, ChildSpec, CompletionSink, Delegate, RunContext,

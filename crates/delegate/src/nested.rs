@@ -46,7 +46,12 @@ impl Delegate for Nested {
 
     /// `delegate_task` for an orchestrator child: the grandchildren run
     /// under the child's own `cancel` (its deadline, budget meter and stop).
-    fn delegate_task(&self, child: &ChildHandle, arguments: &Value, cancel: &CancelToken) -> Value {
+    fn delegate_task(
+        &self,
+        child: &ChildHandle,
+        arguments: &Value,
+        cancel: &CancelToken,
+    ) -> String {
         let parent = ParentContext {
             session_id: Some(child.session_id.clone()),
             depth: child.depth,
@@ -58,12 +63,13 @@ impl Delegate for Nested {
             can_receive_detached: false,
             ..ParentContext::default()
         };
-        match DelegateRequest::from_json(arguments) {
+        let result = match DelegateRequest::from_json(arguments) {
             Ok(request) => match self.0.delegate(&request, &parent, cancel) {
                 Ok(outcome) => outcome.to_json(),
                 Err(e) => error_json(&e),
             },
             Err(e) => error_json(&e),
-        }
+        };
+        crate::results::model_text(&result)
     }
 }

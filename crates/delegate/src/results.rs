@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use retinue_core::{ChildStatus, ExitReason, Message, SessionStore};
+use retinue_core::{ChildStatus, ExitReason, Message, Receipts, SessionStore};
 use retinue_usage::{ChildUsage, Tokens};
 use serde_json::{Map, Value, json};
 
@@ -47,6 +47,60 @@ pub struct ChildReport {
     pub toolsets: Vec<String>,
     /// Toolsets asked for but not given, and why.
     pub toolsets_dropped: Vec<crate::toolsets::DroppedToolset>,
+    /// What the run did, read from its transcript (`None`: it never ran).
+    pub receipts: Option<Receipts>,
+}
+
+/// Receipts as every surface writes them: the counts, lists and the line
+/// a parent model reads.
+pub fn receipts_json(r: &Receipts) -> Value {
+    let mut v = json!(r);
+    v["line"] = json!(r.line());
+    v
+}
+
+/// Every child result's receipts line in `value` (a `delegate_task`
+/// result, a follow-up's, a wait's entries), prefixed with the child's id
+/// when there are several.
+pub fn receipt_lines(value: &Value) -> Vec<String> {
+    fn walk(v: &Value, depth: usize, out: &mut Vec<(String, String)>) {
+        if depth > 4 {
+            return;
+        }
+        match v {
+            Value::Object(m) => {
+                if let Some(line) =
+                    m.get("receipts").and_then(|r| r.get("line")).and_then(Value::as_str)
+                {
+                    let id = m.get("subagent_id").and_then(Value::as_str).unwrap_or_default();
+                    out.push((id.to_owned(), line.to_owned()));
+                    return;
+                }
+                m.values().for_each(|x| walk(x, depth + 1, out));
+            }
+            Value::Array(a) => a.iter().for_each(|x| walk(x, depth + 1, out)),
+            _ => {}
+        }
+    }
+    let mut found = Vec::new();
+    walk(value, 0, &mut found);
+    let several = found.len() > 1;
+    found
+        .into_iter()
+        .map(|(id, line)| if several && !id.is_empty() { format!("{id}: {line}") } else { line })
+        .collect()
+}
+
+/// The text a parent *model* reads for a `delegate_task` result: the JSON,
+/// then one receipts line per child, so a performed action is told from a
+/// reported one.
+pub fn model_text(result: &Value) -> String {
+    let mut text = result.to_string();
+    for line in receipt_lines(result) {
+        text.push('\n');
+        text.push_str(&line);
+    }
+    text
 }
 
 /// A duration in seconds as the wire writes it (two decimals).
@@ -116,6 +170,9 @@ impl ChildReport {
         }
         if !self.toolsets_dropped.is_empty() {
             m.insert("toolsets_dropped".into(), json!(self.toolsets_dropped));
+        }
+        if let Some(r) = &self.receipts {
+            m.insert("receipts".into(), receipts_json(r));
         }
         Value::Object(m)
     }

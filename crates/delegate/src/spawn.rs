@@ -1,8 +1,8 @@
 //! The spawn flow (semantics §6.4): durable unit first, then the children, then
 //! finalize, completion, delivery and the history pruner.
 
-use retinue_core::EndReason;
 use retinue_core::{CompletionEvent, UnitState};
+use retinue_core::{EndReason, Receipts};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
@@ -267,6 +267,8 @@ fn execute_in(
         accepting_steer: steerable,
     });
     let token = cancel.child(child_timeout(parts.config.child_timeout_seconds));
+    // A follow-up's receipts cover what this run appended, not the history.
+    let resumed_up_to = input.history.iter().map(|m| m.id).max().unwrap_or(0);
     let mut outcome = run_child(inner, &handle, input, &session_id, &token, span);
     charge_run(&token, &mut outcome);
     inner.live.close_steering(&handle.subagent_id);
@@ -294,6 +296,20 @@ fn execute_in(
     }
     result.endpoint = outcome.endpoint.filter(|e| !e.trim().is_empty());
     result.duration_seconds = started.elapsed().as_secs_f64();
+    result.receipts = match parts.backend.sessions.conversation(&session_id) {
+        Ok(messages) => {
+            let ran: Vec<_> = messages.into_iter().filter(|m| m.id > resumed_up_to).collect();
+            Some(Receipts::of(&ran).with_run(
+                result.tokens.input,
+                result.tokens.output,
+                result.duration_seconds,
+            ))
+        }
+        Err(e) => {
+            log::warn!("could not read {session_id}'s transcript for its receipts: {e}");
+            None
+        }
+    };
     (result, outcome.tokens.cached_input)
 }
 

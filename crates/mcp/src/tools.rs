@@ -504,11 +504,18 @@ impl Scoped<'_> {
 }
 
 /// A tool's JSON answer as an MCP result: pretty text plus the same value
-/// as structured content.
+/// as structured content; a result with children's receipts gets them as
+/// a second text block, one line per child (the calling model reads what
+/// each child really did; the first block stays plain JSON for clients
+/// that parse it).
 pub(crate) fn text_result(value: &Value) -> rmcp::model::CallToolResult {
     let text = serde_json::to_string_pretty(value).unwrap_or_else(|_| value.to_string());
-    let mut result =
-        rmcp::model::CallToolResult::success(vec![rmcp::model::ContentBlock::text(text)]);
+    let mut blocks = vec![rmcp::model::ContentBlock::text(text)];
+    let lines = retinue_delegate::receipt_lines(value);
+    if !lines.is_empty() {
+        blocks.push(rmcp::model::ContentBlock::text(lines.join("\n")));
+    }
+    let mut result = rmcp::model::CallToolResult::success(blocks);
     result.structured_content = Some(value.clone());
     result
 }

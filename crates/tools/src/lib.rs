@@ -273,7 +273,7 @@ impl Toolbox {
             // The grandchildren run under the child's own token (its
             // deadline, budget meter and stop).
             "delegate_task" => match &ctx.delegate {
-                Some(d) => Ok(d.delegate_task(child, arguments, &ctx.cancel).to_string()),
+                Some(d) => Ok(d.delegate_task(child, arguments, &ctx.cancel)),
                 None => Err(ToolError::Refused(
                     "delegation is not available in this process".to_owned(),
                 )),

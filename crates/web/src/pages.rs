@@ -277,6 +277,36 @@ fn message_block(m: &Message, first_user: bool) -> Markup {
     }
 }
 
+/// What the child did, from its transcript (every run): the line a parent
+/// model reads, then the files and commands.
+fn receipts_section(r: &retinue_core::Receipts) -> Markup {
+    html! {
+        section.receipts {
+            h3 { "receipts" }
+            p.line { (r.line()) }
+            @if !r.files_written.is_empty() {
+                p { "wrote: " @for f in &r.files_written { code { (f) } " " } }
+            }
+            @if !r.files_read.is_empty() {
+                p { "read: " @for f in &r.files_read { code { (f) } " " } }
+            }
+            @if !r.commands.is_empty() {
+                ul.commands {
+                    @for c in &r.commands {
+                        li {
+                            code { (clip(&c.command, 200)) } " "
+                            @match c.exit_code {
+                                Some(code) => { "exit " (code) }
+                                None => { "not run" }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// A child's page: where it sits, its cost, its transcript.
 pub(crate) fn child_fragment(page: &ChildPage, forms: Option<&Forms>) -> Markup {
     let c = &page.child;
@@ -310,6 +340,7 @@ pub(crate) fn child_fragment(page: &ChildPage, forms: Option<&Forms>) -> Markup 
                 }
             }
             (approvals_section(&page.approvals, forms))
+            (receipts_section(&retinue_core::Receipts::of(&page.transcript)))
             @if let Some(goal) = &c.child.goal { h3 { "goal" } (collapsible(goal)) }
             h3 { "transcript (" (page.transcript.len()) " turns)" }
             div.transcript {

@@ -12,6 +12,7 @@
 //!   each model call (the money rules live here, the stores only store).
 //! - [`ToolExecutor`] runs a child's tool calls; [`CompletionSink`] receives
 //!   background completions.
+//! - [`Isolation`]: a git worktree per child and its change set.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -22,9 +23,15 @@ use crate::CompletionEvent;
 use crate::{ExitReason, Message, Role};
 
 mod cancel;
+mod isolation;
 mod meter;
 
 pub use cancel::{CancelReason, CancelToken, PauseGuard};
+#[cfg(any(test, feature = "mocks"))]
+pub use isolation::MockIsolation;
+pub use isolation::{
+    ChangeSet, ChangeState, FileChange, Isolation, IsolationError, IsolationMode, Owner,
+};
 pub use meter::{BudgetMeter, CallPermit, CallPlan, CallRefusal, CallUsage, MeterStore};
 
 /// The toolset names a child is built with (hermes's names).
@@ -237,9 +244,11 @@ pub trait Delegate: Send + Sync {
     /// "parameters"}`) offered to an orchestrator child.
     fn schema(&self) -> Value;
     /// Runs one `delegate_task` call of `child` with the model's
-    /// `arguments`, its grandchildren under `cancel`; the JSON the model
-    /// reads (a result or `{"error": …}`).
-    fn delegate_task(&self, child: &ChildHandle, arguments: &Value, cancel: &CancelToken) -> Value;
+    /// `arguments`, its grandchildren under `cancel`; the text the model
+    /// reads (a JSON result, then each grandchild's receipts line, or
+    /// `{"error": …}`).
+    fn delegate_task(&self, child: &ChildHandle, arguments: &Value, cancel: &CancelToken)
+    -> String;
 }
 
 /// A call that needs a human's approval before it runs.
