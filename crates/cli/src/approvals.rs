@@ -24,7 +24,7 @@ use crate::{Output, background};
 
 /// Who decides from this command: `--parent SESSION`, else the home's
 /// operator (a state.db opened without a profile only).
-fn decider_parent(
+pub(crate) fn decider_parent(
     env: &Env,
     store: &Backend,
     parent: Option<&str>,
@@ -45,7 +45,7 @@ fn decider_parent(
     Ok(None)
 }
 
-fn decider<'a>(parent: Option<&'a ParentContext>) -> Decider<'a> {
+pub(crate) fn decider<'a>(parent: Option<&'a ParentContext>) -> Decider<'a> {
     match parent {
         Some(p) => Decider::Parent(p),
         None => Decider::Operator { by: "operator" },

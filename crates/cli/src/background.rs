@@ -240,6 +240,7 @@ pub(crate) fn collector(store: &Backend, env: &Env) -> Collector {
     let authority =
         Arc::new(Authority::new(store.registry.clone(), store.graph.clone(), &env.profile));
     Collector::new(store.seams.clone(), authority, &env.profile)
+        .with_isolation(crate::changes::worktrees(env))
 }
 
 fn parent_of(session: &str) -> ParentContext {

@@ -196,6 +196,42 @@ pub(crate) enum Command {
         parent: Option<String>,
     },
 
+    /// An isolated child's change set: its files and diffstat (--diff: the diff); without ID every change set (--pending: those neither applied nor discarded) (exit 4 unknown id)
+    Changes {
+        /// The subagent id
+        #[arg(value_name = "ID", value_parser = non_blank, conflicts_with = "pending")]
+        id: Option<String>,
+        /// Also the unified diff
+        #[arg(long, requires = "id")]
+        diff: bool,
+        /// Only change sets neither applied nor discarded
+        #[arg(long)]
+        pending: bool,
+        /// Act as this parent session [default on a state.db: the home's operator; required in team mode and for a profile]
+        #[arg(long, value_name = "SESSION", value_parser = non_blank)]
+        parent: Option<String>,
+    },
+
+    /// Apply an isolated child's change set to its parent's workspace with a three-way merge (exit 1 conflict: nothing applied, the files listed)
+    Apply {
+        /// The subagent id
+        #[arg(value_name = "ID", value_parser = non_blank)]
+        id: String,
+        /// Act as this parent session [default on a state.db: the home's operator; required in team mode and for a profile]
+        #[arg(long, value_name = "SESSION", value_parser = non_blank)]
+        parent: Option<String>,
+    },
+
+    /// Drop an isolated child's change set and remove its worktree and branch
+    Discard {
+        /// The subagent id
+        #[arg(value_name = "ID", value_parser = non_blank)]
+        id: String,
+        /// Act as this parent session [default on a state.db: the home's operator; required in team mode and for a profile]
+        #[arg(long, value_name = "SESSION", value_parser = non_blank)]
+        parent: Option<String>,
+    },
+
     /// Serve MCP (stdio, or --http on loopback): delegate_task and the registry tools for an agent host
     #[command(long_about = "Serve the Model Context Protocol for an agent host (Claude Code, \
                       Codex, goose, …): delegate_task, list_subagents, show_subagent, \
@@ -308,6 +344,10 @@ pub(crate) struct DelegateArgs {
     #[arg(long, value_name = "LIST", value_delimiter = ',', conflicts_with = "follow_up")]
     pub(crate) toolsets: Option<Vec<String>>,
 
+    /// worktree: each child works in its own git worktree and its edits come back as a change set (retinue changes/apply/discard); none: the children share the workspace [default: delegation.isolation, else none]
+    #[arg(long, value_name = "MODE", value_enum, conflicts_with = "follow_up")]
+    pub(crate) isolation: Option<IsolationArg>,
+
     /// Run the children in a detached worker process: print the delegation and subagent ids and exit at once (collect with `retinue wait`)
     #[arg(long, conflicts_with = "follow_up")]
     pub(crate) background: bool,
@@ -315,6 +355,15 @@ pub(crate) struct DelegateArgs {
     /// Internal: this process is the detached worker of `--background`
     #[arg(long, hide = true, requires = "background")]
     pub(crate) detached_worker: bool,
+}
+
+/// `--isolation`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum IsolationArg {
+    /// The children share the workspace.
+    None,
+    /// A git worktree per child.
+    Worktree,
 }
 
 /// `retinue mcp …`.

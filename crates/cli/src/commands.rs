@@ -825,6 +825,10 @@ fn delegate_request(args: &DelegateArgs) -> std::result::Result<DelegateRequest,
             .toolsets
             .as_ref()
             .map(|t| t.iter().map(|name| name.trim().to_owned()).collect()),
+        isolation: args.isolation.map(|i| match i {
+            crate::cli::IsolationArg::Worktree => retinue_core::run::IsolationMode::Worktree,
+            crate::cli::IsolationArg::None => retinue_core::run::IsolationMode::None,
+        }),
     }))
 }
 
@@ -879,7 +883,8 @@ pub(crate) fn delegate(env: &Env, args: &DelegateArgs) -> Result<Output> {
         return crate::background::launch(env, &parent_id, created);
     }
     let toolsets = parent_toolsets(&config, &toolbox);
-    let tool = delegator(&store, Arc::new(runtime), config, &env.profile);
+    let tool = delegator(&store, Arc::new(runtime), config, &env.profile)
+        .with_isolation(crate::changes::worktrees(env));
     let parent_row = store.sessions.session(&parent_id)?;
     let parent = ParentContext {
         session_id: Some(parent_id.clone()),

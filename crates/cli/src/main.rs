@@ -12,6 +12,7 @@
 mod approvals;
 mod backend;
 mod background;
+mod changes;
 mod cli;
 mod commands;
 mod demo;
@@ -110,6 +111,11 @@ fn run(cli: &Cli) -> error::Result<Output> {
             background::steer(&env, id, message, parent.as_deref())
         }
         Command::Cancel { id, parent } => background::cancel(&env, id, parent.as_deref()),
+        Command::Changes { id, diff, pending, parent } => {
+            changes::show(&env, id.as_deref(), *diff, *pending, parent.as_deref())
+        }
+        Command::Apply { id, parent } => changes::decide(&env, id, false, parent.as_deref()),
+        Command::Discard { id, parent } => changes::decide(&env, id, true, parent.as_deref()),
         Command::Approvals { all, parent } => approvals::list(&env, *all, parent.as_deref()),
         Command::Approve { id, always, parent } => approvals::decide(
             &env,

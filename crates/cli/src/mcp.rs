@@ -45,6 +45,7 @@ pub(crate) fn run(env: &Env, args: &McpArgs) -> Result<Output> {
         follow_up: None,
         workspace: None,
         toolsets: None,
+        isolation: None,
         background: false,
         detached_worker: false,
     };
@@ -98,7 +99,8 @@ pub(crate) fn run(env: &Env, args: &McpArgs) -> Result<Output> {
         Ok((runtime, config, toolbox)) => {
             parent_toolsets = crate::commands::parent_toolsets(&config, &toolbox);
             let runtime: Arc<dyn ChildRuntime> = Arc::new(runtime);
-            let d = delegator(&store, runtime, config, &env.profile);
+            let d = delegator(&store, runtime, config, &env.profile)
+                .with_isolation(crate::changes::worktrees(env));
             Ok(d)
         }
         Err(e) => {

@@ -110,6 +110,9 @@ pub struct DelegationConfig {
     pub max_concurrent_children: usize,
     /// Maximum delegation depth.
     pub max_spawn_depth: u32,
+    /// `isolation`: `none` (children share the workspace) or `worktree`
+    /// (a git worktree each).
+    pub isolation: retinue_core::run::IsolationMode,
     /// Whether the `orchestrator` role is allowed.
     pub orchestrator_enabled: bool,
     /// hermes's `subagent_auto_approve`: `true` makes approvals' default
@@ -198,6 +201,7 @@ impl Default for DelegationConfig {
             child_timeout_seconds: 0.0,
             max_concurrent_children: 3,
             max_spawn_depth: 1,
+            isolation: retinue_core::run::IsolationMode::None,
             orchestrator_enabled: true,
             subagent_auto_approve: false,
             approvals: crate::ApprovalPolicy::default(),
@@ -233,6 +237,7 @@ impl fmt::Debug for DelegationConfig {
             .field("child_timeout_seconds", &self.child_timeout_seconds)
             .field("max_concurrent_children", &self.max_concurrent_children)
             .field("max_spawn_depth", &self.max_spawn_depth)
+            .field("isolation", &self.isolation)
             .field("orchestrator_enabled", &self.orchestrator_enabled)
             .field("subagent_auto_approve", &self.subagent_auto_approve)
             .field("approvals", &self.approvals)
@@ -292,6 +297,17 @@ impl LoadedConfig {
         }
         r.uint("max_spawn_depth", &mut d.max_spawn_depth);
         d.max_spawn_depth = d.max_spawn_depth.max(1);
+        let mut isolation = String::new();
+        r.string("isolation", &mut isolation);
+        if !isolation.is_empty() {
+            match retinue_core::run::IsolationMode::parse(&isolation) {
+                Some(mode) => d.isolation = mode,
+                None => r.errors.push(format!(
+                    "{}: delegation.isolation must be `none` or `worktree`, not `{isolation}`",
+                    origin.display()
+                )),
+            }
+        }
         r.boolean("orchestrator_enabled", &mut d.orchestrator_enabled);
         r.boolean("subagent_auto_approve", &mut d.subagent_auto_approve);
         r.approvals(d.subagent_auto_approve, &mut d.approvals);

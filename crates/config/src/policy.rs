@@ -49,6 +49,8 @@ pub struct OrchestratorPolicy {
     /// `delegation.approvals.timeout_s`: how long a request waits for a
     /// human before it expires.
     pub approval_timeout_s: u64,
+    /// `delegation.isolation`: the children's isolation when a call names none.
+    pub isolation: retinue_core::run::IsolationMode,
 }
 
 impl OrchestratorPolicy {
@@ -78,6 +80,7 @@ impl From<&DelegationConfig> for OrchestratorPolicy {
             toolsets: c.toolsets.clone(),
             inherit_mcp_toolsets: c.inherit_mcp_toolsets,
             approval_timeout_s: c.approvals.timeout_s,
+            isolation: c.isolation,
         }
     }
 }

@@ -355,8 +355,10 @@ fn now_secs() -> f64 {
 #[derive(Clone)]
 pub struct Collector {
     pub(crate) backend: Backend,
-    authority: Arc<dyn LineageAuthority>,
+    pub(crate) authority: Arc<dyn LineageAuthority>,
     pub(crate) profile: String,
+    /// The worktrees of isolated children, when this process keeps any.
+    pub(crate) isolation: Option<Arc<dyn retinue_core::run::Isolation>>,
 }
 
 impl std::fmt::Debug for Collector {
@@ -369,14 +371,26 @@ impl Delegator {
     /// The collector over this delegator's registry and authority.
     pub fn collector(&self) -> Collector {
         let parts = &self.inner.parts;
-        Collector::new(parts.backend.clone(), parts.authority.clone(), &parts.profile)
+        let collector =
+            Collector::new(parts.backend.clone(), parts.authority.clone(), &parts.profile);
+        match self.inner.isolation.get() {
+            Some(i) => collector.with_isolation(Arc::clone(i)),
+            None => collector,
+        }
     }
 }
 
 impl Collector {
     /// A collector acting for profile `profile`.
     pub fn new(backend: Backend, authority: Arc<dyn LineageAuthority>, profile: &str) -> Collector {
-        Collector { backend, authority, profile: profile.to_owned() }
+        Collector { backend, authority, profile: profile.to_owned(), isolation: None }
+    }
+
+    /// The same collector over `isolation`'s worktrees (`changes`,
+    /// `apply`, `discard`).
+    pub fn with_isolation(mut self, isolation: Arc<dyn retinue_core::run::Isolation>) -> Collector {
+        self.isolation = Some(isolation);
+        self
     }
 
     /// The unit `id` (a delegation id, subagent id or child session id) if

@@ -163,6 +163,9 @@ pub enum DelegateError {
         /// The id as given.
         id: String,
     },
+    /// A worktree or change-set operation failed (isolation `worktree`).
+    #[error("{0}")]
+    Isolation(retinue_core::run::IsolationError),
     /// The approval request was decided (or expired) before this decision.
     #[error("Approval '{id}' was already decided: {state} by {decided_by}.")]
     AlreadyDecided {
@@ -189,15 +192,18 @@ pub enum DelegateErrorKind {
     NotFound,
     /// Retry later.
     Busy,
-    /// Someone decided the approval request first.
+    /// Someone decided the approval request (or the change set) first.
     AlreadyDecided,
+    /// Applying a change set conflicts with the parent's workspace.
+    Conflict,
     /// Anything else.
     Failed,
 }
 
 impl DelegateErrorKind {
     /// The kind as a stable machine-readable code (`usage`, `denied`,
-    /// `limit`, `not_found`, `busy`, `already_decided`, `failed`), as the MCP server reports it.
+    /// `limit`, `not_found`, `busy`, `already_decided`, `conflict`, `failed`), as the MCP
+    /// server reports it.
     pub fn as_str(self) -> &'static str {
         match self {
             DelegateErrorKind::Usage => "usage",
@@ -206,6 +212,7 @@ impl DelegateErrorKind {
             DelegateErrorKind::NotFound => "not_found",
             DelegateErrorKind::Busy => "busy",
             DelegateErrorKind::AlreadyDecided => "already_decided",
+            DelegateErrorKind::Conflict => "conflict",
             DelegateErrorKind::Failed => "failed",
         }
     }
@@ -240,6 +247,21 @@ impl DelegateError {
             DelegateError::WhichChild { .. } => DelegateErrorKind::Usage,
             DelegateError::UnknownApproval { .. } => DelegateErrorKind::NotFound,
             DelegateError::AlreadyDecided { .. } => DelegateErrorKind::AlreadyDecided,
+            DelegateError::Isolation(e) => isolation_kind(e),
         }
+    }
+}
+
+/// The class of an isolation error.
+fn isolation_kind(e: &retinue_core::run::IsolationError) -> DelegateErrorKind {
+    use retinue_core::run::IsolationError as E;
+    match e {
+        E::NotARepository { .. } | E::NoCommit { .. } | E::NothingToApply { .. } => {
+            DelegateErrorKind::Usage
+        }
+        E::Unknown { .. } | E::Gone { .. } => DelegateErrorKind::NotFound,
+        E::AlreadyApplied { .. } | E::Discarded { .. } => DelegateErrorKind::AlreadyDecided,
+        E::Conflict { .. } => DelegateErrorKind::Conflict,
+        _ => DelegateErrorKind::Failed,
     }
 }

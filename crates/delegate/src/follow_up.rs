@@ -233,6 +233,7 @@ fn resume(
         .then(|| result.exit_reason.as_str().to_owned());
     crate::telemetry::end_call(&call, failed.as_deref());
     result.toolsets_dropped = dropped;
+    crate::isolated::record(inner, &mut result);
     let results = [result];
     let ledger_ok = finalize(inner, parent, &entry.delegation_id, &claim.token, &results);
     finish(inner, entry, claim, &results);
@@ -317,6 +318,8 @@ fn resumed_spec(
         parent,
     );
     let workspace = restored_workspace(fu, m.workspace.as_deref(), parent)?;
+    // An isolated child resumes in its worktree, on top of its changes.
+    let workspace = crate::isolated::reopen(inner, &entry.subagent_id)?.or(workspace);
     let grant = crate::toolsets::grant(
         &config.toolsets,
         parent,

@@ -19,6 +19,7 @@ mod budget;
 mod decide;
 mod error;
 mod follow_up;
+mod isolated;
 mod live;
 mod nested;
 mod request;
@@ -39,6 +40,7 @@ use retinue_lineage::LineageAuthority;
 pub use background::{CancelReport, Collector, SteerReport, WaitEntry, WaitReport, WaitState};
 pub use decide::{Decider, Ruling, approval_json, is_pending};
 pub use error::{DelegateError, DelegateErrorKind};
+pub use isolated::change_set_json;
 pub use request::{
     DelegateOutcome, DelegateRequest, Dispatch, DispatchedChild, FollowUp, FollowUpReport,
     SpawnRequest, TaskSpec, UnitReport,
@@ -113,6 +115,8 @@ pub(crate) struct Inner {
     pub(crate) threads: ThreadStarter,
     /// The embedder's inline approval prompter, if any.
     pub(crate) prompter: approvals::PrompterSlot,
+    /// Where isolated children's worktrees live (set once, at build).
+    pub(crate) isolation: std::sync::OnceLock<Arc<dyn retinue_core::run::Isolation>>,
 }
 
 /// Draws the hex of `n` random bytes for a new subagent or session id.
@@ -171,6 +175,16 @@ impl Delegator {
         Delegator::build(parts, ids, std_threads())
     }
 
+    /// The same delegator with worktrees for isolated children
+    /// (`isolation: worktree`); without them such a spawn is refused. A
+    /// second call changes nothing.
+    pub fn with_isolation(self, isolation: Arc<dyn retinue_core::run::Isolation>) -> Delegator {
+        if self.inner.isolation.set(isolation).is_err() {
+            log::warn!("the delegator's isolation was set already; kept the first");
+        }
+        self
+    }
+
     fn build(parts: DelegatorParts, ids: IdSource, threads: ThreadStarter) -> Delegator {
         Delegator {
             inner: Arc::new(Inner {
@@ -184,6 +198,7 @@ impl Delegator {
                 ids,
                 threads,
                 prompter: approvals::PrompterSlot::new(),
+                isolation: std::sync::OnceLock::new(),
             }),
         }
     }

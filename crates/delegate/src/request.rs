@@ -1,6 +1,7 @@
 //! The typed core's request and outcome: what [`crate::Delegator::delegate`]
 //! takes and returns. Their JSON forms are the tool's ([`crate::tool`]).
 
+use retinue_core::run::IsolationMode;
 use retinue_core::{BudgetLimit, BudgetStatus, Role};
 use serde_json::{Value, json};
 
@@ -17,6 +18,8 @@ pub struct TaskSpec {
     pub context: Option<String>,
     /// Per-task role.
     pub role: Option<String>,
+    /// Per-task isolation (`None`: the call's, else `delegation.isolation`).
+    pub isolation: Option<IsolationMode>,
 }
 
 /// A follow-up request.
@@ -71,6 +74,8 @@ pub struct SpawnRequest {
     /// The call's `toolsets`: narrows what the children get (`None`: what
     /// the parent and `delegation.toolsets` allow).
     pub toolsets: Option<Vec<String>>,
+    /// The call's `isolation` (`None`: `delegation.isolation`).
+    pub isolation: Option<IsolationMode>,
 }
 
 /// One `delegate_task` call.

@@ -49,6 +49,10 @@ pub struct ChildReport {
     pub toolsets_dropped: Vec<crate::toolsets::DroppedToolset>,
     /// What the run did, read from its transcript (`None`: it never ran).
     pub receipts: Option<Receipts>,
+    /// An isolated child's change set after the run.
+    pub changes: Option<retinue_core::run::ChangeSet>,
+    /// Why an isolated child's change set could not be recorded.
+    pub changes_error: Option<String>,
 }
 
 /// Receipts as every surface writes them: the counts, lists and the line
@@ -173,6 +177,12 @@ impl ChildReport {
         }
         if let Some(r) = &self.receipts {
             m.insert("receipts".into(), receipts_json(r));
+        }
+        if let Some(c) = &self.changes {
+            m.insert("changes".into(), crate::isolated::change_set_json(c));
+        }
+        if let Some(e) = &self.changes_error {
+            m.insert("changes_error".into(), json!(e));
         }
         Value::Object(m)
     }

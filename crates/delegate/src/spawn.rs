@@ -363,6 +363,8 @@ pub(crate) struct Planned {
     pub(crate) spec: ChildSpec,
     input: run::RunInput,
     dropped: Vec<crate::toolsets::DroppedToolset>,
+    /// Runs in a worktree of its own.
+    isolated: bool,
 }
 
 /// The handles of the planned children, for the mailbox's watch.
@@ -518,7 +520,7 @@ fn run_in(
     }
     let started = Instant::now();
     let watch = crate::background::Watch::start(inner, &delegation_id, handles(&planned), &cancel);
-    let results = watch.finish(run_children(inner, planned, parent, &cancel, call));
+    let results = watch.finish(run_children(inner, &delegation_id, planned, parent, &cancel, call));
     let mut unit = complete(inner, parent, &delegation_id, results, started, false);
     let ledger_ok = unit.ledger_error.is_none();
     unit.budget = held.and_then(|h| h.settle(ledger_ok));
@@ -551,6 +553,14 @@ fn plan(
     let provider =
         Some(config.provider.clone()).filter(|p| !p.is_empty()).or_else(|| parent.provider.clone());
     let non_empty = |s: &str| Some(s.to_owned()).filter(|s| !s.is_empty());
+    let isolated: Vec<bool> = request
+        .tasks
+        .iter()
+        .map(|t| crate::isolated::mode_of(inner, request, t) == run::IsolationMode::Worktree)
+        .collect();
+    if isolated.contains(&true) {
+        crate::isolated::check(inner, parent)?;
+    }
     let mut planned = Vec::with_capacity(request.tasks.len());
     for (i, task) in request.tasks.iter().enumerate() {
         let wanted = task.role.as_deref().map_or_else(|| request.role.clone(), Role::parse);
@@ -584,7 +594,7 @@ fn plan(
             history: Vec::new(),
             system_prompt: Some(system_prompt(&task.goal)),
         };
-        planned.push(Planned { spec, input, dropped: grant.dropped });
+        planned.push(Planned { spec, input, dropped: grant.dropped, isolated: isolated[i] });
     }
     Ok(Plan { planned, parent_id, model, background, slot, notes })
 }
@@ -746,7 +756,7 @@ fn dispatch(
             let watch = crate::background::Watch::start(&worker, &id, handles(&planned), &cancel);
             let slot = slot.or_else(|| BackgroundSlot::wait(&worker, &cancel));
             let results = if slot.is_some() {
-                run_children(&worker, planned, &parent_owned, &cancel, &call)
+                run_children(&worker, &id, planned, &parent_owned, &cancel, &call)
             } else {
                 cancelled_while_queued(&planned, &cancel)
             };
@@ -849,6 +859,7 @@ fn cancelled_while_queued(planned: &[Planned], cancel: &CancelToken) -> Vec<Chil
 
 fn run_children(
     inner: &Arc<Inner>,
+    delegation_id: &str,
     planned: Vec<Planned>,
     parent: &ParentContext,
     cancel: &CancelToken,
@@ -865,7 +876,7 @@ fn run_children(
                     loop {
                         let i = next.fetch_add(1, Ordering::SeqCst);
                         let Some(p) = planned.get(i) else { break };
-                        done.push(run_one(inner, p, parent, cancel, call));
+                        done.push(run_one(inner, delegation_id, p, parent, cancel, call));
                     }
                     done
                 })
@@ -896,6 +907,7 @@ fn run_children(
 
 fn run_one(
     inner: &Arc<Inner>,
+    delegation_id: &str,
     p: &Planned,
     parent: &ParentContext,
     cancel: &CancelToken,
@@ -910,10 +922,46 @@ fn run_one(
             log::warn!("could not write the opening turn of {}: {e}", p.spec.session_id);
         }
     }
+    let mut spec = std::borrow::Cow::Borrowed(&p.spec);
+    if p.isolated {
+        let owner = run::Owner {
+            subagent_id: p.spec.subagent_id.clone(),
+            delegation_id: delegation_id.to_owned(),
+            parent_session_id: parent.session_id.clone().unwrap_or_default(),
+            owner_profile: inner.parts.profile.clone(),
+        };
+        match crate::isolated::prepare(inner, parent, owner) {
+            Ok(workspace) => spec.to_mut().workspace = Some(workspace),
+            Err(e) => return not_isolated(inner, p, &e),
+        }
+    }
     let mut report =
-        execute(inner, &p.spec, p.input.clone(), true, parent.session_id.clone(), cancel, call);
+        execute(inner, &spec, p.input.clone(), true, parent.session_id.clone(), cancel, call);
     report.toolsets_dropped = p.dropped.clone();
+    if p.isolated {
+        crate::isolated::record(inner, &mut report);
+    }
     report
+}
+
+/// The result of an isolated child whose worktree could not be made: it
+/// never ran (its session ends as an error).
+fn not_isolated(inner: &Inner, p: &Planned, e: &run::IsolationError) -> ChildReport {
+    let session = &p.spec.session_id;
+    if let Err(x) = inner.parts.backend.sessions.end_session(session, &EndReason::Error) {
+        log::warn!("could not end child session {session}: {x}");
+    }
+    ChildReport {
+        task_index: p.spec.task_index,
+        status: ChildStatus::Error,
+        exit_reason: ExitReason::Error,
+        model: p.spec.model.clone(),
+        child_session_id: session.clone(),
+        subagent_id: p.spec.subagent_id.clone(),
+        toolsets: p.spec.toolsets.clone(),
+        error: Some(format!("could not create the child's worktree: {e}")),
+        ..ChildReport::default()
+    }
 }
 
 fn complete(
@@ -957,6 +1005,7 @@ fn complete(
     if let Err(e) = parts.backend.registry.prune_history() {
         log::warn!("history pruner failed: {e}");
     }
+    crate::isolated::sweep(inner);
     unit
 }
 /// Hands pending completions of this parent to the sink, exactly once each.

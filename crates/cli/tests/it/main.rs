@@ -2184,6 +2184,7 @@ fn a_workspace_of_root_or_the_home_directory_is_refused_naming_the_flag() {
 mod approvals;
 mod background;
 mod conventions;
+mod isolation;
 mod mcp_tasks;
 mod pg;
 mod tools;

@@ -210,8 +210,20 @@ fn an_orchestrator_child_delegates_a_grandchild_on_the_same_registry() {
     let child_session = r["child_session_id"].as_str().expect("sid").to_owned();
     let rows = transcript(&home.db_path(), &child_session);
     let result = rows.iter().find(|r| r.0 == "tool").expect("delegate_task result");
-    let inner: Value = serde_json::from_str(&result.1).expect("delegate_task JSON");
+    // The JSON, then the grandchild's receipts line.
+    let (json_text, receipts) = result.1.split_once('\n').expect("a receipts line");
+    let inner: Value = serde_json::from_str(json_text).expect("delegate_task JSON");
     assert_eq!(inner["results"][0]["summary"], "grandchild found it", "{inner}");
+    assert_eq!(receipts, "receipts: no tool calls");
+    assert_eq!(inner["results"][0]["receipts"]["line"], "receipts: no tool calls");
+    // The orchestrator's model reads it: its next request carries the line.
+    let carried = model.requests().iter().any(|rq| {
+        rq.messages().iter().any(|m| {
+            m["role"] == "tool"
+                && m["content"].as_str().is_some_and(|c| c.ends_with("\nreceipts: no tool calls"))
+        })
+    });
+    assert!(carried, "the parent model's request carries the receipts line");
     let grand_sa = inner["results"][0]["subagent_id"].as_str().expect("grand sa").to_owned();
     // The grandchild is retained under the child's session, in the same
     // registry.

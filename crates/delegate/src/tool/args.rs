@@ -1,6 +1,7 @@
 //! Parsing `delegate_task` arguments into a request, in hermes's check order.
 
 use retinue_core::BudgetLimit;
+use retinue_core::run::IsolationMode;
 use serde_json::Value;
 
 use crate::error::DelegateError;
@@ -9,6 +10,18 @@ use crate::texts;
 
 fn non_blank(v: Option<&Value>) -> Option<String> {
     v.and_then(Value::as_str).map(str::trim).filter(|s| !s.is_empty()).map(str::to_owned)
+}
+
+/// Reads an `isolation` value: absent or null is `None`; otherwise
+/// `"worktree"` or `"none"`.
+pub(crate) fn parse_isolation(v: Option<&Value>) -> Result<Option<IsolationMode>, DelegateError> {
+    match v {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => IsolationMode::parse(s).map(Some).ok_or_else(|| {
+            invalid(format!("isolation must be \"worktree\" or \"none\", not {s:?}"))
+        }),
+        Some(_) => Err(invalid("isolation must be \"worktree\" or \"none\"")),
+    }
 }
 
 /// Reads the `follow_up` part: `None` when absent or null.
@@ -47,12 +60,15 @@ impl TaskSpec {
                         goal,
                         context: non_blank(obj.get("context")),
                         role: non_blank(obj.get("role")),
+                        isolation: parse_isolation(obj.get("isolation"))?,
                     });
                 }
                 specs
             }
             _ => match clean(goal) {
-                Some(goal) => vec![TaskSpec { goal, context: clean(context), role: None }],
+                Some(goal) => {
+                    vec![TaskSpec { goal, context: clean(context), ..TaskSpec::default() }]
+                }
                 None => return Err(invalid(texts::NO_GOAL_OR_TASKS)),
             },
         };
@@ -158,7 +174,7 @@ mod tests {
         let single = tasks(&json!({"goal": "g", "context": "c"}), 3).expect("ok");
         assert_eq!(
             single,
-            vec![TaskSpec { goal: "g".into(), context: Some("c".into()), role: None }]
+            vec![TaskSpec { goal: "g".into(), context: Some("c".into()), ..TaskSpec::default() }]
         );
     }
 

@@ -4,7 +4,7 @@
 use retinue_core::Role;
 use serde_json::{Value, json};
 
-use super::args::{parse_call_budget, parse_follow_up, parse_tasks};
+use super::args::{parse_call_budget, parse_follow_up, parse_isolation, parse_tasks};
 use crate::error::DelegateError;
 use crate::request::{DelegateOutcome, DelegateRequest, SpawnRequest};
 use crate::results::seconds;
@@ -42,6 +42,7 @@ impl DelegateRequest {
         Ok(DelegateRequest::Spawn(SpawnRequest {
             budget,
             toolsets,
+            isolation: parse_isolation(args.get("isolation"))?,
             tasks,
             role: args.get("role").and_then(Value::as_str).map_or(Role::Leaf, Role::parse),
             background: args.get("background").and_then(Value::as_bool).unwrap_or(false),

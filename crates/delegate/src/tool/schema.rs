@@ -33,7 +33,8 @@ pub fn delegate_task_schema(config: &OrchestratorPolicy) -> Value {
                         "properties": {
                             "goal": {"type": "string"},
                             "context": {"type": "string"},
-                            "role": {"type": "string", "enum": ["leaf", "orchestrator"]}
+                            "role": {"type": "string", "enum": ["leaf", "orchestrator"]},
+                            "isolation": {"type": "string", "enum": ["none", "worktree"]}
                         },
                         "required": ["goal"]
                     }
@@ -41,6 +42,7 @@ pub fn delegate_task_schema(config: &OrchestratorPolicy) -> Value {
                 "role": {"type": "string", "enum": ["leaf", "orchestrator"], "description": "leaf (default) or orchestrator (may delegate further)."},
                 "background": {"type": "boolean", "description": "Return at once; results are delivered when the children finish."},
                 "toolsets": {"type": "array", "items": {"type": "string"}, "description": "Narrow the children's toolsets (read, file, terminal, mcp-<server>); a call can only narrow what delegation.toolsets grants."},
+                "isolation": {"type": "string", "enum": ["none", "worktree"], "description": format!("worktree: each child works in its own git worktree and its edits come back as a change set the parent reviews and applies (retinue changes/apply/discard); none: the children share the workspace. Default: {}.", config.isolation.as_str())},
                 "follow_up": {"type": "string", "description": follow_up}
             },
             "required": []

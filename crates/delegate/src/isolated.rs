@@ -1,0 +1,197 @@
+//! Isolated children (issue #38): the orchestrator's side of core's
+//! [`Isolation`] seam — which children get a worktree, preparing it before
+//! the run, recording the change set after it, resuming in it — and the
+//! parent-side commands (`changes`, `apply`, `discard`) behind the
+//! follow-up authority rule.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use retinue_core::run::{ChangeSet, ChangeState, Isolation, IsolationError, IsolationMode, Owner};
+use retinue_core::{ChildManifest, RetainedChild, Scope, UnitState};
+use serde_json::{Value, json};
+
+use crate::results::ChildReport;
+use crate::{Collector, Decider, DelegateError, Inner, ParentContext, SpawnRequest, TaskSpec};
+
+/// The isolation a task runs under: its own, the call's, else the config's.
+pub(crate) fn mode_of(inner: &Inner, request: &SpawnRequest, task: &TaskSpec) -> IsolationMode {
+    task.isolation.or(request.isolation).unwrap_or(inner.parts.config.isolation)
+}
+
+/// Refuses an isolated spawn that cannot work, before anything is written.
+pub(crate) fn check(inner: &Inner, parent: &ParentContext) -> Result<(), DelegateError> {
+    let Some(isolation) = inner.isolation.get() else {
+        return Err(DelegateError::Isolation(IsolationError::Io {
+            operation: "isolation `worktree`".to_owned(),
+            message: "this process has no worktree support (no home to keep worktrees in)"
+                .to_owned(),
+        }));
+    };
+    let Some(workspace) = parent.workspace.as_deref() else {
+        return Err(DelegateError::Isolation(IsolationError::NotARepository {
+            workspace: "(no workspace)".to_owned(),
+        }));
+    };
+    isolation.check(workspace).map_err(DelegateError::Isolation)
+}
+
+/// Creates the child's worktree; its workspace inside it.
+pub(crate) fn prepare(
+    inner: &Inner,
+    parent: &ParentContext,
+    owner: Owner,
+) -> Result<PathBuf, IsolationError> {
+    let (Some(isolation), Some(workspace)) = (inner.isolation.get(), parent.workspace.as_deref())
+    else {
+        return Err(IsolationError::NotARepository { workspace: "(no workspace)".to_owned() });
+    };
+    isolation.prepare(workspace, &owner)
+}
+
+/// The workspace of a child that resumes: its worktree when it has one.
+pub(crate) fn reopen(inner: &Inner, subagent_id: &str) -> Result<Option<PathBuf>, DelegateError> {
+    match inner.isolation.get() {
+        Some(isolation) => isolation.reopen(subagent_id).map_err(DelegateError::Isolation),
+        None => Ok(None),
+    }
+}
+
+/// Records an isolated child's change set after a run, into its report
+/// (and its receipts' `changed`).
+pub(crate) fn record(inner: &Inner, report: &mut ChildReport) {
+    let Some(isolation) = inner.isolation.get() else { return };
+    match isolation.record(&report.subagent_id) {
+        Ok(set) => {
+            if let Some(r) = report.receipts.as_mut() {
+                r.changed = set.files.iter().map(|f| f.changed()).collect();
+            }
+            report.changes = Some(set);
+        }
+        Err(IsolationError::Unknown { .. }) => {}
+        Err(e) => {
+            log::warn!("the change set of {} was not recorded: {e}", report.subagent_id);
+            report.changes_error = Some(e.to_string());
+        }
+    }
+}
+
+/// Removes the worktrees of children no longer retained whose changes
+/// were applied, discarded or empty; pending ones are kept (and listed by
+/// `changes --pending`).
+pub(crate) fn sweep(inner: &Inner) {
+    let Some(isolation) = inner.isolation.get() else { return };
+    let Ok(sets) = isolation.list() else { return };
+    let registry = &inner.parts.backend.registry;
+    for set in sets.iter().filter(|s| s.state != ChangeState::Pending) {
+        let id = &set.owner.subagent_id;
+        if matches!(registry.find_retained_child(id), Ok(None)) {
+            match isolation.forget(id) {
+                Ok(true) => log::info!("the worktree of {id} (no longer retained) was removed"),
+                Ok(false) => {}
+                Err(e) => log::warn!("the worktree of {id} was not removed: {e}"),
+            }
+        }
+    }
+}
+
+/// A change set as every surface shows it (with `diffstat`).
+pub fn change_set_json(set: &ChangeSet) -> Value {
+    let mut v = json!(set);
+    v["diffstat"] = json!(set.diffstat());
+    v
+}
+
+impl Collector {
+    /// The collector's worktrees, or the error every command answers
+    /// without them.
+    fn isolation(&self) -> Result<&Arc<dyn Isolation>, DelegateError> {
+        self.isolation.as_ref().ok_or_else(|| {
+            DelegateError::Isolation(IsolationError::Io {
+                operation: "change sets".to_owned(),
+                message: "this process has no worktree support".to_owned(),
+            })
+        })
+    }
+
+    /// Whether `decider` may see and act on `set` (the follow-up rule:
+    /// the spawning parent's compression lineage, same profile; or the
+    /// operator within the collector's profile).
+    fn may_change(&self, set: &ChangeSet, decider: Decider<'_>) -> bool {
+        let owner = &set.owner;
+        if !Scope::of(&self.profile).admits(Some(owner.owner_profile.as_str())) {
+            return false;
+        }
+        match decider {
+            Decider::Operator { .. } => true,
+            Decider::Parent(parent) => {
+                let entry = RetainedChild {
+                    delegation_id: owner.delegation_id.clone(),
+                    parent_session_id: owner.parent_session_id.clone(),
+                    owner_profile: owner.owner_profile.clone(),
+                    state: UnitState::Completed,
+                    retained_at: None,
+                    completed_at: None,
+                    child_index: 0,
+                    subagent_id: owner.subagent_id.clone(),
+                    child_session_id: String::new(),
+                    manifest: ChildManifest::default(),
+                };
+                let requester =
+                    parent.session_id.as_deref().map(str::trim).filter(|s| !s.is_empty());
+                self.authority.check_follow_up_authority(&entry, requester).is_ok()
+            }
+        }
+    }
+
+    /// The change set of `id` (a subagent id), when `decider` may see it;
+    /// a foreign one is answered as a missing one.
+    pub fn change_set(
+        &self,
+        id: &str,
+        decider: Decider<'_>,
+        diff: bool,
+    ) -> Result<ChangeSet, DelegateError> {
+        let missing = || {
+            DelegateError::Isolation(IsolationError::Unknown { subagent_id: id.trim().to_owned() })
+        };
+        let set =
+            self.isolation()?.change_set(id.trim(), diff).map_err(DelegateError::Isolation)?;
+        set.filter(|s| self.may_change(s, decider)).ok_or_else(missing)
+    }
+
+    /// Every change set `decider` may see (`pending_only`: those neither
+    /// applied nor discarded).
+    pub fn change_sets(
+        &self,
+        decider: Decider<'_>,
+        pending_only: bool,
+    ) -> Result<Vec<ChangeSet>, DelegateError> {
+        let sets = self.isolation()?.list().map_err(DelegateError::Isolation)?;
+        Ok(sets
+            .into_iter()
+            .filter(|s| !pending_only || s.state == ChangeState::Pending)
+            .filter(|s| self.may_change(s, decider))
+            .collect())
+    }
+
+    /// Applies `id`'s change set to its parent's workspace.
+    pub fn apply_changes(
+        &self,
+        id: &str,
+        decider: Decider<'_>,
+    ) -> Result<ChangeSet, DelegateError> {
+        let set = self.change_set(id, decider, false)?;
+        self.isolation()?.apply(&set.owner.subagent_id).map_err(DelegateError::Isolation)
+    }
+
+    /// Drops `id`'s change set and removes its worktree.
+    pub fn discard_changes(
+        &self,
+        id: &str,
+        decider: Decider<'_>,
+    ) -> Result<ChangeSet, DelegateError> {
+        let set = self.change_set(id, decider, false)?;
+        self.isolation()?.discard(&set.owner.subagent_id).map_err(DelegateError::Isolation)
+    }
+}
