@@ -131,8 +131,13 @@ impl RetinueServer {
             Err(_) => retinue_delegate::delegate_task_schema(&Default::default()),
         };
         let specs = tools::tool_specs(&schema);
-        let collector =
-            Collector::new(parts.backend.clone(), parts.authority.clone(), &parts.profile);
+        // The delegator's collector keeps its worktrees (change sets).
+        let collector = match &parts.delegator {
+            Ok(d) => d.collector(),
+            Err(_) => {
+                Collector::new(parts.backend.clone(), parts.authority.clone(), &parts.profile)
+            }
+        };
         let prompter = parts.delegator.as_ref().ok().map(|d| {
             let p = Arc::new(crate::approvals::McpPrompter::default());
             d.set_approval_prompter(p.clone());
@@ -555,7 +560,10 @@ impl ServerHandler for RetinueServer {
             | tools::STEER_SUBAGENT
             | tools::CANCEL_SUBAGENT
             | tools::LIST_APPROVALS
-            | tools::DECIDE_APPROVAL => self.background_tool(name, args, &context).await.into(),
+            | tools::DECIDE_APPROVAL
+            | tools::SUBAGENT_CHANGES
+            | tools::APPLY_CHANGES
+            | tools::DISCARD_CHANGES => self.background_tool(name, args, &context).await.into(),
             _ => self.registry_tool(name, args).await.into(),
         };
         let late =

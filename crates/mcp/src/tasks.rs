@@ -15,6 +15,7 @@ use std::time::Duration;
 use retinue_core::{ControlOutcome, UnitState, UnitView, iso8601};
 use retinue_delegate::{
     CancelToken, Collector, Decider, DelegateError, ParentContext, Ruling, approval_json,
+    change_set_json,
 };
 use rmcp::ErrorData as RpcError;
 use rmcp::model::{DetailedTask, GetTaskResult, JsonObject, Task, TaskPayload, TaskStatus};
@@ -141,7 +142,11 @@ pub(crate) fn cancel(
 }
 
 fn failure(e: &DelegateError) -> (String, Value) {
-    (e.to_string(), json!({ "error": e.to_string(), "code": e.kind().as_str() }))
+    let mut v = json!({ "error": e.to_string(), "code": e.kind().as_str() });
+    if let DelegateError::Isolation(retinue_core::run::IsolationError::Conflict { files, .. }) = e {
+        v["files"] = json!(files);
+    }
+    (e.to_string(), v)
 }
 
 fn usage(message: &str) -> (String, Value) {
@@ -285,6 +290,34 @@ pub(crate) fn run_tool(
             collector
                 .decide(id, Decider::Parent(parent), &verdict)
                 .map(|r| approval_json(&r))
+                .map_err(|e| failure(&e))
+        }
+        tools::SUBAGENT_CHANGES => {
+            let flag = |k: &str| args.get(k).and_then(Value::as_bool).unwrap_or(false);
+            let decider = Decider::Parent(parent);
+            match args.get("id").and_then(Value::as_str).filter(|s| !s.trim().is_empty()) {
+                Some(id) => collector
+                    .change_set(id, decider, flag("diff"))
+                    .map(|s| change_set_json(&s))
+                    .map_err(|e| failure(&e)),
+                None => collector
+                    .change_sets(decider, flag("pending"))
+                    .map(|sets| json!({"changes": sets.iter().map(change_set_json).collect::<Vec<_>>()}))
+                    .map_err(|e| failure(&e)),
+            }
+        }
+        tools::APPLY_CHANGES => {
+            let id = string_arg(args, "id")?;
+            collector
+                .apply_changes(id, Decider::Parent(parent))
+                .map(|s| change_set_json(&s))
+                .map_err(|e| failure(&e))
+        }
+        tools::DISCARD_CHANGES => {
+            let id = string_arg(args, "id")?;
+            collector
+                .discard_changes(id, Decider::Parent(parent))
+                .map(|s| change_set_json(&s))
                 .map_err(|e| failure(&e))
         }
         other => Err(usage(&format!("unknown tool '{other}'"))),

@@ -34,6 +34,12 @@ pub const CANCEL_SUBAGENT: &str = "cancel_subagent";
 pub const LIST_APPROVALS: &str = "list_approvals";
 /// `decide_approval`.
 pub const DECIDE_APPROVAL: &str = "decide_approval";
+/// `subagent_changes`.
+pub const SUBAGENT_CHANGES: &str = "subagent_changes";
+/// `apply_changes`.
+pub const APPLY_CHANGES: &str = "apply_changes";
+/// `discard_changes`.
+pub const DISCARD_CHANGES: &str = "discard_changes";
 
 /// The longest `wait_subagents` may block, in seconds (below the usual
 /// host tool timeouts; wait again for longer).
@@ -248,7 +254,46 @@ pub fn tool_specs(delegate_schema: &Value) -> Vec<ToolSpec> {
     ]
     .into_iter()
     .chain(approval_specs())
+    .chain(change_specs())
     .collect()
+}
+
+/// `subagent_changes`, `apply_changes` and `discard_changes` (issue #38).
+fn change_specs() -> Vec<ToolSpec> {
+    let id = |what: &str| {
+        object(json!({
+            "type": "object",
+            "properties": {"id": {"type": "string", "description": format!("{what}: the subagent_id of a child spawned with isolation=worktree.")}},
+            "required": ["id"]
+        }))
+    };
+    vec![
+        ToolSpec {
+            name: SUBAGENT_CHANGES,
+            description: "What an isolated subagent (delegate_task with isolation=worktree)                           changed in its own git worktree: files added, modified, deleted and                           renamed with a diffstat (diff=true: the unified diff), and whether                           the change set is pending, applied or discarded. Without id: every                           change set of this session's subagents (pending=true: only those                           neither applied nor discarded). Review before apply_changes."
+                .to_owned(),
+            input_schema: object(json!({
+                "type": "object",
+                "properties": {
+                    "id": {"type": "string", "description": "A subagent_id (optional)."},
+                    "diff": {"type": "boolean", "description": "Include the unified diff."},
+                    "pending": {"type": "boolean", "description": "Only change sets not yet applied or discarded."}
+                }
+            })),
+        },
+        ToolSpec {
+            name: APPLY_CHANGES,
+            description: "Apply an isolated subagent's change set to this session's workspace                           with a three-way merge. On a conflict nothing is applied and the                           conflicting files are listed (code conflict); a change set applied                           before answers already_decided."
+                .to_owned(),
+            input_schema: id("The isolated subagent"),
+        },
+        ToolSpec {
+            name: DISCARD_CHANGES,
+            description: "Drop an isolated subagent's change set: its worktree and branch are                           removed and nothing reaches the workspace."
+                .to_owned(),
+            input_schema: id("The isolated subagent"),
+        },
+    ]
 }
 
 /// A tool failure: its text goes back as an MCP tool error (`isError`).

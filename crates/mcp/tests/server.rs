@@ -201,7 +201,10 @@ async fn the_story_over_mcp() {
             "steer_subagent",
             "cancel_subagent",
             "list_approvals",
-            "decide_approval"
+            "decide_approval",
+            "subagent_changes",
+            "apply_changes",
+            "discard_changes"
         ]
     );
     let schema = serde_json::to_value(&*tools[0].input_schema).unwrap();
@@ -738,4 +741,116 @@ fn mcp_over_http_validates_host_and_origin() {
     assert_eq!(status(&format!("evil.example:{port}"), None), "403");
     shutdown.stop();
     thread.join().unwrap().unwrap();
+}
+
+fn git(dir: &Path, args: &[&str]) {
+    let out = std::process::Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(["-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgSign=false"])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// A server for `choice` whose children work in isolated worktrees of the
+/// repository `workspace`.
+fn isolated_server(
+    home: &TempHome,
+    model: &FakeModel,
+    choice: &SessionChoice,
+    workspace: &Path,
+) -> RetinueServer {
+    let store = open(home);
+    let config = retinue_config::DelegationConfig {
+        model: "fake-model".into(),
+        base_url: model.base_url(),
+        ..retinue_config::DelegationConfig::default()
+    };
+    let runtime =
+        ChatRuntime::new(RuntimeConfig::from_delegation(&config).unwrap(), Arc::new(NoTools))
+            .unwrap();
+    let authority = Arc::new(Authority::new(store.clone(), store.clone(), ""));
+    let worktrees = retinue_worktree::GitWorktrees::new(retinue_worktree::root_of(home.path()));
+    let delegator = Delegator::new(DelegatorParts {
+        backend: retinue_core::Backend::of(store.clone()),
+        authority: authority.clone(),
+        runtime: Arc::new(runtime),
+        completions: None,
+        config: (&config).into(),
+        profile: String::new(),
+    })
+    .with_isolation(Arc::new(worktrees));
+    let parent = retinue_mcp::resolve_session(store.as_ref(), choice, "").unwrap();
+    let parts = McpParts {
+        workspace_refused: None,
+        profile: String::new(),
+        backend: retinue_core::Backend::of(store.clone()),
+        budget: config.budget,
+        authority,
+        delegator: Ok(delegator),
+        workspace: Some(workspace.to_path_buf()),
+        toolsets: Vec::new(),
+    };
+    let options = ServerOptions { progress_interval: Duration::from_millis(50) };
+    RetinueServer::new(parts, parent.id, None, options)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn isolated_children_and_their_change_sets_over_mcp() {
+    let home = TempHome::new();
+    let model = fake_model();
+    let repo = tempfile::tempdir().unwrap();
+    std::fs::write(repo.path().join("README"), "hello\n").unwrap();
+    git(repo.path(), &["init", "-q", "-b", "main"]);
+    git(repo.path(), &["add", "-A"]);
+    git(repo.path(), &["commit", "-q", "-m", "init"]);
+    let client = connect(isolated_server(&home, &model, &project(repo.path()), repo.path())).await;
+
+    let result =
+        call(&client, "delegate_task", json!({"goal": "Look around", "isolation": "worktree"}))
+            .await;
+    let spawned = ok(&result);
+    let child = &spawned["results"][0];
+    assert_eq!(child["changes"]["state"], "empty", "{spawned}");
+    // The receipts reach the calling model as their own text block.
+    let second = serde_json::to_value(&result.content[1]).unwrap();
+    assert_eq!(second["text"], "receipts: no tool calls");
+    let id = child["subagent_id"].as_str().unwrap().to_owned();
+    let worktree = std::path::PathBuf::from(child["changes"]["worktree"].as_str().unwrap());
+
+    // What the child would have written (the runtime here has no tools);
+    // its follow-up records it.
+    std::fs::write(worktree.join("README"), "hello\nfrom the child\n").unwrap();
+    let again =
+        ok(&call(&client, "delegate_task", json!({"follow_up": id, "goal": "Done?"})).await);
+    assert_eq!(again["results"][0]["changes"]["state"], "pending", "{again}");
+    let pending = ok(&call(&client, "subagent_changes", json!({"pending": true})).await);
+    assert_eq!(pending["changes"][0]["subagent_id"], json!(id), "{pending}");
+    let shown = ok(&call(&client, "subagent_changes", json!({"id": id, "diff": true})).await);
+    assert!(shown["diff"].as_str().unwrap().contains("+from the child"), "{shown}");
+    assert_eq!(std::fs::read_to_string(repo.path().join("README")).unwrap(), "hello\n");
+
+    // Another project's session is answered as if it did not exist.
+    let elsewhere = tempfile::tempdir().unwrap();
+    let other =
+        connect(isolated_server(&home, &model, &project(elsewhere.path()), elsewhere.path())).await;
+    let foreign = err_text(&call(&other, "apply_changes", json!({"id": id})).await);
+    let missing = err_text(&call(&other, "apply_changes", json!({"id": "sa-0-00000000"})).await);
+    assert_eq!(foreign.replace(&id, "ID"), missing.replace("sa-0-00000000", "ID"));
+    other.cancel().await.unwrap();
+
+    let applied = ok(&call(&client, "apply_changes", json!({"id": id})).await);
+    assert_eq!(applied["state"], "applied");
+    assert_eq!(
+        std::fs::read_to_string(repo.path().join("README")).unwrap(),
+        "hello\nfrom the child\n"
+    );
+    let twice = call(&client, "apply_changes", json!({"id": id})).await;
+    assert!(err_text(&twice).contains("already applied"));
+    let dropped = ok(&call(&client, "discard_changes", json!({"id": id})).await);
+    assert_eq!(dropped["state"], "discarded");
+    assert!(!worktree.exists());
+    client.cancel().await.unwrap();
 }
