@@ -57,6 +57,9 @@ pub struct WebParts {
     /// (`?approve=KEY`, then a cookie) to decide; `None` decides nothing
     /// there. With a token, the token is the key.
     pub approve_key: Option<String>,
+    /// The home's worktrees: an isolated child's page shows its change set
+    /// and diff (`None`: no change sets shown).
+    pub isolation: Option<std::sync::Arc<dyn retinue_core::run::Isolation>>,
 }
 
 impl std::fmt::Debug for WebParts {

@@ -279,6 +279,8 @@ pub struct ChildPage {
     pub transcript: Vec<Message>,
     /// Its approval requests (pending and decided), newest first.
     pub approvals: Vec<ApprovalRequest>,
+    /// An isolated child's change set, with its diff.
+    pub changes: Option<retinue_core::run::ChangeSet>,
 }
 
 /// The scope the view reads and decides in: every profile with
@@ -364,5 +366,11 @@ pub fn child_page(parts: &WebParts, id: &str, now: f64) -> Result<Option<ChildPa
         .into_iter()
         .filter(|r| r.subagent_id == child.child.subagent_id)
         .collect();
-    Ok(Some(ChildPage { unit, child, transcript, approvals }))
+    let changes = parts.isolation.as_ref().and_then(|i| {
+        i.change_set(&child.child.subagent_id, true)
+            .inspect_err(|e| log::warn!("change set of {} not read: {e}", child.child.subagent_id))
+            .ok()
+            .flatten()
+    });
+    Ok(Some(ChildPage { unit, child, transcript, approvals, changes }))
 }

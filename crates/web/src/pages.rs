@@ -307,6 +307,46 @@ fn receipts_section(r: &retinue_core::Receipts) -> Markup {
     }
 }
 
+/// An isolated child's change set: state, files and the diff, each line
+/// classed (`add`, `del`, `hunk`) for the stylesheet.
+fn changes_section(set: &retinue_core::run::ChangeSet) -> Markup {
+    let class = |line: &str| {
+        if line.starts_with("+++") || line.starts_with("---") {
+            "file"
+        } else if line.starts_with('+') {
+            "add"
+        } else if line.starts_with('-') {
+            "del"
+        } else if line.starts_with("@@") {
+            "hunk"
+        } else {
+            "ctx"
+        }
+    };
+    html! {
+        section.changes {
+            h3 { "changes (" (set.state.as_str()) ", " (set.diffstat()) ")" }
+            p { "branch " code { (set.branch) } " · worktree " code { (set.worktree.display()) }
+                @if !set.worktree_present { " (gone)" } }
+            @if set.untracked_not_copied > 0 {
+                p.note { (set.untracked_not_copied) " untracked file(s) of the workspace were not copied" }
+            }
+            ul.files {
+                @for f in &set.files {
+                    li { (f.status) " " code { (f.path) }
+                        @if let (Some(a), Some(r)) = (f.added, f.removed) { " +" (a) " −" (r) } }
+                }
+            }
+            @if let Some(diff) = &set.diff {
+                pre.diff {
+                    @for line in diff.lines() { span class=(class(line)) { (line) } "\n" }
+                }
+                @if set.diff_truncated { p.note { "(diff cut at 1 MiB)" } }
+            }
+        }
+    }
+}
+
 /// A child's page: where it sits, its cost, its transcript.
 pub(crate) fn child_fragment(page: &ChildPage, forms: Option<&Forms>) -> Markup {
     let c = &page.child;
@@ -341,6 +381,7 @@ pub(crate) fn child_fragment(page: &ChildPage, forms: Option<&Forms>) -> Markup 
             }
             (approvals_section(&page.approvals, forms))
             (receipts_section(&retinue_core::Receipts::of(&page.transcript)))
+            @if let Some(set) = &page.changes { (changes_section(set)) }
             @if let Some(goal) = &c.child.goal { h3 { "goal" } (collapsible(goal)) }
             h3 { "transcript (" (page.transcript.len()) " turns)" }
             div.transcript {

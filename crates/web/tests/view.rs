@@ -47,7 +47,12 @@ fn serve_with(store: &Arc<Store>, profile: &str, token: Option<&str>, writable: 
         all_profiles: false,
         writable,
         approve_key: writable.then(|| "k3y".to_owned()),
+        isolation: None,
     };
+    start(parts, token)
+}
+
+fn start(parts: WebParts, token: Option<&str>) -> Served {
     let bound = retinue_web::bind("127.0.0.1:0".parse().unwrap()).unwrap();
     let base = format!("http://{}", bound.addr());
     let shutdown = WebShutdown::new();
@@ -523,4 +528,79 @@ fn a_writable_view_decides_approvals_only_from_its_own_pages() {
     let (_, page, _) = get_keyed(&format!("{base}/child/sa-0-0000a001"));
     assert!(page.contains("denied") && page.contains("not today"), "{page}");
     assert!(!page.contains("<form"), "no buttons for a decided request");
+}
+
+#[test]
+fn an_isolated_childs_page_shows_its_receipts_and_its_diff_as_text() {
+    use retinue_core::run::{ChangeSet, ChangeState, FileChange, MockIsolation, Owner};
+    let (_home, store) = fixture();
+    unit(&store, "root", "sa-0-dddddddd", "child-d", "isolated", "");
+    say(
+        &store,
+        "child-d",
+        Message {
+            role: "assistant".into(),
+            tool_calls: Some(
+                json!([{"id": "c1", "type": "function", "function": {"name": "write_file", "arguments": "{\"path\":\"src/lib.rs\"}"}}])
+                    .to_string(),
+            ),
+            ..Message::default()
+        },
+    );
+    say(
+        &store,
+        "child-d",
+        Message {
+            role: "tool".into(),
+            content: Some("{\"bytes_written\":3}".into()),
+            tool_call_id: Some("c1".into()),
+            ..Message::default()
+        },
+    );
+    let mut isolation = MockIsolation::new();
+    isolation.expect_change_set().returning(|id, diff| {
+        assert!(diff, "the page shows the diff");
+        Ok((id == "sa-0-dddddddd").then(|| ChangeSet {
+            owner: Owner { subagent_id: id.to_owned(), ..Owner::default() },
+            state: ChangeState::Pending,
+            repository: "/repo".into(),
+            workspace: "/repo".into(),
+            worktree: "/home/retinue/worktrees/sa-0-dddddddd".into(),
+            worktree_present: true,
+            branch: "retinue/sa-0-dddddddd".into(),
+            base: "b".into(),
+            head: "h".into(),
+            files: vec![FileChange {
+                status: "modified",
+                path: "src/lib.rs".into(),
+                old_path: None,
+                added: Some(1),
+                removed: Some(1),
+            }],
+            insertions: 1,
+            deletions: 1,
+            recorded_at: None,
+            untracked_not_copied: 0,
+            diff: Some(format!("--- a/src/lib.rs\n+++ b/src/lib.rs\n@@ -1 +1 @@\n-old\n+{XSS}\n")),
+            diff_truncated: false,
+        }))
+    });
+    let mut parts = WebParts {
+        backend: retinue_core::Backend::of(store.clone()),
+        budget: BudgetLimit::default(),
+        retention: RetentionPolicy::default(),
+        profile: String::new(),
+        all_profiles: false,
+        writable: false,
+        approve_key: None,
+        isolation: None,
+    };
+    parts.isolation = Some(Arc::new(isolation));
+    let served = start(parts, None);
+    let (status, page, _) = get(&format!("{}/child/sa-0-dddddddd", served.base));
+    assert_eq!(status, 200);
+    assert!(page.contains("receipts: 1 tool call (write_file ×1); wrote: src/lib.rs"), "{page}");
+    assert!(page.contains("changes (pending, 1 file changed, +1 −1)"), "{page}");
+    assert!(page.contains("<span class=\"add\">+&lt;script&gt;"), "the diff is text: {page}");
+    assert!(!page.contains("<script>window"), "a script got through");
 }
