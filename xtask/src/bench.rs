@@ -106,7 +106,11 @@ pub(crate) fn bench(args: &[String]) -> Result<(), String> {
     // The children's tools: read_file against a bare read, the sandboxed
     // terminal against a bare spawn.
     let mut tools = program(quick, "retinue-bench", Some("tools"))?;
-    run(tools.args(&quick_arg))
+    run(tools.args(&quick_arg))?;
+    // Isolation (#38): worktree creation against a bare `git worktree add`,
+    // receipts of a long transcript read from the store.
+    let mut isolation = program(quick, "retinue-bench", Some("isolation"))?;
+    run(isolation.args(&quick_arg))
 }
 
 /// The command that runs a bench binary (`example: None`) or example of

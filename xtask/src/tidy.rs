@@ -33,6 +33,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
     // OpenTelemetry's SDK and exporter, for the binary to install (core:
     // the one URL redaction, for the export warning).
     ("retinue-trace", &["retinue-core"]),
+    // Worktrees over the git CLI, behind core's `Isolation` seam.
+    ("retinue-worktree", &["retinue-core"]),
     (
         "retinue-cli",
         &[
@@ -49,6 +51,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "retinue-tools",
             "retinue-store-pg",
             "retinue-fake-model",
+            "retinue-worktree",
         ],
     ),
     // The bench is a harness: it shares testkit's workload with the PostgreSQL bench.
@@ -177,6 +180,7 @@ const ENGINE_FREE: &[(&str, &[&str])] = &[
     ("retinue-store-pg", &["rusqlite", "libsqlite3-sys", "serde_yaml_ng"]),
     ("retinue-store", &["postgres", "tokio-postgres", "serde_yaml_ng"]),
     ("retinue-web", &["rusqlite", "libsqlite3-sys", "postgres", "refinery", "serde_yaml_ng"]),
+    ("retinue-worktree", &["rusqlite", "libsqlite3-sys", "postgres", "refinery", "serde_yaml_ng"]),
 ];
 
 fn check_engine_free(root: &Path, problems: &mut Vec<String>) {

@@ -239,8 +239,7 @@ fn caller(store: &Backend, env: &Env, ids: &[String], parent: Option<&str>) -> R
 pub(crate) fn collector(store: &Backend, env: &Env) -> Collector {
     let authority =
         Arc::new(Authority::new(store.registry.clone(), store.graph.clone(), &env.profile));
-    Collector::new(store.seams.clone(), authority, &env.profile)
-        .with_isolation(crate::changes::worktrees(env))
+    Collector::new(store.seams.clone(), authority, &env.profile).with_isolation(env.worktrees())
 }
 
 fn parent_of(session: &str) -> ParentContext {

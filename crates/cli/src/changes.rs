@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use retinue_core::SystemClock;
-use retinue_core::run::{ChangeSet, Isolation, IsolationError};
+use retinue_core::run::{ChangeSet, IsolationError};
 use retinue_delegate::{DelegateError, change_set_json};
 use serde_json::json;
 
@@ -17,11 +17,6 @@ use crate::env::{Access, Env};
 use crate::error::Result;
 use crate::table::{Table, clip};
 use crate::{Output, approvals, background};
-
-/// The worktrees of this home (`HOME/retinue/worktrees`).
-pub(crate) fn worktrees(env: &Env) -> Arc<dyn Isolation> {
-    Arc::new(retinue_worktree::GitWorktrees::new(retinue_worktree::root_of(&env.home)))
-}
 
 fn files_block(set: &ChangeSet) -> String {
     let mut t = Table::new(&["STATUS", "PATH", "+", "−"]);

@@ -309,7 +309,7 @@ pub(crate) enum ChildrenCommand {
 }
 
 /// `retinue delegate …`.
-#[derive(Debug, Args)]
+#[derive(Debug, Default, Args)]
 #[command(group(ArgGroup::new("work").required(true).args(["goal", "tasks"])))]
 pub(crate) struct DelegateArgs {
     /// The calling parent session [default: a new top-level `cli` session, whose id is printed]
@@ -344,8 +344,14 @@ pub(crate) struct DelegateArgs {
     #[arg(long, value_name = "LIST", value_delimiter = ',', conflicts_with = "follow_up")]
     pub(crate) toolsets: Option<Vec<String>>,
 
-    /// worktree: each child works in its own git worktree and its edits come back as a change set (retinue changes/apply/discard); none: the children share the workspace [default: delegation.isolation, else none]
-    #[arg(long, value_name = "MODE", value_enum, conflicts_with = "follow_up")]
+    /// worktree: a git worktree per child, its edits a change set (see `retinue changes`); none: one shared workspace
+    #[arg(
+        long,
+        value_name = "MODE",
+        value_enum,
+        hide_possible_values = true,
+        conflicts_with = "follow_up"
+    )]
     pub(crate) isolation: Option<IsolationArg>,
 
     /// Run the children in a detached worker process: print the delegation and subagent ids and exit at once (collect with `retinue wait`)

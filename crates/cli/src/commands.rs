@@ -852,8 +852,7 @@ pub(crate) fn delegate(env: &Env, args: &DelegateArgs) -> Result<Output> {
             });
         }
     };
-    // An unknown parent would own children nobody can follow up: checked
-    // through a read-only open, so nothing (not even the file) is created.
+    // An unknown parent would own unreachable children (read-only: nothing created).
     if let Some(p) = &args.parent {
         let p = p.trim();
         let unknown = || {
@@ -883,8 +882,8 @@ pub(crate) fn delegate(env: &Env, args: &DelegateArgs) -> Result<Output> {
         return crate::background::launch(env, &parent_id, created);
     }
     let toolsets = parent_toolsets(&config, &toolbox);
-    let tool = delegator(&store, Arc::new(runtime), config, &env.profile)
-        .with_isolation(crate::changes::worktrees(env));
+    let tool =
+        delegator(&store, Arc::new(runtime), config, &env.profile).with_isolation(env.worktrees());
     let parent_row = store.sessions.session(&parent_id)?;
     let parent = ParentContext {
         session_id: Some(parent_id.clone()),

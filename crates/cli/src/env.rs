@@ -152,6 +152,11 @@ impl Env {
         })
     }
 
+    /// The home's worktrees of isolated children (`HOME/retinue/worktrees`).
+    pub(crate) fn worktrees(&self) -> Arc<dyn retinue_core::run::Isolation> {
+        Arc::new(retinue_worktree::GitWorktrees::new(retinue_worktree::root_of(&self.home)))
+    }
+
     /// The home's configuration, as read when the command started.
     pub(crate) fn config(&self) -> &LoadedConfig {
         &self.config

@@ -37,17 +37,9 @@ fn mcp_error(e: retinue_mcp::McpError) -> CliError {
 /// `retinue mcp [--http ADDR] [--session ID | --new-session] [--model M] [--base-url URL]`.
 pub(crate) fn run(env: &Env, args: &McpArgs) -> Result<Output> {
     let overrides = DelegateArgs {
-        parent: None,
         model: args.model.clone(),
         base_url: args.base_url.clone(),
-        goal: None,
-        tasks: None,
-        follow_up: None,
-        workspace: None,
-        toolsets: None,
-        isolation: None,
-        background: false,
-        detached_worker: false,
+        ..DelegateArgs::default()
     };
     // No model configured: the registry tools still work, and delegate_task
     // answers with the message naming the keys to set.
@@ -99,9 +91,7 @@ pub(crate) fn run(env: &Env, args: &McpArgs) -> Result<Output> {
         Ok((runtime, config, toolbox)) => {
             parent_toolsets = crate::commands::parent_toolsets(&config, &toolbox);
             let runtime: Arc<dyn ChildRuntime> = Arc::new(runtime);
-            let d = delegator(&store, runtime, config, &env.profile)
-                .with_isolation(crate::changes::worktrees(env));
-            Ok(d)
+            Ok(delegator(&store, runtime, config, &env.profile).with_isolation(env.worktrees()))
         }
         Err(e) => {
             eprintln!("retinue mcp: warning: delegate_task is unavailable: {e}");

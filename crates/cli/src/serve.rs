@@ -90,7 +90,7 @@ pub(crate) fn run(
         // On loopback the printed address carries the key that decides (a
         // local process reading the page cannot); remotely the token does.
         approve_key: if read_only || token.is_some() { None } else { Some(random_token()?) },
-        isolation: Some(crate::changes::worktrees(env)),
+        isolation: Some(env.worktrees()),
     };
     let bound = retinue_web::bind(addr).map_err(|e| CliError::Failed(e.to_string()))?;
     let base = match host_names.first() {

@@ -26,7 +26,7 @@ use retinue_core::{
 use serde_json::{Value, json};
 
 use crate::results::ChildReport;
-use crate::{DelegateError, Delegator, Inner, ParentContext};
+use crate::{DelegateError, Inner, ParentContext};
 use retinue_core::Backend;
 use retinue_core::run::{CancelToken, ChildHandle};
 use retinue_lineage::LineageAuthority;
@@ -357,7 +357,7 @@ pub struct Collector {
     pub(crate) backend: Backend,
     pub(crate) authority: Arc<dyn LineageAuthority>,
     pub(crate) profile: String,
-    /// The worktrees of isolated children, when this process keeps any.
+    /// Isolated children's worktrees, when this process keeps any.
     pub(crate) isolation: Option<Arc<dyn retinue_core::run::Isolation>>,
 }
 
@@ -367,30 +367,10 @@ impl std::fmt::Debug for Collector {
     }
 }
 
-impl Delegator {
-    /// The collector over this delegator's registry and authority.
-    pub fn collector(&self) -> Collector {
-        let parts = &self.inner.parts;
-        let collector =
-            Collector::new(parts.backend.clone(), parts.authority.clone(), &parts.profile);
-        match self.inner.isolation.get() {
-            Some(i) => collector.with_isolation(Arc::clone(i)),
-            None => collector,
-        }
-    }
-}
-
 impl Collector {
     /// A collector acting for profile `profile`.
     pub fn new(backend: Backend, authority: Arc<dyn LineageAuthority>, profile: &str) -> Collector {
         Collector { backend, authority, profile: profile.to_owned(), isolation: None }
-    }
-
-    /// The same collector over `isolation`'s worktrees (`changes`,
-    /// `apply`, `discard`).
-    pub fn with_isolation(mut self, isolation: Arc<dyn retinue_core::run::Isolation>) -> Collector {
-        self.isolation = Some(isolation);
-        self
     }
 
     /// The unit `id` (a delegation id, subagent id or child session id) if

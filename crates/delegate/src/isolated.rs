@@ -7,9 +7,12 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use retinue_core::run::{ChangeSet, ChangeState, Isolation, IsolationError, IsolationMode, Owner};
-use retinue_core::{ChildManifest, RetainedChild, Scope, UnitState};
-use serde_json::{Value, json};
+use retinue_core::run::{
+    ChangeSet, ChangeState, ChildSpec, Isolation, IsolationError, IsolationMode, Owner,
+};
+use retinue_core::{
+    ChildManifest, ChildStatus, EndReason, ExitReason, RetainedChild, Scope, UnitState,
+};
 
 use crate::results::ChildReport;
 use crate::{Collector, Decider, DelegateError, Inner, ParentContext, SpawnRequest, TaskSpec};
@@ -19,8 +22,25 @@ pub(crate) fn mode_of(inner: &Inner, request: &SpawnRequest, task: &TaskSpec) ->
     task.isolation.or(request.isolation).unwrap_or(inner.parts.config.isolation)
 }
 
-/// Refuses an isolated spawn that cannot work, before anything is written.
-pub(crate) fn check(inner: &Inner, parent: &ParentContext) -> Result<(), DelegateError> {
+/// Which tasks of `request` run isolated; an isolated spawn that cannot
+/// work is refused here, before anything is written.
+pub(crate) fn plan(
+    inner: &Inner,
+    request: &SpawnRequest,
+    parent: &ParentContext,
+) -> Result<Vec<bool>, DelegateError> {
+    let isolated: Vec<bool> = request
+        .tasks
+        .iter()
+        .map(|t| mode_of(inner, request, t) == IsolationMode::Worktree)
+        .collect();
+    if isolated.contains(&true) {
+        check(inner, parent)?;
+    }
+    Ok(isolated)
+}
+
+fn check(inner: &Inner, parent: &ParentContext) -> Result<(), DelegateError> {
     let Some(isolation) = inner.isolation.get() else {
         return Err(DelegateError::Isolation(IsolationError::Io {
             operation: "isolation `worktree`".to_owned(),
@@ -36,17 +56,43 @@ pub(crate) fn check(inner: &Inner, parent: &ParentContext) -> Result<(), Delegat
     isolation.check(workspace).map_err(DelegateError::Isolation)
 }
 
-/// Creates the child's worktree; its workspace inside it.
-pub(crate) fn prepare(
+/// `spec` in a worktree of its own, created now; when it cannot be, the
+/// child's result: it never ran (its session ends as an error).
+pub(crate) fn in_worktree(
     inner: &Inner,
+    delegation_id: &str,
     parent: &ParentContext,
-    owner: Owner,
-) -> Result<PathBuf, IsolationError> {
-    let (Some(isolation), Some(workspace)) = (inner.isolation.get(), parent.workspace.as_deref())
-    else {
-        return Err(IsolationError::NotARepository { workspace: "(no workspace)".to_owned() });
+    spec: &ChildSpec,
+) -> Result<ChildSpec, Box<ChildReport>> {
+    let owner = Owner {
+        subagent_id: spec.subagent_id.clone(),
+        delegation_id: delegation_id.to_owned(),
+        parent_session_id: parent.session_id.clone().unwrap_or_default(),
+        owner_profile: inner.parts.profile.clone(),
     };
-    isolation.prepare(workspace, &owner)
+    let prepared = match (inner.isolation.get(), parent.workspace.as_deref()) {
+        (Some(isolation), Some(workspace)) => isolation.prepare(workspace, &owner),
+        _ => Err(IsolationError::NotARepository { workspace: "(no workspace)".to_owned() }),
+    };
+    let e = match prepared {
+        Ok(workspace) => return Ok(ChildSpec { workspace: Some(workspace), ..spec.clone() }),
+        Err(e) => e,
+    };
+    let session = &spec.session_id;
+    if let Err(x) = inner.parts.backend.sessions.end_session(session, &EndReason::Error) {
+        log::warn!("could not end child session {session}: {x}");
+    }
+    Err(Box::new(ChildReport {
+        task_index: spec.task_index,
+        status: ChildStatus::Error,
+        exit_reason: ExitReason::Error,
+        model: spec.model.clone(),
+        child_session_id: session.clone(),
+        subagent_id: spec.subagent_id.clone(),
+        toolsets: spec.toolsets.clone(),
+        error: Some(format!("could not create the child's worktree: {e}")),
+        ..ChildReport::default()
+    }))
 }
 
 /// The workspace of a child that resumes: its worktree when it has one.
@@ -76,14 +122,17 @@ pub(crate) fn record(inner: &Inner, report: &mut ChildReport) {
     }
 }
 
-/// Removes the worktrees of children no longer retained whose changes
-/// were applied, discarded or empty; pending ones are kept (and listed by
-/// `changes --pending`).
+/// Removes the worktrees of this profile's children no longer retained
+/// whose changes were applied, discarded or empty; pending ones are kept
+/// (and listed by `changes --pending`). Another profile's are never
+/// looked at: this process's registry view cannot say whether they are
+/// retained.
 pub(crate) fn sweep(inner: &Inner) {
     let Some(isolation) = inner.isolation.get() else { return };
     let Ok(sets) = isolation.list() else { return };
     let registry = &inner.parts.backend.registry;
-    for set in sets.iter().filter(|s| s.state != ChangeState::Pending) {
+    let mine = |s: &&ChangeSet| s.owner.owner_profile == inner.parts.profile;
+    for set in sets.iter().filter(mine).filter(|s| s.state != ChangeState::Pending) {
         let id = &set.owner.subagent_id;
         if matches!(registry.find_retained_child(id), Ok(None)) {
             match isolation.forget(id) {
@@ -95,14 +144,27 @@ pub(crate) fn sweep(inner: &Inner) {
     }
 }
 
-/// A change set as every surface shows it (with `diffstat`).
-pub fn change_set_json(set: &ChangeSet) -> Value {
-    let mut v = json!(set);
-    v["diffstat"] = json!(set.diffstat());
-    v
+impl crate::Delegator {
+    /// The collector over this delegator's registry, authority and worktrees.
+    pub fn collector(&self) -> Collector {
+        let parts = &self.inner.parts;
+        let collector =
+            Collector::new(parts.backend.clone(), parts.authority.clone(), &parts.profile);
+        match self.inner.isolation.get() {
+            Some(i) => collector.with_isolation(Arc::clone(i)),
+            None => collector,
+        }
+    }
 }
 
 impl Collector {
+    /// The same collector over `isolation`'s worktrees (`changes`,
+    /// `apply`, `discard`).
+    pub fn with_isolation(mut self, isolation: Arc<dyn Isolation>) -> Collector {
+        self.isolation = Some(isolation);
+        self
+    }
+
     /// The collector's worktrees, or the error every command answers
     /// without them.
     fn isolation(&self) -> Result<&Arc<dyn Isolation>, DelegateError> {

@@ -19,6 +19,7 @@ mod budget;
 mod decide;
 mod error;
 mod follow_up;
+mod ids;
 mod isolated;
 mod live;
 mod nested;
@@ -40,12 +41,11 @@ use retinue_lineage::LineageAuthority;
 pub use background::{CancelReport, Collector, SteerReport, WaitEntry, WaitReport, WaitState};
 pub use decide::{Decider, Ruling, approval_json, is_pending};
 pub use error::{DelegateError, DelegateErrorKind};
-pub use isolated::change_set_json;
 pub use request::{
     DelegateOutcome, DelegateRequest, Dispatch, DispatchedChild, FollowUp, FollowUpReport,
     SpawnRequest, TaskSpec, UnitReport,
 };
-pub use results::{ChildReport, model_text, receipt_lines, receipts_json};
+pub use results::{ChildReport, change_set_json, model_text, receipt_lines, receipts_json};
 pub use retinue_core::run::{
     BudgetMeter, CallPermit, CallPlan, CallRefusal, CallUsage, CancelReason, CancelToken,
     ChildHandle, ChildOutcome, ChildRuntime, ChildSpec, CompletionSink, Delegate, RunContext,
@@ -165,7 +165,7 @@ impl Delegator {
 
     /// A tool over these collaborators.
     pub fn new(parts: DelegatorParts) -> Delegator {
-        Delegator::new_with_ids(parts, Arc::new(spawn::random_hex))
+        Delegator::new_with_ids(parts, Arc::new(ids::random_hex))
     }
 
     /// A tool whose new ids draw their random hex from `ids` (an
@@ -208,7 +208,7 @@ impl Delegator {
     /// unit whose thread cannot start is finalised as failed at once, its
     /// slot and budget reservation given back.
     pub fn new_with_threads(parts: DelegatorParts, threads: ThreadStarter) -> Delegator {
-        Delegator::build(parts, Arc::new(spawn::random_hex), threads)
+        Delegator::build(parts, Arc::new(ids::random_hex), threads)
     }
 
     /// Asks `prompter` too about every approval request of this

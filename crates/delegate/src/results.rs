@@ -55,6 +55,13 @@ pub struct ChildReport {
     pub changes_error: Option<String>,
 }
 
+/// A change set as every surface shows it (with `diffstat`).
+pub fn change_set_json(set: &retinue_core::run::ChangeSet) -> Value {
+    let mut v = json!(set);
+    v["diffstat"] = json!(set.diffstat());
+    v
+}
+
 /// Receipts as every surface writes them: the counts, lists and the line
 /// a parent model reads.
 pub fn receipts_json(r: &Receipts) -> Value {
@@ -105,6 +112,28 @@ pub fn model_text(result: &Value) -> String {
         text.push_str(&line);
     }
     text
+}
+
+/// What a finished run did: the receipts of the messages its session got
+/// after `after_id` (a follow-up's history is not its own), with the run's
+/// tokens and duration; `None` when the transcript cannot be read.
+pub(crate) fn receipts_of_run(
+    sessions: &dyn SessionStore,
+    report: &ChildReport,
+    after_id: i64,
+) -> Option<Receipts> {
+    let session = &report.child_session_id;
+    match sessions.conversation(session) {
+        Ok(messages) => {
+            let ran: Vec<Message> = messages.into_iter().filter(|m| m.id > after_id).collect();
+            let (tokens, secs) = (report.tokens, report.duration_seconds);
+            Some(Receipts::of(&ran).with_run(tokens.input, tokens.output, secs))
+        }
+        Err(e) => {
+            log::warn!("could not read {session}'s transcript for its receipts: {e}");
+            None
+        }
+    }
 }
 
 /// A duration in seconds as the wire writes it (two decimals).
@@ -179,7 +208,7 @@ impl ChildReport {
             m.insert("receipts".into(), receipts_json(r));
         }
         if let Some(c) = &self.changes {
-            m.insert("changes".into(), crate::isolated::change_set_json(c));
+            m.insert("changes".into(), change_set_json(c));
         }
         if let Some(e) = &self.changes_error {
             m.insert("changes_error".into(), json!(e));

@@ -1,16 +1,16 @@
 //! The spawn flow (semantics §6.4): durable unit first, then the children, then
 //! finalize, completion, delivery and the history pruner.
 
+use retinue_core::EndReason;
 use retinue_core::{CompletionEvent, UnitState};
-use retinue_core::{EndReason, Receipts};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use retinue_core::{
-    ChildManifest, ChildStatus, Completion, DeliveryFilter, ExitReason, Lookup, Message,
-    NewSession, Role, Spend, UnitDraft, current_owner, truncate_chars,
+    ChildManifest, ChildStatus, Completion, DeliveryFilter, ExitReason, Message, NewSession, Role,
+    Spend, UnitDraft, current_owner, truncate_chars,
 };
 use retinue_usage::{ChildRun, FinalizeContext, FinalizeEntry, ParentCost, Tokens};
 use serde_json::json;
@@ -25,13 +25,6 @@ use opentelemetry::Context;
 use crate::telemetry;
 use crate::{Inner, ParentContext, texts};
 use retinue_core::run::{self, CancelReason, CancelToken, ChildHandle, ChildOutcome, ChildSpec};
-
-/// The default id source: [`retinue_core::random_hex`]. A failing random
-/// source draws the empty string, which `fresh_ids` never takes for an id:
-/// the spawn is refused.
-pub(crate) fn random_hex(bytes: usize) -> String {
-    retinue_core::random_hex(bytes).unwrap_or_default()
-}
 
 /// The role a child gets: `orchestrator` only where hermes allows one
 /// (`orchestrator_enabled`, and the child's depth below `max_spawn_depth`).
@@ -267,7 +260,6 @@ fn execute_in(
         accepting_steer: steerable,
     });
     let token = cancel.child(child_timeout(parts.config.child_timeout_seconds));
-    // A follow-up's receipts cover what this run appended, not the history.
     let resumed_up_to = input.history.iter().map(|m| m.id).max().unwrap_or(0);
     let mut outcome = run_child(inner, &handle, input, &session_id, &token, span);
     charge_run(&token, &mut outcome);
@@ -296,20 +288,8 @@ fn execute_in(
     }
     result.endpoint = outcome.endpoint.filter(|e| !e.trim().is_empty());
     result.duration_seconds = started.elapsed().as_secs_f64();
-    result.receipts = match parts.backend.sessions.conversation(&session_id) {
-        Ok(messages) => {
-            let ran: Vec<_> = messages.into_iter().filter(|m| m.id > resumed_up_to).collect();
-            Some(Receipts::of(&ran).with_run(
-                result.tokens.input,
-                result.tokens.output,
-                result.duration_seconds,
-            ))
-        }
-        Err(e) => {
-            log::warn!("could not read {session_id}'s transcript for its receipts: {e}");
-            None
-        }
-    };
+    result.receipts =
+        crate::results::receipts_of_run(&*parts.backend.sessions, &result, resumed_up_to);
     (result, outcome.tokens.cached_input)
 }
 
@@ -370,51 +350,6 @@ pub(crate) struct Planned {
 /// The handles of the planned children, for the mailbox's watch.
 fn handles(planned: &[Planned]) -> Vec<ChildHandle> {
     planned.iter().map(|p| ChildHandle::of(&p.spec)).collect()
-}
-
-/// How many draws a new id gets before the spawn gives up.
-const ID_DRAWS: usize = 16;
-
-/// A subagent id (32 random bits) and a session id for task `i` that no
-/// stored row and no sibling planned so far uses: a drawn id already in use
-/// is drawn again (a lookup by id must never find two children).
-fn fresh_ids(
-    inner: &Inner,
-    i: usize,
-    planned: &[Planned],
-) -> Result<(String, String), DelegateError> {
-    let parts = &inner.parts;
-    for _ in 0..ID_DRAWS {
-        let (sa_hex, sess_hex) = ((inner.ids)(4), (inner.ids)(8));
-        if sa_hex.len() < 8 || sess_hex.len() < 16 {
-            // A short draw (a failing random source) is never an id.
-            continue;
-        }
-        let (sa, sess) = (format!("sa-{i}-{sa_hex}"), format!("sess_{sess_hex}"));
-        let taken_here = planned.iter().any(|p| {
-            p.spec.subagent_id == sa || p.spec.session_id == sess || p.spec.session_id == sa
-        });
-        if taken_here {
-            continue;
-        }
-        let sa_free = matches!(
-            parts.backend.registry.lookup(&sa).map_err(DelegateError::Storage)?,
-            Lookup::Unknown
-        );
-        let sess_free =
-            parts.backend.sessions.session(&sess).map_err(DelegateError::Storage)?.is_none()
-                && matches!(
-                    parts.backend.registry.lookup(&sess).map_err(DelegateError::Storage)?,
-                    Lookup::Unknown
-                );
-        if sa_free && sess_free {
-            return Ok((sa, sess));
-        }
-        log::warn!("a drawn child id collided with a stored one ({sa} / {sess}); drawing again");
-    }
-    Err(DelegateError::Runtime(format!(
-        "could not draw an unused child id in {ID_DRAWS} tries; no child was started"
-    )))
 }
 
 /// One of the `max_concurrent_children` background slots, given back when
@@ -553,14 +488,7 @@ fn plan(
     let provider =
         Some(config.provider.clone()).filter(|p| !p.is_empty()).or_else(|| parent.provider.clone());
     let non_empty = |s: &str| Some(s.to_owned()).filter(|s| !s.is_empty());
-    let isolated: Vec<bool> = request
-        .tasks
-        .iter()
-        .map(|t| crate::isolated::mode_of(inner, request, t) == run::IsolationMode::Worktree)
-        .collect();
-    if isolated.contains(&true) {
-        crate::isolated::check(inner, parent)?;
-    }
+    let isolated = crate::isolated::plan(inner, request, parent)?;
     let mut planned = Vec::with_capacity(request.tasks.len());
     for (i, task) in request.tasks.iter().enumerate() {
         let wanted = task.role.as_deref().map_or_else(|| request.role.clone(), Role::parse);
@@ -572,7 +500,12 @@ fn plan(
             &role,
             config.inherit_mcp_toolsets,
         );
-        let (subagent_id, session_id) = fresh_ids(inner, i, &planned)?;
+        let taken = |sa: &str, sess: &str| {
+            planned.iter().any(|p: &Planned| {
+                p.spec.subagent_id == sa || p.spec.session_id == sess || p.spec.session_id == sa
+            })
+        };
+        let (subagent_id, session_id) = crate::ids::fresh_ids(inner, i, taken)?;
         let spec = ChildSpec {
             subagent_id,
             session_id,
@@ -922,19 +855,13 @@ fn run_one(
             log::warn!("could not write the opening turn of {}: {e}", p.spec.session_id);
         }
     }
-    let mut spec = std::borrow::Cow::Borrowed(&p.spec);
-    if p.isolated {
-        let owner = run::Owner {
-            subagent_id: p.spec.subagent_id.clone(),
-            delegation_id: delegation_id.to_owned(),
-            parent_session_id: parent.session_id.clone().unwrap_or_default(),
-            owner_profile: inner.parts.profile.clone(),
-        };
-        match crate::isolated::prepare(inner, parent, owner) {
-            Ok(workspace) => spec.to_mut().workspace = Some(workspace),
-            Err(e) => return not_isolated(inner, p, &e),
-        }
-    }
+    let spec = match p.isolated {
+        true => match crate::isolated::in_worktree(inner, delegation_id, parent, &p.spec) {
+            Ok(spec) => std::borrow::Cow::Owned(spec),
+            Err(report) => return *report,
+        },
+        false => std::borrow::Cow::Borrowed(&p.spec),
+    };
     let mut report =
         execute(inner, &spec, p.input.clone(), true, parent.session_id.clone(), cancel, call);
     report.toolsets_dropped = p.dropped.clone();
@@ -942,26 +869,6 @@ fn run_one(
         crate::isolated::record(inner, &mut report);
     }
     report
-}
-
-/// The result of an isolated child whose worktree could not be made: it
-/// never ran (its session ends as an error).
-fn not_isolated(inner: &Inner, p: &Planned, e: &run::IsolationError) -> ChildReport {
-    let session = &p.spec.session_id;
-    if let Err(x) = inner.parts.backend.sessions.end_session(session, &EndReason::Error) {
-        log::warn!("could not end child session {session}: {x}");
-    }
-    ChildReport {
-        task_index: p.spec.task_index,
-        status: ChildStatus::Error,
-        exit_reason: ExitReason::Error,
-        model: p.spec.model.clone(),
-        child_session_id: session.clone(),
-        subagent_id: p.spec.subagent_id.clone(),
-        toolsets: p.spec.toolsets.clone(),
-        error: Some(format!("could not create the child's worktree: {e}")),
-        ..ChildReport::default()
-    }
 }
 
 fn complete(

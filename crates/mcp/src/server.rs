@@ -8,7 +8,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use retinue_delegate::{CancelToken, Collector, DelegateOutcome, DelegateRequest, ParentContext};
+use retinue_delegate::{
+    CancelToken, Collector, DelegateOutcome, DelegateRequest, Delegator, ParentContext,
+};
 #[expect(deprecated)]
 // LoggingLevel, LoggingMessageNotificationParam: see `announce_when_done`
 use rmcp::model::{
@@ -131,13 +133,10 @@ impl RetinueServer {
             Err(_) => retinue_delegate::delegate_task_schema(&Default::default()),
         };
         let specs = tools::tool_specs(&schema);
-        // The delegator's collector keeps its worktrees (change sets).
-        let collector = match &parts.delegator {
-            Ok(d) => d.collector(),
-            Err(_) => {
-                Collector::new(parts.backend.clone(), parts.authority.clone(), &parts.profile)
-            }
-        };
+        let collector = parts.delegator.as_ref().map_or_else(
+            |_| Collector::new(parts.backend.clone(), parts.authority.clone(), &parts.profile),
+            Delegator::collector, // with its worktrees (change sets)
+        );
         let prompter = parts.delegator.as_ref().ok().map(|d| {
             let p = Arc::new(crate::approvals::McpPrompter::default());
             d.set_approval_prompter(p.clone());
@@ -556,14 +555,9 @@ impl ServerHandler for RetinueServer {
         };
         let response = match name {
             tools::DELEGATE_TASK => self.delegate_task(args, progress, &context, as_task).await,
-            tools::WAIT_SUBAGENTS
-            | tools::STEER_SUBAGENT
-            | tools::CANCEL_SUBAGENT
-            | tools::LIST_APPROVALS
-            | tools::DECIDE_APPROVAL
-            | tools::SUBAGENT_CHANGES
-            | tools::APPLY_CHANGES
-            | tools::DISCARD_CHANGES => self.background_tool(name, args, &context).await.into(),
+            n if tools::BLOCKING.contains(&n) => {
+                self.background_tool(name, args, &context).await.into()
+            }
             _ => self.registry_tool(name, args).await.into(),
         };
         let late =

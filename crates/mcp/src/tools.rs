@@ -34,6 +34,17 @@ pub const CANCEL_SUBAGENT: &str = "cancel_subagent";
 pub const LIST_APPROVALS: &str = "list_approvals";
 /// `decide_approval`.
 pub const DECIDE_APPROVAL: &str = "decide_approval";
+/// The tools whose bodies block (`tasks::run_tool` on a blocking thread).
+pub(crate) const BLOCKING: &[&str] = &[
+    WAIT_SUBAGENTS,
+    STEER_SUBAGENT,
+    CANCEL_SUBAGENT,
+    LIST_APPROVALS,
+    DECIDE_APPROVAL,
+    SUBAGENT_CHANGES,
+    APPLY_CHANGES,
+    DISCARD_CHANGES,
+];
 /// `subagent_changes`.
 pub const SUBAGENT_CHANGES: &str = "subagent_changes";
 /// `apply_changes`.

@@ -131,9 +131,13 @@ impl GitWorktrees {
         self
     }
 
-    fn load(&self, id: &str) -> Result<Record, IsolationError> {
-        record::load(&self.root, id)?
-            .ok_or_else(|| IsolationError::Unknown { subagent_id: id.trim().to_owned() })
+    /// `id`'s record under its lock (an unknown id takes no lock and
+    /// creates nothing).
+    fn locked(&self, id: &str) -> Result<(record::Lock, Record), IsolationError> {
+        let unknown = || IsolationError::Unknown { subagent_id: id.trim().to_owned() };
+        record::load(&self.root, id)?.ok_or_else(unknown)?;
+        let lock = record::lock(&self.root, id)?;
+        Ok((lock, record::load(&self.root, id)?.ok_or_else(unknown)?))
     }
 
     fn view(&self, r: &Record, diff: bool) -> Result<ChangeSet, IsolationError> {
@@ -275,8 +279,7 @@ impl Isolation for GitWorktrees {
     }
 
     fn record(&self, subagent_id: &str) -> Result<ChangeSet, IsolationError> {
-        let _lock = record::lock(&self.root, subagent_id)?;
-        let mut r = self.load(subagent_id)?;
+        let (_lock, mut r) = self.locked(subagent_id)?;
         match r.state() {
             ChangeState::Discarded => {
                 return Err(IsolationError::Discarded { subagent_id: r.subagent_id });
@@ -351,8 +354,7 @@ impl Isolation for GitWorktrees {
     }
 
     fn apply(&self, subagent_id: &str) -> Result<ChangeSet, IsolationError> {
-        let _lock = record::lock(&self.root, subagent_id)?;
-        let mut r = self.load(subagent_id)?;
+        let (_lock, mut r) = self.locked(subagent_id)?;
         let id = r.subagent_id.clone();
         match r.state() {
             ChangeState::Applied => return Err(IsolationError::AlreadyApplied { subagent_id: id }),
@@ -379,8 +381,7 @@ impl Isolation for GitWorktrees {
     }
 
     fn discard(&self, subagent_id: &str) -> Result<ChangeSet, IsolationError> {
-        let _lock = record::lock(&self.root, subagent_id)?;
-        let mut r = self.load(subagent_id)?;
+        let (_lock, mut r) = self.locked(subagent_id)?;
         if r.state() == ChangeState::Discarded {
             return Err(IsolationError::Discarded { subagent_id: r.subagent_id });
         }
@@ -392,8 +393,11 @@ impl Isolation for GitWorktrees {
     }
 
     fn forget(&self, subagent_id: &str) -> Result<bool, IsolationError> {
-        let lock = record::lock(&self.root, subagent_id)?;
-        let Some(r) = record::load(&self.root, subagent_id)? else { return Ok(false) };
+        let (lock, r) = match self.locked(subagent_id) {
+            Ok(found) => found,
+            Err(IsolationError::Unknown { .. }) => return Ok(false),
+            Err(e) => return Err(e),
+        };
         if r.state() == ChangeState::Pending {
             return Ok(false);
         }

@@ -207,3 +207,22 @@ fn a_workspace_in_a_subdirectory_maps_into_the_worktree() {
     let set = f.wt.record("sa-0-aaaa").expect("record");
     assert_eq!(set.files[0].path, "src/lib.rs");
 }
+
+#[test]
+fn an_unknown_child_is_unknown_and_nothing_is_created() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let root = tmp.path().join("never-made");
+    let wt = GitWorktrees::new(root.clone());
+    for err in [
+        wt.record("sa-0-none").expect_err("record"),
+        wt.apply("sa-0-none").expect_err("apply"),
+        wt.discard("sa-0-none").expect_err("discard"),
+    ] {
+        assert!(matches!(err, IsolationError::Unknown { .. }), "{err}");
+    }
+    assert!(!wt.forget("sa-0-none").expect("forget"));
+    assert_eq!(wt.reopen("sa-0-none").expect("reopen"), None);
+    assert_eq!(wt.change_set("../../etc/passwd", true).expect("a hostile id"), None);
+    assert!(wt.list().expect("list").is_empty());
+    assert!(!root.exists(), "nothing created");
+}

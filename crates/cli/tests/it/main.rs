@@ -680,6 +680,7 @@ fn delegate_spawns_on_the_configured_model() {
         ".results[].subagent_id" => "[sa]",
         ".results[].child_session_id" => "[sid]",
         ".results[].duration_seconds" => "[t]",
+        ".results[].receipts.duration_seconds" => "[t]",
         ".results[].endpoint" => "[fake model]",
         ".total_duration_seconds" => "[t]",
     });
@@ -729,6 +730,7 @@ fn delegate_follow_up_resumes_a_hermes_child() {
     assert_eq!(v["child_session_id"], fx.fx.batch_sessions[1]);
     insta::assert_json_snapshot!("delegate_follow_up", v, {
         ".results[].duration_seconds" => "[t]",
+        ".results[].receipts.duration_seconds" => "[t]",
         ".results[].endpoint" => "[fake model]",
         ".total_duration_seconds" => "[t]",
     });

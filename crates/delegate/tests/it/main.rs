@@ -310,7 +310,7 @@ fn follow_up_resumes_completed_child() {
         fx.store.claim_resume(&id, 0).expect("claim"),
         retinue_core::ResumeClaim::Claimed { .. }
     ));
-    insta::assert_json_snapshot!("resume_result", out, {".delegation_id" => "[id]", ".total_duration_seconds" => "[t]", ".results[].duration_seconds" => "[t]"});
+    insta::assert_json_snapshot!("resume_result", out, {".delegation_id" => "[id]", ".total_duration_seconds" => "[t]", ".results[].duration_seconds" => "[t]", ".results[].receipts.duration_seconds" => "[t]"});
 }
 
 #[test]
@@ -507,6 +507,7 @@ fn sync_delegation_is_retained_and_resumable() {
     insta::assert_json_snapshot!("sync_result", out, {
         ".delegation_id" => "[id]", ".total_duration_seconds" => "[t]",
         ".results[].duration_seconds" => "[t]", ".results[].subagent_id" => "[sa]",
+        ".results[].receipts.duration_seconds" => "[t]",
         ".results[].child_session_id" => "[sid]"
     });
 }
