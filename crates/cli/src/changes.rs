@@ -49,7 +49,12 @@ fn set_human(set: &ChangeSet) -> String {
     }
     text.push_str(&files_block(set));
     if let Some(diff) = &set.diff {
-        text.push_str(diff);
+        // The child wrote it: no escape sequence reaches the terminal.
+        let shown: String = diff
+            .chars()
+            .map(|c| if c.is_control() && c != '\n' && c != '\t' { '\u{fffd}' } else { c })
+            .collect();
+        text.push_str(&shown);
         if set.diff_truncated {
             text.push_str("\n(diff cut at 1 MiB)\n");
         }

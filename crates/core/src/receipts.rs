@@ -132,11 +132,12 @@ impl Receipts {
                     }
                     "terminal" if r.commands.len() < LIST_MAX => {
                         let command = args.get("command").and_then(Value::as_str).unwrap_or("");
-                        let exit_code = if ran {
-                            result.as_ref().and_then(|v| v.get("exit_code")).and_then(Value::as_i64)
-                        } else {
-                            None
-                        };
+                        // A command that timed out or was killed has an
+                        // exit code and an error: it ran (and failed).
+                        let exit_code = result
+                            .as_ref()
+                            .and_then(|v| v.get("exit_code"))
+                            .and_then(Value::as_i64);
                         r.commands.push(CommandReceipt {
                             command: truncate_chars(command, COMMAND_MAX_CHARS),
                             exit_code,
@@ -296,6 +297,17 @@ mod tests {
             "receipts: 6 tool calls (mcp__gh__issues ×1, patch ×1, read_file ×2, terminal ×1: \
              \"cargo test\" exit 101, write_file ×1); 1 failed; wrote: src/a.rs"
         );
+    }
+
+    #[test]
+    fn a_command_that_timed_out_ran_and_failed() {
+        let r = Receipts::of(&[
+            assistant(&[("c1", "terminal", json!({"command": "sleep 999"}))]),
+            tool("c1", json!({"output": "", "exit_code": 124, "error": "timed out after 60 s"})),
+        ]);
+        assert_eq!(r.failed_calls, 1);
+        assert_eq!(r.commands[0].exit_code, Some(124));
+        assert!(r.line().contains("\"sleep 999\" exit 124"), "{}", r.line());
     }
 
     #[test]

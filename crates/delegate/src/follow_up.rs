@@ -317,9 +317,12 @@ fn resumed_spec(
         config,
         parent,
     );
-    let workspace = restored_workspace(fu, m.workspace.as_deref(), parent)?;
-    // An isolated child resumes in its worktree, on top of its changes.
-    let workspace = crate::isolated::reopen(inner, &entry.subagent_id)?.or(workspace);
+    // An isolated child resumes in its worktree, on top of its changes; one
+    // whose worktree record is gone is refused by the recorded path check.
+    let workspace = match crate::isolated::reopen(inner, &entry.subagent_id)? {
+        Some(worktree) => Some(worktree),
+        None => restored_workspace(fu, m.workspace.as_deref(), parent)?,
+    };
     let grant = crate::toolsets::grant(
         &config.toolsets,
         parent,

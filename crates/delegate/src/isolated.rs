@@ -56,6 +56,20 @@ fn check(inner: &Inner, parent: &ParentContext) -> Result<(), DelegateError> {
     isolation.check(workspace).map_err(DelegateError::Isolation)
 }
 
+/// Where an isolated child's workspace will be (its manifest records it).
+pub(crate) fn workspace_of(
+    inner: &Inner,
+    parent: &ParentContext,
+    subagent_id: &str,
+) -> Result<PathBuf, DelegateError> {
+    match (inner.isolation.get(), parent.workspace.as_deref()) {
+        (Some(isolation), Some(workspace)) => {
+            isolation.workspace_of(workspace, subagent_id).map_err(DelegateError::Isolation)
+        }
+        _ => check(inner, parent).map(|()| PathBuf::new()),
+    }
+}
+
 /// `spec` in a worktree of its own, created now; when it cannot be, the
 /// child's result: it never ran (its session ends as an error).
 pub(crate) fn in_worktree(
@@ -132,9 +146,17 @@ pub(crate) fn sweep(inner: &Inner) {
     let Ok(sets) = isolation.list() else { return };
     let registry = &inner.parts.backend.registry;
     let mine = |s: &&ChangeSet| s.owner.owner_profile == inner.parts.profile;
-    for set in sets.iter().filter(mine).filter(|s| s.state != ChangeState::Pending) {
+    // Recorded (never a child still running its first run), not pending,
+    // its unit finished (or pruned away) and the child no longer retained.
+    let done = |s: &&ChangeSet| s.state != ChangeState::Pending && s.recorded_at.is_some();
+    for set in sets.iter().filter(mine).filter(done) {
         let id = &set.owner.subagent_id;
-        if matches!(registry.find_retained_child(id), Ok(None)) {
+        let finished = match inner.parts.backend.controls.unit_view(id) {
+            Ok(Some(unit)) => unit.is_finished(),
+            Ok(None) => true,
+            Err(_) => false,
+        };
+        if finished && matches!(registry.find_retained_child(id), Ok(None)) {
             match isolation.forget(id) {
                 Ok(true) => log::info!("the worktree of {id} (no longer retained) was removed"),
                 Ok(false) => {}

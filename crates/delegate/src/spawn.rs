@@ -506,6 +506,10 @@ fn plan(
             })
         };
         let (subagent_id, session_id) = crate::ids::fresh_ids(inner, i, taken)?;
+        let workspace = match isolated[i] {
+            true => Some(crate::isolated::workspace_of(inner, parent, &subagent_id)?),
+            false => parent.workspace.clone(),
+        };
         let spec = ChildSpec {
             subagent_id,
             session_id,
@@ -517,7 +521,7 @@ fn plan(
             provider: provider.clone(),
             api_mode: non_empty(&config.api_mode),
             toolsets: grant.granted,
-            workspace: parent.workspace.clone(),
+            workspace,
             depth: parent.depth + 1,
             max_iterations: config.max_iterations,
             resume_session_id: None,

@@ -61,7 +61,10 @@ impl Git {
             .arg("-C")
             .arg(dir)
             .args(["-c", "core.hooksPath=/dev/null", "-c", "commit.gpgSign=false"])
-            .args(["-c", "core.quotePath=false", "-c", "advice.detachedHead=false"]);
+            .args(["-c", "core.quotePath=false", "-c", "advice.detachedHead=false"])
+            // Never start a program the repository's files could name.
+            .args(["-c", "core.fsmonitor=false", "-c", "diff.ignoreSubmodules=all"])
+            .args(["-c", "submodule.recurse=false", "-c", "status.submoduleSummary=false"]);
         Git { cmd, what: String::new(), input: None }
     }
 

@@ -52,6 +52,41 @@ fn io(operation: String, e: &std::io::Error) -> IsolationError {
     IsolationError::Io { operation, message: e.to_string() }
 }
 
+/// The oldest git this crate works with: `merge-tree --write-tree
+/// --merge-base` came with 2.40.
+pub const GIT_MIN: (u32, u32) = (2, 40);
+
+/// `(major, minor)` of a `git version X.Y.Z…` line.
+fn parse_version(text: &str) -> Option<(u32, u32)> {
+    let version = text.split_whitespace().nth(2)?;
+    let mut parts = version.split('.');
+    Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
+}
+
+/// Refuses a missing or too old `git`, once per process.
+fn git_usable() -> Result<(), IsolationError> {
+    static CHECKED: std::sync::OnceLock<Result<(), IsolationError>> = std::sync::OnceLock::new();
+    CHECKED
+        .get_or_init(|| {
+            let refuse = |found: String| IsolationError::Git {
+                operation: "--version".to_owned(),
+                message: format!(
+                    "isolation `worktree` needs git {}.{} or newer; found {found}",
+                    GIT_MIN.0, GIT_MIN.1
+                ),
+            };
+            let out = Git::at(Path::new("."))
+                .args(["--version"])
+                .run()
+                .map_err(|e| refuse(e.to_string()))?;
+            match parse_version(&out.text()) {
+                Some(v) if v >= GIT_MIN => Ok(()),
+                _ => Err(refuse(out.text())),
+            }
+        })
+        .clone()
+}
+
 /// The repository's top level and the workspace's path inside it.
 fn locate(workspace: &Path) -> Result<(PathBuf, String), IsolationError> {
     let not_repo = || IsolationError::NotARepository { workspace: workspace.display().to_string() };
@@ -67,6 +102,38 @@ fn locate(workspace: &Path) -> Result<(PathBuf, String), IsolationError> {
         return Err(IsolationError::NoCommit { repository: top.display().to_string() });
     }
     Ok((top, prefix.trim_end_matches('/').to_owned()))
+}
+
+/// Refuses a worktree holding a git repository of the child's making (a
+/// `.git` below its top): `git add` would read that repository's config,
+/// whose hooks and filters the child wrote. Links are not followed.
+fn planted_repositories(worktree: &Path) -> Result<(), IsolationError> {
+    let mut stack = vec![worktree.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let entries =
+            std::fs::read_dir(&dir).map_err(|e| io(format!("reading {}", dir.display()), &e))?;
+        for entry in entries {
+            let entry = entry.map_err(|e| io(format!("reading {}", dir.display()), &e))?;
+            let path = entry.path();
+            if entry.file_name() == ".git" {
+                if dir != worktree {
+                    return Err(IsolationError::Io {
+                        operation: "recording the change set".to_owned(),
+                        message: format!(
+                            "the child left a git repository at {}; its change set is not \
+                             recorded (remove it, or discard the change set)",
+                            path.display()
+                        ),
+                    });
+                }
+                continue;
+            }
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                stack.push(path);
+            }
+        }
+    }
+    Ok(())
 }
 
 /// `(status, old path, path)` of every file from `base` to `head`, with
@@ -209,7 +276,17 @@ impl GitWorktrees {
 
 impl Isolation for GitWorktrees {
     fn check(&self, workspace: &Path) -> Result<(), IsolationError> {
+        git_usable()?;
         locate(workspace).map(|_| ())
+    }
+
+    fn workspace_of(&self, workspace: &Path, subagent_id: &str) -> Result<PathBuf, IsolationError> {
+        if !record::valid_id(subagent_id) {
+            return Err(IsolationError::Unknown { subagent_id: subagent_id.to_owned() });
+        }
+        let (_, prefix) = locate(workspace)?;
+        let dir = self.root.join(subagent_id);
+        Ok(if prefix.is_empty() { dir } else { dir.join(prefix) })
     }
 
     fn prepare(&self, workspace: &Path, owner: &Owner) -> Result<PathBuf, IsolationError> {
@@ -217,6 +294,7 @@ impl Isolation for GitWorktrees {
         if !record::valid_id(id) {
             return Err(IsolationError::Unknown { subagent_id: id.to_owned() });
         }
+        git_usable()?;
         let (top, prefix) = locate(workspace)?;
         std::fs::create_dir_all(&self.root)
             .map_err(|e| io(format!("creating {}", self.root.display()), &e))?;
@@ -292,6 +370,7 @@ impl Isolation for GitWorktrees {
             }
             _ => {}
         }
+        planted_repositories(&r.worktree)?;
         let git_dir = format!("--git-dir={}", r.gitdir.display());
         let work_tree = format!("--work-tree={}", r.worktree.display());
         let in_tree = || Git::at(&r.worktree).args([git_dir.as_str(), work_tree.as_str()]);
@@ -354,6 +433,7 @@ impl Isolation for GitWorktrees {
     }
 
     fn apply(&self, subagent_id: &str) -> Result<ChangeSet, IsolationError> {
+        git_usable()?;
         let (_lock, mut r) = self.locked(subagent_id)?;
         let id = r.subagent_id.clone();
         match r.state() {
@@ -367,6 +447,7 @@ impl Isolation for GitWorktrees {
             .iter()
             .flat_map(|f| std::iter::once(f.path.clone()).chain(f.old_path.clone()))
             .collect();
+        let _applying = record::lock_repository(&self.root, &r.repository)?;
         apply::three_way(&r.repository, &r.base, &r.head, &paths).map_err(|e| match e {
             IsolationError::Conflict { files, .. } => {
                 IsolationError::Conflict { subagent_id: id.clone(), files }
@@ -407,5 +488,19 @@ impl Isolation for GitWorktrees {
         drop(lock);
         record::remove(&self.root, subagent_id)?;
         Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn git_versions_parse() {
+        assert_eq!(parse_version("git version 2.47.3"), Some((2, 47)));
+        assert_eq!(parse_version("git version 2.39.5 (Apple Git-154)"), Some((2, 39)));
+        assert_eq!(parse_version("git version 3.0"), Some((3, 0)));
+        assert_eq!(parse_version("nonsense"), None);
+        assert!(parse_version("git version 2.39.1").is_some_and(|v| v < GIT_MIN));
     }
 }

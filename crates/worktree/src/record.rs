@@ -113,10 +113,24 @@ pub(crate) fn load(root: &Path, id: &str) -> Result<Option<Record>, IsolationErr
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(io(format!("reading {}", path.display()), &e)),
     };
-    serde_json::from_str(&text).map(Some).map_err(|e| IsolationError::Io {
+    let record: Record = serde_json::from_str(&text).map_err(|e| IsolationError::Io {
         operation: format!("reading {}", path.display()),
         message: format!("not a change-set record: {e}"),
-    })
+    })?;
+    // A record names its own worktree and nothing else (a planted or
+    // damaged one is never acted on).
+    let own = record.subagent_id == id
+        && record.worktree == root.join(id)
+        && record.repository.is_absolute()
+        && record.gitdir.is_absolute();
+    if !own {
+        return Err(IsolationError::Io {
+            operation: format!("reading {}", path.display()),
+            message: "the record does not describe this child's worktree; it is left alone"
+                .to_owned(),
+        });
+    }
+    Ok(Some(record))
 }
 
 /// Writes `record` whole (a temp file renamed over the old one).
@@ -167,7 +181,19 @@ pub(crate) struct Lock {
 
 /// Takes `id`'s lock, waiting for another holder.
 pub(crate) fn lock(root: &Path, id: &str) -> Result<Lock, IsolationError> {
-    let path = root.join(format!("{id}.lock"));
+    lock_file(root.join(format!("{id}.lock")))
+}
+
+/// Takes the lock of applies into `repository` (two change sets applied at
+/// once would both merge against the same workspace state).
+pub(crate) fn lock_repository(root: &Path, repository: &Path) -> Result<Lock, IsolationError> {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::hash::DefaultHasher::new();
+    repository.hash(&mut h);
+    lock_file(root.join(format!("apply-{:016x}.lock", h.finish())))
+}
+
+fn lock_file(path: PathBuf) -> Result<Lock, IsolationError> {
     let what = || format!("locking {}", path.display());
     let file = File::options()
         .create(true)

@@ -226,3 +226,88 @@ fn an_unknown_child_is_unknown_and_nothing_is_created() {
     assert!(wt.list().expect("list").is_empty());
     assert!(!root.exists(), "nothing created");
 }
+
+#[test]
+fn a_detached_head_and_a_staged_change_are_isolated_too() {
+    let f = fixture();
+    git(&f.repo, &["checkout", "-q", "--detach"]);
+    std::fs::write(f.repo.join("README"), "staged\n").expect("write");
+    git(&f.repo, &["add", "README"]);
+    let ws = f.wt.prepare(&f.repo, &owner("sa-0-aaaa")).expect("prepare on a detached HEAD");
+    assert_eq!(read(&ws.join("README")), "staged\n", "the child sees the staged change");
+    std::fs::write(ws.join("src/lib.rs"), "one\n").expect("write");
+    let set = f.wt.record("sa-0-aaaa").expect("record");
+    assert_eq!(
+        set.files.len(),
+        1,
+        "the staged change is the base, not the child's: {:?}",
+        set.files
+    );
+    f.wt.apply("sa-0-aaaa").expect("apply");
+    assert_eq!(read(&f.repo.join("src/lib.rs")), "one\n");
+    assert_eq!(read(&f.repo.join("README")), "staged\n", "the user's staged edit is kept");
+}
+
+#[test]
+fn a_symlinked_directory_in_the_workspace_is_never_written_through() {
+    let f = fixture();
+    let a = f.wt.prepare(&f.repo, &owner("sa-0-aaaa")).expect("a");
+    std::fs::create_dir_all(a.join("out")).expect("mkdir");
+    std::fs::write(a.join("out/x.txt"), "from the child\n").expect("write");
+    f.wt.record("sa-0-aaaa").expect("record");
+    // Meanwhile `out` in the user's workspace is a link to somewhere else.
+    let elsewhere = tempfile::tempdir().expect("elsewhere");
+    std::os::unix::fs::symlink(elsewhere.path(), f.repo.join("out")).expect("symlink");
+    let err = f.wt.apply("sa-0-aaaa").expect_err("refused");
+    assert!(matches!(err, IsolationError::Conflict { .. }), "{err}");
+    assert!(!elsewhere.path().join("x.txt").exists(), "nothing written through the link");
+}
+
+#[test]
+fn a_rename_the_user_made_since_is_followed() {
+    let f = fixture();
+    let a = f.wt.prepare(&f.repo, &owner("sa-0-aaaa")).expect("a");
+    std::fs::write(a.join("src/lib.rs"), "one\ntwo by child\nthree\n").expect("write");
+    f.wt.record("sa-0-aaaa").expect("record");
+    git(&f.repo, &["mv", "src/lib.rs", "src/core.rs"]);
+    let applied = f.wt.apply("sa-0-aaaa").expect("clean: the rename is followed");
+    assert_eq!(applied.state, ChangeState::Applied);
+    assert_eq!(read(&f.repo.join("src/core.rs")), "one\ntwo by child\nthree\n");
+    assert!(!f.repo.join("src/lib.rs").exists(), "the user's rename stands");
+}
+
+#[test]
+fn an_untracked_file_where_the_change_set_adds_one_is_a_conflict() {
+    let f = fixture();
+    let a = f.wt.prepare(&f.repo, &owner("sa-0-aaaa")).expect("a");
+    std::fs::write(a.join("notes.md"), "the child's\n").expect("write");
+    f.wt.record("sa-0-aaaa").expect("record");
+    std::fs::write(f.repo.join("notes.md"), "the user's\n").expect("write");
+    let err = f.wt.apply("sa-0-aaaa").expect_err("conflict");
+    assert!(matches!(err, IsolationError::Conflict { .. }), "{err}");
+    assert_eq!(read(&f.repo.join("notes.md")), "the user's\n");
+}
+
+#[test]
+fn a_repository_planted_in_the_worktree_is_never_run() {
+    let f = fixture();
+    let a = f.wt.prepare(&f.repo, &owner("sa-0-aaaa")).expect("a");
+    let planted = a.join("sub/.git");
+    std::fs::create_dir_all(&planted).expect("mkdir");
+    std::fs::write(planted.join("config"), "[core]\n\tfsmonitor = /bin/false\n").expect("write");
+    let err = f.wt.record("sa-0-aaaa").expect_err("refused");
+    assert!(err.to_string().contains("left a git repository"), "{err}");
+}
+
+#[test]
+fn a_planted_record_is_left_alone() {
+    let f = fixture();
+    let a = f.wt.prepare(&f.repo, &owner("sa-0-aaaa")).expect("a");
+    let root = a.parent().expect("root").to_path_buf();
+    let text = std::fs::read_to_string(root.join("sa-0-aaaa.json")).expect("record");
+    let elsewhere = text.replace(&a.display().to_string(), "/tmp/somewhere-else");
+    std::fs::write(root.join("sa-0-aaaa.json"), elsewhere).expect("plant");
+    let err = f.wt.discard("sa-0-aaaa").expect_err("refused");
+    assert!(err.to_string().contains("left alone"), "{err}");
+    assert!(a.exists());
+}

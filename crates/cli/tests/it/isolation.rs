@@ -243,3 +243,77 @@ fn isolation_outside_a_repository_is_refused_before_anything_runs() {
         retinue(home.path(), ws.path(), &["delegate", "--isolation", "sideways", "--goal", "x"]);
     assert_eq!(code, 2, "{bad}");
 }
+
+#[test]
+fn a_follow_up_without_its_worktree_record_is_refused_not_shared() {
+    let home = TempHome::new();
+    let ws = repository();
+    let model = writing_model();
+    configure(home.path(), &model, "  isolation: worktree\n");
+    let (code, v, err) = retinue(home.path(), ws.path(), &["delegate", "--goal", "note it"]);
+    assert_eq!(code, 0, "{v} {err}");
+    let sa = v["results"][0]["subagent_id"].as_str().expect("sa").to_owned();
+    let parent = v["parent_session_id"].as_str().expect("parent").to_owned();
+    std::fs::remove_file(home.path().join(format!("retinue/worktrees/{sa}.json"))).expect("rm");
+    let (code, fu, _) = retinue(
+        home.path(),
+        ws.path(),
+        &["delegate", "--parent", &parent, "--follow-up", &sa, "--goal", "note it again"],
+    );
+    assert_ne!(code, 0, "{fu}");
+    assert!(!ws.path().join("notes.md").exists(), "never written into the shared workspace");
+}
+
+#[test]
+fn an_isolated_child_cannot_commit_and_its_failing_command_is_in_its_receipts() {
+    let probe_ws = tempfile::tempdir().expect("probe workspace");
+    let probe = Command::new(BIN)
+        .args(["__sandbox", "--probe", "--workspace"])
+        .arg(probe_ws.path())
+        .output()
+        .expect("probe");
+    if !probe.status.success() {
+        let why = String::from_utf8_lossy(&probe.stderr);
+        assert!(std::env::var_os("RETINUE_REQUIRE_SANDBOX").is_none(), "no sandbox: {why}");
+        eprintln!("note: SKIPPED: no sandbox on this machine: {why}");
+        return;
+    }
+    let home = TempHome::new();
+    let ws = repository();
+    let model = FakeModel::start();
+    model.set_handler(|request| {
+        let last = request.messages().last()?.clone();
+        if last["role"] == "tool" {
+            return Some(Reply::text("committed, I promise").with_usage(Usage::new(50, 10)));
+        }
+        let command = "echo x >> src/lib.rs; git commit -qam sneaky";
+        Some(
+            Reply::tool_call("t1", "terminal", json!({"command": command}))
+                .with_usage(Usage::new(40, 8)),
+        )
+    });
+    let yaml = format!(
+        "delegation:\n  model: test/fake-model\n  base_url: {}\n  api_key: sk-test\n  toolsets: [terminal]\n  approvals: {{mode: allow}}\n",
+        model.base_url()
+    );
+    std::fs::write(home.path().join("config.yaml"), yaml).expect("config.yaml");
+    let (code, v, err) = retinue(
+        home.path(),
+        ws.path(),
+        &["delegate", "--isolation", "worktree", "--goal", "commit"],
+    );
+    assert_eq!(code, 0, "{v} {err}");
+    let r = &v["results"][0];
+    let exit = r["receipts"]["commands"][0]["exit_code"].as_i64().expect("an exit code");
+    assert_ne!(exit, 0, "git cannot reach the worktree's git directory: {r}");
+    assert!(
+        r["receipts"]["line"].as_str().is_some_and(|l| l.contains(&format!("exit {exit}"))),
+        "{r}"
+    );
+    // The edit is in the change set; the branch holds only Retinue's commit.
+    assert_eq!(r["changes"]["files"][0]["path"], "src/lib.rs", "{r}");
+    let branch = format!("retinue/{}", r["subagent_id"].as_str().expect("sa"));
+    let log = git(ws.path(), &["log", "--format=%an %s", &branch, "-2"]);
+    assert!(log.starts_with("retinue retinue: changes of"), "{log}");
+    assert!(!log.contains("sneaky"), "{log}");
+}

@@ -245,6 +245,10 @@ pub trait Isolation: Send + Sync {
     /// Checks that `workspace` can be isolated (inside a repository with a
     /// commit) without writing anything.
     fn check(&self, workspace: &Path) -> Result<(), IsolationError>;
+    /// Where `subagent_id`'s workspace will be once [`Isolation::prepare`]d
+    /// (recorded in its manifest: a follow-up whose worktree record is
+    /// gone is then refused, never run in the shared workspace).
+    fn workspace_of(&self, workspace: &Path, subagent_id: &str) -> Result<PathBuf, IsolationError>;
     /// Creates `owner`'s worktree from the workspace's `HEAD` plus its
     /// uncommitted tracked changes; returns the child's workspace inside it.
     fn prepare(&self, workspace: &Path, owner: &Owner) -> Result<PathBuf, IsolationError>;
