@@ -94,8 +94,11 @@ async def day_one(session, init):
             "cancel_subagent",
             "list_approvals",
             "decide_approval",
+            "subagent_changes",
+            "apply_changes",
+            "discard_changes",
         ],
-        "ten tools",
+        "thirteen tools",
     )
     check("follow_up" in tools.tools[0].input_schema["properties"], "delegate_task schema")
 
@@ -112,6 +115,12 @@ async def day_one(session, init):
     child = out["results"][0]["subagent_id"]
     check(out["results"][0]["status"] == "completed", "the child completed")
     check(out["results"][0]["summary"] == "Done: Survey the storage layer", "its summary")
+    check(
+        len(r.content) == 2 and r.content[1].text == "receipts: no tool calls",
+        "the receipts line is the result's second text block",
+    )
+    r = await call(session, "subagent_changes", {"pending": True})
+    check(not r.is_error and payload(r)["changes"] == [], "no change sets (not isolated)")
     say(f"# progress notifications: {progress}")
 
     r = await call(session, "delegate_task", {"follow_up": child, "goal": "Which index answers a lookup?"})
