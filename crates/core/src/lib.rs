@@ -77,7 +77,9 @@ pub use model::{
 };
 pub use options::{JournalMode, Synchronous, default_profile_key};
 pub use probe::{OwnerProbe, ProcProbe, ProcessState, current_owner};
-pub use receipts::{COMMAND_MAX_CHARS, ChangedFile, CommandReceipt, LIST_MAX, Receipts};
+pub use receipts::{
+    COMMAND_MAX_CHARS, ChangedFile, CommandReceipt, LIST_MAX, Receipts, RunTokenCount,
+};
 pub use registry::{
     Backend, Claims, DELIVERED_MAX_AGE_SECS, LEASE_SECS, MAX_DELIVERY_ATTEMPTS, PENDING_KEEP,
     RecoveryReport, Registry, RegistryRead, Retention, TERMINAL_KEEP, UnitLifecycle,

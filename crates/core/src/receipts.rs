@@ -35,6 +35,15 @@ pub struct ChangedFile {
     pub removed: Option<u64>,
 }
 
+/// A run's token counts in receipts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct RunTokenCount {
+    /// Prompt tokens.
+    pub input: u64,
+    /// Completion tokens.
+    pub output: u64,
+}
+
 /// What a child did, as its transcript shows it.
 #[derive(Debug, Clone, PartialEq, Default, Serialize)]
 pub struct Receipts {
@@ -54,9 +63,10 @@ pub struct Receipts {
     pub mcp_tools: Vec<String>,
     /// Model turns (assistant messages).
     pub iterations: u64,
-    /// Input and output tokens of the run, when the caller knows them.
+    /// Input and output tokens of the run, when the caller knows them
+    /// (`{"input", "output"}`, as a result's `tokens`).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub tokens: Option<[u64; 2]>,
+    pub tokens: Option<RunTokenCount>,
     /// Wall time of the run in seconds, when the caller knows it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub duration_seconds: Option<f64>,
@@ -153,7 +163,7 @@ impl Receipts {
 
     /// The same receipts with the run's tokens and duration.
     pub fn with_run(mut self, input: u64, output: u64, duration_seconds: f64) -> Receipts {
-        self.tokens = Some([input, output]);
+        self.tokens = Some(RunTokenCount { input, output });
         self.duration_seconds = Some((duration_seconds * 100.0).round() / 100.0);
         self
     }
